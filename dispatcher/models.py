@@ -1,0 +1,166 @@
+"""The records the dispatcher keeps: tasks, jobs, accounts, cache entries.
+
+Plain dataclasses; the store turns them into rows and back. Timestamps are
+wall-clock epoch seconds from the service clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+TERMINAL_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
+
+
+class Stage(StrEnum):
+    DISPATCHED = "dispatched"
+    GENERATING = "generating"
+    DOWNLOADING = "downloading"
+    PERSISTING = "persisting"
+
+
+class Kind(StrEnum):
+    WEB = "web"
+    API = "api"
+
+
+DEFAULT_MAX_ATTEMPTS = 3  # first run + 2 retries
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class TaskError:
+    kind: str
+    message: str
+
+    def to_json(self) -> JSON:
+        return {"kind": self.kind, "message": self.message}
+
+
+@dataclass
+class Task:
+    """One generation for one model; one row in the results table."""
+
+    id: str
+    model: str
+    kind: Kind
+    lane_group: str  # which lanes may take it: "api:<provider>" or "web:<model>"
+    params: JSON
+    fingerprint: str
+    created_at: float
+    job_id: str | None = None
+    account: str | None = None  # the web account or API provider that ran it
+    state: State = State.PENDING
+    stage: Stage | None = None
+    attempt: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    cancel_requested: bool = False
+    force: bool = False
+    remote_id: str | None = None
+    result: JSON | None = None
+    error: TaskError | None = None
+    from_cache: bool = False
+    started_at: float | None = None
+    heartbeat_at: float | None = None
+    finished_at: float | None = None
+    not_before: float = 0.0  # a retry waits until then
+    stage_started_at: float | None = None
+    stage_durations: dict[str, float] = field(default_factory=dict)
+    seq: int = 0  # insertion order, assigned by the store; FIFO key
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def replace(self, **changes: Any) -> Task:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> JSON:
+        return {
+            "id": self.id,
+            "job_id": self.job_id,
+            "model": self.model,
+            "kind": self.kind.value,
+            "account": self.account,
+            "params": self.params,
+            "fingerprint": self.fingerprint,
+            "state": self.state.value,
+            "stage": self.stage.value if self.stage else None,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "cancel_requested": self.cancel_requested,
+            "force": self.force,
+            "remote_id": self.remote_id,
+            "result": self.result,
+            "error": self.error.to_json() if self.error else None,
+            "from_cache": self.from_cache,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "finished_at": self.finished_at,
+            "stage_durations": self.stage_durations,
+        }
+
+
+@dataclass
+class Job:
+    id: str
+    name: str
+    created_at: float
+
+
+class JobState(StrEnum):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    PARTIAL = "partial"
+
+
+@dataclass
+class Account:
+    """A web account or an API provider: the operator's on/off switch for a lane."""
+
+    name: str
+    kind: Kind
+    enabled: bool = True
+    reason: str | None = None
+    needs_attention: bool = False
+    updated_at: float = 0.0
+
+    def to_json(self) -> JSON:
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "enabled": self.enabled,
+            "reason": self.reason,
+            "needs_attention": self.needs_attention,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass
+class CacheEntry:
+    fingerprint: str
+    model: str
+    result: JSON  # the task result, file paths pointing into the cache dir
+    size_bytes: int
+    created_at: float
+    last_used_at: float

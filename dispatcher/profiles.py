@@ -1,0 +1,218 @@
+"""Model profiles: one TOML file per model in the profiles dir.
+
+Adding a model is a new file, not new code. Unknown keys are an error naming
+the file and the key. A value may reference ``${NAME}``; names resolve from
+the mapping given to `load_profiles` (the demo's backend URLs) and then the
+environment. A profile whose variables cannot be resolved is skipped with a
+warning, so the bundled demo profiles stay inert outside ``--demo``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dispatcher.errors import ConfigError
+from dispatcher.models import Kind
+
+log = logging.getLogger("dispatcher.profiles")
+
+DEFAULT_FINGERPRINT_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "aspect_ratio",
+    "duration",
+    "resolution",
+    "seed",
+    "model_version",
+    "style_preset",
+)
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WebSpec(_Strict):
+    url: str
+    instructions: str = ""
+    need_empty_prompt: bool = False
+    logged_in: str
+    logged_out: str | None = None
+    input: str
+    submit: str | None = None
+    submit_key: str | None = None
+    busy: str | None = None
+    stop: str | None = None
+    answer: str
+    done: str | None = None
+    stable_ms: int = 1500
+    error: str | None = None
+    media: str | None = None
+    timeout_s: float = 600.0
+
+    @model_validator(mode="after")
+    def _one_way_to_submit(self) -> WebSpec:
+        if not self.submit and not self.submit_key:
+            raise ValueError("web needs `submit` (a selector) or `submit_key` (e.g. Enter)")
+        return self
+
+
+class HttpCall(_Strict):
+    method: str = "GET"
+    path: str | None = None  # appended to base_url, may contain {id} and {param}
+    url: str | None = None  # dotted path into the submit answer holding a full URL
+    body: dict[str, Any] | None = None
+    id: str | None = None  # dotted path of the remote id in the answer
+
+
+class StatusSpec(_Strict):
+    path: str | None = None
+    url: str | None = None
+    state: str = "status"
+    progress: str | None = None
+    queue_position: str | None = None
+    error: str | None = None
+    map: dict[str, Literal["pending", "running", "success", "failed", "canceled"]] = Field(
+        default_factory=dict
+    )
+
+
+class ResultSpec(_Strict):
+    path: str | None = None  # download this (relative to base_url)
+    url: str | None = None  # a URL found at this dotted path (status or submit answer)
+    text: str | None = None  # text found at this dotted path
+
+
+class ApiSpec(_Strict):
+    base_url: str
+    auth_header: str = "Authorization"
+    auth_env: str | None = None
+    auth_prefix: str = "Bearer "
+    style: Literal["chat", "async-job"] = "chat"
+    timeout_s: float = 600.0
+    submit: HttpCall
+    status: StatusSpec | None = None
+    result: ResultSpec | None = None
+    cancel: HttpCall | None = None
+
+    @model_validator(mode="after")
+    def _async_needs_status(self) -> ApiSpec:
+        if self.style == "async-job" and self.status is None:
+            raise ValueError("style 'async-job' needs an [api.status] table")
+        if self.style == "chat" and (self.result is None or not self.result.text):
+            raise ValueError("style 'chat' needs [api.result] text = '<path of the answer>'")
+        return self
+
+
+class Profile(_Strict):
+    name: str
+    kind: Kind
+    accounts: tuple[str, ...] = ()
+    provider: str | None = None
+    fingerprint_fields: tuple[str, ...] = DEFAULT_FINGERPRINT_FIELDS
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    web: WebSpec | None = None
+    api: ApiSpec | None = None
+    source: str = ""  # the file it came from (filled in by the loader)
+
+    @model_validator(mode="after")
+    def _kind_matches_tables(self) -> Profile:
+        if self.kind is Kind.WEB:
+            if self.web is None or not self.accounts:
+                raise ValueError("a web profile needs `accounts` and a [web] table")
+            if self.api is not None or self.provider:
+                raise ValueError("a web profile has no `provider` or [api] table")
+        else:
+            if self.api is None or not self.provider:
+                raise ValueError("an api profile needs `provider` and an [api] table")
+            if self.web is not None or self.accounts:
+                raise ValueError("an api profile has no `accounts` or [web] table")
+        return self
+
+    @property
+    def lane_group(self) -> str:
+        return f"api:{self.provider}" if self.kind is Kind.API else f"web:{self.name}"
+
+
+def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in variables:
+                return variables[name]
+            if name in os.environ:
+                return os.environ[name]
+            missing.add(name)
+            return match.group(0)
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, variables, missing) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, variables, missing) for v in value]
+    return value
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(file)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key `{where}`")
+        else:
+            parts.append(f"`{where}`: {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_profile(
+    path: Path, variables: Mapping[str, str] | None = None
+) -> Profile | None:
+    """One profile file; None when it references variables nobody provides."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"profile {path}: cannot read it: {exc}") from exc
+    missing: set[str] = set()
+    expanded = _expand(raw, variables or {}, missing)
+    try:
+        profile = Profile.model_validate({**expanded, "source": str(path)})
+    except ValidationError as exc:
+        raise ConfigError(f"profile {path}: {_describe(exc)}") from exc
+    if missing:
+        log.warning(
+            "profile %s skipped: it needs %s, which nothing provides",
+            path.name,
+            ", ".join(f"${{{name}}}" for name in sorted(missing)),
+        )
+        return None
+    return profile
+
+
+def load_profiles(
+    directory: Path, variables: Mapping[str, str] | None = None
+) -> dict[str, Profile]:
+    if not directory.is_dir():
+        raise ConfigError(f"profiles dir {directory} does not exist")
+    profiles: dict[str, Profile] = {}
+    for path in sorted(directory.glob("*.toml")):
+        profile = parse_profile(path, variables)
+        if profile is None:
+            continue
+        if profile.name in profiles:
+            raise ConfigError(
+                f"profile {path}: model name {profile.name!r} is already defined by "
+                f"{profiles[profile.name].source}"
+            )
+        profiles[profile.name] = profile
+    return profiles

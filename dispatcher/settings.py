@@ -1,0 +1,118 @@
+"""Settings from `DISPATCHER_*` environment variables, `.env` or `dispatcher.toml`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from dispatcher.errors import ConfigError
+
+BUNDLED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+DEFAULT_PROVIDER_CONCURRENCY = 3
+MIN_PROVIDER_CONCURRENCY = 1
+MAX_PROVIDER_CONCURRENCY = 5
+
+_BROWSER_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "dispatcher"
+
+
+def find_browser() -> str | None:
+    """A Chromium on this machine: PATH first, then Playwright's own download."""
+    for name in _BROWSER_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    cache = Path(os.environ.get("PLAYWRIGHT_BROWSERS_PATH") or Path.home() / ".cache/ms-playwright")
+    for candidate in sorted(cache.glob("chromium-*/chrome-linux*/chrome"), reverse=True):
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DISPATCHER_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        toml_file="dispatcher.toml",
+    )
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    database_url: str | None = None  # default: SQLite in the state dir
+    profiles_dir: Path = BUNDLED_PROFILES_DIR
+    port: int | None = None  # default: a free one in 49152-65535
+    browser_executable: str | None = None  # default: a Chromium found on the machine
+    headless: bool = True
+    concurrency: dict[str, int] = Field(default_factory=dict)  # per API provider
+    default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
+    cache_max_bytes: int = 2 * 1024**3
+    cache_ttl_s: float = 7 * 24 * 3600.0
+    time_scale: float = Field(default=1.0, gt=0)
+    http_timeout_s: float = 30.0
+    retry_delay_s: float = 5.0
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    demo: bool = False
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            dotenv_settings,
+            TomlConfigSettingsSource(settings_cls),
+        )
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 65535:
+            raise ValueError("port must be within 1..65535")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.state_dir / 'dispatcher.db'}"
+
+    def provider_concurrency(self, provider: str) -> int:
+        """The provider's quota, refused at start-up when outside 1..5."""
+        value = self.concurrency.get(provider, self.default_concurrency)
+        if not MIN_PROVIDER_CONCURRENCY <= value <= MAX_PROVIDER_CONCURRENCY:
+            raise ConfigError(
+                f"concurrency for API provider {provider!r} is {value}; it must be "
+                f"between {MIN_PROVIDER_CONCURRENCY} and {MAX_PROVIDER_CONCURRENCY} "
+                "(the provider's quota; asking for more only earns 429s)"
+            )
+        return value
+
+    def browser(self) -> str:
+        found = self.browser_executable or find_browser()
+        if not found:
+            raise ConfigError(
+                "no Chromium found: install one (`make venv` does) or set "
+                "DISPATCHER_BROWSER_EXECUTABLE"
+            )
+        return found
