@@ -1,0 +1,3 @@
+from dispatcher.cli import main
+
+main()

@@ -1,0 +1,118 @@
+"""Scheduling decisions as pure functions over a snapshot and the clock's `now`.
+
+Nothing here does I/O: the scheduler gathers a snapshot, asks these functions
+what to do, and carries out the answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dispatcher.models import Kind, State, Task
+from dispatcher.states import after_failure
+
+# Nominal seconds from production experience; the clock's time_scale shrinks them.
+HEARTBEAT_INTERVAL_S = 15.0
+STALE_AFTER_S = 90.0  # six missed heartbeats
+EXPIRE_AFTER_S = 2 * 3600.0  # nothing legitimately runs this long
+DEDUP_WINDOW_S = 30.0
+
+
+@dataclass(frozen=True)
+class LaneSnapshot:
+    name: str
+    concurrency: int
+    enabled: bool
+    running: int
+
+
+def free_slots(lane: LaneSnapshot) -> int:
+    """How many tasks the lane may start now; a disabled lane starts none."""
+    if not lane.enabled:
+        return 0
+    return max(0, lane.concurrency - lane.running)
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    task_id: str
+    attempt: int
+    next_state: State  # PENDING (retry) or FAILED
+    next_attempt: int
+    not_before: float
+    reason: str
+
+
+def plan_reclaims(
+    running: Sequence[Task], *, now: float, stale_after_s: float, retry_delay_s: float
+) -> list[Reclaim]:
+    """Running tasks whose heartbeat is older than the stale bound, and their fate."""
+    plans = []
+    for task in running:
+        last = next(
+            t for t in (task.heartbeat_at, task.started_at, task.created_at) if t is not None
+        )
+        silent_s = now - last
+        if silent_s <= stale_after_s:
+            continue
+        fate = after_failure(
+            attempt=task.attempt,
+            max_attempts=task.max_attempts,
+            retryable=True,
+            now=now,
+            retry_delay_s=retry_delay_s,
+        )
+        plans.append(
+            Reclaim(
+                task_id=task.id,
+                attempt=task.attempt,
+                next_state=fate.state,
+                next_attempt=fate.attempt,
+                not_before=fate.not_before,
+                reason=f"no heartbeat for {silent_s:.1f}s (stale after {stale_after_s:.1f}s)",
+            )
+        )
+    return plans
+
+
+class RecoveryAction(StrEnum):
+    RESUME = "resume"  # API job with a remote id: ask the provider, keep polling
+    REQUEUE = "requeue"  # never reached the remote side: pending on the same attempt
+    STALE = "stale"  # web task whose browser died with us: the retry rule decides
+    EXPIRE = "expire"  # running for over two hours: failed as expired
+
+
+def plan_recovery(task: Task, *, now: float, expire_after_s: float) -> RecoveryAction:
+    """What start-up does with a task that a previous run left `running`."""
+    started = task.started_at or task.created_at
+    if now - started > expire_after_s:
+        return RecoveryAction.EXPIRE
+    if task.kind is Kind.WEB:
+        return RecoveryAction.STALE
+    if task.remote_id:
+        return RecoveryAction.RESUME
+    return RecoveryAction.REQUEUE
+
+
+def eta_s(
+    *,
+    ahead: int,
+    concurrency: int,
+    recent_durations_s: Sequence[float],
+    running_elapsed_s: float | None = None,
+) -> float | None:
+    """Seconds until the task should finish, from the model's recent run times.
+
+    The median resists the field's outliers (web runs span 31 s to 370 s).
+    None when the model has no history yet: a made-up number would mislead.
+    """
+    if not recent_durations_s:
+        return None
+    typical_s = statistics.median(recent_durations_s)
+    if running_elapsed_s is not None:
+        return max(0.0, typical_s - running_elapsed_s)
+    waves = ahead // max(1, concurrency) + 1
+    return waves * typical_s

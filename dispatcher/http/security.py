@@ -1,0 +1,173 @@
+"""Guards in front of every request: loopback Host, body size, the local token.
+
+The token is random per start, stored 0600 in the state dir, compared in
+constant time, and never logged. The dashboard page trades a short-lived
+one-time code for an HttpOnly, SameSite=Strict session cookie instead, so
+the token itself never reaches anything a page script can read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_BODY_BYTES = 1024 * 1024
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+SESSION_COOKIE = "dispatcher_session"
+ONE_TIME_CODE_TTL_S = 120.0
+SESSION_TTL_S = 12 * 3600.0
+
+# Reachable without the token: the dashboard shell (it shows no data by
+# itself) and the one-time-code exchange that gives it a session.
+PUBLIC_PATHS = frozenset({"/", "/v1/session", "/static/dashboard.js", "/static/dashboard.css"})
+
+
+def host_is_loopback(host_header: str) -> bool:
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        name = host.split("]", 1)[0] + "]"
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name in LOOPBACK_HOSTS
+
+
+@dataclass
+class Credentials:
+    token: str
+    _codes: dict[str, float] = field(default_factory=dict)
+    _sessions: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls) -> Credentials:
+        return cls(token=secrets.token_urlsafe(32))
+
+    def token_matches(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self.token.encode())
+
+    def issue_code(self) -> str:
+        code = secrets.token_urlsafe(24)
+        self._codes[code] = time.monotonic() + ONE_TIME_CODE_TTL_S
+        return code
+
+    def redeem_code(self, code: str) -> str | None:
+        """A session id for a valid unused code; each code works once."""
+        expires = self._codes.pop(code, None)
+        if expires is None or expires < time.monotonic():
+            return None
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = time.monotonic() + SESSION_TTL_S
+        return session
+
+    def session_valid(self, session: str) -> bool:
+        expires = self._sessions.get(session)
+        return expires is not None and expires >= time.monotonic()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    raw = _header(scope, b"cookie")
+    if not raw:
+        return None
+    for part in raw.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+async def _reject(send: Send, status: int, kind: str, message: str) -> None:
+    body = json.dumps({"error": {"kind": kind, "message": message}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-dispatcher", b"1"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class SecurityMiddleware:
+    def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
+        self.app = app
+        self.credentials = credentials
+
+    def _authorized(self, scope: Scope) -> bool | None:
+        """True/False for a presented credential; None when none was presented."""
+        auth = _header(scope, b"authorization")
+        if auth is not None:
+            scheme, _, value = auth.partition(" ")
+            return scheme.lower() == "bearer" and self.credentials.token_matches(value.strip())
+        local = _header(scope, b"x-local-token")
+        if local is not None:
+            return self.credentials.token_matches(local.strip())
+        session = _cookie(scope, SESSION_COOKIE)
+        if session is not None:
+            return self.credentials.session_valid(session)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host") or ""
+        if not host_is_loopback(host):
+            # DNS rebinding: a page on evil.example resolving to 127.0.0.1.
+            await _reject(send, 403, "host", "Host must be a loopback name (127.0.0.1, localhost)")
+            return
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            await _reject(send, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
+            return
+        if scope["path"] not in PUBLIC_PATHS:
+            verdict = self._authorized(scope)
+            if verdict is None:
+                await _reject(send, 401, "unauthorized",
+                              "missing token: send Authorization: Bearer <token> or X-Local-Token")
+                return
+            if verdict is False:
+                await _reject(send, 403, "forbidden",
+                              "wrong or stale token (it changes at every start)")
+                return
+
+        # Buffer the body here (it is at most 1 MiB) so that an oversized chunked
+        # upload is refused before any handler sees a byte of it.
+        chunks: list[bytes] = []
+        received = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > MAX_BODY_BYTES:
+                await _reject(send, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

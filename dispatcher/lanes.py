@@ -1,0 +1,59 @@
+"""Lanes: one per web account, one per API provider, built from the profiles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dispatcher.models import Kind
+from dispatcher.profiles import Profile
+from dispatcher.settings import Settings
+
+# A logged-in web session runs exactly one generation at a time: a second one
+# started in the same session breaks both (the field saw failure rates go from
+# 7 % to 34 % when more workers were thrown at one account). This is a fact
+# about the sites, not a tuning knob, so it is deliberately not a setting.
+WEB_ACCOUNT_CONCURRENCY = 1
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    name: str  # "web:<account>" or "api:<provider>"
+    kind: Kind
+    account: str  # the web account or the API provider
+    lane_groups: tuple[str, ...]  # which queued tasks it may take
+    models: tuple[str, ...]
+    concurrency: int
+
+
+def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str, LaneSpec]:
+    """Lanes for the loaded profiles; a provider quota outside 1..5 raises ConfigError."""
+    web_models: dict[str, list[str]] = {}
+    api_models: dict[str, list[str]] = {}
+    for profile in profiles.values():
+        if profile.kind is Kind.WEB:
+            for account in profile.accounts:
+                web_models.setdefault(account, []).append(profile.name)
+        else:
+            assert profile.provider is not None
+            api_models.setdefault(profile.provider, []).append(profile.name)
+    lanes: dict[str, LaneSpec] = {}
+    for account, models in sorted(web_models.items()):
+        lanes[f"web:{account}"] = LaneSpec(
+            name=f"web:{account}",
+            kind=Kind.WEB,
+            account=account,
+            lane_groups=tuple(sorted(f"web:{m}" for m in models)),
+            models=tuple(sorted(models)),
+            concurrency=WEB_ACCOUNT_CONCURRENCY,
+        )
+    for provider, models in sorted(api_models.items()):
+        lanes[f"api:{provider}"] = LaneSpec(
+            name=f"api:{provider}",
+            kind=Kind.API,
+            account=provider,
+            lane_groups=(f"api:{provider}",),
+            models=tuple(sorted(models)),
+            concurrency=settings.provider_concurrency(provider),
+        )
+    return lanes

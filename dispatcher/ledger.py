@@ -1,0 +1,408 @@
+"""The one place that changes tasks: checks the guard, writes CAS, tells the world.
+
+Every state change goes through here: it is checked by `states`, applied by
+the store as a compare-and-set, logged as one line with the lane prefix, and
+published on the event bus. A write against a row that has moved on is
+rejected by the store, logged, and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dispatcher import states
+from dispatcher.clock import Clock
+from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
+from dispatcher.errors import InputError, NotFound, RunError, StateConflict
+from dispatcher.events import EventBus
+from dispatcher.fingerprint import fingerprint
+from dispatcher.models import (
+    JSON,
+    Job,
+    Kind,
+    Stage,
+    State,
+    Task,
+    TaskError,
+    new_id,
+)
+from dispatcher.profiles import Profile
+from dispatcher.store import Store
+
+log = logging.getLogger("dispatcher.tasks")
+
+MAX_JOB_TASKS = 10_000
+
+
+class ResultLookup(Protocol):
+    def lookup(self, fingerprint: str) -> JSON | None: ...
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    model: str
+    params: JSON = field(default_factory=dict)
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: Task
+    deduped: bool = False
+
+
+def lane_prefix(task: Task) -> str:
+    if task.kind is Kind.WEB:
+        return f"[web:{task.account or task.model}]"
+    return f"[{task.lane_group}]"
+
+
+def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
+    """A task body from JSON into a TaskSpec, or an InputError saying what is wrong."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} must be a JSON object")
+    unknown = set(raw) - {"model", "params", "force"}
+    if unknown:
+        raise InputError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
+    model = raw.get("model")
+    if not isinstance(model, str) or not model:
+        raise InputError(f"{where}.model must be a non-empty string")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise InputError(f"{where}.params must be a JSON object")
+    if "prompt" in params and not isinstance(params["prompt"], str):
+        raise InputError(f"{where}.params.prompt must be a string")
+    force = raw.get("force", False)
+    if not isinstance(force, bool):
+        raise InputError(f"{where}.force must be true or false")
+    return TaskSpec(model=model, params=params, force=force)
+
+
+class Ledger:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        profiles: Mapping[str, Profile],
+        events: EventBus,
+        *,
+        retry_delay_s: float,
+        cache: ResultLookup | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.profiles = profiles
+        self.events = events
+        self.retry_delay_s = retry_delay_s
+        self.cache = cache
+        self.dedup_hits = 0
+        self.cache_hits = 0
+        self.retries = 0
+        self.stale_reclaims = 0
+
+    # -- creating ------------------------------------------------------------
+    def _profile(self, model: str) -> Profile:
+        profile = self.profiles.get(model)
+        if profile is None:
+            known = ", ".join(sorted(self.profiles)) or "none loaded"
+            raise InputError(f"unknown model {model!r}; known models: {known}")
+        return profile
+
+    def _new_task(self, spec: TaskSpec, job_id: str | None) -> Task:
+        profile = self._profile(spec.model)
+        now = self.clock.now()
+        return Task(
+            id=new_id(),
+            job_id=job_id,
+            model=spec.model,
+            kind=profile.kind,
+            lane_group=profile.lane_group,
+            params=spec.params,
+            fingerprint=fingerprint(spec.model, spec.params, profile.fingerprint_fields),
+            created_at=now,
+            max_attempts=profile.max_attempts,
+            force=spec.force,
+        )
+
+    def _from_cache(self, task: Task) -> Task:
+        """Complete the task at once from an earlier identical result, if any."""
+        if task.force or self.cache is None:
+            return task
+        cached = self.cache.lookup(task.fingerprint)
+        if cached is None:
+            return task
+        self.cache_hits += 1
+        now = self.clock.now()
+        return task.replace(
+            state=State.SUCCESS,
+            result=cached,
+            from_cache=True,
+            started_at=now,
+            finished_at=now,
+        )
+
+    def submit(self, spec: TaskSpec) -> Submitted:
+        task = self._new_task(spec, job_id=None)
+        if not spec.force:
+            window_s = self.clock.scaled(DEDUP_WINDOW_S)
+            existing = self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
+            if existing is not None:
+                self.dedup_hits += 1
+                log.info("%s task %s deduped onto %s", lane_prefix(existing), task.id, existing.id)
+                return Submitted(existing, deduped=True)
+        task = self._from_cache(task)
+        (stored,) = self.store.insert_tasks([task])
+        self._announce(stored, None)
+        return Submitted(stored)
+
+    def create_job(self, name: str, specs: Sequence[TaskSpec]) -> tuple[Job, list[Task]]:
+        if not specs:
+            raise InputError("a job needs at least one task")
+        if len(specs) > MAX_JOB_TASKS:
+            raise InputError(f"a job takes at most {MAX_JOB_TASKS} tasks")
+        job = Job(id=new_id(), name=name, created_at=self.clock.now())
+        # Validate everything before writing anything: a bad line rejects the whole
+        # job rather than leaving half of it queued.
+        tasks = []
+        for index, spec in enumerate(specs):
+            try:
+                tasks.append(self._from_cache(self._new_task(spec, job.id)))
+            except InputError as exc:
+                raise InputError(f"tasks[{index}]: {exc}") from exc
+        stored = self.store.insert_tasks(tasks, job)
+        for task in stored:
+            self._announce(task, None)
+        return job, stored
+
+    # -- reading -------------------------------------------------------------
+    def get(self, task_id: str) -> Task:
+        task = self.store.get_task(task_id)
+        if task is None:
+            raise NotFound(f"no task {task_id!r}")
+        return task
+
+    def get_job(self, job_id: str) -> Job:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    # -- writing -------------------------------------------------------------
+    def _write(
+        self, task: Task, new_state: State, changes: Mapping[str, Any], *, why: str = ""
+    ) -> Task | None:
+        states.check_transition(task.state, new_state)
+        updated = self.store.update_task(
+            task.id,
+            expect_state=task.state,
+            expect_attempt=task.attempt,
+            changes={**changes, "state": new_state},
+        )
+        if updated is None:
+            current = self.store.get_task(task.id)
+            log.warning(
+                "%s task %s attempt %d: late write %s->%s rejected (now %s attempt %s)%s",
+                lane_prefix(task),
+                task.id,
+                task.attempt,
+                task.state.value,
+                new_state.value,
+                current.state.value if current else "missing",
+                current.attempt if current else "-",
+                f": {why}" if why else "",
+            )
+            return None
+        if new_state is not task.state:
+            self._announce(updated, task.state, why)
+        return updated
+
+    def _announce(self, task: Task, old: State | None, why: str = "") -> None:
+        log.info(
+            "%s task %s attempt %d/%d %s%s stage=%s%s",
+            lane_prefix(task),
+            task.id,
+            task.attempt,
+            task.max_attempts,
+            f"{old.value}->" if old else "new ",
+            task.state.value,
+            task.stage.value if task.stage else "-",
+            f" ({why})" if why else "",
+        )
+        self.events.publish({"type": "task", "task": task.to_json()})
+
+    def claim(self, lane_groups: Sequence[str], account: str) -> Task | None:
+        now = self.clock.now()
+        task = self.store.claim_next(
+            lane_groups,
+            now,
+            {
+                "account": account,
+                "stage": Stage.DISPATCHED,
+                "started_at": now,
+                "heartbeat_at": now,
+                "stage_started_at": now,
+                "stage_durations": {},
+                "error": None,
+            },
+        )
+        if task is not None:
+            self._announce(task, State.PENDING)
+        return task
+
+    def record_remote_id(self, task: Task, remote_id: str) -> Task:
+        updated = self._write(task, State.RUNNING, {"remote_id": remote_id})
+        if updated is None:
+            raise StateConflict(f"task {task.id} moved on before its remote id was stored")
+        return updated
+
+    def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
+        return self._write(
+            task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage}
+        )
+
+    def succeed(self, task: Task, result: JSON, stage_durations: Mapping[str, float]) -> Task | None:
+        current = self.store.get_task(task.id)
+        if current is not None and current.cancel_requested and current.state is State.RUNNING:
+            log.info("%s task %s: result arrived after cancel; dropped", lane_prefix(task), task.id)
+            return self.mark_canceled(current, stage_durations)
+        return self._write(
+            task,
+            State.SUCCESS,
+            {
+                "result": result,
+                "stage": Stage.PERSISTING,
+                "finished_at": self.clock.now(),
+                "stage_durations": dict(stage_durations),
+            },
+        )
+
+    def fail(
+        self, task: Task, error: RunError, stage_durations: Mapping[str, float] | None = None
+    ) -> Task | None:
+        fate = states.after_failure(
+            attempt=task.attempt,
+            max_attempts=task.max_attempts,
+            retryable=error.retryable,
+            now=self.clock.now(),
+            retry_delay_s=self.clock.scaled(self.retry_delay_s),
+        )
+        changes: dict[str, Any] = {
+            "error": TaskError(kind=error.kind, message=error.message),
+            "stage_durations": dict(stage_durations or {}),
+        }
+        if fate.state is State.PENDING:
+            self.retries += 1
+            changes.update(
+                attempt=fate.attempt,
+                not_before=fate.not_before,
+                stage=None,
+                remote_id=None,
+                heartbeat_at=None,
+            )
+        else:
+            changes["finished_at"] = self.clock.now()
+        return self._write(task, fate.state, changes, why=f"{error.kind}: {error.message}")
+
+    def mark_canceled(
+        self, task: Task, stage_durations: Mapping[str, float] | None = None
+    ) -> Task | None:
+        changes: dict[str, Any] = {"finished_at": self.clock.now()}
+        if stage_durations is not None:
+            changes["stage_durations"] = dict(stage_durations)
+        return self._write(task, State.CANCELED, changes)
+
+    def requeue(self, task: Task, why: str) -> Task | None:
+        """Back to pending on the same attempt: it never got far enough to count."""
+        return self._write(
+            task,
+            State.PENDING,
+            {"stage": None, "heartbeat_at": None, "account": None},
+            why=why,
+        )
+
+    def expire(self, task: Task) -> Task | None:
+        return self._write(
+            task,
+            State.FAILED,
+            {
+                "error": TaskError(kind="expired", message="running for over 2 h; failed as expired"),
+                "finished_at": self.clock.now(),
+            },
+            why="expired",
+        )
+
+    def reclaim(self, task: Task, plan: Reclaim) -> Task | None:
+        self.stale_reclaims += 1
+        changes: dict[str, Any] = {"error": TaskError(kind="stale", message=plan.reason)}
+        if plan.next_state is State.PENDING:
+            self.retries += 1
+            changes.update(
+                attempt=plan.next_attempt,
+                not_before=plan.not_before,
+                stage=None,
+                remote_id=None,
+                heartbeat_at=None,
+            )
+        else:
+            changes["finished_at"] = self.clock.now()
+        return self._write(task, plan.next_state, changes, why=f"stale: {plan.reason}")
+
+    # -- operator actions ------------------------------------------------------
+    def request_cancel(self, task_id: str) -> Task:
+        """Pending tasks cancel at once; running ones are flagged for their runner."""
+        task = self.get(task_id)
+        states.check_cancel(task.state)
+        if task.state is State.PENDING:
+            updated = self._write(task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True})
+        else:
+            updated = self._write(task, State.RUNNING, {"cancel_requested": True})
+            if updated is not None:
+                self.events.publish({"type": "task", "task": updated.to_json()})
+        if updated is None:
+            # It moved between our read and our write; report where it is now.
+            return self.get(task_id)
+        return updated
+
+    def retry(self, task_id: str) -> Task:
+        task = self.get(task_id)
+        states.check_retry(task.state)
+        plan = states.manual_retry(attempt=task.attempt, max_attempts=task.max_attempts)
+        updated = self._write(
+            task,
+            State.PENDING,
+            {
+                "attempt": plan.attempt,
+                "max_attempts": plan.max_attempts,
+                "not_before": 0.0,
+                "stage": None,
+                "remote_id": None,
+                "heartbeat_at": None,
+                "finished_at": None,
+                "cancel_requested": False,
+                "account": None,
+            },
+            why="retry requested",
+        )
+        if updated is None:
+            raise StateConflict(f"task {task_id} changed while retrying; try again")
+        self.retries += 1
+        return updated
+
+    def cancel_job(self, job_id: str) -> list[Task]:
+        self.get_job(job_id)
+        changed = []
+        for task in self.store.job_tasks(job_id):
+            if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
+                changed.append(self.request_cancel(task.id))
+        return changed
+
+    def retry_job(self, job_id: str) -> list[Task]:
+        self.get_job(job_id)
+        return [
+            self.retry(task.id)
+            for task in self.store.job_tasks(job_id)
+            if task.state is State.FAILED
+        ]

@@ -1,0 +1,106 @@
+"""Prometheus metrics: live numbers read at scrape time, durations observed as they end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dispatcher.events import Event
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TERMINAL = {"success", "failed", "canceled"}
+_DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._read()
+        tasks = GaugeMetricFamily(
+            "dispatcher_tasks", "Tasks by model and state", labels=["model", "state"]
+        )
+        for (model, state), count in sorted(snap["state_counts"].items()):
+            tasks.add_metric([model, state], count)
+        yield tasks
+        queued = GaugeMetricFamily("dispatcher_lane_queued", "Pending tasks a lane may take",
+                                   labels=["lane"])
+        running = GaugeMetricFamily("dispatcher_lane_running", "Tasks running in a lane",
+                                    labels=["lane"])
+        enabled = GaugeMetricFamily("dispatcher_lane_enabled", "1 when the lane takes new tasks",
+                                    labels=["lane"])
+        for lane in snap["lanes"]:
+            queued.add_metric([lane["name"]], lane["queued"])
+            running.add_metric([lane["name"]], len(lane["running"]))
+            enabled.add_metric([lane["name"]],
+                               1 if lane["enabled"] and not lane["needs_attention"] else 0)
+        yield queued
+        yield running
+        yield enabled
+        for name, help_text, value in (
+            ("dispatcher_dedup_hits", "Submissions answered with an existing task", "dedup_hits"),
+            ("dispatcher_cache_hits", "Tasks completed from the result cache", "cache_hits"),
+            ("dispatcher_retries", "Attempts re-queued after a failure or by an operator", "retries"),
+            ("dispatcher_stale_reclaims", "Running tasks reclaimed for lack of heartbeat",
+             "stale_reclaims"),
+            ("dispatcher_browser_launches", "Browsers started by the web runner",
+             "browser_launches"),
+            ("dispatcher_leftover_processes_ended",
+             "Leftover browser processes ended by the self-check", "leftovers_ended"),
+        ):
+            family = CounterMetricFamily(name, help_text)
+            family.add_metric([], snap["counters"].get(value, 0))
+            yield family
+        remote = CounterMetricFamily(
+            "dispatcher_remote_requests", "HTTP requests to API providers",
+            labels=["provider", "status"],
+        )
+        for (provider, status), count in sorted(snap["remote_requests"].items()):
+            remote.add_metric([provider, str(status)], count)
+        yield remote
+
+
+class Metrics:
+    def __init__(self, read_live: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_LiveCollector(read_live))
+        self.task_duration = Histogram(
+            "dispatcher_task_duration_seconds",
+            "Run time of finished tasks by model",
+            ["model"],
+            buckets=_DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.stage_duration = Histogram(
+            "dispatcher_stage_duration_seconds",
+            "Time spent per stage by model",
+            ["model", "stage"],
+            buckets=_DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "dispatcher_tasks_finished", "Tasks that reached a terminal state",
+            ["model", "state"], registry=self.registry,
+        )
+
+    def on_event(self, event: Event) -> None:
+        if event.get("type") != "task":
+            return
+        task = event["task"]
+        if task["state"] not in _TERMINAL:
+            return
+        self.finished.labels(task["model"], task["state"]).inc()
+        if task["state"] == "success" and not task["from_cache"] and task["started_at"]:
+            self.task_duration.labels(task["model"]).observe(
+                max(0.0, task["finished_at"] - task["started_at"])
+            )
+        for stage, seconds in (task.get("stage_durations") or {}).items():
+            self.stage_duration.labels(task["model"], stage).observe(max(0.0, seconds))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE

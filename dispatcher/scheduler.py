@@ -1,0 +1,376 @@
+"""The lanes' engine: reclaim stale work, start the oldest pending task per free slot.
+
+Each round first reclaims running tasks whose heartbeat is older than the
+stale bound, then, lane by lane, claims the oldest pending task (the claim
+marks it running) and only then starts it. Every lane's tasks run as their
+own asyncio tasks, so a six-minute web generation never delays an API task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dispatcher.accounts import AccountBook
+from dispatcher.clock import Clock
+from dispatcher.decisions import (
+    HEARTBEAT_INTERVAL_S,
+    STALE_AFTER_S,
+    LaneSnapshot,
+    eta_s,
+    free_slots,
+    plan_reclaims,
+)
+from dispatcher.errors import AuthError, RunError, TaskCanceled, TransientError
+from dispatcher.lanes import LaneSpec
+from dispatcher.ledger import Ledger, lane_prefix
+from dispatcher.models import JSON, Kind, Stage, State, Task
+from dispatcher.profiles import Profile
+from dispatcher.runner import RunContext, Runner, RunResult
+
+log = logging.getLogger("dispatcher.scheduler")
+
+SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
+
+
+@dataclass
+class Live:
+    """Fast-changing progress kept in memory; only stage reaches the store, lazily."""
+
+    stage: Stage = Stage.DISPATCHED
+    progress: float | None = None
+    queue_position: int | None = None
+    stage_started: float = 0.0
+    durations: dict[str, float] = field(default_factory=dict)
+
+    def enter(self, stage: Stage, now: float) -> None:
+        if stage is not self.stage:
+            self.durations[self.stage.value] = (
+                self.durations.get(self.stage.value, 0.0) + now - self.stage_started
+            )
+            self.stage = stage
+            self.stage_started = now
+
+    def closed_durations(self, now: float) -> dict[str, float]:
+        closed = dict(self.durations)
+        closed[self.stage.value] = closed.get(self.stage.value, 0.0) + now - self.stage_started
+        return closed
+
+
+@dataclass
+class Running:
+    task: Task
+    lane: LaneSpec
+    ctx: RunContext
+    live: Live
+    job: asyncio.Task[None] | None = None
+    interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        clock: Clock,
+        lanes: Mapping[str, LaneSpec],
+        runners: Mapping[Kind, Runner],
+        accounts: AccountBook,
+        profiles: Mapping[str, Profile],
+        results_dir: Path,
+        on_success: SuccessHook | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.lanes = dict(lanes)
+        self.runners = dict(runners)
+        self.accounts = accounts
+        self.profiles = profiles
+        self.results_dir = results_dir
+        self.on_success = on_success
+        self.running: dict[str, Running] = {}
+        self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    # -- timing ----------------------------------------------------------------
+    @property
+    def heartbeat_s(self) -> float:
+        return self.clock.scaled(HEARTBEAT_INTERVAL_S)
+
+    @property
+    def stale_s(self) -> float:
+        return self.clock.scaled(STALE_AFTER_S)
+
+    @property
+    def tick_s(self) -> float:
+        # Often enough to notice retry delays expiring and stale tasks promptly.
+        return min(0.5, self.heartbeat_s / 3)
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                self.round()
+            except Exception:
+                # A failing round (e.g. a locked database) must not kill the lanes.
+                log.exception("scheduler round failed; retrying next tick")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_s)
+            self._wake.clear()
+
+    async def shutdown(self) -> None:
+        """Stop starting work; stop running tasks at their checkpoints, recoverable."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        jobs = []
+        for running in list(self.running.values()):
+            if running.job is not None and not running.job.done():
+                running.interrupted = "shutdown"
+                running.job.cancel()
+                jobs.append(running.job)
+        if jobs:
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    # -- the round ---------------------------------------------------------------
+    def round(self) -> None:
+        self.rounds += 1
+        self._reclaim_stale()
+        if self._stopping:
+            return
+        for lane in self.lanes.values():
+            snapshot = LaneSnapshot(
+                name=lane.name,
+                concurrency=lane.concurrency,
+                enabled=self.accounts.is_open(lane.account),
+                running=len(self._lane_running[lane.name]),
+            )
+            for _ in range(free_slots(snapshot)):
+                task = self.ledger.claim(lane.lane_groups, lane.account)
+                if task is None:
+                    break
+                self._start(task, lane)
+
+    def _reclaim_stale(self) -> None:
+        now = self.clock.now()
+        stale = self.ledger.store.stale_running(now - self.stale_s)
+        if not stale:
+            return
+        plans = plan_reclaims(
+            stale,
+            now=now,
+            stale_after_s=self.stale_s,
+            retry_delay_s=self.clock.scaled(self.ledger.retry_delay_s),
+        )
+        by_id = {t.id: t for t in stale}
+        for plan in plans:
+            running = self.running.get(plan.task_id)
+            if running is not None and running.interrupted:
+                continue
+            task = by_id[plan.task_id]
+            log.warning("%s task %s attempt %d is stale: %s", lane_prefix(task), task.id,
+                        task.attempt, plan.reason)
+            self.ledger.reclaim(task, plan)
+            if running is not None and running.job is not None:
+                # The lane's slot stays taken until the runner has confirmed its
+                # browser dead (its cleanup runs inside the cancelled coroutine).
+                running.interrupted = "reclaimed"
+                running.job.cancel()
+
+    # -- running one task ----------------------------------------------------------
+    def lane_for(self, task: Task) -> LaneSpec | None:
+        for lane in self.lanes.values():
+            if task.account == lane.account and task.lane_group in lane.lane_groups:
+                return lane
+        return None
+
+    def adopt(self, task: Task) -> bool:
+        """Resume a task a previous run left running (an API job with a remote id)."""
+        lane = self.lane_for(task)
+        if lane is None:
+            return False
+        self._start(task, lane)
+        return True
+
+    def _start(self, task: Task, lane: LaneSpec) -> None:
+        profile = self.profiles[task.model]
+        now = self.clock.now()
+        live = Live(stage=task.stage or Stage.DISPATCHED, stage_started=now)
+        holder: dict[str, Task] = {"task": task}
+
+        async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
+            live.enter(stage, self.clock.now())
+            live.progress = progress
+            live.queue_position = queue
+
+        async def record_remote_id(remote_id: str) -> None:
+            holder["task"] = self.ledger.record_remote_id(holder["task"], remote_id)
+            running.task = holder["task"]
+
+        adapter = logging.LoggerAdapter(
+            logging.getLogger(f"dispatcher.lane.{lane.name}"),
+            {"lane": lane.name, "task_id": task.id, "attempt": task.attempt},
+        )
+        ctx = RunContext(
+            task=task,
+            profile=profile,
+            lane=lane.name,
+            account=lane.account,
+            clock=self.clock,
+            result_dir=self.results_dir / task.id / f"attempt-{task.attempt}",
+            log=adapter,
+            report_stage=report_stage,
+            record_remote_id=record_remote_id,
+        )
+        running = Running(task=task, lane=lane, ctx=ctx, live=live)
+        self.running[task.id] = running
+        self._lane_running[lane.name].add(task.id)
+        running.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
+        if task.cancel_requested:
+            ctx.cancel_event.set()
+
+    async def _execute(self, running: Running) -> None:
+        runner = self.runners[running.lane.kind]
+        beats = asyncio.create_task(self._heartbeats(running, runner))
+        try:
+            outcome = await self._run_one(running, runner)
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+            self.running.pop(running.task.id, None)
+            self._lane_running[running.lane.name].discard(running.task.id)
+            self.wake()
+        if outcome is not None:
+            await self._finish(running, *outcome)
+
+    async def _run_one(
+        self, running: Running, runner: Runner
+    ) -> tuple[str, RunResult | BaseException] | None:
+        try:
+            result = await runner.run(running.task, running.ctx)
+        except asyncio.CancelledError:
+            self._after_interrupt(running)
+            # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
+            return None
+        except TaskCanceled as exc:
+            return ("canceled", exc)
+        except RunError as exc:
+            return ("failed", exc)
+        except Exception as exc:
+            running.ctx.log.exception("%s runner crashed", running.lane.name)
+            return ("failed", TransientError(f"runner crashed: {exc!r}", kind="internal"))
+        return ("success", result)
+
+    def _after_interrupt(self, running: Running) -> None:
+        if running.interrupted != "shutdown":
+            return
+        task = self.ledger.store.get_task(running.task.id)
+        if task is None or task.state is not State.RUNNING:
+            return
+        if task.kind is Kind.API and task.remote_id:
+            # The remote job keeps going; the next start resumes polling it.
+            log.info("%s task %s left running for recovery (remote %s)",
+                     lane_prefix(task), task.id, task.remote_id)
+            return
+        self.ledger.requeue(task, "service shut down before it finished")
+
+    async def _finish(self, running: Running, what: str, payload: Any) -> None:
+        task = running.task
+        durations = running.live.closed_durations(self.clock.now())
+        if what == "success":
+            result = payload.to_json()
+            done = self.ledger.succeed(task, result, durations)
+            if done is not None and done.state is State.SUCCESS and self.on_success:
+                maybe = self.on_success(done, result)
+                if maybe is not None:
+                    await maybe
+        elif what == "canceled":
+            self.ledger.mark_canceled(task, durations)
+        else:
+            error: RunError = payload
+            current = self.ledger.store.get_task(task.id)
+            if current is not None and current.cancel_requested:
+                self.ledger.mark_canceled(task, durations)
+                return
+            self.ledger.fail(task, error, durations)
+            if isinstance(error, AuthError) and running.lane.kind is Kind.WEB:
+                self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
+
+    async def _heartbeats(self, running: Running, runner: Runner) -> None:
+        written_beat = running.ctx.last_beat_monotonic
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if runner.beats_required and running.ctx.last_beat_monotonic <= written_beat:
+                continue  # no sign of life since the last write: let staleness speak
+            written_beat = running.ctx.last_beat_monotonic
+            updated = self.ledger.heartbeat(running.task, running.live.stage)
+            if updated is not None:
+                running.task = updated
+
+    # -- operator hooks --------------------------------------------------------------
+    def notify_cancel(self, task_id: str) -> None:
+        running = self.running.get(task_id)
+        if running is not None:
+            running.ctx.cancel_event.set()
+
+    def progress(self, task: Task) -> JSON:
+        """`ahead`, `eta_s` and live progress for a task answer."""
+        live = self.running.get(task.id)
+        info: JSON = {"ahead": 0, "eta_s": None, "progress": None, "queue_position": None}
+        durations = self.ledger.store.recent_durations(task.model)
+        if task.state is State.PENDING:
+            ahead = self.ledger.store.count_ahead(task.lane_group, task.seq)
+            concurrency = sum(
+                lane.concurrency
+                for lane in self.lanes.values()
+                if task.lane_group in lane.lane_groups and self.accounts.is_open(lane.account)
+            )
+            info["ahead"] = ahead
+            info["eta_s"] = eta_s(ahead=ahead, concurrency=concurrency, recent_durations_s=durations)
+        elif task.state is State.RUNNING:
+            elapsed = self.clock.now() - (task.started_at or self.clock.now())
+            info["eta_s"] = eta_s(
+                ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=elapsed
+            )
+            if live is not None:
+                info["stage"] = live.live.stage.value
+                info["progress"] = live.live.progress
+                info["queue_position"] = live.live.queue_position
+        return info
+
+    def lanes_view(self) -> list[JSON]:
+        queued = self.ledger.store.queued_counts()
+        view = []
+        for lane in self.lanes.values():
+            account = self.accounts.get(lane.account)
+            view.append(
+                {
+                    "name": lane.name,
+                    "kind": lane.kind.value,
+                    "account": lane.account,
+                    "models": list(lane.models),
+                    "concurrency": lane.concurrency,
+                    "enabled": account.enabled,
+                    "needs_attention": account.needs_attention,
+                    "reason": account.reason,
+                    "queued": sum(queued.get(group, 0) for group in lane.lane_groups),
+                    "running": sorted(self._lane_running[lane.name]),
+                }
+            )
+        return view

@@ -1,0 +1,181 @@
+"""Task and account records to and from flat rows; shared by every backend."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from dispatcher.models import Account, CacheEntry, Kind, Stage, State, Task, TaskError
+
+class RowLike(Protocol):
+    """sqlite3.Row, a psycopg dict row, or a plain dict."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+TASK_COLUMNS = (
+    "seq",
+    "id",
+    "job_id",
+    "model",
+    "kind",
+    "lane_group",
+    "account",
+    "params",
+    "fingerprint",
+    "state",
+    "stage",
+    "attempt",
+    "max_attempts",
+    "cancel_requested",
+    "force",
+    "remote_id",
+    "result",
+    "error_kind",
+    "error_message",
+    "from_cache",
+    "created_at",
+    "started_at",
+    "heartbeat_at",
+    "finished_at",
+    "not_before",
+    "stage_started_at",
+    "stage_durations",
+)
+
+# Fields a caller may change through update_task/claim_next, with their encoders.
+_ENCODERS: dict[str, Any] = {
+    "state": lambda v: State(v).value,
+    "stage": lambda v: Stage(v).value if v is not None else None,
+    "params": json.dumps,
+    "result": lambda v: json.dumps(v) if v is not None else None,
+    "stage_durations": json.dumps,
+    "cancel_requested": int,
+    "force": int,
+    "from_cache": int,
+}
+UPDATABLE = frozenset(
+    {
+        "account",
+        "state",
+        "stage",
+        "attempt",
+        "max_attempts",
+        "cancel_requested",
+        "remote_id",
+        "result",
+        "error",
+        "from_cache",
+        "started_at",
+        "heartbeat_at",
+        "finished_at",
+        "not_before",
+        "stage_started_at",
+        "stage_durations",
+    }
+)
+
+
+def encode_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Field changes to column values; `error` becomes its two columns."""
+    columns: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name not in UPDATABLE:
+            raise ValueError(f"task field {name!r} cannot be updated")
+        if name == "error":
+            columns["error_kind"] = value.kind if value else None
+            columns["error_message"] = value.message if value else None
+            continue
+        encoder = _ENCODERS.get(name)
+        columns[name] = encoder(value) if encoder else value
+    return columns
+
+
+def task_to_row(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "job_id": task.job_id,
+        "model": task.model,
+        "kind": task.kind.value,
+        "lane_group": task.lane_group,
+        "account": task.account,
+        "params": json.dumps(task.params),
+        "fingerprint": task.fingerprint,
+        "state": task.state.value,
+        "stage": task.stage.value if task.stage else None,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "cancel_requested": int(task.cancel_requested),
+        "force": int(task.force),
+        "remote_id": task.remote_id,
+        "result": json.dumps(task.result) if task.result is not None else None,
+        "error_kind": task.error.kind if task.error else None,
+        "error_message": task.error.message if task.error else None,
+        "from_cache": int(task.from_cache),
+        "created_at": task.created_at,
+        "started_at": task.started_at,
+        "heartbeat_at": task.heartbeat_at,
+        "finished_at": task.finished_at,
+        "not_before": task.not_before,
+        "stage_started_at": task.stage_started_at,
+        "stage_durations": json.dumps(task.stage_durations),
+    }
+
+
+def row_to_task(row: RowLike) -> Task:
+    error = (
+        TaskError(kind=row["error_kind"], message=row["error_message"] or "")
+        if row["error_kind"]
+        else None
+    )
+    return Task(
+        seq=row["seq"],
+        id=row["id"],
+        job_id=row["job_id"],
+        model=row["model"],
+        kind=Kind(row["kind"]),
+        lane_group=row["lane_group"],
+        account=row["account"],
+        params=json.loads(row["params"]),
+        fingerprint=row["fingerprint"],
+        state=State(row["state"]),
+        stage=Stage(row["stage"]) if row["stage"] else None,
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        cancel_requested=bool(row["cancel_requested"]),
+        force=bool(row["force"]),
+        remote_id=row["remote_id"],
+        result=json.loads(row["result"]) if row["result"] else None,
+        error=error,
+        from_cache=bool(row["from_cache"]),
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        finished_at=row["finished_at"],
+        not_before=row["not_before"],
+        stage_started_at=row["stage_started_at"],
+        stage_durations=json.loads(row["stage_durations"] or "{}"),
+    )
+
+
+def row_to_account(row: RowLike) -> Account:
+    return Account(
+        name=row["name"],
+        kind=Kind(row["kind"]),
+        enabled=bool(row["enabled"]),
+        reason=row["reason"],
+        needs_attention=bool(row["needs_attention"]),
+        updated_at=row["updated_at"],
+    )
+
+
+def row_to_cache_entry(row: RowLike) -> CacheEntry:
+    return CacheEntry(
+        fingerprint=row["fingerprint"],
+        model=row["model"],
+        result=json.loads(row["result"]),
+        size_bytes=row["size_bytes"],
+        created_at=row["created_at"],
+        last_used_at=row["last_used_at"],
+    )

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from dispatcher.decisions import (
+    LaneSnapshot,
+    RecoveryAction,
+    eta_s,
+    free_slots,
+    plan_reclaims,
+    plan_recovery,
+)
+from dispatcher.models import Kind, State, Task
+
+
+def _task(**changes: object) -> Task:
+    base = Task(
+        id="t1", model="m", kind=Kind.API, lane_group="api:p", params={}, fingerprint="f",
+        created_at=1000.0, state=State.RUNNING, started_at=1000.0, heartbeat_at=1000.0,
+    )
+    return base.replace(**changes)
+
+
+def test_disabled_lane_starts_nothing_and_full_lane_has_no_slot() -> None:
+    assert free_slots(LaneSnapshot("api:p", concurrency=3, enabled=True, running=1)) == 2
+    assert free_slots(LaneSnapshot("api:p", concurrency=3, enabled=True, running=3)) == 0
+    assert free_slots(LaneSnapshot("api:p", concurrency=3, enabled=False, running=0)) == 0
+
+
+def test_reclaim_only_after_the_stale_bound() -> None:
+    fresh = _task(id="fresh", heartbeat_at=1000.0)
+    stale = _task(id="stale", heartbeat_at=909.0)
+    plans = plan_reclaims([fresh, stale], now=1000.0, stale_after_s=90.0, retry_delay_s=5.0)
+    assert [p.task_id for p in plans] == ["stale"]
+    assert plans[0].next_state is State.PENDING and plans[0].next_attempt == 2
+
+
+def test_reclaim_of_last_attempt_fails_the_task() -> None:
+    (plan,) = plan_reclaims([_task(attempt=3, heartbeat_at=0.0)], now=1000.0,
+                            stale_after_s=90.0, retry_delay_s=5.0)
+    assert plan.next_state is State.FAILED and plan.next_attempt == 3
+
+
+def test_recovery_rules() -> None:
+    now = 2000.0
+    assert plan_recovery(_task(remote_id="r1"), now=now, expire_after_s=7200) is RecoveryAction.RESUME
+    assert plan_recovery(_task(), now=now, expire_after_s=7200) is RecoveryAction.REQUEUE
+    assert plan_recovery(_task(kind=Kind.WEB), now=now, expire_after_s=7200) is RecoveryAction.STALE
+    old = _task(started_at=now - 7201, remote_id="r1")
+    assert plan_recovery(old, now=now, expire_after_s=7200) is RecoveryAction.EXPIRE
+
+
+def test_eta_uses_median_and_waves_of_concurrency() -> None:
+    durations = [10.0, 10.0, 400.0]  # one outlier must not dominate
+    assert eta_s(ahead=0, concurrency=3, recent_durations_s=durations) == 10.0
+    assert eta_s(ahead=5, concurrency=3, recent_durations_s=durations) == 20.0
+    assert eta_s(ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=4.0) == 6.0
+    assert eta_s(ahead=2, concurrency=1, recent_durations_s=[]) is None

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+from dispatcher.models import Account, Job, Kind, State, Task
+from dispatcher.store.sqlite import SqliteStore
+
+SCHEMA_SQL = Path(__file__).resolve().parents[2] / "dispatcher" / "store" / "schema.sql"
+
+
+def _schema(db: sqlite3.Connection) -> dict[str, str]:
+    rows = db.execute(
+        "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL "
+        "AND name NOT IN ('schema_version', 'sqlite_sequence')"
+    ).fetchall()
+    return {name: re.sub(r"\s+", " ", sql).replace("( ", "(").replace(" )", ")").strip()
+            for name, sql in rows}
+
+
+def _columns(db: sqlite3.Connection) -> dict[str, list[tuple[str, str, int, object]]]:
+    tables = [r[0] for r in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name NOT IN ('schema_version', 'sqlite_sequence')")]
+    return {t: [(c[1], c[2], c[3], c[4]) for c in db.execute(f"PRAGMA table_info({t})")]
+            for t in tables}
+
+
+def test_migrations_reproduce_the_documented_schema(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "migrated.db")
+    store.migrate()
+    store.close()
+    migrated = sqlite3.connect(tmp_path / "migrated.db")
+    documented = sqlite3.connect(tmp_path / "documented.db")
+    documented.executescript(SCHEMA_SQL.read_text())
+    assert _columns(migrated) == _columns(documented)
+    migrated_indexes = {k for k in _schema(migrated) if not k.startswith("sqlite_autoindex")}
+    documented_indexes = {k for k in _schema(documented) if not k.startswith("sqlite_autoindex")}
+    assert migrated_indexes == documented_indexes
+    migrated.close()
+    documented.close()
+
+
+def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.migrate()
+    assert store.schema_version() == 2
+    mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    store.close()
+
+
+def _task(task_id: str, group: str = "api:p", **changes: object) -> Task:
+    return Task(id=task_id, model="m", kind=Kind.API, lane_group=group, params={"prompt": "x"},
+                fingerprint="fp-" + task_id, created_at=1.0).replace(**changes)
+
+
+def test_update_is_compare_and_set_on_state_and_attempt(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.insert_tasks([_task("a")])
+    moved = store.update_task("a", expect_state=State.PENDING, expect_attempt=1,
+                              changes={"state": State.RUNNING})
+    assert moved is not None and moved.state is State.RUNNING
+    # A writer still believing the task is pending loses.
+    assert store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED}) is None
+    # A late writer from an older attempt loses too.
+    assert store.update_task("a", expect_state=State.RUNNING, expect_attempt=0,
+                             changes={"state": State.SUCCESS}) is None
+    assert store.get_task("a").state is State.RUNNING  # type: ignore[union-attr]
+    store.close()
+
+
+def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.insert_tasks([
+        _task("later-retry", not_before=50.0),
+        _task("other-lane", group="api:q"),
+        _task("first"),
+        _task("second"),
+    ])
+    claimed = store.claim_next(["api:p"], now=10.0, changes={"account": "p"})
+    assert claimed is not None and claimed.id == "first" and claimed.state is State.RUNNING
+    assert store.claim_next(["api:p"], now=10.0, changes={}).id == "second"  # type: ignore[union-attr]
+    assert store.claim_next(["api:p"], now=10.0, changes={}) is None
+    assert store.claim_next(["api:p"], now=60.0, changes={}).id == "later-retry"  # type: ignore[union-attr]
+    store.close()
+
+
+def test_job_counts_and_accounts_persist(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.insert_tasks([_task("a", job_id="j"), _task("b", job_id="j")], Job("j", "batch", 1.0))
+    store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert store.job_counts("j") == {State.PENDING: 1, State.CANCELED: 1}
+    store.upsert_account(Account("acct-1", Kind.WEB, enabled=False, reason="captcha"))
+    store.close()
+    reopened = SqliteStore(tmp_path / "d.db")
+    reopened.migrate()
+    account = reopened.get_accounts()["acct-1"]
+    assert (account.enabled, account.reason) == (False, "captcha")
+    reopened.close()
