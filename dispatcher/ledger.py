@@ -9,6 +9,7 @@ rejected by the store, logged, and dropped.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,7 +39,7 @@ MAX_JOB_TASKS = 10_000
 
 
 class ResultLookup(Protocol):
-    def lookup(self, fingerprint: str) -> JSON | None: ...
+    def lookup(self, fingerprint: str, *, copy_to: Path | None = None) -> JSON | None: ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Ledger:
         *,
         retry_delay_s: float,
         cache: ResultLookup | None = None,
+        results_dir: Path | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -98,6 +100,7 @@ class Ledger:
         self.events = events
         self.retry_delay_s = retry_delay_s
         self.cache = cache
+        self.results_dir = results_dir
         self.dedup_hits = 0
         self.cache_hits = 0
         self.retries = 0
@@ -131,7 +134,10 @@ class Ledger:
         """Complete the task at once from an earlier identical result, if any."""
         if task.force or self.cache is None:
             return task
-        cached = self.cache.lookup(task.fingerprint)
+        # Copied into the task's own folder: a later eviction must not take
+        # the files out from under a finished task.
+        copy_to = self.results_dir / task.id / "cache" if self.results_dir else None
+        cached = self.cache.lookup(task.fingerprint, copy_to=copy_to)
         if cached is None:
             return task
         self.cache_hits += 1

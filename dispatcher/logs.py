@@ -1,20 +1,47 @@
 """Log set-up: one line per event, lane prefix in the message, optional JSON.
 
-Secrets never reach a log line: the service registers every secret it knows
-(the local token, API keys from the environment) with `redact`, and a filter
-masks them in whatever is logged, including exception text.
+Secrets never reach a log line. The service registers every secret it knows
+(the local token, API keys from the environment, dashboard sessions) with
+`redact`, and a filter on the handler masks them in whatever is logged,
+including exception text. On top of that, anything shaped like a credential
+(``Authorization: ...``, ``Bearer ...``, ``Cookie: ...``, ``api_key=...``)
+is masked even when nobody registered it.
+
+``--log-format json`` (or ``DISPATCHER_LOG_FORMAT=json``) writes one JSON
+object per line with ``lane``, ``task_id``, ``attempt``, ``state`` and
+``stage`` as fields whenever the line is about a task.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
 
 _SECRETS: set[str] = set()
 MASK = "***"
+FORMATS = ("text", "json")
+SESSION_COOKIE_NAME = "dispatcher_session"  # == dispatcher.http.security.SESSION_COOKIE
+
+# Credential-shaped text: a header or key name, then its value (to the end of
+# the quoted value or of the line). Group 1 is kept, the value is masked.
+_SHAPES = (
+    re.compile(
+        r"(?i)(\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n]+"
+    ),
+    re.compile(
+        r"(?i)(\b(?:set-)?cookie\b[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n]+"
+    ),
+    re.compile(
+        r"(?i)(\b(?:x-local-token|x-api-key|api[_-]?key|access[_-]?token|secret)\b"
+        r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"
+    ),
+    re.compile(r"(?i)(\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]{6,}"),
+    re.compile(rf"({SESSION_COOKIE_NAME}=)[^\s;\"',&]+"),
+)
 
 
 def redact(secret: str | None) -> None:
@@ -23,10 +50,18 @@ def redact(secret: str | None) -> None:
         _SECRETS.add(secret)
 
 
+def forget(secret: str | None) -> None:
+    """Stop tracking a secret that can no longer be used (an expired session)."""
+    if secret:
+        _SECRETS.discard(secret)
+
+
 def scrub(text: str) -> str:
-    for secret in _SECRETS:
+    for secret in list(_SECRETS):
         if secret in text:
             text = text.replace(secret, MASK)
+    for shape in _SHAPES:
+        text = shape.sub(lambda m: m.group(1) + MASK, text)
     return text
 
 
@@ -39,27 +74,66 @@ class RedactingFilter(logging.Filter):
         record.args = None
         if record.exc_text:
             record.exc_text = scrub(record.exc_text)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
         return True
+
+
+# What a task line looks like (see dispatcher.ledger): the lane prefix, the
+# task id, "attempt N/M", "old->new" or "new state", "stage=...".
+_LANE = re.compile(r"^\[((?:web|api):[^\]\s]+)\]")
+_TASK = re.compile(r"\btask ([0-9a-f]{8,64})\b")
+_ATTEMPT = re.compile(r"\battempt (\d+)(?:/(\d+))?")
+_TRANSITION = re.compile(r"\b(?:(pending|running|success|failed|canceled)->|new )"
+                         r"(pending|running|success|failed|canceled)\b")
+_STAGE = re.compile(r"\bstage=(\w+)")
+
+
+def task_fields(message: str) -> dict[str, Any]:
+    """Lane, task id, attempt, state and stage found in a log message."""
+    fields: dict[str, Any] = {}
+    if match := _LANE.search(message):
+        fields["lane"] = match.group(1)
+    if match := _TASK.search(message):
+        fields["task_id"] = match.group(1)
+    if match := _ATTEMPT.search(message):
+        fields["attempt"] = int(match.group(1))
+        if match.group(2):
+            fields["max_attempts"] = int(match.group(2))
+    if match := _TRANSITION.search(message):
+        if match.group(1):
+            fields["from_state"] = match.group(1)
+        fields["state"] = match.group(2)
+    if (match := _STAGE.search(message)) and match.group(1) != "-":
+        fields["stage"] = match.group(1)
+    return fields
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
         payload: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": message,
         }
-        for key in ("lane", "task_id", "attempt"):
-            if hasattr(record, key):
-                payload[key] = getattr(record, key)
+        payload.update(task_fields(message))
+        for key in ("lane", "task_id", "attempt"):  # a LoggerAdapter's extras win
+            value = getattr(record, key, None)
+            if value is not None:
+                payload[key] = value
         if record.exc_text:
             payload["exception"] = record.exc_text
-        return json.dumps(payload, ensure_ascii=False)
+        if record.stack_info:
+            payload["stack"] = record.stack_info
+        return json.dumps(payload, ensure_ascii=False, default=str)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RedactingFilter())
     if fmt == "json":
@@ -74,5 +148,11 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.addHandler(handler)
     root.setLevel(level.upper())
     # httpx logs every request URL at INFO; ours say more with less.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpcore", "hpack", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Uvicorn's own loggers go through this handler too (redacted, same format).
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.propagate = True

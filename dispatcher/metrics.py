@@ -17,8 +17,14 @@ _DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 
 
 class _LiveCollector(Collector):
+    """Numbers that live elsewhere (store, scheduler, runners), read at scrape time."""
+
     def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
         self._read = read
+
+    def describe(self) -> Iterator[Metric]:
+        # Nothing to read at registration time: the service may not be up yet.
+        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         snap = self._read()
@@ -45,7 +51,8 @@ class _LiveCollector(Collector):
         for name, help_text, value in (
             ("dispatcher_dedup_hits", "Submissions answered with an existing task", "dedup_hits"),
             ("dispatcher_cache_hits", "Tasks completed from the result cache", "cache_hits"),
-            ("dispatcher_retries", "Attempts re-queued after a failure or by an operator", "retries"),
+            ("dispatcher_retries", "Attempts re-queued after a failure or by an operator",
+             "retries"),
             ("dispatcher_stale_reclaims", "Running tasks reclaimed for lack of heartbeat",
              "stale_reclaims"),
             ("dispatcher_browser_launches", "Browsers started by the web runner",

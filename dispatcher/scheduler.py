@@ -38,6 +38,18 @@ log = logging.getLogger("dispatcher.scheduler")
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
 
 
+class TaskLog(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes a runner's log lines with lane, task and attempt."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return (
+            f"[{extra['lane']}] task {extra['task_id']} attempt {extra['attempt']}: {msg}",
+            kwargs,
+        )
+
+
 @dataclass
 class Live:
     """Fast-changing progress kept in memory; only stage reaches the store, lazily."""
@@ -204,7 +216,12 @@ class Scheduler:
         lane = self.lane_for(task)
         if lane is None:
             return False
-        self._start(task, lane)
+        # Its last heartbeat is as old as our downtime; without a fresh one the
+        # first round would reclaim the very task we are resuming.
+        refreshed = self.ledger.heartbeat(task, task.stage)
+        if refreshed is None:
+            return False
+        self._start(refreshed, lane)
         return True
 
     def _start(self, task: Task, lane: LaneSpec) -> None:
@@ -222,7 +239,7 @@ class Scheduler:
             holder["task"] = self.ledger.record_remote_id(holder["task"], remote_id)
             running.task = holder["task"]
 
-        adapter = logging.LoggerAdapter(
+        adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
             {"lane": lane.name, "task_id": task.id, "attempt": task.attempt},
         )

@@ -181,6 +181,7 @@ class Service:
         self.ledger = Ledger(
             self.store, self.clock, self.profiles, self.events,
             retry_delay_s=settings.retry_delay_s, cache=self.cache,
+            results_dir=self.state_dir / "results",
         )
         concurrency = {l.account: l.concurrency for l in lanes.values() if l.kind is Kind.API}
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)

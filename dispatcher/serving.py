@@ -97,6 +97,9 @@ async def start_server(
     config = uvicorn.Config(
         app,
         log_level="warning",
+        # No dictConfig of uvicorn's own: its lines go through the root handler,
+        # which redacts secrets and honours the JSON format.
+        log_config=None,
         access_log=access_log,
         lifespan="off",
         timeout_graceful_shutdown=2,

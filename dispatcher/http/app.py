@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
+    HTMLResponse,
     JSONResponse,
     RedirectResponse,
     Response,
@@ -34,11 +35,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("dispatcher.http")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_FILES = frozenset({"dashboard.js", "dashboard.css"})
 SSE_KEEPALIVE_S = 15.0
+MAX_LIST = 500
+# The dashboard runs only its own script and talks only to this origin.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
+
+
+def _limit(request: Request, default: int) -> int:
+    raw = request.query_params.get("limit", str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
+        raise InputError(f"limit must be a whole number within 1..{MAX_LIST}")
+    return int(raw)
 
 
 async def _json_body(request: Request) -> Any:
@@ -86,6 +107,23 @@ class Api:
         status = 200 if submitted.deduped else 201
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
 
+    async def list_tasks(self, request: Request) -> Response:
+        """Tasks in the given states (`?state=running,pending`), oldest first."""
+        raw = request.query_params.get("state", "running,pending")
+        try:
+            wanted = [State(name.strip()) for name in raw.split(",") if name.strip()]
+        except ValueError as exc:
+            raise InputError(
+                f"state must be a comma-separated list of {', '.join(s.value for s in State)}"
+            ) from exc
+        limit = _limit(request, 200)
+        tasks: list[Task] = []
+        for state in dict.fromkeys(wanted):
+            tasks += self.service.ledger.store.tasks_in_state(state, limit=limit - len(tasks))
+            if len(tasks) >= limit:
+                break
+        return JSONResponse([self.task_answer(t) for t in tasks])
+
     async def get_task(self, request: Request) -> Response:
         return JSONResponse(self.task_answer(self.service.ledger.get(request.path_params["id"])))
 
@@ -111,7 +149,7 @@ class Api:
             raise InputError(f"file must be an index below {len(files)}")
         meta = files[int(index_raw)]
         path = Path(meta["path"])
-        if not path.is_file():
+        if not await asyncio.to_thread(path.is_file):
             raise NotFound(f"the result file of task {task.id} is gone from disk")
         return FileResponse(path, media_type=meta.get("content_type"), filename=meta.get("name"))
 
@@ -132,7 +170,7 @@ class Api:
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
     async def list_jobs(self, request: Request) -> Response:
-        jobs = self.service.ledger.store.list_jobs()
+        jobs = self.service.ledger.store.list_jobs(limit=_limit(request, 50))
         return JSONResponse([self.job_answer(j.id, with_tasks=False) for j in jobs])
 
     async def get_job(self, request: Request) -> Response:
@@ -210,9 +248,19 @@ class Api:
         code = request.query_params.get("code", "")
         session = self.service.credentials.redeem_code(code) if code else None
         if session is None:
-            return _error(403, "forbidden", "the dashboard code is unknown, used or expired; "
-                          "run `python -m dispatcher dashboard` for a new one")
-        response = RedirectResponse("/", status_code=303)
+            message = ("the dashboard code is unknown, used or expired; "
+                       "run `python -m dispatcher dashboard` for a new one")
+            if "text/html" in request.headers.get("accept", ""):
+                return HTMLResponse(
+                    f"<!doctype html><title>dispatcher</title><p>{message}</p>",
+                    status_code=403, headers=PAGE_HEADERS,
+                )
+            return _error(403, "forbidden", message)
+        # The code leaves the address bar at once; the cookie is out of scripts' reach.
+        response = RedirectResponse(
+            "/", status_code=303,
+            headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store"},
+        )
         response.set_cookie(
             SESSION_COOKIE, session, max_age=int(SESSION_TTL_S), httponly=True,
             samesite="strict", path="/",
@@ -223,14 +271,16 @@ class Api:
         return JSONResponse({"code": self.service.credentials.issue_code()})
 
     async def dashboard(self, request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
+        return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html",
+                            headers=PAGE_HEADERS)
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         path = STATIC_DIR / name
-        if name not in {"dashboard.js", "dashboard.css"} or not path.is_file():
+        if name not in STATIC_FILES or not path.is_file():
             raise NotFound(f"no static file {name!r}")
-        return FileResponse(path)
+        return FileResponse(path, headers={"Cache-Control": "no-cache",
+                                           "X-Content-Type-Options": "nosniff"})
 
 
 def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:
@@ -252,6 +302,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
 
     routes = [
         Route("/v1/tasks", api.create_task, methods=["POST"]),
+        Route("/v1/tasks", api.list_tasks, methods=["GET"]),
         Route("/v1/tasks/{id}", api.get_task, methods=["GET"]),
         Route("/v1/tasks/{id}/cancel", api.cancel_task, methods=["POST"]),
         Route("/v1/tasks/{id}/retry", api.retry_task, methods=["POST"]),

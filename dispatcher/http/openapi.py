@@ -62,9 +62,19 @@ OPENAPI: dict[str, Any] = {
     },
     "security": [{"bearer": []}, {"localToken": []}],
     "paths": {
-        "/v1/tasks": {"post": _op("Create a task (de-duplicated unless force)", _TASK_BODY, "201")},
+        "/v1/tasks": {
+            "post": _op("Create a task (de-duplicated unless force)", _TASK_BODY, "201"),
+            "get": {
+                **_op("Tasks in some states, oldest first (?state=running,pending&limit=200)"),
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                ],
+            },
+        },
         "/v1/tasks/{id}": {"parameters": _ID, "get": _op("A task with ahead, eta_s, progress")},
-        "/v1/tasks/{id}/cancel": {"parameters": _ID, "post": _op("Cancel a pending or running task")},
+        "/v1/tasks/{id}/cancel": {"parameters": _ID,
+                                  "post": _op("Cancel a pending or running task")},
         "/v1/tasks/{id}/retry": {"parameters": _ID, "post": _op("Retry a failed task")},
         "/v1/tasks/{id}/result": {"parameters": _ID, "get": _op("Download a result file or text")},
         "/v1/jobs": {
@@ -72,7 +82,8 @@ OPENAPI: dict[str, Any] = {
             "get": _op("Recent jobs with their progress"),
         },
         "/v1/jobs/{id}": {"parameters": _ID, "get": _op("A job with counts, state and tasks")},
-        "/v1/jobs/{id}/cancel": {"parameters": _ID, "post": _op("Cancel pending and running tasks")},
+        "/v1/jobs/{id}/cancel": {"parameters": _ID,
+                                 "post": _op("Cancel pending and running tasks")},
         "/v1/jobs/{id}/retry": {"parameters": _ID, "post": _op("Retry the failed tasks only")},
         "/v1/lanes": {"get": _op("Lanes with concurrency, queue depth and running tasks")},
         "/v1/accounts": {"get": _op("Web accounts and API providers with their switches")},

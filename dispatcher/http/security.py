@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dispatcher.logs import forget, redact
+
 MAX_BODY_BYTES = 1024 * 1024
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 SESSION_COOKIE = "dispatcher_session"
@@ -25,6 +27,15 @@ SESSION_TTL_S = 12 * 3600.0
 # Reachable without the token: the dashboard shell (it shows no data by
 # itself) and the one-time-code exchange that gives it a session.
 PUBLIC_PATHS = frozenset({"/", "/v1/session", "/static/dashboard.js", "/static/dashboard.css"})
+# Only the token opens these: a dashboard session must not mint more sessions.
+TOKEN_ONLY_PATHS = frozenset({"/v1/dashboard-code"})
+# Writes made with the session cookie must carry this header. A cross-site page
+# cannot add a custom header without a CORS preflight, which is never granted;
+# SameSite=Strict already keeps the cookie off cross-site requests, so this is
+# defence in depth against CSRF.
+CSRF_HEADER = b"x-requested-with"
+CSRF_VALUE = "dispatcher-dashboard"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def host_is_loopback(host_header: str) -> bool:
@@ -49,7 +60,16 @@ class Credentials:
     def token_matches(self, presented: str) -> bool:
         return hmac.compare_digest(presented.encode(), self.token.encode())
 
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for code in [c for c, expires in self._codes.items() if expires < now]:
+            del self._codes[code]
+        for session in [s for s, expires in self._sessions.items() if expires < now]:
+            del self._sessions[session]
+            forget(session)
+
     def issue_code(self) -> str:
+        self._prune()
         code = secrets.token_urlsafe(24)
         self._codes[code] = time.monotonic() + ONE_TIME_CODE_TTL_S
         return code
@@ -60,6 +80,7 @@ class Credentials:
         if expires is None or expires < time.monotonic():
             return None
         session = secrets.token_urlsafe(32)
+        redact(session)  # a session is as good as the token for reading: never logged
         self._sessions[session] = time.monotonic() + SESSION_TTL_S
         return session
 
@@ -107,19 +128,20 @@ class SecurityMiddleware:
         self.app = app
         self.credentials = credentials
 
-    def _authorized(self, scope: Scope) -> bool | None:
-        """True/False for a presented credential; None when none was presented."""
+    def _authorized(self, scope: Scope) -> tuple[bool | None, str]:
+        """(True/False for a presented credential or None when none was, which kind)."""
         auth = _header(scope, b"authorization")
         if auth is not None:
             scheme, _, value = auth.partition(" ")
-            return scheme.lower() == "bearer" and self.credentials.token_matches(value.strip())
+            ok = scheme.lower() == "bearer" and self.credentials.token_matches(value.strip())
+            return ok, "token"
         local = _header(scope, b"x-local-token")
         if local is not None:
-            return self.credentials.token_matches(local.strip())
+            return self.credentials.token_matches(local.strip()), "token"
         session = _cookie(scope, SESSION_COOKIE)
         if session is not None:
-            return self.credentials.session_valid(session)
-        return None
+            return self.credentials.session_valid(session), "session"
+        return None, ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -135,14 +157,29 @@ class SecurityMiddleware:
             await _reject(send, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
             return
         if scope["path"] not in PUBLIC_PATHS:
-            verdict = self._authorized(scope)
+            verdict, how = self._authorized(scope)
             if verdict is None:
                 await _reject(send, 401, "unauthorized",
                               "missing token: send Authorization: Bearer <token> or X-Local-Token")
                 return
+            if verdict is False and how == "session":
+                await _reject(send, 403, "forbidden",
+                              "the dashboard session is unknown or expired (the service "
+                              "restarts forget sessions); run `python -m dispatcher dashboard` "
+                              "for a new link")
+                return
             if verdict is False:
                 await _reject(send, 403, "forbidden",
                               "wrong or stale token (it changes at every start)")
+                return
+            if how == "session" and scope["path"] in TOKEN_ONLY_PATHS:
+                await _reject(send, 403, "forbidden", "this endpoint needs the token")
+                return
+            if (how == "session" and scope.get("method", "GET") not in _SAFE_METHODS
+                    and _header(scope, CSRF_HEADER) != CSRF_VALUE):
+                await _reject(send, 403, "forbidden",
+                              f"a write with the dashboard session needs the header "
+                              f"X-Requested-With: {CSRF_VALUE}")
                 return
 
         # Buffer the body here (it is at most 1 MiB) so that an oversized chunked

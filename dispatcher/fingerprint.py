@@ -1,0 +1,282 @@
+"""Task fingerprints: what makes two tasks "the same generation".
+
+A fingerprint is the sha256 of canonical JSON (sorted keys at every depth,
+compact separators, UTF-8 kept as is) of::
+
+    {"model": <model name>,
+     "fields": {<the profile's fingerprint fields present in params>},
+     "images": {"reference_image": <hash>, "reference_images": [<hash>, ...]}}
+
+Conventions (the one place they are decided):
+
+* ``prompt`` and ``negative_prompt`` are normalised with `normalize_prompt`
+  before they count, so copy-paste noise (full-width characters, zero-width
+  joiners, doubled spaces) does not defeat de-duplication and the cache.
+* Reference images come from ``params["reference_image"]`` (one image) and
+  ``params["reference_images"]`` (a list). Each is a file path, a ``data:``
+  URL or a base64 string. Their pixel hashes always count, whether or not
+  the profile lists them, because a different picture is a different
+  generation; their raw strings never count, because a re-encoded copy of
+  the same picture must match. The two keys are kept apart (and lists keep
+  their order) because a profile's request body may use only one of them, so
+  the same picture under the other key is not the same request.
+* Every other param outside the profile's list (request ids, timestamps, the
+  UI that sent it) is ignored.
+
+Image hashes depend on Pillow's resampling code; a Pillow upgrade that changes
+it only costs cache misses, never wrong hits between different pictures.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import json
+import os
+import re
+import unicodedata
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageSequence, UnidentifiedImageError
+
+from dispatcher.errors import InputError
+
+PROMPT_FIELDS = frozenset({"prompt", "negative_prompt"})
+REFERENCE_IMAGE = "reference_image"
+REFERENCE_IMAGES = "reference_images"
+IMAGE_PARAMS = frozenset({REFERENCE_IMAGE, REFERENCE_IMAGES})
+
+# Zero-width space, non-joiner, joiner, word joiner and BOM: invisible, so two
+# prompts differing only by them look identical to the person who sent them.
+_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+_WHITESPACE = re.compile(r"\s+")
+
+HASH_LONG_EDGE = 512
+# LANCZOS is deterministic and keeps enough detail at 512 px that visibly
+# different pictures keep different hashes.
+_RESAMPLE = Image.Resampling.LANCZOS
+# Only decoders for formats people actually send as references: Pillow would
+# otherwise also try formats such as EPS, which shells out to Ghostscript.
+_ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF", "AVIF")
+# Below Pillow's own decompression-bomb warning (~89 MP), so an oversized
+# picture is a clear InputError rather than a warning or a MemoryError.
+MAX_IMAGE_PIXELS = 64_000_000
+MAX_IMAGE_FRAMES = 500
+# Decoding work over all frames: an animation of many huge frames is refused
+# before it ties up a CPU for minutes.
+MAX_DECODED_PIXELS = 4 * MAX_IMAGE_PIXELS
+# A path is at most this long; anything longer can only be base64.
+_MAX_PATH_CHARS = 4096
+
+
+def normalize_prompt(text: str) -> str:
+    """NFKC, zero-width characters removed, whitespace runs collapsed, ends trimmed."""
+    # NFKC first: it maps full-width letters and the ideographic space to their
+    # ASCII forms, so the whitespace collapse below sees them as what they are.
+    text = unicodedata.normalize("NFKC", text).translate(_ZERO_WIDTH)
+    return _WHITESPACE.sub(" ", text).strip()
+
+
+def _decode_base64(data: str, param: str, problem: str) -> bytes:
+    compact = "".join(data.split())  # base64 pasted from a terminal wraps lines
+    compact += "=" * (-len(compact) % 4)  # tolerate stripped padding
+    # The URL-safe alphabet is accepted too; validate=True refuses anything
+    # else instead of silently dropping it.
+    compact = compact.replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(compact.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError) as exc:
+        raise InputError(f"{param}: {problem}") from exc
+
+
+def _decode_data_url(url: str, param: str) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise InputError(f"{param}: malformed data: URL (no comma before the data)")
+    if header.lower().endswith(";base64"):
+        return _decode_base64(payload, param, "the data: URL's payload is not valid base64")
+    return urllib.parse.unquote_to_bytes(payload)
+
+
+def _read_path(path: str, param: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"{param}: cannot read image file {path!r}: {exc.strerror}") from exc
+
+
+def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
+    """The encoded image, and what it was (for error messages)."""
+    if isinstance(ref, bytes | bytearray | memoryview):
+        return bytes(ref), "the image data"
+    if not isinstance(ref, str):
+        raise InputError(
+            f"{param}: expected a file path, data: URL or base64 string, got {type(ref).__name__}"
+        )
+    text = ref.strip()
+    if not text:
+        raise InputError(f"{param}: empty image reference")
+    lowered = text[:16].lower()
+    if lowered.startswith("data:"):
+        return _decode_data_url(text, param), "the data: URL"
+    if lowered.startswith("file://"):
+        path = urllib.parse.unquote(urllib.parse.urlparse(text).path)
+        return _read_path(path, param), f"file {path!r}"
+    if lowered.startswith(("http://", "https://")):
+        # Hashing a URL's string would make a changed picture at the same URL a
+        # false cache hit; downloading it here would be a remote request at
+        # submit time. Neither is acceptable, so say what to send instead.
+        raise InputError(
+            f"{param}: remote URLs are not accepted as reference images; "
+            "send a file path, a data: URL or base64 data"
+        )
+    # os.path.isfile swallows "name too long" and NUL errors, which a long
+    # base64 string would otherwise raise from stat().
+    if len(text) <= _MAX_PATH_CHARS and "\n" not in text and os.path.isfile(text):
+        return _read_path(text, param), f"file {text!r}"
+    # Not a file: the only reading left is base64, so a typo'd path also ends
+    # here and the message has to mention both.
+    problem = "not an existing file path, a data: URL or base64 image data"
+    return _decode_base64(text, param, problem), "the value (no such file; read as base64)"
+
+
+def _normalized_frame(frame: Image.Image) -> Image.Image:
+    """RGB, or RGBA when some pixel is not fully opaque, scaled to 512 px on the long edge."""
+    has_alpha = "A" in frame.getbands() or "transparency" in frame.info
+    img = frame.convert("RGBA" if has_alpha else "RGB")
+    if img.mode == "RGBA":
+        alpha = img.getchannel("A")
+        low, _high = alpha.getextrema()
+        if low == 255:
+            # A PNG with an all-opaque alpha channel shows the same picture as
+            # its BMP/JPEG copy without one; hash them the same.
+            img = img.convert("RGB")
+        else:
+            # The colour under a fully transparent pixel is invisible and
+            # encoders (WebP lossless) discard it; zero it so it cannot count.
+            mask = alpha.point(lambda a: 255 if a else 0)
+            img = Image.composite(img, Image.new("RGBA", img.size, (0, 0, 0, 0)), mask)
+    width, height = img.size
+    scale = HASH_LONG_EDGE / max(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return img.resize(size, _RESAMPLE)
+
+
+def _frames(img: Image.Image, param: str) -> Iterator[Image.Image]:
+    count = int(getattr(img, "n_frames", 1))
+    if count > MAX_IMAGE_FRAMES:
+        raise InputError(f"{param}: animation has {count} frames (at most {MAX_IMAGE_FRAMES})")
+    if count * img.width * img.height > MAX_DECODED_PIXELS:
+        raise InputError(
+            f"{param}: animation of {count} frames of {img.width}x{img.height} is too large"
+        )
+    if count == 1:
+        yield img
+        return
+    # Every frame counts: two animations sharing only their first frame are
+    # different references.
+    yield from ImageSequence.Iterator(img)
+
+
+def image_hash(ref: str | bytes, *, param: str = REFERENCE_IMAGE) -> str:
+    """sha256 hex of an image's pixels, insensitive to metadata and lossless re-encoding.
+
+    `ref` is raw image bytes, a file path, a ``data:`` URL or base64 data.
+    Pixels are taken as stored (EXIF orientation is metadata and is ignored),
+    converted to RGB(A) and scaled so the long edge is 512 px. Anything that
+    is not a readable image raises `InputError` naming `param`.
+    """
+    data, source = _image_bytes(ref, param)
+    digest = hashlib.sha256()
+    try:
+        with Image.open(io.BytesIO(data), formats=_usable_formats()) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise InputError(
+                    f"{param}: image is {width}x{height} pixels "
+                    f"(at most {MAX_IMAGE_PIXELS:,} pixels)"
+                )
+            for frame in _frames(img, param):
+                norm = _normalized_frame(frame)
+                w, h = norm.size
+                # Mode and size go in too, so pixel bytes of differently shaped
+                # frames can never concatenate to the same stream.
+                digest.update(f"{norm.mode}:{w}x{h}:".encode())
+                digest.update(norm.tobytes())
+    except InputError:
+        raise
+    except UnidentifiedImageError as exc:
+        # Pillow's own text names the BytesIO object, which helps nobody.
+        raise InputError(
+            f"{param}: {source} is not an image in a supported format "
+            f"({', '.join(_ALLOWED_FORMATS)})"
+        ) from exc
+    except Exception as exc:
+        # Pillow's decoders report corrupt input with a zoo of exception types
+        # (OSError, SyntaxError, ValueError, struct.error, EOFError...); all of
+        # them mean the same thing to the caller.
+        raise InputError(f"{param}: {source} is not a readable image ({exc})") from exc
+    return digest.hexdigest()
+
+
+def _usable_formats() -> list[str]:
+    Image.init()  # registers every plugin once, so OPEN is complete
+    return [name for name in _ALLOWED_FORMATS if name in Image.OPEN]
+
+
+def _reference_hashes(params: Mapping[str, Any]) -> dict[str, Any]:
+    images: dict[str, Any] = {}
+    if params.get(REFERENCE_IMAGE) is not None:
+        images[REFERENCE_IMAGE] = image_hash(params[REFERENCE_IMAGE], param=REFERENCE_IMAGE)
+    refs = params.get(REFERENCE_IMAGES)
+    if refs is None:
+        return images
+    if isinstance(refs, str | bytes) or not isinstance(refs, Sequence):
+        raise InputError(
+            f"{REFERENCE_IMAGES}: expected a list of file paths, data: URLs or base64 strings"
+        )
+    if refs:  # an empty list asks for no images, like an absent key
+        images[REFERENCE_IMAGES] = [
+            image_hash(ref, param=f"{REFERENCE_IMAGES}[{i}]") for i, ref in enumerate(refs)
+        ]
+    return images
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys at every depth, no spaces, non-ASCII kept, NaN refused."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) -> str:
+    """sha256 hex identifying the generation `params` ask of `model` (see module doc)."""
+    chosen: dict[str, Any] = {}
+    for name in fields:
+        if name in IMAGE_PARAMS or name not in params:
+            continue  # images count through their pixel hashes below
+        value = params[name]
+        if name in PROMPT_FIELDS and isinstance(value, str):
+            value = normalize_prompt(value)
+        chosen[name] = value
+    doc = {"model": model, "fields": chosen, "images": _reference_hashes(params)}
+    try:
+        encoded = canonical_json(doc)
+    except (TypeError, ValueError) as exc:
+        # Name the culprit: the message goes back to whoever sent the task.
+        culprit = next((k for k in chosen if not _is_json(chosen[k])), "params")
+        raise InputError(f"{culprit}: not a plain JSON value ({exc})") from exc
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

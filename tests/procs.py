@@ -1,0 +1,104 @@
+"""Real processes for end-to-end tests: the service and a demo vendor that outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.helpers import REPO
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    log_path: Path
+
+    def kill9(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_demo_api(tmp_path: Path, time_scale: float, quota: int = 3) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo", "api", "--time-scale", str(time_scale), "--quota", str(quota)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    return proc, url
+
+
+def stop_proc(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def start_service(
+    state_dir: Path, env: Mapping[str, str], log_path: Path, args: tuple[str, ...] = ()
+) -> Proc:
+    """Start `python -m dispatcher` and return once it answers with a fresh token."""
+    (state_dir / "port").unlink(missing_ok=True)
+    (state_dir / "token").unlink(missing_ok=True)
+    full_env = {**os.environ, "DISPATCHER_STATE_DIR": str(state_dir), **env}
+    handle = log_path.open("a")
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher", *args], cwd=REPO, env=full_env,
+        stdout=handle, stderr=subprocess.STDOUT, text=True,
+    )
+    handle.close()
+    proc = Proc(popen, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise AssertionError(f"service exited with {popen.returncode}:\n{proc.log()[-3000:]}")
+        port_file, token_file = state_dir / "port", state_dir / "token"
+        if port_file.exists() and token_file.exists():
+            try:
+                response = httpx.get(
+                    f"http://127.0.0.1:{port_file.read_text().strip()}/healthz",
+                    headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+                    timeout=2,
+                )
+                if response.status_code == 200:
+                    return proc
+            except (httpx.HTTPError, ValueError):
+                pass
+        time.sleep(0.05)
+    popen.kill()
+    popen.wait()
+    raise AssertionError(f"service did not come up:\n{proc.log()[-3000:]}")
+
+
+def service_client(state_dir: Path) -> httpx.Client:
+    port = (state_dir / "port").read_text().strip()
+    token = (state_dir / "token").read_text().strip()
+    return httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
+def demo_stats(url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/__stats", timeout=5).json())
