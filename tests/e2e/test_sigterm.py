@@ -1,0 +1,73 @@
+"""SIGTERM stops the real service gracefully and leaves every task recoverable."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dispatcher.models import State
+from dispatcher.store.sqlite import SqliteStore
+from tests.helpers import REPO
+from tests.procs import demo_stats, service_client, start_demo_api, start_service, stop_proc
+
+TIME_SCALE = 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for name in ("demo-chat-api", "demo-video"):
+        shutil.copy(REPO / "profiles" / f"{name}.toml", profiles)
+    vendor, vendor_url = start_demo_api(tmp_path, TIME_SCALE)
+    state = tmp_path / "state"
+    env = {
+        "DISPATCHER_PROFILES_DIR": str(profiles),
+        "DISPATCHER_TIME_SCALE": str(TIME_SCALE),
+        "DEMO_API_URL": vendor_url,
+        "DEMO_API_KEY": "sigterm-test-key",
+    }
+    try:
+        service = start_service(state, env, tmp_path / "service.log")
+        tasks = [{"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": 60}}
+                 for i in range(5)]
+        with service_client(state) as client:
+            job = client.post("/v1/jobs", json={"name": "term", "tasks": tasks}).json()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                view = client.get(f"/v1/jobs/{job['id']}").json()
+                if sum(1 for t in view["tasks"] if t["remote_id"]) == 3:
+                    break
+                time.sleep(0.05)
+        started = time.monotonic()
+        assert service.terminate(timeout_s=30) == 0
+        assert time.monotonic() - started < 10, "graceful stop took too long"
+        assert not (state / "port").exists()
+
+        store = SqliteStore(state / "dispatcher.db")
+        rows = store.job_tasks(job["id"])
+        store.close()
+        running = [t for t in rows if t.state is State.RUNNING]
+        pending = [t for t in rows if t.state is State.PENDING]
+        # Remote jobs keep going at the vendor: left running with their ids, to resume.
+        assert len(running) == 3 and all(t.remote_id for t in running)
+        assert len(pending) == 2 and all(t.attempt == 1 for t in pending)
+
+        service = start_service(state, env, tmp_path / "service.log")
+        with service_client(state) as client:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                view = client.get(f"/v1/jobs/{job['id']}").json()
+                if view["state"] != "running":
+                    break
+                time.sleep(0.2)
+        assert service.terminate() == 0
+        assert view["state"] == "success", view["counts"]
+        assert all(t["attempt"] == 1 for t in view["tasks"])
+        assert demo_stats(vendor_url)["jobs_created"] == 5
+    finally:
+        stop_proc(vendor)
