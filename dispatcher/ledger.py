@@ -9,9 +9,9 @@ rejected by the store, logged, and dropped.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from dispatcher import states
@@ -265,11 +265,11 @@ class Ledger:
         return updated
 
     def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
-        return self._write(
-            task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage}
-        )
+        return self._write(task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage})
 
-    def succeed(self, task: Task, result: JSON, stage_durations: Mapping[str, float]) -> Task | None:
+    def succeed(
+        self, task: Task, result: JSON, stage_durations: Mapping[str, float]
+    ) -> Task | None:
         current = self.store.get_task(task.id)
         if current is not None and current.cancel_requested and current.state is State.RUNNING:
             log.info("%s task %s: result arrived after cancel; dropped", lane_prefix(task), task.id)
@@ -334,7 +334,9 @@ class Ledger:
             task,
             State.FAILED,
             {
-                "error": TaskError(kind="expired", message="running for over 2 h; failed as expired"),
+                "error": TaskError(
+                    kind="expired", message="running for over 2 h; failed as expired"
+                ),
                 "finished_at": self.clock.now(),
             },
             why="expired",
@@ -362,7 +364,9 @@ class Ledger:
         task = self.get(task_id)
         states.check_cancel(task.state)
         if task.state is State.PENDING:
-            updated = self._write(task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True})
+            updated = self._write(
+                task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True}
+            )
         else:
             updated = self._write(task, State.RUNNING, {"cancel_requested": True})
             if updated is not None:

@@ -195,8 +195,13 @@ class Scheduler:
             if running is not None and running.interrupted:
                 continue
             task = by_id[plan.task_id]
-            log.warning("%s task %s attempt %d is stale: %s", lane_prefix(task), task.id,
-                        task.attempt, plan.reason)
+            log.warning(
+                "%s task %s attempt %d is stale: %s",
+                lane_prefix(task),
+                task.id,
+                task.attempt,
+                plan.reason,
+            )
             self.ledger.reclaim(task, plan)
             if running is not None and running.job is not None:
                 # The lane's slot stays taken until the runner has confirmed its
@@ -302,8 +307,12 @@ class Scheduler:
             return
         if task.kind is Kind.API and task.remote_id:
             # The remote job keeps going; the next start resumes polling it.
-            log.info("%s task %s left running for recovery (remote %s)",
-                     lane_prefix(task), task.id, task.remote_id)
+            log.info(
+                "%s task %s left running for recovery (remote %s)",
+                lane_prefix(task),
+                task.id,
+                task.remote_id,
+            )
             return
         self.ledger.requeue(task, "service shut down before it finished")
 
@@ -359,7 +368,9 @@ class Scheduler:
                 if task.lane_group in lane.lane_groups and self.accounts.is_open(lane.account)
             )
             info["ahead"] = ahead
-            info["eta_s"] = eta_s(ahead=ahead, concurrency=concurrency, recent_durations_s=durations)
+            info["eta_s"] = eta_s(
+                ahead=ahead, concurrency=concurrency, recent_durations_s=durations
+            )
         elif task.state is State.RUNNING:
             elapsed = self.clock.now() - (task.started_at or self.clock.now())
             info["eta_s"] = eta_s(

@@ -75,7 +75,9 @@ async def probe_running(state_dir: Path) -> int | None:
             response = await client.get(f"http://127.0.0.1:{port}/healthz")
     except httpx.HTTPError:
         return None
-    return int(port) if response.headers.get("x-dispatcher") or response.status_code == 200 else None
+    return (
+        int(port) if response.headers.get("x-dispatcher") or response.status_code == 200 else None
+    )
 
 
 class Service:
@@ -118,18 +120,14 @@ class Service:
 
     async def _start_demo(self) -> dict[str, str]:
         from demo.api_provider import start_demo_api
+        from demo.web_model import start_demo_web
 
         api = await start_demo_api(time_scale=self.settings.time_scale)
         self.demo_servers.append(api)
         urls = {"DEMO_API_URL": api.url}
-        try:
-            from demo.web_model import start_demo_web
-        except ImportError:  # pragma: no cover - the web demo ships with the web runner
-            start_demo_web = None
-        if start_demo_web is not None:
-            web = await start_demo_web(time_scale=self.settings.time_scale)
-            self.demo_servers.append(web)
-            urls["DEMO_WEB_URL"] = web.url
+        web = await start_demo_web(time_scale=self.settings.time_scale)
+        self.demo_servers.append(web)
+        urls["DEMO_WEB_URL"] = web.url
         if not os.environ.get(DEMO_API_KEY_ENV):
             os.environ[DEMO_API_KEY_ENV] = "demo-" + secrets.token_hex(12)
         redact(os.environ[DEMO_API_KEY_ENV])
@@ -140,7 +138,9 @@ class Service:
         if Kind.API in kinds:
             from apirunner.runner import ApiRunner
 
-            self.runners[Kind.API] = ApiRunner(self.settings, self.profiles, self.clock, concurrency)
+            self.runners[Kind.API] = ApiRunner(
+                self.settings, self.profiles, self.clock, concurrency
+            )
         if Kind.WEB in kinds:
             from webrunner.runner import WebRunner
 
@@ -161,7 +161,8 @@ class Service:
         self.profiles = load_profiles(settings.profiles_dir, self.demo_urls)
         if not self.profiles:
             raise ConfigError(
-                f"no usable profiles in {settings.profiles_dir} (start with --demo for the bundled ones)"
+                f"no usable profiles in {settings.profiles_dir} "
+                "(start with --demo for the bundled ones)"
             )
         for profile in self.profiles.values():
             if profile.api and profile.api.auth_env:
@@ -179,14 +180,22 @@ class Service:
         self.accounts = AccountBook(self.store, self.clock, self.events)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.ledger = Ledger(
-            self.store, self.clock, self.profiles, self.events,
-            retry_delay_s=settings.retry_delay_s, cache=self.cache,
+            self.store,
+            self.clock,
+            self.profiles,
+            self.events,
+            retry_delay_s=settings.retry_delay_s,
+            cache=self.cache,
             results_dir=self.state_dir / "results",
         )
-        concurrency = {l.account: l.concurrency for l in lanes.values() if l.kind is Kind.API}
+        concurrency = {
+            lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+        }
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
         for runner in self.runners.values():
             await runner.start()
+        if settings.demo and Kind.WEB in self.runners:
+            await self._login_demo_accounts()
         self.scheduler = Scheduler(
             ledger=self.ledger,
             clock=self.clock,
@@ -207,8 +216,24 @@ class Service:
         self.scheduler.start()
         log.info(
             "dispatcher serving on %s (state dir %s, %d lanes: %s)",
-            self.http.url, self.state_dir, len(lanes), ", ".join(lanes),
+            self.http.url,
+            self.state_dir,
+            len(lanes),
+            ", ".join(lanes),
         )
+
+    async def _login_demo_accounts(self) -> None:
+        """The demo site wants a login once per account; a real site's profile has one."""
+        from demo.web_model import login_demo_accounts
+        from webrunner.runner import WebRunner
+
+        runner = self.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        logged_in = await login_demo_accounts(runner, self.demo_urls["DEMO_WEB_URL"])
+        if any(logged_in.values()):
+            log.info(
+                "demo accounts logged in: %s", ", ".join(a for a, new in logged_in.items() if new)
+            )
 
     def _remember_result(self, task: Task, result: JSON) -> None:
         if not task.from_cache:
@@ -229,7 +254,9 @@ class Service:
                 self.ledger.requeue(task, "recovered at start-up: never reached the provider")
             elif action is RecoveryAction.STALE:
                 (plan,) = plan_reclaims(
-                    [task], now=now, stale_after_s=-1.0,
+                    [task],
+                    now=now,
+                    stale_after_s=-1.0,
                     retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
                 )
                 self.ledger.reclaim(task, plan)
@@ -238,7 +265,10 @@ class Service:
         self.recovery_summary = summary
         log.info(
             "start-up reconciliation: %d resumed polling, %d re-queued, %d web stale, %d expired",
-            summary["resume"], summary["requeue"], summary["stale"], summary["expire"],
+            summary["resume"],
+            summary["requeue"],
+            summary["stale"],
+            summary["expire"],
         )
 
     def _live_numbers(self) -> dict[str, Any]:

@@ -38,7 +38,8 @@ class Harness:
     async def submit(self, model: str, prompt: str, **params: Any) -> dict[str, Any]:
         force = params.pop("force", False)
         response = await self.http.post(
-            "/v1/tasks", json={"model": model, "params": {"prompt": prompt, **params}, "force": force}
+            "/v1/tasks",
+            json={"model": model, "params": {"prompt": prompt, **params}, "force": force},
         )
         assert response.status_code in (200, 201), response.text
         return dict(response.json())

@@ -34,10 +34,24 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
 
-def start_demo_api(tmp_path: Path, time_scale: float, quota: int = 3) -> tuple[subprocess.Popen[str], str]:
+def start_demo_api(
+    tmp_path: Path, time_scale: float, quota: int = 3
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "demo", "api", "--time-scale", str(time_scale), "--quota", str(quota)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "demo",
+            "api",
+            "--time-scale",
+            str(time_scale),
+            "--quota",
+            str(quota),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -66,8 +80,12 @@ def start_service(
     full_env = {**os.environ, "DISPATCHER_STATE_DIR": str(state_dir), **env}
     handle = log_path.open("a")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher", *args], cwd=REPO, env=full_env,
-        stdout=handle, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "dispatcher", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     handle.close()
     proc = Proc(popen, log_path)
@@ -96,8 +114,11 @@ def start_service(
 def service_client(state_dir: Path) -> httpx.Client:
     port = (state_dir / "port").read_text().strip()
     token = (state_dir / "token").read_text().strip()
-    return httpx.Client(base_url=f"http://127.0.0.1:{port}",
-                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
 
 
 def demo_stats(url: str) -> dict[str, Any]:

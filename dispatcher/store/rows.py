@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from dispatcher.models import Account, CacheEntry, Kind, Stage, State, Task, TaskError
 
+
 class RowLike(Protocol):
     """sqlite3.Row, a psycopg dict row, or a plain dict."""
 

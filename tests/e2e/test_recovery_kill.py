@@ -36,13 +36,26 @@ def test_kill_9_at_several_points_loses_nothing(tmp_path: Path) -> None:
     log = tmp_path / "service.log"
     rng = random.Random(7)
     tasks = (
-        [{"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": rng.uniform(30, 60)}}
-         for i in range(20)]
-        + [{"model": "demo-queue", "params": {"prompt": f"image {i}", "gen_s": rng.uniform(20, 50)}}
-           for i in range(10)]
-        + [{"model": "demo-chat-api", "params": {"prompt": f"line {i}", "gen_s": rng.uniform(2, 8)}}
-           for i in range(6)]
+        [
+            {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": rng.uniform(30, 60)}}
+            for i in range(20)
+        ]
+        + [
+            {
+                "model": "demo-queue",
+                "params": {"prompt": f"image {i}", "gen_s": rng.uniform(20, 50)},
+            }
+            for i in range(10)
+        ]
+        + [
+            {
+                "model": "demo-chat-api",
+                "params": {"prompt": f"line {i}", "gen_s": rng.uniform(2, 8)},
+            }
+            for i in range(6)
+        ]
     )
+    service = None
     try:
         service = start_service(state, env, log)
         with service_client(state) as client:
@@ -53,8 +66,10 @@ def test_kill_9_at_several_points_loses_nothing(tmp_path: Path) -> None:
             if round_index == 2:
                 # Hold the next submissions at the vendor so this kill lands
                 # mid-submit: the job may exist remotely with no id stored here.
-                httpx.post(f"{vendor_url}/__mode", json={
-                    "mode": "slow", "only": "submit", "count": 6, "delay_s": 40}).raise_for_status()
+                httpx.post(
+                    f"{vendor_url}/__mode",
+                    json={"mode": "slow", "only": "submit", "count": 6, "delay_s": 40},
+                ).raise_for_status()
             time.sleep(delay_s)
             with service_client(state) as client:
                 snapshot = client.get(f"/v1/jobs/{job['id']}").json()
@@ -73,6 +88,8 @@ def test_kill_9_at_several_points_loses_nothing(tmp_path: Path) -> None:
                 time.sleep(0.2)
         assert service.terminate() == 0
     finally:
+        if service is not None:
+            stop_proc(service.popen)
         stats = demo_stats(vendor_url)
         stop_proc(vendor)
     assert final["total"] == len(tasks), "a task was lost"

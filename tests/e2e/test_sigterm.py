@@ -31,10 +31,13 @@ def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Pa
         "DEMO_API_URL": vendor_url,
         "DEMO_API_KEY": "sigterm-test-key",
     }
+    service = None
     try:
         service = start_service(state, env, tmp_path / "service.log")
-        tasks = [{"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": 60}}
-                 for i in range(5)]
+        tasks = [
+            {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": 60}}
+            for i in range(5)
+        ]
         with service_client(state) as client:
             job = client.post("/v1/jobs", json={"name": "term", "tasks": tasks}).json()
             deadline = time.monotonic() + 30
@@ -70,4 +73,6 @@ def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Pa
         assert all(t["attempt"] == 1 for t in view["tasks"])
         assert demo_stats(vendor_url)["jobs_created"] == 5
     finally:
+        if service is not None:
+            stop_proc(service.popen)
         stop_proc(vendor)

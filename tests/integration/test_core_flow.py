@@ -11,7 +11,9 @@ from tests.harness import running_service
 async def test_job_of_api_tasks_runs_to_success(tmp_path: Path) -> None:
     async with running_service(tmp_path) as h:
         tasks = [{"model": "demo-chat-api", "params": {"prompt": f"chat {i}"}} for i in range(4)]
-        tasks += [{"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": 3}} for i in range(3)]
+        tasks += [
+            {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": 3}} for i in range(3)
+        ]
         job = await h.job("mixed", tasks)
         assert job["total"] == 7 and job["state"] == "running"
         done = await h.wait_job(job["id"])
@@ -27,7 +29,10 @@ async def test_job_of_api_tasks_runs_to_success(tmp_path: Path) -> None:
             assert download.status_code == 200 and len(download.content) == file["size"]
         for task in done["tasks"]:
             assert task["account"] == "demo" and task["attempt"] == 1
-            assert task["started_at"] >= task["created_at"] and task["finished_at"] >= task["started_at"]
+            assert (
+                task["started_at"] >= task["created_at"]
+                and task["finished_at"] >= task["started_at"]
+            )
             assert "dispatched" in task["stage_durations"]
 
 
@@ -53,11 +58,14 @@ async def test_cancel_pending_and_running_tasks(tmp_path: Path) -> None:
 
 async def test_failed_task_retry_and_job_retry_only_rerun_failures(tmp_path: Path) -> None:
     async with running_service(tmp_path) as h:
-        job = await h.job("with failures", [
-            {"model": "demo-chat-api", "params": {"prompt": "fine 1"}},
-            {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
-            {"model": "demo-chat-api", "params": {"prompt": "fine 2"}},
-        ])
+        job = await h.job(
+            "with failures",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": "fine 1"}},
+                {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
+                {"model": "demo-chat-api", "params": {"prompt": "fine 2"}},
+            ],
+        )
         done = await h.wait_job(job["id"])
         assert done["state"] == "partial"
         failed = [t for t in done["tasks"] if t["state"] == "failed"]
@@ -88,9 +96,13 @@ async def test_transient_failures_are_retried_until_attempts_run_out(tmp_path: P
 
 async def test_cancel_job_cancels_pending_and_running(tmp_path: Path) -> None:
     async with running_service(tmp_path, concurrency={"demo": 2}) as h:
-        job = await h.job("to cancel", [
-            {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 500}} for i in range(5)
-        ])
+        job = await h.job(
+            "to cancel",
+            [
+                {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 500}}
+                for i in range(5)
+            ],
+        )
         await h.wait_task(job["tasks"][0]["id"], {"running"})
         response = await h.http.post(f"/v1/jobs/{job['id']}/cancel")
         assert response.status_code == 200
@@ -103,7 +115,9 @@ async def test_disabled_provider_starts_nothing_and_switch_persists(tmp_path: Pa
     async with running_service(tmp_path, state_dir=state, concurrency={"demo": 1}) as h:
         running = await h.submit("demo-video", "already running", gen_s=30)
         await h.wait_task(running["id"], {"running"})
-        response = await h.http.post("/v1/accounts/demo/disable", json={"reason": "quota exhausted"})
+        response = await h.http.post(
+            "/v1/accounts/demo/disable", json={"reason": "quota exhausted"}
+        )
         assert response.json()["enabled"] is False
         waiting = await h.submit("demo-chat-api", "must wait")
         # The running task finishes; the queued one does not start while disabled.
@@ -117,7 +131,9 @@ async def test_disabled_provider_starts_nothing_and_switch_persists(tmp_path: Pa
         assert (await h.http.post("/v1/accounts/nobody/enable")).status_code == 404
     async with running_service(tmp_path, state_dir=state) as h:
         accounts = {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()}
-        assert accounts["demo"]["enabled"] is False and accounts["demo"]["reason"] == "quota exhausted"
+        assert (
+            accounts["demo"]["enabled"] is False and accounts["demo"]["reason"] == "quota exhausted"
+        )
         assert (await h.task(waiting["id"]))["state"] == "pending"
         await h.http.post("/v1/accounts/demo/enable")
         assert (await h.wait_task(waiting["id"]))["state"] == "success"

@@ -17,9 +17,9 @@ DEDUP_WINDOW_REAL_S = 30 * TIME_SCALE
 
 async def test_three_rapid_identical_submissions_make_one_remote_job(tmp_path: Path) -> None:
     async with running_service(tmp_path, time_scale=TIME_SCALE) as h:
-        answers = await asyncio.gather(*[
-            h.submit("demo-video", "the same clip", gen_s=2) for _ in range(3)
-        ])
+        answers = await asyncio.gather(
+            *[h.submit("demo-video", "the same clip", gen_s=2) for _ in range(3)]
+        )
         ids = {a["id"] for a in answers}
         assert len(ids) == 1
         assert sorted(a["deduped"] for a in answers) == [False, True, True]
@@ -82,17 +82,34 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
 
 
 def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
-    base = dict(kind=Kind.API, lane_group="api:demo", params={"prompt": "x", "gen_s": 1},
-                created_at=now - 10, state=State.RUNNING, stage=Stage.GENERATING,
-                started_at=now - 10, heartbeat_at=now - 5, account="demo")
+    base = dict(
+        kind=Kind.API,
+        lane_group="api:demo",
+        params={"prompt": "x", "gen_s": 1},
+        created_at=now - 10,
+        state=State.RUNNING,
+        stage=Stage.GENERATING,
+        started_at=now - 10,
+        heartbeat_at=now - 5,
+        account="demo",
+    )
     tasks = {
         "no-remote": Task(id="no-remote", model="demo-video", fingerprint="a", **base),  # type: ignore[arg-type]
-        "unknown-remote": Task(id="unknown-remote", model="demo-video", fingerprint="b",
-                               remote_id="video_gone", **base),  # type: ignore[arg-type]
-        "expired": Task(id="expired", model="demo-video", fingerprint="c",
-                        **{**base, "started_at": now - 3 * 3600, "remote_id": "video_x"}),  # type: ignore[arg-type]
-        "web": Task(id="web", model="demo-chat-api", fingerprint="d",
-                    **{**base, "kind": Kind.WEB, "lane_group": "web:no-lane-here"}),  # type: ignore[arg-type]
+        "unknown-remote": Task(
+            id="unknown-remote", model="demo-video", fingerprint="b", remote_id="video_gone", **base
+        ),  # type: ignore[arg-type]
+        "expired": Task(
+            id="expired",
+            model="demo-video",
+            fingerprint="c",
+            **{**base, "started_at": now - 3 * 3600, "remote_id": "video_x"},
+        ),  # type: ignore[arg-type]
+        "web": Task(
+            id="web",
+            model="demo-chat-api",
+            fingerprint="d",
+            **{**base, "kind": Kind.WEB, "lane_group": "web:no-lane-here"},
+        ),  # type: ignore[arg-type]
     }
     store.insert_tasks(list(tasks.values()))
     return tasks

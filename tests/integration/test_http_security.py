@@ -15,18 +15,17 @@ from tests.harness import profiles_dir, running_service
 
 
 async def test_token_required_and_compared(tmp_path: Path) -> None:
-    async with running_service(tmp_path) as h:
-        async with httpx.AsyncClient(base_url=h.service.url) as anon:
-            missing = await anon.get("/v1/lanes")
-            assert missing.status_code == 401
-            assert "token" in missing.json()["error"]["message"]
-            wrong = await anon.get("/v1/lanes", headers={"Authorization": "Bearer nope"})
-            assert wrong.status_code == 403
-            token = h.service.credentials.token
-            ok = await anon.get("/v1/lanes", headers={"X-Local-Token": token})
-            assert ok.status_code == 200
-            ok = await anon.get("/v1/lanes", headers={"Authorization": f"Bearer {token}"})
-            assert ok.status_code == 200
+    async with running_service(tmp_path) as h, httpx.AsyncClient(base_url=h.service.url) as anon:
+        missing = await anon.get("/v1/lanes")
+        assert missing.status_code == 401
+        assert "token" in missing.json()["error"]["message"]
+        wrong = await anon.get("/v1/lanes", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403
+        token = h.service.credentials.token
+        ok = await anon.get("/v1/lanes", headers={"X-Local-Token": token})
+        assert ok.status_code == 200
+        ok = await anon.get("/v1/lanes", headers={"Authorization": f"Bearer {token}"})
+        assert ok.status_code == 200
 
 
 async def test_host_header_must_be_loopback(tmp_path: Path) -> None:
@@ -34,7 +33,9 @@ async def test_host_header_must_be_loopback(tmp_path: Path) -> None:
         response = await h.http.get("/v1/lanes", headers={"Host": "evil.example:8080"})
         assert response.status_code == 403
         assert "loopback" in response.json()["error"]["message"]
-        response = await h.http.get("/v1/lanes", headers={"Host": f"localhost:{h.service.http.port}"})  # type: ignore[union-attr]
+        response = await h.http.get(
+            "/v1/lanes", headers={"Host": f"localhost:{h.service.http.port}"}
+        )  # type: ignore[union-attr]
         assert response.status_code == 200
 
 
@@ -65,20 +66,29 @@ async def test_oversized_body_gets_413_and_creates_nothing(tmp_path: Path) -> No
         (b"", 400, "empty"),
     ],
 )
-async def test_bad_input_gets_a_clear_4xx(tmp_path: Path, body: bytes, status: int, fragment: str) -> None:
+async def test_bad_input_gets_a_clear_4xx(
+    tmp_path: Path, body: bytes, status: int, fragment: str
+) -> None:
     async with running_service(tmp_path) as h:
-        response = await h.http.post("/v1/tasks", content=body,
-                                     headers={"Content-Type": "application/json"})
+        response = await h.http.post(
+            "/v1/tasks", content=body, headers={"Content-Type": "application/json"}
+        )
         assert response.status_code == status
         assert fragment in response.json()["error"]["message"]
 
 
 async def test_bad_job_line_rejects_the_whole_job(tmp_path: Path) -> None:
     async with running_service(tmp_path) as h:
-        response = await h.http.post("/v1/jobs", json={"name": "j", "tasks": [
-            {"model": "demo-chat-api", "params": {"prompt": "fine"}},
-            {"model": "nope", "params": {}},
-        ]})
+        response = await h.http.post(
+            "/v1/jobs",
+            json={
+                "name": "j",
+                "tasks": [
+                    {"model": "demo-chat-api", "params": {"prompt": "fine"}},
+                    {"model": "nope", "params": {}},
+                ],
+            },
+        )
         assert response.status_code == 400
         assert "tasks[1]" in response.json()["error"]["message"]
         assert "unknown model" in response.json()["error"]["message"]
@@ -117,16 +127,28 @@ async def test_token_and_port_files(tmp_path: Path) -> None:
 async def test_second_service_on_same_state_dir_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "state"
     async with running_service(tmp_path, state_dir=state) as h:
-        second = Service(Settings(state_dir=state, profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
-                                  demo=True, time_scale=0.02))
+        second = Service(
+            Settings(
+                state_dir=state,
+                profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
+                demo=True,
+                time_scale=0.02,
+            )
+        )
         with pytest.raises(LockHeld, match=f"answers on 127.0.0.1:{h.service.http.port}"):  # type: ignore[union-attr]
             await second.start()
         assert (await h.http.get("/healthz")).status_code == 200
 
 
 @pytest.mark.parametrize("quota", [0, 6])
-async def test_provider_quota_outside_1_to_5_is_refused_at_start(tmp_path: Path, quota: int) -> None:
-    settings = Settings(state_dir=tmp_path / "state", profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
-                        demo=True, concurrency={"demo": quota})
-    with pytest.raises(ConfigError, match="'demo' is %d" % quota):
+async def test_provider_quota_outside_1_to_5_is_refused_at_start(
+    tmp_path: Path, quota: int
+) -> None:
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
+        demo=True,
+        concurrency={"demo": quota},
+    )
+    with pytest.raises(ConfigError, match=f"'demo' is {quota}"):
         await Service(settings).start()

@@ -13,8 +13,16 @@ from dispatcher.models import Kind, State, Task
 
 def _task(**changes: object) -> Task:
     base = Task(
-        id="t1", model="m", kind=Kind.API, lane_group="api:p", params={}, fingerprint="f",
-        created_at=1000.0, state=State.RUNNING, started_at=1000.0, heartbeat_at=1000.0,
+        id="t1",
+        model="m",
+        kind=Kind.API,
+        lane_group="api:p",
+        params={},
+        fingerprint="f",
+        created_at=1000.0,
+        state=State.RUNNING,
+        started_at=1000.0,
+        heartbeat_at=1000.0,
     )
     return base.replace(**changes)
 
@@ -34,14 +42,17 @@ def test_reclaim_only_after_the_stale_bound() -> None:
 
 
 def test_reclaim_of_last_attempt_fails_the_task() -> None:
-    (plan,) = plan_reclaims([_task(attempt=3, heartbeat_at=0.0)], now=1000.0,
-                            stale_after_s=90.0, retry_delay_s=5.0)
+    (plan,) = plan_reclaims(
+        [_task(attempt=3, heartbeat_at=0.0)], now=1000.0, stale_after_s=90.0, retry_delay_s=5.0
+    )
     assert plan.next_state is State.FAILED and plan.next_attempt == 3
 
 
 def test_recovery_rules() -> None:
     now = 2000.0
-    assert plan_recovery(_task(remote_id="r1"), now=now, expire_after_s=7200) is RecoveryAction.RESUME
+    assert (
+        plan_recovery(_task(remote_id="r1"), now=now, expire_after_s=7200) is RecoveryAction.RESUME
+    )
     assert plan_recovery(_task(), now=now, expire_after_s=7200) is RecoveryAction.REQUEUE
     assert plan_recovery(_task(kind=Kind.WEB), now=now, expire_after_s=7200) is RecoveryAction.STALE
     old = _task(started_at=now - 7201, remote_id="r1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dispatcher.clock import FakeClock
-from dispatcher.errors import StateConflict, TransientError, PermanentError
+from dispatcher.errors import PermanentError, StateConflict, TransientError
 from dispatcher.events import EventBus
 from dispatcher.ledger import Ledger, TaskSpec
 from dispatcher.models import State, Task
@@ -26,8 +27,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.store.migrate()
         self.clock = FakeClock()
         profile = api_profile()
-        self.ledger = Ledger(self.store, self.clock, {profile.name: profile}, EventBus(),
-                             retry_delay_s=0.0)
+        self.ledger = Ledger(
+            self.store, self.clock, {profile.name: profile}, EventBus(), retry_delay_s=0.0
+        )
         self.ids: list[str] = []
         self.job_ids: list[str] = []
         self.terminal: dict[str, State] = {}  # success/canceled seen: must stay
@@ -101,10 +103,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids))
     @rule(index=st.integers(min_value=0, max_value=200))
     def retry(self, index: int) -> None:
-        try:
+        with contextlib.suppress(StateConflict):
             self.ledger.retry(self.ids[index % len(self.ids)])
-        except StateConflict:
-            pass
 
     @precondition(lambda self: bool(self.job_ids))
     @rule(index=st.integers(min_value=0, max_value=20))
@@ -155,7 +155,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 LedgerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None,
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLedgerStateful = LedgerMachine.TestCase

@@ -4,7 +4,14 @@ import pytest
 
 from dispatcher.errors import StateConflict
 from dispatcher.models import JobState, State
-from dispatcher.states import after_failure, check_cancel, check_retry, check_transition, job_state, manual_retry
+from dispatcher.states import (
+    after_failure,
+    check_cancel,
+    check_retry,
+    check_transition,
+    job_state,
+    manual_retry,
+)
 
 
 @pytest.mark.parametrize("terminal", [State.SUCCESS, State.CANCELED])

@@ -15,16 +15,23 @@ def _schema(db: sqlite3.Connection) -> dict[str, str]:
         "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL "
         "AND name NOT IN ('schema_version', 'sqlite_sequence')"
     ).fetchall()
-    return {name: re.sub(r"\s+", " ", sql).replace("( ", "(").replace(" )", ")").strip()
-            for name, sql in rows}
+    return {
+        name: re.sub(r"\s+", " ", sql).replace("( ", "(").replace(" )", ")").strip()
+        for name, sql in rows
+    }
 
 
 def _columns(db: sqlite3.Connection) -> dict[str, list[tuple[str, str, int, object]]]:
-    tables = [r[0] for r in db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' "
-        "AND name NOT IN ('schema_version', 'sqlite_sequence')")]
-    return {t: [(c[1], c[2], c[3], c[4]) for c in db.execute(f"PRAGMA table_info({t})")]
-            for t in tables}
+    tables = [
+        r[0]
+        for r in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT IN ('schema_version', 'sqlite_sequence')"
+        )
+    ]
+    return {
+        t: [(c[1], c[2], c[3], c[4]) for c in db.execute(f"PRAGMA table_info({t})")] for t in tables
+    }
 
 
 def test_migrations_reproduce_the_documented_schema(tmp_path: Path) -> None:
@@ -53,22 +60,37 @@ def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
 
 
 def _task(task_id: str, group: str = "api:p", **changes: object) -> Task:
-    return Task(id=task_id, model="m", kind=Kind.API, lane_group=group, params={"prompt": "x"},
-                fingerprint="fp-" + task_id, created_at=1.0).replace(**changes)
+    return Task(
+        id=task_id,
+        model="m",
+        kind=Kind.API,
+        lane_group=group,
+        params={"prompt": "x"},
+        fingerprint="fp-" + task_id,
+        created_at=1.0,
+    ).replace(**changes)
 
 
 def test_update_is_compare_and_set_on_state_and_attempt(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     store.migrate()
     store.insert_tasks([_task("a")])
-    moved = store.update_task("a", expect_state=State.PENDING, expect_attempt=1,
-                              changes={"state": State.RUNNING})
+    moved = store.update_task(
+        "a", expect_state=State.PENDING, expect_attempt=1, changes={"state": State.RUNNING}
+    )
     assert moved is not None and moved.state is State.RUNNING
     # A writer still believing the task is pending loses.
-    assert store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED}) is None
+    assert (
+        store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
+        is None
+    )
     # A late writer from an older attempt loses too.
-    assert store.update_task("a", expect_state=State.RUNNING, expect_attempt=0,
-                             changes={"state": State.SUCCESS}) is None
+    assert (
+        store.update_task(
+            "a", expect_state=State.RUNNING, expect_attempt=0, changes={"state": State.SUCCESS}
+        )
+        is None
+    )
     assert store.get_task("a").state is State.RUNNING  # type: ignore[union-attr]
     store.close()
 
@@ -76,12 +98,14 @@ def test_update_is_compare_and_set_on_state_and_attempt(tmp_path: Path) -> None:
 def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     store.migrate()
-    store.insert_tasks([
-        _task("later-retry", not_before=50.0),
-        _task("other-lane", group="api:q"),
-        _task("first"),
-        _task("second"),
-    ])
+    store.insert_tasks(
+        [
+            _task("later-retry", not_before=50.0),
+            _task("other-lane", group="api:q"),
+            _task("first"),
+            _task("second"),
+        ]
+    )
     claimed = store.claim_next(["api:p"], now=10.0, changes={"account": "p"})
     assert claimed is not None and claimed.id == "first" and claimed.state is State.RUNNING
     assert store.claim_next(["api:p"], now=10.0, changes={}).id == "second"  # type: ignore[union-attr]

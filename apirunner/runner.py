@@ -1,0 +1,423 @@
+"""`ApiRunner`: runs API-model tasks from their profiles alone.
+
+Two shapes (SPEC "API runner"):
+
+- ``chat``: one request; the answer's text is at ``[api.result] text``.
+- ``async-job``: submit (with ``Idempotency-Key: <task id>-<attempt>``),
+  record the remote id before anything else, poll on the schedule until the
+  job ends, then download the result (streamed, sha256) or read its text.
+  A task that arrives with a `remote_id` (restart recovery) skips the submit
+  and resumes polling; see `apirunner.remote` for what `remote_id` holds.
+
+Failure handling, once per request kind: submits, result reads and
+downloads retry transient failures in place (same Idempotency-Key, so the
+provider never makes a second job); polls keep polling through 429s and
+5xx; only a remote job that failed, or a request that keeps failing,
+ends the attempt. A dotted result path may cross a URL the provider returned
+(``response_url.images.0.url``): that URL is fetched and the path continues
+inside its JSON answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import httpx
+
+from apirunner.allowlist import Allowlist, same_origin
+from apirunner.classify import Failure, bad_answer, classify_remote_failure
+from apirunner.client import (
+    Answer,
+    Call,
+    CallFailed,
+    ProviderClient,
+    build_http_client,
+    with_retries,
+)
+from apirunner.gate import RetryGate, sleep_nominal
+from apirunner.polling import Rand, poll_wait
+from apirunner.remote import RemoteRef, RemoteStatus, interpret_status, ref_from_submit
+from apirunner.templates import (
+    MISSING,
+    TemplateError,
+    format_path,
+    is_url,
+    join_url,
+    lookup,
+    render_body,
+    split_path,
+    walk,
+)
+from dispatcher.clock import Clock
+from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.models import Stage, Task
+from dispatcher.profiles import ApiSpec, Profile
+from dispatcher.runner import RunContext, RunResult
+from dispatcher.settings import Settings
+
+log = logging.getLogger("apirunner")
+
+# Consecutive failed polls (5xx, dropped connections) before the attempt gives
+# up; rate limits do not count, a provider saying "later" is healthy.
+MAX_POLL_ERRORS = 10
+# A result path may cross at most this many provider-returned URLs.
+MAX_URL_HOPS = 3
+# Canceling is a courtesy to the provider (it frees quota); it must not hold
+# the lane for long when the provider is slow or rate-limits us.
+CANCEL_BUDGET_S = 10.0
+
+
+def _config_error(message: str) -> PermanentError:
+    return PermanentError(message, kind="config")
+
+
+class ApiRunner:
+    """Runs `kind = "api"` tasks; one pooled client per provider."""
+
+    # A live coroutine is proof of life: nothing here can freeze like a page.
+    beats_required = False
+
+    def __init__(
+        self,
+        settings: Settings,
+        profiles: Mapping[str, Profile],
+        clock: Clock,
+        concurrency: Mapping[str, int],
+        *,
+        rand: Rand | None = None,
+    ) -> None:
+        self._settings = settings
+        self._profiles = {name: p for name, p in profiles.items() if p.api is not None}
+        self._clock = clock
+        self._concurrency = dict(concurrency)
+        self._rand: Rand = rand or random.Random().random
+        self.allowlist = Allowlist.from_profiles(self._profiles)
+        self._clients: dict[str, ProviderClient] = {}
+
+    @property
+    def providers(self) -> list[str]:
+        return sorted({p.provider for p in self._profiles.values() if p.provider})
+
+    def client(self, provider: str) -> ProviderClient:
+        try:
+            return self._clients[provider]
+        except KeyError:
+            raise _config_error(
+                f"API provider {provider!r} has no client: its profile was not loaded at start"
+            ) from None
+
+    async def start(self) -> None:
+        # One TLS context for every provider: loading the CA bundle is the
+        # slow part of creating a client, and its contents are the same.
+        ssl_context = httpx.create_ssl_context()
+        for provider in self.providers:
+            if provider in self._clients:
+                continue
+            limit = self._concurrency.get(provider)
+            if limit is None:
+                limit = self._settings.provider_concurrency(provider)
+            if limit < 1:
+                raise ConfigError(f"concurrency for API provider {provider!r} must be >= 1")
+            gate = RetryGate(self._clock)
+            http = build_http_client(
+                limit, self._settings.http_timeout_s, self.allowlist, ssl_context, gate
+            )
+            self._clients[provider] = ProviderClient(
+                provider, http, self.allowlist, gate, self._clock, log
+            )
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()
+
+    async def run(self, task: Task, ctx: RunContext) -> RunResult:
+        profile = ctx.profile
+        if profile.api is None or not profile.provider:
+            raise _config_error(f"model {profile.name!r} is not an API model")
+        ctx.check_canceled()
+        attempt = _Attempt(self, task, ctx, profile.api, self.client(profile.provider))
+        try:
+            if profile.api.style == "chat":
+                return await attempt.chat()
+            return await attempt.job()
+        except CallFailed as exc:
+            raise exc.failure.to_error() from exc
+        except TemplateError as exc:
+            raise PermanentError(str(exc), kind="template") from exc
+
+
+class _Attempt:
+    """One attempt of one task; lives for the duration of `ApiRunner.run`."""
+
+    def __init__(
+        self, runner: ApiRunner, task: Task, ctx: RunContext, api: ApiSpec, client: ProviderClient
+    ) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.api = api
+        self.client = client
+        self.clock = runner._clock
+        self.rand = runner._rand
+        self.http_timeout_s = runner._settings.http_timeout_s
+        self.params: dict[str, Any] = dict(task.params)
+        self.cancel = ctx.cancel_event
+        self.polls = 0
+        self.http_version = ""
+
+    # -- shared helpers ------------------------------------------------------
+    def headers(self, url: str, *, idempotency_key: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        # The key goes only to the profile's own host, never to a URL the
+        # provider handed back that points elsewhere (a CDN, another tenant).
+        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
+        if token and same_origin(url, self.api.base_url):
+            headers[self.api.auth_header] = f"{self.api.auth_prefix}{token}"
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        return headers
+
+    def url_for(
+        self, path: str | None, url_path: str | None, ref: RemoteRef | None, what: str
+    ) -> str:
+        if url_path:
+            if ref is None or ref.submit is None:
+                raise _config_error(f"{what}: url = {url_path!r} needs a stored submit answer")
+            found = lookup(ref.submit, url_path)
+            if not is_url(found):
+                raise CallFailed(
+                    bad_answer(
+                        f"submit answer has no URL at {url_path!r} for {what}", retryable=False
+                    )
+                )
+            return str(found)
+        if path is None:
+            raise _config_error(f"{what} needs `path` or `url` in the profile")
+        values = dict(self.params)
+        if ref is not None:
+            values["id"] = ref.id
+        return join_url(self.api.base_url, format_path(path, values))
+
+    async def retrying(self, call: Call, *, cancelable: bool = True) -> Answer:
+        answer = await with_retries(
+            partial(self.client.json, call, self.cancel if cancelable else None),
+            clock=self.clock,
+            rand=self.rand,
+            cancel=self.cancel if cancelable else None,
+            on_retry=self._log_retry,
+        )
+        self.http_version = answer.http_version
+        return answer
+
+    def _log_retry(self, failure: Failure, tries: int) -> None:
+        self.ctx.log.info("retrying in place (%d): %s [%s]", tries, failure.message, failure.kind)
+
+    async def resolve(self, docs: list[Any], path: str, what: str) -> Any:
+        """The value at a dotted path, fetching provider URLs the path crosses."""
+        segments = split_path(path)
+        for doc in docs:
+            found = walk(doc, segments)
+            if found.value is MISSING:
+                continue
+            hops = 0
+            while found.rest:
+                hops += 1
+                if hops > MAX_URL_HOPS:
+                    raise CallFailed(
+                        bad_answer(f"{what}: too many URLs on {path!r}", retryable=False)
+                    )
+                url = str(found.value)
+                answer = await self.retrying(Call("GET", url, self.headers(url)))
+                found = walk(answer.data, found.rest)
+                if found.value is MISSING:
+                    raise CallFailed(
+                        bad_answer(f"{what}: the answer of {url} has no {path!r}", retryable=False)
+                    )
+            return found.value
+        raise CallFailed(
+            bad_answer(f"{what}: the provider's answer has no {path!r}", retryable=False)
+        )
+
+    def meta(
+        self, ref: RemoteRef | None = None, status: RemoteStatus | None = None
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "provider": self.client.provider,
+            "http_version": self.http_version,
+        }
+        if ref is not None:
+            meta["remote_id"] = ref.id
+            meta["polls"] = self.polls
+        if status is not None:
+            meta["remote_state"] = status.raw_state
+        return meta
+
+    def submit_call(self, read_timeout_s: float | None = None) -> Call:
+        submit = self.api.submit
+        if submit.url:
+            raise _config_error("[api.submit] takes a `path`; `url` is only for later calls")
+        url = join_url(self.api.base_url, format_path(submit.path or "", self.params))
+        body = render_body(submit.body, self.params) if submit.body is not None else None
+        key = f"{self.task.id}-{self.task.attempt}"
+        return Call(
+            submit.method.upper(), url, self.headers(url, idempotency_key=key), body, read_timeout_s
+        )
+
+    # -- chat ------------------------------------------------------------------
+    async def chat(self) -> RunResult:
+        assert self.api.result is not None and self.api.result.text  # the profile validator
+        # The answer *is* the generation: the read timeout is the model's
+        # generation timeout, never shorter than a plain HTTP read.
+        read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
+        await self.ctx.set_stage(Stage.GENERATING)
+        answer = await self.retrying(self.submit_call(read_s))
+        value = await self.resolve([answer.data], self.api.result.text, "chat answer")
+        return RunResult(
+            text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
+        )
+
+    # -- async jobs --------------------------------------------------------------
+    async def job(self) -> RunResult:
+        ref = RemoteRef.decode(self.task.remote_id) if self.task.remote_id else None
+        resumed = ref is not None
+        if ref is None:
+            ref = await self.submit()
+            await self.ctx.set_remote_id(ref.encode())
+            self.ctx.log.info("submitted: remote id %s", ref.id)
+        else:
+            self.ctx.log.info("resuming remote job %s without resubmitting", ref.id)
+        finished = False
+        try:
+            self.ctx.check_canceled()
+            status, status_data = await self.poll(ref, first_wait=not resumed)
+            finished = True
+            if status.state == "failed":
+                raise classify_remote_failure(status.error).to_error()
+            if status.state == "canceled":
+                self.ctx.check_canceled()
+                raise PermanentError(
+                    "the provider reports the job canceled", kind="remote_canceled"
+                )
+            return await self.fetch_result(ref, status, status_data)
+        except (TaskCanceled, RunError, CallFailed):
+            # Abandoning a job that still runs: cancel it so it stops holding
+            # quota. Not on CancelledError: that is a shutdown, and restart
+            # recovery will resume this very job.
+            if not finished:
+                await self.cancel_remote(ref)
+            raise
+
+    async def submit(self) -> RemoteRef:
+        # Wait out a closed gate while nothing has been sent, so a cancel
+        # still stops us cleanly; the submit itself is never cut in half,
+        # since a job created behind a torn-down request could not be named.
+        await self.client.gate.wait(self.cancel)
+        self.ctx.check_canceled()
+        answer = await self.retrying(self.submit_call(), cancelable=False)
+        ref = ref_from_submit(self.api, answer.data)
+        if ref is None:
+            where = self.api.submit.id or "(status url)"
+            raise CallFailed(
+                bad_answer(f"the submit answer has no job id at {where!r}", retryable=False)
+            )
+        return ref
+
+    async def poll(self, ref: RemoteRef, *, first_wait: bool) -> tuple[RemoteStatus, Any]:
+        spec = self.api.status
+        assert spec is not None  # the profile validator requires it for async jobs
+        url = self.url_for(spec.path, spec.url, ref, "[api.status]")
+        call = Call("GET", url, self.headers(url))
+        deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
+        step = 0
+        errors = 0
+        wait = first_wait
+        last = "submitted"
+        while True:
+            if wait:
+                await sleep_nominal(self.clock, poll_wait(step, self.rand), self.cancel)
+                step += 1
+            wait = True
+            self.ctx.check_canceled()
+            if self.clock.monotonic() >= deadline:
+                raise TransientError(
+                    f"remote job {ref.id} still {last} after {self.api.timeout_s:g} s",
+                    kind="timeout",
+                )
+            try:
+                answer = await self.client.json(call, self.cancel)
+            except CallFailed as exc:
+                failure = exc.failure
+                if not failure.retryable:
+                    raise
+                if not failure.rate_limited:
+                    errors += 1
+                    if errors >= MAX_POLL_ERRORS:
+                        raise
+                # With a Retry-After the gate already holds the next poll back
+                # exactly as long as asked; adding the schedule would overshoot.
+                wait = failure.retry_after_s is None
+                self.ctx.log.debug("poll failed, polling on: %s", failure.message)
+                continue
+            errors = 0
+            self.polls += 1
+            self.http_version = answer.http_version
+            status = interpret_status(spec, answer.data)
+            last = status.raw_state or last
+            await self.ctx.set_stage(Stage.GENERATING, status.progress, status.queue_position)
+            if status.terminal:
+                return status, answer.data
+
+    async def fetch_result(
+        self, ref: RemoteRef, status: RemoteStatus, status_data: Any
+    ) -> RunResult:
+        spec = self.api.result
+        if spec is None:
+            return RunResult(meta={**self.meta(ref, status), "status": status_data})
+        docs = [status_data, ref.submit or {}]
+        if spec.text:
+            value = await self.resolve(docs, spec.text, "[api.result] text")
+            text = value if isinstance(value, str) else json.dumps(value)
+            return RunResult(text=text, meta=self.meta(ref, status))
+        await self.ctx.set_stage(Stage.DOWNLOADING)
+        if spec.url:
+            found = await self.resolve(docs, spec.url, "[api.result] url")
+            if not is_url(found):
+                raise CallFailed(
+                    bad_answer(
+                        f"[api.result] url {spec.url!r} is not a URL: {found!r}", retryable=False
+                    )
+                )
+            url = str(found)
+        else:
+            url = self.url_for(spec.path, None, ref, "[api.result]")
+        call = Call("GET", url, self.headers(url))
+        stem = f"{self.task.id}"
+        result_file = await with_retries(
+            partial(self.client.download, call, self.ctx.result_dir, stem, self.cancel),
+            clock=self.clock,
+            rand=self.rand,
+            cancel=self.cancel,
+            on_retry=self._log_retry,
+        )
+        return RunResult(files=[result_file], meta=self.meta(ref, status))
+
+    async def cancel_remote(self, ref: RemoteRef) -> None:
+        spec = self.api.cancel
+        if spec is None:
+            return
+        try:
+            url = self.url_for(spec.path, spec.url, ref, "[api.cancel]")
+            body = render_body(spec.body, self.params) if spec.body is not None else None
+            call = Call(spec.method.upper(), url, self.headers(url), body)
+            # No cancel event here: we are the ones canceling.
+            await asyncio.wait_for(self.client.json(call, None), timeout=CANCEL_BUDGET_S)
+            self.ctx.log.info("remote job %s canceled at the provider", ref.id)
+        except (CallFailed, RunError, TemplateError, TimeoutError) as exc:
+            self.ctx.log.warning("could not cancel remote job %s: %s", ref.id, exc)

@@ -1,0 +1,137 @@
+"""Web lanes in the real service: real Chromium against the bundled demo web model."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import os
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.harness import running_service
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+# 90 s stale -> 4.5 s; 15 s heartbeat -> 0.75 s: long enough for a browser start.
+SCALE = 0.05
+
+
+def account_browsers(state_dir: Path, account: str) -> list[psutil.Process]:
+    marker = f"--user-data-dir={os.path.realpath(state_dir / 'browser' / account)}"
+    alive = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
+            alive.append(proc)
+    return alive
+
+
+async def test_api_tasks_never_wait_for_a_busy_web_lane(tmp_path: Path) -> None:
+    async with running_service(
+        tmp_path, profiles=("demo-chat", "demo-chat-api"), time_scale=SCALE
+    ) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one web lane is enough"})
+        web = await h.submit("demo-chat", "a long web answer [duration=200]")
+        await h.wait_task(web["id"], {"running"})
+        api_ids = [(await h.submit("demo-chat-api", f"quick {i}", gen_s=2))["id"] for i in range(9)]
+        api = [await h.wait_task(task_id) for task_id in api_ids]
+        assert (await h.task(web["id"]))["state"] == "running", "web lane finished too early"
+        assert all(t["state"] == "success" for t in api)
+        # Replay the lane's three slots: each task must start within 100 ms of
+        # the moment a slot was free for it.
+        slots = [0.0, 0.0, 0.0]
+        for task in sorted(api, key=lambda t: t["started_at"]):
+            free_at = max(task["created_at"], heapq.heappop(slots))
+            assert task["started_at"] - free_at < 0.1, task
+            heapq.heappush(slots, task["finished_at"])
+        await h.http.post(f"/v1/tasks/{web['id']}/cancel")
+        assert (await h.wait_task(web["id"]))["state"] == "canceled"
+
+
+async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
+        job = await h.job(
+            "one account",
+            [
+                {"model": "demo-chat", "params": {"prompt": f"shot {i} [duration=20]"}}
+                for i in range(3)
+            ],
+        )
+        done = await h.wait_job(job["id"], timeout_s=120)
+        assert done["state"] == "success", done["counts"]
+        assert {t["account"] for t in done["tasks"]} == {"demo-1"}
+        runs = sorted((t["started_at"], t["finished_at"]) for t in done["tasks"])
+        assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False)), (
+            "overlap on one account"
+        )
+        assert all(t["result"]["text"].startswith("(brief)") for t in done["tasks"])
+
+        await h.http.post("/v1/accounts/demo-2/enable")
+        job = await h.job(
+            "two accounts",
+            [
+                {"model": "demo-chat", "params": {"prompt": f"pair {i} [duration=40]"}}
+                for i in range(4)
+            ],
+        )
+        done = await h.wait_job(job["id"], timeout_s=120)
+        assert done["state"] == "success", done["counts"]
+        by_account: dict[str, list[tuple[float, float]]] = {}
+        for task in done["tasks"]:
+            by_account.setdefault(task["account"], []).append(
+                (task["started_at"], task["finished_at"])
+            )
+        assert set(by_account) == {"demo-1", "demo-2"}
+        for runs in by_account.values():  # each account one at a time
+            runs.sort()
+            assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False))
+        first, second = (sorted(r)[0] for r in by_account.values())
+        assert first[0] < second[1] and second[0] < first[1], "the two accounts never overlapped"
+        stats = await h.demo_stats(h.demo_web)
+        assert stats["collisions"] == 0
+        for account in ("demo-1", "demo-2"):
+            assert account_browsers(h.state_dir, account) == []
+
+
+async def test_expired_session_fails_auth_and_marks_the_account(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
+        await h.demo_mode({"mode": "expired"}, h.demo_web)
+        task = await h.submit("demo-chat", "are we logged in?")
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert done["state"] == "failed" and done["error"]["kind"] == "auth"
+        assert done["attempt"] == 1  # permanent: retrying cannot log us in
+        accounts = {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()}
+        assert accounts["demo-1"]["needs_attention"] is True
+        nxt = await h.submit("demo-chat", "should wait for an operator")
+        await asyncio.sleep(1.0)
+        assert (await h.task(nxt["id"]))["state"] == "pending"
+        # The operator logs the account in again (the demo's reset restores sessions).
+        async with httpx.AsyncClient() as client:
+            (await client.post(f"{h.demo_web}/__reset")).raise_for_status()
+        await h.http.post("/v1/accounts/demo-1/enable")
+        assert (await h.wait_task(nxt["id"], timeout_s=60))["state"] == "success"
+
+
+async def test_hung_page_is_reclaimed_retried_and_leaves_no_browser(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
+        await h.demo_mode({"mode": "hang"}, h.demo_web)
+        task = await h.submit("demo-chat", "this page freezes")
+        await h.wait_task(task["id"], {"running"})
+        # Stale after 90 s x 0.05 = 4.5 s without a heartbeat; then retried.
+        deadline = asyncio.get_running_loop().time() + 60
+        while (await h.task(task["id"]))["attempt"] < 2:
+            assert asyncio.get_running_loop().time() < deadline, await h.task(task["id"])
+            await asyncio.sleep(0.1)
+        reclaimed = await h.task(task["id"])
+        assert reclaimed["error"] is None or reclaimed["error"]["kind"] == "stale"
+        await h.demo_mode({"mode": "normal"}, h.demo_web)
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert done["state"] == "success" and done["attempt"] == 2
+        assert account_browsers(h.state_dir, "demo-1") == []
+        metrics = (await h.http.get("/metrics")).text
+        assert "dispatcher_stale_reclaims_total 1.0" in metrics
