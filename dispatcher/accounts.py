@@ -53,8 +53,13 @@ class AccountBook:
         self._store.upsert_account(account)
         self._accounts[account.name] = account
         prefix = "web" if account.kind is Kind.WEB else "api"
-        log.info("[%s:%s] %s%s", prefix, account.name, what,
-                 f" (reason: {account.reason})" if account.reason else "")
+        log.info(
+            "[%s:%s] %s%s",
+            prefix,
+            account.name,
+            what,
+            f" (reason: {account.reason})" if account.reason else "",
+        )
         self._events.publish({"type": "account", "account": account.to_json()})
         return account
 

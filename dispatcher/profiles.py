@@ -175,9 +175,7 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_profile(
-    path: Path, variables: Mapping[str, str] | None = None
-) -> Profile | None:
+def parse_profile(path: Path, variables: Mapping[str, str] | None = None) -> Profile | None:
     """One profile file; None when it references variables nobody provides."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -21,7 +21,9 @@ from dispatcher.models import JobState, State
 
 ALLOWED: Mapping[State, frozenset[State]] = {
     State.PENDING: frozenset({State.RUNNING, State.CANCELED}),
-    State.RUNNING: frozenset({State.RUNNING, State.SUCCESS, State.FAILED, State.CANCELED, State.PENDING}),
+    State.RUNNING: frozenset(
+        {State.RUNNING, State.SUCCESS, State.FAILED, State.CANCELED, State.PENDING}
+    ),
     State.FAILED: frozenset({State.PENDING}),
     State.SUCCESS: frozenset(),
     State.CANCELED: frozenset(),
@@ -35,7 +37,9 @@ def check_transition(old: State, new: State) -> None:
 
 def check_cancel(state: State) -> None:
     if state not in (State.PENDING, State.RUNNING):
-        raise StateConflict(f"only pending or running tasks can be canceled; this one is {state.value}")
+        raise StateConflict(
+            f"only pending or running tasks can be canceled; this one is {state.value}"
+        )
 
 
 def check_retry(state: State) -> None:

@@ -40,8 +40,14 @@ _ERROR = {
 def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200") -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
-        "responses": {ok: {"description": "ok"}, "400": _ERROR, "401": _ERROR, "403": _ERROR,
-                      "404": _ERROR, "409": _ERROR},
+        "responses": {
+            ok: {"description": "ok"},
+            "400": _ERROR,
+            "401": _ERROR,
+            "403": _ERROR,
+            "404": _ERROR,
+            "409": _ERROR,
+        },
     }
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
@@ -73,8 +79,10 @@ OPENAPI: dict[str, Any] = {
             },
         },
         "/v1/tasks/{id}": {"parameters": _ID, "get": _op("A task with ahead, eta_s, progress")},
-        "/v1/tasks/{id}/cancel": {"parameters": _ID,
-                                  "post": _op("Cancel a pending or running task")},
+        "/v1/tasks/{id}/cancel": {
+            "parameters": _ID,
+            "post": _op("Cancel a pending or running task"),
+        },
         "/v1/tasks/{id}/retry": {"parameters": _ID, "post": _op("Retry a failed task")},
         "/v1/tasks/{id}/result": {"parameters": _ID, "get": _op("Download a result file or text")},
         "/v1/jobs": {
@@ -82,15 +90,23 @@ OPENAPI: dict[str, Any] = {
             "get": _op("Recent jobs with their progress"),
         },
         "/v1/jobs/{id}": {"parameters": _ID, "get": _op("A job with counts, state and tasks")},
-        "/v1/jobs/{id}/cancel": {"parameters": _ID,
-                                 "post": _op("Cancel pending and running tasks")},
+        "/v1/jobs/{id}/cancel": {
+            "parameters": _ID,
+            "post": _op("Cancel pending and running tasks"),
+        },
         "/v1/jobs/{id}/retry": {"parameters": _ID, "post": _op("Retry the failed tasks only")},
         "/v1/lanes": {"get": _op("Lanes with concurrency, queue depth and running tasks")},
         "/v1/accounts": {"get": _op("Web accounts and API providers with their switches")},
         "/v1/accounts/{name}/disable": {
             "parameters": _NAME,
-            "post": _op("Disable a lane", {"type": "object", "required": ["reason"],
-                                          "properties": {"reason": {"type": "string"}}}),
+            "post": _op(
+                "Disable a lane",
+                {
+                    "type": "object",
+                    "required": ["reason"],
+                    "properties": {"reason": {"type": "string"}},
+                },
+            ),
         },
         "/v1/accounts/{name}/enable": {"parameters": _NAME, "post": _op("Enable a lane")},
         "/v1/events": {"get": _op("Server-sent events for every state change")},
