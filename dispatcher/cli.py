@@ -12,7 +12,6 @@ service is not running or refused the token; 130 interrupted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -176,7 +176,11 @@ def serve(
     log_format: LogFormat = None,
     log_level: LogLevel = None,
 ) -> None:
-    """Serve until SIGTERM (what `python -m dispatcher` does with no command)."""
+    """Serve until SIGTERM (also the default).
+
+    What `python -m dispatcher` does with no command; SIGTERM stops running
+    tasks at their checkpoints and leaves them recoverable.
+    """
     from dispatcher.logs import FORMATS, setup_logging
 
     if log_format is not None and log_format not in FORMATS:
@@ -189,6 +193,8 @@ def serve(
         setup_logging(settings.log_level, settings.log_format)
     except ValueError as exc:
         _exit(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
+    import asyncio
+
     from dispatcher.service import Service
 
     try:
@@ -211,10 +217,14 @@ class LaneNames:
     """Which lane a task of a job belongs to, for the per-lane rows."""
 
     def __init__(self, lanes: list[dict[str, Any]]) -> None:
+        self.lanes = {lane["name"]: lane for lane in lanes}
         self._by_model: dict[str, list[str]] = {}
         for lane in lanes:
             for model in lane.get("models", []):
                 self._by_model.setdefault(model, []).append(lane["name"])
+
+    def serving(self, model: str) -> list[dict[str, Any]]:
+        return [self.lanes[name] for name in self._by_model.get(model, [])]
 
     def of(self, task: dict[str, Any]) -> str:
         if task.get("account"):
@@ -296,6 +306,48 @@ class FailureFeed:
                                f"{escape(_error_text(task))}", soft_wrap=True)
 
 
+class ClosedLanes:
+    """Says once when pending tasks wait for lanes that are switched off."""
+
+    CHECK_EVERY_S = 2.0
+
+    def __init__(self, client: Client, lanes: LaneNames) -> None:
+        self.client = client
+        self.lanes = lanes
+        self._checked = time.monotonic()
+        self._told: set[tuple[str, str]] = set()
+
+    def update(self, tasks: list[dict[str, Any]], out: Console) -> None:
+        if time.monotonic() - self._checked < self.CHECK_EVERY_S:
+            return
+        self._checked = time.monotonic()
+        pending = [t for t in tasks if t["state"] == "pending"]
+        if not pending:
+            return
+        self.lanes = LaneNames(self.client.get("/v1/lanes"))
+        waiting: dict[str, int] = {}
+        closed: dict[str, dict[str, Any]] = {}
+        for task in pending:
+            serving = self.lanes.serving(task["model"])
+            if serving and not any(lane["enabled"] and not lane["needs_attention"]
+                                   for lane in serving):
+                for lane in serving:
+                    waiting[lane["name"]] = waiting.get(lane["name"], 0) + 1
+                    closed[lane["name"]] = lane
+        for name, lane in closed.items():
+            why = "needs attention" if lane["needs_attention"] else "is disabled"
+            key = (name, f"{why} {lane['reason']}")
+            if key in self._told:
+                continue
+            self._told.add(key)
+            out.print(f"[yellow]waiting[/yellow]: lane {escape(name)} {why}"
+                      f"{': ' + escape(lane['reason']) if lane['reason'] else ''} — "
+                      f"{waiting[name]} task(s) wait for it; once fixed: "
+                      f"python -m dispatcher accounts enable {escape(lane['account'])}",
+                      soft_wrap=True)
+        self._told = {k for k in self._told if k[0] in closed}
+
+
 def watch_job(client: Client, job_id: str, *, as_json: bool = False,
               interval_s: float = 0.5, out: Console | None = None) -> dict[str, Any]:
     """Poll a job until it ends, with a live per-lane table unless `as_json`."""
@@ -311,13 +363,15 @@ def watch_job(client: Client, job_id: str, *, as_json: bool = False,
         return job
     lanes = LaneNames(client.get("/v1/lanes"))
     feed = FailureFeed(out)
+    closed = ClosedLanes(client, lanes)
     if not out.is_terminal:
-        return _watch_plain(client, job, lanes, feed, interval_s, started)
+        return _watch_plain(client, job, lanes, feed, closed, interval_s, started)
     with Live(job_table(job, lanes, 0.0), console=out, refresh_per_second=4,
               transient=False) as live:
         while True:
             feed.out = live.console
             feed.update(job["tasks"])
+            closed.update(job["tasks"], live.console)
             live.update(job_table(job, lanes, time.monotonic() - started))
             if job["state"] != "running":
                 break
@@ -327,11 +381,12 @@ def watch_job(client: Client, job_id: str, *, as_json: bool = False,
 
 
 def _watch_plain(client: Client, job: dict[str, Any], lanes: LaneNames, feed: FailureFeed,
-                 interval_s: float, started: float) -> dict[str, Any]:
+                 closed: ClosedLanes, interval_s: float, started: float) -> dict[str, Any]:
     """For logs and pipes: a line whenever the counts move, then the final table."""
     last: tuple[int, ...] = ()
     while True:
         feed.update(job["tasks"])
+        closed.update(job["tasks"], feed.out)
         counts = job["counts"]
         now = tuple(counts[s] for s in STATES)
         if now != last:
@@ -388,7 +443,10 @@ def submit(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Submit one task and print its id (with --wait: exit 1 unless it succeeds)."""
+    """Submit one task and print its id.
+
+    With --wait, show its progress until it ends; the exit code is 1 unless it succeeds.
+    """
     body = {"model": model, "params": _params(prompt, param or []), "force": force}
     with _client() as client:
         task = client.post("/v1/tasks", body)
@@ -462,7 +520,11 @@ def batch(
     detach: Annotated[bool, typer.Option("--detach", help="Print the job id and return.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Submit a batch file as one job and watch it; exit 1 if any task failed or was canceled."""
+    """Submit a JSONL/CSV batch as one job; watch it.
+
+    Shows live progress per lane and overall (counts, ETA, failures as they
+    happen), then a summary; the exit code is 1 if any task failed or was canceled.
+    """
     with _handled():
         lines = read_batch_lines(file)
     with _client() as client:
@@ -560,7 +622,7 @@ def status(
 def _act(task_or_job: str, action: str, as_json: bool) -> None:
     with _client() as client:
         kind, _ = client.resolve(task_or_job)
-        data = client.post(f"/v1/{kind}s/{task_or_job}/{action}")
+        data = client.post(f"/v1/{kind}s/{quote(task_or_job, safe='')}/{action}")
     if as_json:
         _print_json(data)
     elif kind == "task":
@@ -588,7 +650,10 @@ def retry(
     task_or_job: Annotated[str, typer.Argument(metavar="ID", help="A task or job id.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Retry a failed task, or a job's failed tasks (successes are never re-run)."""
+    """Retry a failed task, or a job's failed tasks.
+
+    Tasks that succeeded are never run again.
+    """
     _act(task_or_job, "retry", as_json)
 
 
@@ -621,9 +686,9 @@ def accounts_disable(
     reason: Annotated[str, typer.Option("--reason", help="Why (shown to the team).")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Disable a lane: it takes no new tasks; its running task finishes."""
+    """Disable a lane (it finishes its running task)."""
     with _client() as client:
-        data = client.post(f"/v1/accounts/{name}/disable", {"reason": reason})
+        data = client.post(f"/v1/accounts/{quote(name, safe='')}/disable", {"reason": reason})
     if as_json:
         _print_json(data)
     else:
@@ -635,9 +700,9 @@ def accounts_enable(
     name: Annotated[str, typer.Argument(help="A web account or API provider.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Enable a lane again (also clears `needs attention`)."""
+    """Enable a lane (also clears needs-attention)."""
     with _client() as client:
-        data = client.post(f"/v1/accounts/{name}/enable")
+        data = client.post(f"/v1/accounts/{quote(name, safe='')}/enable")
     if as_json:
         _print_json(data)
     else:
@@ -667,7 +732,11 @@ def lanes(as_json: JsonFlag = False) -> None:
 
 @app.command()
 def dashboard() -> None:
-    """Print a dashboard URL carrying a one-time code (valid 2 minutes, once)."""
+    """Print a one-time dashboard URL.
+
+    The code in it is valid for 2 minutes and works once; the page trades it
+    for a session cookie. The token itself never leaves the state dir.
+    """
     with _client() as client:
         code = client.post("/v1/dashboard-code")["code"]
         url = f"{client.base_url}/v1/session?code={code}"
@@ -683,7 +752,13 @@ def demo_run(
     exit_when_done: Annotated[bool, typer.Option(help="Stop once the sample batch ends.")] = False,
     batch_file: Annotated[Path, typer.Option(help="The sample batch.")] = BATCH_SAMPLE,
 ) -> None:
-    """Serve with the demo backends, run a sample batch to completion, keep serving."""
+    """Demo: serve, run the sample batch, keep serving.
+
+    Starts the service with the bundled demo backends, prints a dashboard URL,
+    runs the sample batch to completion with live progress, then keeps serving.
+    """
+    import asyncio
+
     from dispatcher.logs import setup_logging
     from dispatcher.service import Service
 

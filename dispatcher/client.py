@@ -1,16 +1,18 @@
 """Talking to the running service from the CLI: port and token from the state dir.
 
-Deliberately light: it does not import the service (the CLI starts in a
-fraction of the time), so the two state-file names are repeated here; a test
-checks they match what `dispatcher.service` writes.
+Deliberately light, so that every CLI command starts fast: the standard
+library's http.client (one short connection per request to 127.0.0.1), and
+no import of the service. The two state-file names are therefore repeated
+here; a test checks they match what `dispatcher.service` writes.
 """
 
 from __future__ import annotations
 
+import http.client
+import json as jsonlib
 from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import quote
 
 from dispatcher.errors import ServiceError
 
@@ -60,14 +62,11 @@ class Client:
             )
         self.port = int(port)
         self.base_url = f"http://127.0.0.1:{port}"
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing is held open between requests; kept for `with` blocks."""
 
     def __enter__(self) -> Client:
         return self
@@ -76,46 +75,57 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, json: Any = None) -> Any:
+        headers = dict(self._headers)
+        body = None
+        if json is not None:
+            body = jsonlib.dumps(json).encode()
+            headers["Content-Type"] = "application/json"
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
         try:
-            response = self._http.request(method, path, json=json)
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            status = response.status
+            content_type = response.getheader("content-type") or ""
+            data = response.read()
+        except TimeoutError as exc:
+            raise ServiceUnavailable(
+                f"the dispatcher on {self.base_url} did not answer within {self.timeout_s:.0f}s"
+            ) from exc
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise ServiceUnavailable(
                 f"the dispatcher does not answer on {self.base_url}: it is not running, "
                 f"or it stopped without removing {self.state_dir / PORT_FILE}; start it "
                 "with `python -m dispatcher`"
             ) from exc
-        except httpx.TimeoutException as exc:
-            raise ServiceUnavailable(
-                f"the dispatcher on {self.base_url} did not answer in time "
-                f"({exc.__class__.__name__})"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise ServiceError(
-                f"request to the dispatcher failed: {exc.__class__.__name__}"
-            ) from exc
-        kind, message = self._error_of(response)
-        if response.status_code in (401, 403) and kind in ("unauthorized", "forbidden"):
+        finally:
+            connection.close()
+        kind, message = self._error_of(status, data)
+        if status in (401, 403) and kind in ("unauthorized", "forbidden"):
             raise StaleToken(
                 f"the dispatcher on {self.base_url} refused the token from "
                 f"{self.state_dir / TOKEN_FILE}: it is stale (the service was restarted with "
                 "another state dir, or another program took the port). Use the state dir the "
                 "running dispatcher writes to (DISPATCHER_STATE_DIR / --state-dir), or restart it"
             )
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, kind, message)
-        if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.content
+        if status >= 400:
+            raise ApiError(status, kind, message)
+        if content_type.startswith("application/json"):
+            try:
+                return jsonlib.loads(data)
+            except ValueError as exc:
+                raise ServiceError(f"the dispatcher answered {path} with broken JSON") from exc
+        return data
 
     @staticmethod
-    def _error_of(response: httpx.Response) -> tuple[str, str]:
-        if response.status_code < 400:
+    def _error_of(status: int, data: bytes) -> tuple[str, str]:
+        if status < 400:
             return "", ""
         try:
-            error = response.json()["error"]
+            error = jsonlib.loads(data)["error"]
             return str(error["kind"]), str(error["message"])
         except (ValueError, KeyError, TypeError):
-            return "http", f"HTTP {response.status_code}: {response.text[:200]}"
+            text = data[:200].decode("utf-8", "replace")
+            return "http", f"HTTP {status}: {text}"
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -125,15 +135,16 @@ class Client:
 
     def resolve(self, task_or_job: str) -> tuple[str, dict[str, Any]]:
         """("task"|"job", its answer) for an id that names either."""
-        if not task_or_job or "/" in task_or_job or "?" in task_or_job:
-            raise ApiError(400, "invalid", f"not a task or job id: {task_or_job!r}")
+        if not task_or_job.strip():
+            raise ApiError(400, "invalid", "give a task or job id")
+        safe = quote(task_or_job, safe="")
         try:
-            return "task", self.get(f"/v1/tasks/{task_or_job}")
+            return "task", self.get(f"/v1/tasks/{safe}")
         except ApiError as exc:
             if exc.status != 404:
                 raise
         try:
-            return "job", self.get(f"/v1/jobs/{task_or_job}")
+            return "job", self.get(f"/v1/jobs/{safe}")
         except ApiError as exc:
             if exc.status != 404:
                 raise

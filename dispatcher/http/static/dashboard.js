@@ -385,8 +385,15 @@
     }));
   }
 
+  function laneOf(task) {
+    if (task.account) return `${task.kind}:${task.account}`;
+    const serving = view.lanes.filter((lane) => lane.models.includes(task.model));
+    if (serving.length === 1) return serving[0].name;
+    return `${task.kind}:${task.model} (any account)`;
+  }
+
   function taskRow(task) {
-    const lane = task.account ? `${task.kind}:${task.account}` : `${task.kind}:${task.model} (waiting)`;
+    const lane = laneOf(task);
     let stage = task.state === "running" ? (task.stage || "") : "";
     if (stage && task.progress !== null && task.progress !== undefined) {
       stage += ` ${Math.round(task.progress)}%`;
