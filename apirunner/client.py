@@ -16,6 +16,7 @@ import mimetypes
 import os
 import re
 import ssl
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
@@ -139,13 +140,19 @@ class ProviderClient:
     ) -> None:
         self.provider = provider
         self.gate = gate
+        # Answers by HTTP status ("error" when none came), for the metrics.
+        self.requests: Counter[str] = Counter()
         self._http = http
+        http.event_hooks["response"] = [*http.event_hooks.get("response", []), self._count]
         self._allowlist = allowlist
         self._clock = clock
         self._log = log
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def _count(self, response: httpx.Response) -> None:
+        self.requests[str(response.status_code)] += 1
 
     async def _before_send(self, url: str, cancel: asyncio.Event | None) -> None:
         self._allowlist.check(url)
@@ -177,6 +184,7 @@ class ProviderClient:
                 cancel,
             )
         except httpx.HTTPError as exc:
+            self.requests["error"] += 1
             raise CallFailed(classify_exception(exc)) from exc
         if response.status_code >= 300:
             raise self._failed(response, response.text)
@@ -198,6 +206,7 @@ class ProviderClient:
         try:
             return await race_cancel(self._stream(call, dest_dir, stem), cancel)
         except httpx.HTTPError as exc:
+            self.requests["error"] += 1
             raise CallFailed(classify_exception(exc)) from exc
 
     async def _stream(self, call: Call, dest_dir: Path, stem: str) -> ResultFile:

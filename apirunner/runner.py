@@ -105,6 +105,17 @@ class ApiRunner:
     def providers(self) -> list[str]:
         return sorted({p.provider for p in self._profiles.values() if p.provider})
 
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters the service's metrics read: requests by provider and status."""
+        return {
+            "remote_requests": {
+                (provider, status): count
+                for provider, client in self._clients.items()
+                for status, count in client.requests.items()
+            }
+        }
+
     def client(self, provider: str) -> ProviderClient:
         try:
             return self._clients[provider]

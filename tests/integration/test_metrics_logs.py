@@ -93,11 +93,11 @@ async def test_metrics_parse_and_move_when_tasks_run(tmp_path: Path) -> None:
     for counter in ("dispatcher_stale_reclaims_total", "dispatcher_browser_launches_total",
                     "dispatcher_leftover_processes_ended_total"):
         assert (counter, ()) in after
-    # Remote requests by provider and status, as far as the runner counts them.
-    remote = {dict(ls)["provider"]: n for (name, ls), n in after.items()
+    # Remote requests by provider and HTTP status, counted by the API runner.
+    remote = {(dict(ls)["provider"], dict(ls)["status"]): n for (name, ls), n in after.items()
               if name == "dispatcher_remote_requests_total"}
-    if remote:
-        assert remote.get("demo", 0) > 0
+    assert remote.get(("demo", "200"), 0) >= 5
+    assert sum(n for (provider, _), n in remote.items() if provider == "demo-queue") > 0
 
 
 def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
