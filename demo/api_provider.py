@@ -24,11 +24,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import re
-import struct
 import time
 import uuid
-import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from email.utils import formatdate
@@ -39,11 +36,25 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from demo.api_faults import Fault, FaultPlan, FrontDoor
+from demo.api_media import png_bytes, video_bytes
+from demo.api_protocol import (
+    DIRECTIVE,
+    FAL,
+    OPENAI,
+    PERMANENT_REASON,
+    TRANSIENT_REASON,
+    api_key,
+    directives,
+    error_response,
+    nominal_duration,
+    parse_seconds,
+)
 from dispatcher.serving import RunningServer, start_server
 
-OPENAI, FAL = "openai", "fal"
+__all__ = ["DemoProvider", "create_app", "png_bytes", "start_demo_api", "video_bytes"]
+
 DEFAULT_JOB_S = 3.0
 DEFAULT_CHAT_S = 1.0
 QUEUE_SHARE = 0.2  # the first fifth of a job is spent queued
@@ -52,10 +63,6 @@ QUEUE_SHARE = 0.2  # the first fifth of a job is spent queued
 # is generous because in tests one loaded event loop serves both ends, and a
 # request sent before the 429 was read can reach us a few hundred ms later.
 IN_FLIGHT_GRACE_S = 0.5
-_OPERATIONS = ("chat", "submit", "poll", "result", "content", "cancel")
-_DIRECTIVE = re.compile(r"\[(\w+)=([^\]]*)\]")
-PERMANENT_REASON = "moderation_blocked: the prompt was refused by the safety system"
-TRANSIENT_REASON = "internal_error: the worker crashed, please try again"
 
 
 @dataclass
@@ -77,18 +84,6 @@ class Stats:
     max_concurrent: int = 0
     max_concurrent_by_vendor: dict[str, int] = field(default_factory=dict)
     early_log: list[dict[str, float]] = field(default_factory=list)  # the last early ones
-
-
-@dataclass
-class Fault:
-    mode: str
-    remaining: int
-    only: str | None = None  # chat|submit|poll|result|content|cancel
-    status: int | None = None
-    retry_after_s: float = 1.0
-    header: str = "seconds"  # seconds|ms|date|both
-    when: str = "before"  # before|after|mid (drop)
-    delay_s: float = 1.0  # slow, nominal
 
 
 @dataclass
@@ -128,104 +123,6 @@ class Job:
         return min(99, int(100 * (now - self.created - self.queue_s) / self.run_s))
 
 
-def directives(text: str) -> dict[str, str]:
-    return {k.lower(): v.strip() for k, v in _DIRECTIVE.findall(text)}
-
-
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) and value >= 0 else None
-    if isinstance(value, str):
-        try:
-            return _seconds(float(value))
-        except ValueError:
-            return None
-    return None
-
-
-def _duration(marks: dict[str, str], body: dict[str, Any], default: float) -> float:
-    """Nominal generation seconds: a [duration=x] directive, else gen_s, else default."""
-    for value in (marks.get("duration"), body.get("gen_s")):
-        found = _seconds(value)
-        if found is not None:
-            return found
-    return default
-
-
-def _error(status: int, message: str, code: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": code, "code": code}}, status)
-
-
-def _box(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", 8 + len(payload)) + kind + payload
-
-
-def _stream(seed: str, size: int) -> bytes:
-    out = bytearray()
-    counter = 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-        counter += 1
-    return bytes(out[:size])
-
-
-def video_bytes(prompt: str, size: int = 16 * 1024) -> bytes:
-    """A small, deterministic stand-in for an MP4 (ftyp + mdat boxes)."""
-    ftyp = _box(b"ftyp", b"isom\x00\x00\x02\x00isomiso2mp41")
-    return ftyp + _box(b"mdat", _stream(prompt, size - len(ftyp) - 8))
-
-
-def png_bytes(prompt: str, side: int = 64) -> bytes:
-    """A real, deterministic PNG whose colours come from the prompt."""
-    r, g, b = hashlib.sha256(prompt.encode()).digest()[:3]
-    rows = b"".join(
-        b"\x00" + b"".join(bytes((r, (g + 3 * y) % 256, (b + 3 * x) % 256)) for x in range(side))
-        for y in range(side)
-    )
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-def operation(method: str, path: str) -> tuple[str, str] | None:
-    """(vendor, operation) of a request, for quotas, stats and fault filters."""
-    parts = [p for p in path.split("/") if p]
-    if parts[:2] == ["v1", "chat"]:
-        return OPENAI, "chat"
-    if parts[:2] == ["v1", "videos"]:
-        if len(parts) == 2:
-            return OPENAI, "submit"
-        tail = parts[3] if len(parts) > 3 else ""
-        return OPENAI, {"": "poll", "content": "content", "cancel": "cancel"}.get(tail, "poll")
-    if parts[:1] == ["fal"]:
-        if parts[1:2] == ["files"]:
-            return FAL, "content"
-        if parts[1:2] == ["requests"]:
-            tail = parts[3] if len(parts) > 3 else ""
-            return FAL, {"": "result", "status": "poll", "cancel": "cancel"}.get(tail, "poll")
-        return FAL, "submit" if method == "POST" else "poll"
-    return None
-
-
-def api_key(headers: Any) -> str | None:
-    value = str(headers.get("authorization", ""))
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() in ("bearer", "key") and token.strip():
-        return token.strip()
-    return None
-
-
 class DemoProvider:
     def __init__(self, time_scale: float = 1.0, quota: int = 3) -> None:
         if time_scale <= 0 or quota < 1:
@@ -242,9 +139,7 @@ class DemoProvider:
         self.chats_in_flight: Counter[tuple[str, str]] = Counter()
         # (key, vendor) -> [(when the 429 was sent, until when), ...]
         self.deadlines: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        self.faults: list[Fault] = []
-        self.failing_jobs: list[str] = []  # reasons for the next jobs created
-        self.foreign_urls = 0
+        self.plan = FaultPlan()  # what POST /__mode asked for
 
     # -- bookkeeping ---------------------------------------------------------
     def running_jobs(self, key: str, vendor: str, now: float) -> list[Job]:
@@ -318,23 +213,21 @@ class DemoProvider:
             del self.stats.early_log[:-20]
 
     def take_fault(self, op: str) -> Fault | None:
-        for fault in self.faults:
-            if fault.remaining > 0 and (fault.only is None or fault.only == op):
-                fault.remaining -= 1
-                self.stats.faults += 1
-                return fault
-        return None
+        fault = self.plan.take(op)
+        if fault is not None:
+            self.stats.faults += 1
+        return fault
 
     def new_job(self, vendor: str, key: str, body: dict[str, Any], prompt: str) -> Job:
         marks = directives(prompt)
-        total = _duration(marks, body, DEFAULT_JOB_S) * self.time_scale
-        reason = None
+        total = nominal_duration(marks, body, DEFAULT_JOB_S) * self.time_scale
+        reason: str | None
         if marks.get("fail") == "permanent":
             reason = PERMANENT_REASON
         elif marks.get("fail") == "transient":
             reason = TRANSIENT_REASON
-        elif self.failing_jobs:
-            reason = self.failing_jobs.pop(0)
+        else:
+            reason = self.plan.next_job_failure()
         prefix = "video_" if vendor == OPENAI else ""
         job = Job(
             id=prefix + uuid.uuid4().hex,
@@ -382,17 +275,17 @@ class DemoProvider:
         try:
             body = await request.json()
         except ValueError:
-            return None, _error(400, "the body is not JSON")
+            return None, error_response(400, "the body is not JSON")
         if not isinstance(body, dict):
-            return None, _error(400, "the body must be a JSON object")
+            return None, error_response(400, "the body must be a JSON object")
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
-            return None, _error(400, "`prompt` is required and must be a non-empty string")
-        if "gen_s" in body and _seconds(body["gen_s"]) is None:
-            return None, _error(400, "`gen_s` must be a non-negative number")
+            return None, error_response(400, "`prompt` is required and must be a non-empty string")
+        if "gen_s" in body and parse_seconds(body["gen_s"]) is None:
+            return None, error_response(400, "`gen_s` must be a non-negative number")
         forced = directives(prompt).get("status", "")
         if forced.isdigit() and int(forced) >= 400:
-            return None, _error(int(forced), f"forced status {forced} by the prompt")
+            return None, error_response(int(forced), f"forced status {forced} by the prompt")
         idem = request.headers.get("idempotency-key")
         if idem and (key, vendor, idem) in self.idempotency:
             self.stats.duplicate_submits += 1
@@ -408,7 +301,7 @@ class DemoProvider:
     def job_or_404(self, job_id: str, key: str, vendor: str) -> Job | JSONResponse:
         job = self.jobs.get(job_id)
         if job is None or job.key != key or job.vendor != vendor:
-            return _error(404, f"no job {job_id!r}", "not_found")
+            return error_response(404, f"no job {job_id!r}", "not_found")
         return job
 
     async def generate(self, request: Request, seconds: float) -> bool:
@@ -437,16 +330,18 @@ class DemoProvider:
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the body is not JSON")
+            return error_response(400, "the body is not JSON")
         messages = body.get("messages") if isinstance(body, dict) else None
         last = messages[-1] if isinstance(messages, list) and messages else None
         content = last.get("content") if isinstance(last, dict) else None
         if not isinstance(content, str):
-            return _error(400, "`messages` must end with a message whose `content` is a string")
+            return error_response(
+                400, "`messages` must end with a message whose `content` is a string"
+            )
         marks = directives(content)
         forced = marks.get("status", "")
         if forced.isdigit() and int(forced) >= 400:
-            return _error(int(forced), f"forced status {forced} by the prompt")
+            return error_response(int(forced), f"forced status {forced} by the prompt")
         idem = request.headers.get("idempotency-key")
         if idem and (key, idem) in self.chat_answers:
             self.stats.duplicate_submits += 1
@@ -456,17 +351,17 @@ class DemoProvider:
             return refusal
         self.chats_in_flight[(key, OPENAI)] += 1
         try:
-            seconds = _duration(marks, body, DEFAULT_CHAT_S) * self.time_scale
+            seconds = nominal_duration(marks, body, DEFAULT_CHAT_S) * self.time_scale
             if not await self.generate(request, seconds):
                 self.stats.hangups += 1
                 return Response(status_code=499)  # nobody is listening any more
         finally:
             self.chats_in_flight[(key, OPENAI)] -= 1
         if marks.get("fail") == "permanent":
-            return _error(400, PERMANENT_REASON, "content_policy_violation")
+            return error_response(400, PERMANENT_REASON, "content_policy_violation")
         if marks.get("fail") == "transient":
-            return _error(500, TRANSIENT_REASON, "server_error")
-        text = _DIRECTIVE.sub("", content).strip()
+            return error_response(500, TRANSIENT_REASON, "server_error")
+        text = DIRECTIVE.sub("", content).strip()
         answer = {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
@@ -503,7 +398,7 @@ class DemoProvider:
             return found
         phase = found.phase(time.monotonic())
         if phase != "completed":
-            return _error(409, f"video {found.id} is {phase}, not completed", "not_ready")
+            return error_response(409, f"video {found.id} is {phase}, not completed", "not_ready")
         return Response(
             video_bytes(found.prompt),
             media_type="video/mp4",
@@ -517,22 +412,21 @@ class DemoProvider:
             return found
         now = time.monotonic()
         if found.phase(now) not in ("queued", "in_progress"):
-            return _error(409, f"video {found.id} is {found.phase(now)}; nothing to cancel")
+            return error_response(409, f"video {found.id} is {found.phase(now)}; nothing to cancel")
         found.canceled_at = now
         return JSONResponse(self.video_json(found))
 
     # -- fal-queue-like -------------------------------------------------------------
     def base_url(self, request: Request) -> str:
         host = request.url.hostname or "127.0.0.1"
-        if self.foreign_urls > 0:
-            self.foreign_urls -= 1
+        if self.plan.take_foreign_url():
             host = "localhost"  # reachable, but no profile names it: the allowlist must refuse
         return f"{request.url.scheme}://{host}:{request.url.port}"
 
     async def fal_submit(self, request: Request) -> Response:
         job, refusal = await self.submit(request, FAL)
         if refusal is not None or job is None:
-            return refusal or _error(500, "no job")
+            return refusal or error_response(500, "no job")
         base = f"{self.base_url(request)}/fal/requests/{job.id}"
         return JSONResponse(
             {
@@ -622,80 +516,10 @@ class DemoProvider:
     async def post_mode(self, request: Request) -> Response:
         try:
             body = await request.json()
-            fault = self.parse_mode(body)
+            self.plan.apply(body)
         except (ValueError, TypeError, KeyError) as exc:
-            return _error(400, f"bad mode: {exc}")
-        if fault is not None:
-            self.faults.append(fault)
-        return JSONResponse(
-            {
-                "ok": True,
-                "faults": [asdict(f) for f in self.faults if f.remaining],
-                "failing_jobs": len(self.failing_jobs),
-                "foreign_urls": self.foreign_urls,
-            }
-        )
-
-    def parse_mode(self, body: Any) -> Fault | None:
-        """One ``POST /__mode`` body. Each fault hits the next `count` requests
-        (only those of operation `only` when given: chat, submit, poll, result,
-        content, cancel):
-
-        - ``429_storm``: 429 with Retry-After `retry_after_s` (default 1) sent
-          as `header`: seconds (default), ms (retry-after-ms), date or both.
-        - ``5xx``: `status` (default 503); with `retry_after_s`, a Retry-After.
-        - ``slow``: the answer starts `delay_s` nominal seconds late.
-        - ``drop``: the connection is closed `when`: before the work, after it
-          (the job exists, the answer is lost), or mid-answer (half a body).
-        - ``fail_jobs``: the next `count` jobs fail; `reason` permanent,
-          transient (default) or any text.
-        - ``foreign_urls``: the next fal submits hand back URLs on "localhost".
-        - ``clear``: forget all of the above.
-        """
-        if not isinstance(body, dict):
-            raise TypeError('send a JSON object like {"mode": "429_storm", "count": 3}')
-        mode = str(body["mode"])
-        count = int(body.get("count", 1))
-        only = body.get("only")
-        if only is not None and only not in _OPERATIONS:
-            raise ValueError(f"unknown `only` {only!r}")
-        if mode == "clear":
-            self.faults.clear()
-            self.failing_jobs.clear()
-            self.foreign_urls = 0
-            return None
-        if mode == "fail_jobs":
-            reason = str(body.get("reason", "transient"))
-            known = {"permanent": PERMANENT_REASON, "transient": TRANSIENT_REASON}
-            text = known.get(reason, reason)
-            self.failing_jobs.extend([text] * count)
-            return None
-        if mode == "foreign_urls":
-            self.foreign_urls += count
-            return None
-        header = str(body.get("header", "seconds"))
-        if header not in ("seconds", "ms", "date", "both"):
-            raise ValueError(f"unknown `header` {header!r}")
-        if mode == "429_storm":
-            return Fault(mode, count, only, 429, float(body.get("retry_after_s", 1.0)), header)
-        if mode == "5xx":
-            wait = body.get("retry_after_s")
-            return Fault(
-                mode,
-                count,
-                only,
-                int(body.get("status", 503)),
-                -1.0 if wait is None else float(wait),
-                header,
-            )
-        if mode == "slow":
-            return Fault(mode, count, only, delay_s=float(body.get("delay_s", 1.0)))
-        if mode == "drop":
-            when = str(body.get("when", "before"))
-            if when not in ("before", "after", "mid"):
-                raise ValueError(f"unknown `when` {when!r}")
-            return Fault(mode, count, only, when=when)
-        raise ValueError(f"unknown mode {mode!r}")
+            return error_response(400, f"bad mode: {exc}")
+        return JSONResponse({"ok": True, **self.plan.describe()})
 
     def routes(self) -> list[Route]:
         return [
@@ -715,100 +539,9 @@ class DemoProvider:
         ]
 
 
-async def _drop(receive: Receive) -> None:
-    """Close the connection with no response, as a flaky network would.
-
-    ASGI has no verb for this; uvicorn's receive is a method of the request
-    cycle, which holds the transport.
-    """
-    cycle = getattr(receive, "__self__", None)
-    transport = getattr(cycle, "transport", None)
-    if transport is None:
-        raise RuntimeError("dropping connections needs uvicorn's HTTP/1.1 server")
-    transport.abort()
-    for _ in range(400):  # let uvicorn see the disconnect, so it logs no error
-        if getattr(cycle, "disconnected", True):
-            return
-        await asyncio.sleep(0.005)
-
-
-class _FrontDoor:
-    """Counts, authenticates and misbehaves on demand before any route runs."""
-
-    def __init__(self, app: ASGIApp, provider: DemoProvider) -> None:
-        self.app = app
-        self.provider = provider
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith("/__"):
-            await self.app(scope, receive, send)
-            return
-        p = self.provider
-        p.stats.requests += 1
-        request = Request(scope)
-        key = api_key(request.headers)
-        vendor, op = operation(scope["method"], scope["path"]) or (OPENAI, "other")
-        p.note_arrival(key, vendor)
-        fault = p.take_fault(op)
-        if fault is not None and fault.mode == "slow":
-            await asyncio.sleep(fault.delay_s * p.time_scale)
-        if fault is not None and fault.mode == "429_storm":
-            refusal = p.too_many(key, vendor, fault.retry_after_s, fault.header, "storm")
-            await refusal(scope, receive, send)
-            return
-        if fault is not None and fault.mode == "5xx":
-            status, message = fault.status or 503, "the server is overloaded, retry later"
-            if fault.retry_after_s >= 0:
-                response = p.refuse(status, key, vendor, fault.retry_after_s, fault.header, message)
-            else:
-                response = _error(status, message, "server_error")
-            await response(scope, receive, send)
-            return
-        if fault is not None and fault.mode == "drop" and fault.when == "before":
-            await _drop(receive)
-            return
-        if key is None:
-            p.stats.unauthorized += 1
-            missing = _error(
-                401, "missing API key: send Authorization: Bearer <key>", "invalid_api_key"
-            )
-            await missing(scope, receive, send)
-            return
-        if fault is not None and fault.mode == "drop":
-            await self._answer_then_drop(scope, receive, send, mid=fault.when == "mid")
-            return
-        await self.app(scope, receive, send)
-
-    async def _answer_then_drop(
-        self, scope: Scope, receive: Receive, send: Send, *, mid: bool
-    ) -> None:
-        """Do the work (a job may be created), then lose the answer on the wire."""
-        body_sent = False
-
-        async def lossy(message: Message) -> None:
-            nonlocal body_sent
-            if not mid:
-                return
-            if message["type"] == "http.response.start":
-                await send(message)
-            elif message["type"] == "http.response.body" and not body_sent:
-                body_sent = True
-                body = message.get("body", b"")
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": body[: len(body) // 2],
-                        "more_body": True,
-                    }
-                )
-
-        await self.app(scope, receive, lossy)
-        await _drop(receive)
-
-
 def create_app(time_scale: float = 1.0, quota: int = 3) -> Starlette:
     provider = DemoProvider(time_scale=time_scale, quota=quota)
-    front_door = Middleware(_FrontDoor, provider=provider)
+    front_door = Middleware(FrontDoor, provider=provider)
     app = Starlette(routes=provider.routes(), middleware=[front_door])
     app.state.provider = provider
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import os
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -64,9 +65,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         assert done["state"] == "success", done["counts"]
         assert {t["account"] for t in done["tasks"]} == {"demo-1"}
         runs = sorted((t["started_at"], t["finished_at"]) for t in done["tasks"])
-        assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False)), (
-            "overlap on one account"
-        )
+        assert all(a[1] <= b[0] for a, b in pairwise(runs)), "overlap on one account"
         assert all(t["result"]["text"].startswith("(brief)") for t in done["tasks"])
 
         await h.http.post("/v1/accounts/demo-2/enable")
@@ -87,7 +86,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         assert set(by_account) == {"demo-1", "demo-2"}
         for runs in by_account.values():  # each account one at a time
             runs.sort()
-            assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False))
+            assert all(a[1] <= b[0] for a, b in pairwise(runs))
         first, second = (sorted(r)[0] for r in by_account.values())
         assert first[0] < second[1] and second[0] < first[1], "the two accounts never overlapped"
         stats = await h.demo_stats(h.demo_web)

@@ -1,0 +1,95 @@
+"""Lane switches: list, disable and enable accounts and providers; show the lanes."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+from urllib.parse import quote
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dispatcher.cli.output import JsonFlag, console, print_json
+from dispatcher.cli.plumbing import service_client
+
+accounts_app = typer.Typer(help="List, disable and enable web accounts and API providers.")
+
+
+@accounts_app.callback(invoke_without_command=True)
+def accounts_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """List accounts and providers with their switches."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with service_client() as client:
+        data = client.get("/v1/accounts")
+    if as_json:
+        print_json(data)
+        return
+    table = Table("name", "kind", "enabled", "needs attention", "reason", "since")
+    for account in data:
+        table.add_row(
+            escape(account["name"]),
+            account["kind"],
+            "yes" if account["enabled"] else "[red]no[/red]",
+            "[red]yes[/red]" if account["needs_attention"] else "no",
+            escape(account["reason"] or ""),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(account["updated_at"]))
+            if account.get("updated_at")
+            else "",
+        )
+    console.print(table)
+
+
+@accounts_app.command("disable")
+def accounts_disable(
+    name: Annotated[str, typer.Argument(help="A web account or API provider.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (shown to the team).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Disable a lane (it finishes its running task)."""
+    with service_client() as client:
+        data = client.post(f"/v1/accounts/{quote(name, safe='')}/disable", {"reason": reason})
+    if as_json:
+        print_json(data)
+    else:
+        console.print(f"{escape(name)}: disabled ({escape(data['reason'] or '')})")
+
+
+@accounts_app.command("enable")
+def accounts_enable(
+    name: Annotated[str, typer.Argument(help="A web account or API provider.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Enable a lane (also clears needs-attention)."""
+    with service_client() as client:
+        data = client.post(f"/v1/accounts/{quote(name, safe='')}/enable")
+    if as_json:
+        print_json(data)
+    else:
+        console.print(f"{escape(name)}: enabled")
+
+
+def lanes(as_json: JsonFlag = False) -> None:
+    """Lanes with concurrency, queue depth and running tasks."""
+    with service_client() as client:
+        data = client.get("/v1/lanes")
+    if as_json:
+        print_json(data)
+        return
+    table = Table("lane", "models", "concurrency", "enabled", "queued", "running")
+    for lane in data:
+        if lane["enabled"] and not lane["needs_attention"]:
+            state = "yes"
+        else:
+            why = "needs attention" if lane["needs_attention"] else "no"
+            state = f"[red]{why}[/red] {escape(lane['reason'] or '')}"
+        table.add_row(
+            escape(lane["name"]),
+            escape(", ".join(lane["models"])),
+            str(lane["concurrency"]),
+            state,
+            str(lane["queued"]),
+            ", ".join(lane["running"]) or "-",
+        )
+    console.print(table)

@@ -1,0 +1,314 @@
+"""Progress display: per-lane job tables, the live watch loop, failure feeds, task bars."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dispatcher.cli.output import (
+    STATE_STYLE,
+    STATES,
+    console,
+    err,
+    error_text,
+    fmt_seconds,
+    result_text,
+    styled,
+)
+from dispatcher.cli.plumbing import EXIT_INTERRUPTED
+from dispatcher.client import Client
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = int(width * done / total) if total else width
+    return "█" * filled + "░" * (width - filled)
+
+
+class LaneNames:
+    """Which lane a task of a job belongs to, for the per-lane rows."""
+
+    def __init__(self, lanes: list[dict[str, Any]]) -> None:
+        self.lanes = {lane["name"]: lane for lane in lanes}
+        self._by_model: dict[str, list[str]] = {}
+        for lane in lanes:
+            for model in lane.get("models", []):
+                self._by_model.setdefault(model, []).append(lane["name"])
+
+    def serving(self, model: str) -> list[dict[str, Any]]:
+        return [self.lanes[name] for name in self._by_model.get(model, [])]
+
+    def of(self, task: dict[str, Any]) -> str:
+        if task.get("account"):
+            return f"{task['kind']}:{task['account']}"
+        lanes = self._by_model.get(task["model"], [])
+        if len(lanes) == 1:
+            return lanes[0]
+        return f"{task['kind']}:{task['model']} (any account)"
+
+
+def job_table(
+    job: dict[str, Any], lanes: LaneNames | None = None, elapsed_s: float | None = None
+) -> Table:
+    lanes = lanes or LaneNames([])
+    counts = job["counts"]
+    total = job["total"]
+    done = counts["success"] + counts["failed"] + counts["canceled"]
+    title = f"job {escape(job['name'])} ({job['id']}): {styled(job['state'])}"
+    if elapsed_s is not None:
+        title += f" — {fmt_seconds(elapsed_s)} elapsed"
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("lane")
+    table.add_column("progress")
+    for state in STATES:
+        table.add_column(state, justify="right", style=STATE_STYLE[state])
+    table.add_column("eta", justify="right")
+    rows: dict[str, dict[str, Any]] = {}
+    overall_eta = 0.0
+    for task in job.get("tasks", []):
+        row = rows.setdefault(lanes.of(task), {**dict.fromkeys(STATES, 0), "eta": 0.0})
+        row[task["state"]] += 1
+        if task["state"] in ("pending", "running") and task.get("eta_s"):
+            row["eta"] = max(row["eta"], task["eta_s"])
+            overall_eta = max(overall_eta, task["eta_s"])
+    for lane, row in sorted(rows.items()):
+        lane_total = sum(row[s] for s in STATES)
+        lane_done = row["success"] + row["failed"] + row["canceled"]
+        table.add_row(
+            escape(lane),
+            f"{_bar(lane_done, lane_total)} {lane_done}/{lane_total}",
+            *(str(row[s]) for s in STATES),
+            fmt_seconds(row["eta"]) if row["eta"] else "-",
+        )
+    table.add_row(
+        "[b]all[/b]",
+        f"{_bar(done, total)} {done}/{total}",
+        *(str(counts[s]) for s in STATES),
+        fmt_seconds(overall_eta) if overall_eta and job["state"] == "running" else "-",
+        end_section=True,
+    )
+    return table
+
+
+def failures_table(job: dict[str, Any]) -> Table:
+    table = Table(title="failed tasks", title_justify="left")
+    for column in ("task", "model", "attempt", "error"):
+        table.add_column(column, overflow="fold")
+    for task in job.get("tasks", []):
+        if task["state"] == "failed":
+            table.add_row(
+                task["id"],
+                escape(task["model"]),
+                f"{task['attempt']}/{task['max_attempts']}",
+                escape(error_text(task)),
+            )
+    return table
+
+
+class FailureFeed:
+    """Prints failures and automatic retries once each, as they happen."""
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+        self._failed: set[tuple[str, int]] = set()
+        self._retrying: set[tuple[str, int]] = set()
+
+    def update(self, tasks: list[dict[str, Any]]) -> None:
+        for task in tasks:
+            key = (task["id"], task["attempt"])
+            if task["state"] == "failed" and key not in self._failed:
+                self._failed.add(key)
+                self.out.print(
+                    f"[red]failed[/red] {task['id']} {escape(task['model'])} "
+                    f"attempt {task['attempt']}/{task['max_attempts']}: "
+                    f"{escape(error_text(task))}",
+                    soft_wrap=True,
+                )
+            elif (
+                task["state"] in ("pending", "running")
+                and task["attempt"] > 1
+                and task.get("error")
+                and key not in self._retrying
+            ):
+                self._retrying.add(key)
+                self.out.print(
+                    f"[yellow]retrying[/yellow] {task['id']} {escape(task['model'])} "
+                    f"(attempt {task['attempt']}/{task['max_attempts']}) after "
+                    f"{escape(error_text(task))}",
+                    soft_wrap=True,
+                )
+
+
+class ClosedLanes:
+    """Says once when pending tasks wait for lanes that are switched off."""
+
+    CHECK_EVERY_S = 2.0
+
+    def __init__(self, client: Client, lanes: LaneNames) -> None:
+        self.client = client
+        self.lanes = lanes
+        self._checked = time.monotonic()
+        self._told: set[tuple[str, str]] = set()
+
+    def update(self, tasks: list[dict[str, Any]], out: Console) -> None:
+        if time.monotonic() - self._checked < self.CHECK_EVERY_S:
+            return
+        self._checked = time.monotonic()
+        pending = [t for t in tasks if t["state"] == "pending"]
+        if not pending:
+            return
+        self.lanes = LaneNames(self.client.get("/v1/lanes"))
+        waiting: dict[str, int] = {}
+        closed: dict[str, dict[str, Any]] = {}
+        for task in pending:
+            serving = self.lanes.serving(task["model"])
+            if serving and not any(
+                lane["enabled"] and not lane["needs_attention"] for lane in serving
+            ):
+                for lane in serving:
+                    waiting[lane["name"]] = waiting.get(lane["name"], 0) + 1
+                    closed[lane["name"]] = lane
+        for name, lane in closed.items():
+            why = "needs attention" if lane["needs_attention"] else "is disabled"
+            key = (name, f"{why} {lane['reason']}")
+            if key in self._told:
+                continue
+            self._told.add(key)
+            out.print(
+                f"[yellow]waiting[/yellow]: lane {escape(name)} {why}"
+                f"{': ' + escape(lane['reason']) if lane['reason'] else ''} — "
+                f"{waiting[name]} task(s) wait for it; once fixed: "
+                f"python -m dispatcher accounts enable {escape(lane['account'])}",
+                soft_wrap=True,
+            )
+        self._told = {k for k in self._told if k[0] in closed}
+
+
+def watch_job(
+    client: Client,
+    job_id: str,
+    *,
+    as_json: bool = False,
+    interval_s: float = 0.5,
+    out: Console | None = None,
+) -> dict[str, Any]:
+    """Poll a job until it ends, with a live per-lane table unless `as_json`."""
+    from rich.live import Live
+
+    out = out or console
+    started = time.monotonic()
+    job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}")
+    if as_json:
+        while job["state"] == "running":
+            time.sleep(interval_s)
+            job = client.get(f"/v1/jobs/{job_id}")
+        return job
+    lanes = LaneNames(client.get("/v1/lanes"))
+    feed = FailureFeed(out)
+    closed = ClosedLanes(client, lanes)
+    if not out.is_terminal:
+        return _watch_plain(client, job, lanes, feed, closed, interval_s, started)
+    with Live(
+        job_table(job, lanes, 0.0), console=out, refresh_per_second=4, transient=False
+    ) as live:
+        while True:
+            feed.out = live.console
+            feed.update(job["tasks"])
+            closed.update(job["tasks"], live.console)
+            live.update(job_table(job, lanes, time.monotonic() - started))
+            if job["state"] != "running":
+                break
+            time.sleep(interval_s)
+            job = client.get(f"/v1/jobs/{job_id}")
+    return job
+
+
+def _watch_plain(
+    client: Client,
+    job: dict[str, Any],
+    lanes: LaneNames,
+    feed: FailureFeed,
+    closed: ClosedLanes,
+    interval_s: float,
+    started: float,
+) -> dict[str, Any]:
+    """For logs and pipes: a line whenever the counts move, then the final table."""
+    last: tuple[int, ...] = ()
+    while True:
+        feed.update(job["tasks"])
+        closed.update(job["tasks"], feed.out)
+        counts = job["counts"]
+        now = tuple(counts[s] for s in STATES)
+        if now != last:
+            last = now
+            done = counts["success"] + counts["failed"] + counts["canceled"]
+            feed.out.print(
+                f"progress {done}/{job['total']}: "
+                + ", ".join(f"{counts[s]} {s}" for s in STATES if counts[s])
+                + f" ({fmt_seconds(time.monotonic() - started)} elapsed)"
+            )
+        if job["state"] != "running":
+            break
+        time.sleep(interval_s)
+        job = client.get(f"/v1/jobs/{job['id']}")
+    feed.out.print(job_table(job, lanes, time.monotonic() - started))
+    return job
+
+
+def summary(job: dict[str, Any], out: Console) -> None:
+    counts = job["counts"]
+    parts = [f"{counts[s]} {s}" for s in ("success", "failed", "canceled") if counts[s]]
+    out.print(
+        f"job {escape(job['name'])} {job['id']}: {styled(job['state'])} — "
+        f"{', '.join(parts) or 'nothing ran'} of {job['total']}"
+    )
+    if counts["failed"]:
+        out.print(failures_table(job))
+        out.print(f"retry the failed ones with: python -m dispatcher retry {job['id']}")
+
+
+def wait_task(client: Client, task: dict[str, Any], quiet: bool) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+    )
+    try:
+        with Progress(*columns, console=err, transient=True, disable=quiet) as progress:
+            bar = progress.add_task(f"{task['model']} {task['id'][:8]}", total=100, note="")
+            while task["state"] in ("pending", "running"):
+                if task["state"] == "pending":
+                    note = f"pending, {task['ahead']} ahead, eta {fmt_seconds(task.get('eta_s'))}"
+                else:
+                    note = f"{task.get('stage') or 'running'}, eta {fmt_seconds(task.get('eta_s'))}"
+                    if task.get("queue_position") is not None:
+                        note += f", queue {task['queue_position']}"
+                progress.update(bar, completed=task.get("progress") or 0, note=note)
+                time.sleep(0.3)
+                task = client.get(f"/v1/tasks/{task['id']}")
+            progress.update(bar, completed=100, note=task["state"])
+    except KeyboardInterrupt:
+        err.print(
+            f"stopped watching; task {task['id']} keeps running "
+            f"(python -m dispatcher status {task['id']})"
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    return task
+
+
+def describe_end(task: dict[str, Any]) -> None:
+    line = f"{task['id']}: {styled(task['state'])}"
+    if task.get("started_at") and task.get("finished_at"):
+        line += f" in {task['finished_at'] - task['started_at']:.1f}s"
+    if task["state"] == "success" and result_text(task):
+        line += f" — {escape(result_text(task))}"
+    elif task.get("error"):
+        line += f" — {escape(error_text(task))}"
+    err.print(line)

@@ -1,0 +1,160 @@
+"""Running the service itself: serve, the demo run, and the dashboard link."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dispatcher.batchfile import read_batch_lines
+from dispatcher.cli.output import console, err
+from dispatcher.cli.plumbing import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    fail,
+    handled,
+    load_settings,
+    options,
+    service_client,
+)
+from dispatcher.cli.progress import summary, watch_job
+from dispatcher.cli.tasks import create_job
+from dispatcher.client import Client
+from dispatcher.errors import ConfigError, DispatcherError
+
+BATCH_SAMPLE = Path(__file__).resolve().parents[2] / "demo" / "sample-batch.jsonl"
+
+LogFormat = Annotated[
+    str | None,
+    typer.Option("--log-format", help="text or json (default: DISPATCHER_LOG_FORMAT, else text)."),
+]
+LogLevel = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING...")]
+DemoFlag = Annotated[bool, typer.Option("--demo", help="Also run the bundled demo backends.")]
+PortOption = Annotated[int | None, typer.Option("--port", help="Port for the local API.")]
+
+
+def serve(
+    demo: DemoFlag = False,
+    port: PortOption = None,
+    log_format: LogFormat = None,
+    log_level: LogLevel = None,
+) -> None:
+    """Serve until SIGTERM (also the default).
+
+    What `python -m dispatcher` does with no command; SIGTERM stops running
+    tasks at their checkpoints and leaves them recoverable.
+    """
+    from dispatcher.logs import FORMATS, setup_logging
+
+    if log_format is not None and log_format not in FORMATS:
+        fail(f"--log-format must be one of {', '.join(FORMATS)}", EXIT_USAGE)
+    settings = load_settings(
+        demo=demo or None,
+        port=port,
+        log_format=log_format,
+        log_level=log_level,
+        state_dir=options.get("state_dir"),
+    )
+    try:
+        setup_logging(settings.log_level, settings.log_format)
+    except ValueError as exc:
+        fail(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
+    import asyncio
+
+    from dispatcher.service import Service
+
+    try:
+        asyncio.run(Service(settings).serve_forever())
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except DispatcherError as exc:
+        fail(str(exc), EXIT_FAILED)
+    except KeyboardInterrupt:
+        pass
+
+
+def dashboard() -> None:
+    """Print a one-time dashboard URL.
+
+    The code in it is valid for 2 minutes and works once; the page trades it
+    for a session cookie. The token itself never leaves the state dir.
+    """
+    with service_client() as client:
+        code = client.post("/v1/dashboard-code")["code"]
+        url = f"{client.base_url}/v1/session?code={code}"
+        port = client.port
+    sys.stdout.write(url + "\n")
+    sys.stdout.flush()
+    err.print(
+        f"open it within 2 minutes; it works once. From another machine, tunnel first: "
+        f"ssh -N -L {port}:127.0.0.1:{port} <this host>"
+    )
+
+
+def demo_run(
+    exit_when_done: Annotated[bool, typer.Option(help="Stop once the sample batch ends.")] = False,
+    batch_file: Annotated[Path, typer.Option(help="The sample batch.")] = BATCH_SAMPLE,
+) -> None:
+    """Demo: serve, run the sample batch, keep serving.
+
+    Starts the service with the bundled demo backends, prints a dashboard URL,
+    runs the sample batch to completion with live progress, then keeps serving.
+    """
+    import asyncio
+
+    from dispatcher.logs import setup_logging
+    from dispatcher.service import Service
+
+    settings = load_settings(demo=True, state_dir=options.get("state_dir"))
+    setup_logging("WARNING", settings.log_format)
+    with handled():
+        lines = read_batch_lines(batch_file)
+
+    def drive(url: str) -> str:
+        # A thread of its own: the blocking client must not stall the service's loop.
+        with Client(settings.state_dir) as client:
+            code = client.post("/v1/dashboard-code")["code"]
+            console.print(f"dispatcher running on {url} (state dir {settings.state_dir})")
+            console.print(f"dashboard (open within 2 minutes): {url}/v1/session?code={code}")
+            known = {m for lane in client.get("/v1/lanes") for m in lane["models"]}
+            runnable = [line for line in lines if line.task["model"] in known]
+            skipped = sorted({line.task["model"] for line in lines} - known)
+            if skipped:
+                err.print(
+                    f"[yellow]skipping[/yellow] {len(lines) - len(runnable)} task(s) for "
+                    f"models not loaded here: {', '.join(skipped)}"
+                )
+            if not runnable:
+                return "nothing to run"
+            job = create_job(client, "demo", batch_file, runnable)
+            job = watch_job(client, job["id"])
+            summary(job, console)
+            return str(job["state"])
+
+    async def run() -> int:
+        service = Service(settings)
+        await service.start()
+        try:
+            state = await asyncio.to_thread(drive, service.url)
+            if exit_when_done:
+                return EXIT_OK if state == "success" else EXIT_FAILED
+            console.print(
+                "still serving; try `.venv/bin/python -m dispatcher batch "
+                "demo/sample-batch.csv` or `... dashboard` in another shell "
+                f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C stops."
+            )
+            await asyncio.Event().wait()
+            return EXIT_OK
+        finally:
+            await service.stop()
+
+    code = EXIT_OK
+    with handled():
+        try:
+            code = asyncio.run(run())
+        except KeyboardInterrupt:
+            code = EXIT_OK
+    raise typer.Exit(code)
