@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import os
+import re
 from itertools import pairwise
 from pathlib import Path
 
@@ -134,3 +135,5 @@ async def test_hung_page_is_reclaimed_retried_and_leaves_no_browser(tmp_path: Pa
         assert account_browsers(h.state_dir, "demo-1") == []
         metrics = (await h.http.get("/metrics")).text
         assert "dispatcher_stale_reclaims_total 1.0" in metrics
+        launches = re.search(r"^dispatcher_browser_launches_total (\S+)$", metrics, re.M)
+        assert launches is not None and float(launches.group(1)) >= 2  # the hung one and the retry

@@ -1,0 +1,216 @@
+"""The web runner against the demo web model, with a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from dispatcher.errors import AuthError, LockHeld, TaskCanceled, TransientError
+from dispatcher.models import Stage
+from webrunner.browser import chromium_flags, free_port
+
+if TYPE_CHECKING:
+    from conftest import WebEnv
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def _start_chromium(browser: str, profile: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """What a killed dispatcher leaves behind: a Chromium still on the profile."""
+    with log_path.open("wb") as stderr:
+        return subprocess.Popen(
+            [browser, *chromium_flags(profile, free_port()), "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+
+async def test_instructions_unless_need_empty_prompt_and_a_second_runner_is_refused(
+    web: WebEnv,
+) -> None:
+    runner = await web.runner()
+
+    chat = web.task("hello there [duration=30]", model="demo-chat")  # 1.5 s at this scale
+    ctx, recorder = web.context(chat)
+    run = asyncio.create_task(runner.run(chat, ctx))
+    try:
+        await recorder.wait_for_stage(Stage.GENERATING)
+        # Another dispatcher on the same state dir wants the same accounts
+        # while a task runs: it is refused, and the running task is untouched.
+        second = web.new_runner()
+        with pytest.raises(LockHeld) as caught:
+            await second.start()
+        message = str(caught.value)
+        assert "'demo-1'" in message and "another dispatcher" in message
+        await second.aclose()
+    finally:
+        result = await run
+    assert result.text == "(brief) echo: hello there"
+    assert result.files == []
+    assert result.meta["account"] == "demo-1"
+    assert web.browser_pids() == []
+
+    reasoner = web.task("hello there", model="demo-reasoner")  # submits with Enter
+    ctx, _ = web.context(reasoner)
+    result = await runner.run(reasoner, ctx)
+    assert result.text == "echo: hello there"  # no "(step by step)": nothing prepended
+
+    stats = await web.stats()
+    assert stats["generations"] == 2
+    assert stats["collisions"] == 0
+    assert stats["logins"] == 0  # the copied profile was logged in already
+    assert web.browser_pids() == []
+
+
+async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
+    runner = await web.runner()
+    task = web.task("a cat [media=image,video]")
+    ctx, recorder = web.context(task)
+    result = await runner.run(task, ctx)
+
+    assert result.text == "(brief) echo: a cat"
+    assert [f.content_type for f in result.files] == ["image/png", "video/mp4"]
+    contents = [_read(file.path) for file in result.files]
+    for file, data in zip(result.files, contents, strict=True):
+        assert Path(file.path).parent == ctx.result_dir
+        assert file.size == len(data) > 0
+        assert file.sha256 == hashlib.sha256(data).hexdigest()
+    assert contents[0].startswith(b"\x89PNG\r\n\x1a\n")
+    assert contents[1][4:8] == b"ftyp"
+    assert "downloading" in recorder.stage_names
+    assert (await web.stats())["collisions"] == 0
+
+
+async def test_an_expired_session_fails_with_auth_error(web: WebEnv) -> None:
+    runner = await web.runner()
+    await web.set_mode("expired")
+    task = web.task("hello")
+    ctx, _ = web.context(task)
+    with pytest.raises(AuthError) as caught:
+        await runner.run(task, ctx)
+    assert caught.value.kind == "auth"
+    assert "logged out" in str(caught.value) and "demo-1" in str(caught.value)
+    assert (await web.stats())["generations"] == 0  # nothing was sent
+    assert web.browser_pids() == []
+
+
+async def test_an_error_banner_fails_the_attempt_with_its_text(web: WebEnv) -> None:
+    runner = await web.runner()
+    await web.set_mode("error", message="Quota exceeded (code 17), try later")
+    task = web.task("hello")
+    ctx, _ = web.context(task)
+    with pytest.raises(TransientError) as caught:
+        await runner.run(task, ctx)
+    assert caught.value.kind == "page_error"
+    assert caught.value.retryable
+    assert "Quota exceeded (code 17), try later" in str(caught.value)
+    assert web.browser_pids() == []
+
+
+async def test_cancel_mid_generation_clicks_stop_and_closes_the_browser(web: WebEnv) -> None:
+    runner = await web.runner()
+    task = web.task("a long story [duration=400]")  # 20 s at this scale
+    ctx, recorder = web.context(task)
+    run = asyncio.create_task(runner.run(task, ctx))
+    try:
+        await recorder.wait_for_stage(Stage.GENERATING)
+        await asyncio.sleep(0.3)
+        pids = web.browser_pids()
+        assert pids, "the task's browser should be running"
+        assert (await web.stats())["active"] == 1
+    except BaseException:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        raise
+
+    started = time.monotonic()
+    ctx.cancel_event.set()
+    with pytest.raises(TaskCanceled):
+        await run
+    elapsed = time.monotonic() - started
+    # Noticed within 1 s; then the stop click and a graceful close.
+    assert elapsed < 8, elapsed
+
+    stats = await web.stats()
+    assert stats["stops"] == 1
+    assert stats["active"] == 0
+    assert stats["collisions"] == 0
+    assert web.survivors(pids) == []
+    assert web.browser_pids() == []
+
+
+async def test_a_leftover_browser_on_the_profile_is_ended_by_the_self_check(
+    web: WebEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=web.log_name)
+    profile = web.user_data_dir()
+    log_path = profile.parent / "leftover.log"
+    leftover = _start_chromium(web.browser, profile, log_path)
+    try:
+        deadline = time.monotonic() + 60
+        while "DevTools listening" not in log_path.read_text(errors="replace"):
+            assert leftover.poll() is None and time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert leftover.pid in web.browser_pids()
+
+        runner = await web.runner()
+        task = web.task("after a crash")
+        ctx, _ = web.context(task)
+        result = await runner.run(task, ctx)
+        assert result.text == "(brief) echo: after a crash"
+        assert leftover.wait(timeout=10) is not None
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"[web:demo-1] self-check of {profile}" in logged
+    assert re.search(rf"found 1 leftover browser process\(es\) \[pid {leftover.pid} ", logged)
+    assert web.browser_pids() == []
+
+
+async def test_a_frozen_page_stops_the_beats_and_cancellation_kills_the_browser(
+    web: WebEnv,
+) -> None:
+    runner = await web.runner()
+    task = web.task("freeze [mode=hang]")
+    ctx, _ = web.context(task)
+    run = asyncio.create_task(runner.run(task, ctx))
+    try:
+        deadline = time.monotonic() + 25  # the profile's timeout is 30 s at this scale
+        while (await web.stats())["generations"] == 0:
+            assert time.monotonic() < deadline and not run.done(), run
+            await asyncio.sleep(0.05)
+        # Beats come with every page call that returns (several a second)
+        # until the renderer freezes (the submit click itself may be the call
+        # that never returns); then they stop for good.
+        quiet_since, last = time.monotonic(), ctx.last_beat_monotonic
+        while time.monotonic() - quiet_since < 2.0:
+            assert time.monotonic() < deadline, "beats never stopped"
+            assert not run.done(), run
+            await asyncio.sleep(0.05)
+            if ctx.last_beat_monotonic != last:
+                quiet_since, last = time.monotonic(), ctx.last_beat_monotonic
+        pids = web.browser_pids()
+        assert pids
+    finally:
+        # The core's stale rule: cancel the coroutine, then free the account.
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert web.survivors(pids) == []
+    assert web.browser_pids() == []

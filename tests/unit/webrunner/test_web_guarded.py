@@ -1,0 +1,139 @@
+"""`guarded` (cancel checkpoints, deadline, beats) and the small page helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from dispatcher.clock import SystemClock
+from dispatcher.errors import TaskCanceled, TransientError
+from dispatcher.models import Kind, Stage, Task
+from dispatcher.profiles import Profile, WebSpec
+from dispatcher.runner import RunContext
+from webrunner.page import (
+    CHECK_S,
+    Budget,
+    _file_name,
+    _save_data_url,
+    compose_message,
+    guarded,
+)
+
+
+def spec(**changes: object) -> WebSpec:
+    base: dict[str, object] = {
+        "url": "http://127.0.0.1:9/chat",
+        "logged_in": "#composer",
+        "input": "textarea",
+        "submit": "#send",
+        "answer": ".answer",
+        "instructions": "Answer briefly.",
+    }
+    return WebSpec.model_validate({**base, **changes})
+
+
+def context(tmp_path: Path) -> RunContext:
+    profile = Profile.model_validate(
+        {"name": "m", "kind": "web", "accounts": ["a"], "web": spec().model_dump()}
+    )
+    task = Task(
+        id="t",
+        model="m",
+        kind=Kind.WEB,
+        lane_group="web:m",
+        params={"prompt": "p"},
+        fingerprint="f",
+        created_at=0.0,
+    )
+
+    async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
+        return None
+
+    async def record_remote_id(remote_id: str) -> None:
+        return None
+
+    return RunContext(
+        task=task,
+        profile=profile,
+        lane="web:a",
+        account="a",
+        clock=SystemClock(),
+        result_dir=tmp_path,
+        log=logging.LoggerAdapter(logging.getLogger("test"), {}),
+        report_stage=report_stage,
+        record_remote_id=record_remote_id,
+    )
+
+
+def budget(seconds: float) -> Budget:
+    return Budget(time.monotonic() + seconds, f"{seconds:g} s")
+
+
+def test_instructions_come_first_unless_the_model_wants_an_empty_prompt() -> None:
+    assert compose_message(spec(), "hi") == "Answer briefly.\n\nhi"
+    assert compose_message(spec(need_empty_prompt=True), "hi") == "hi"
+    assert compose_message(spec(instructions=""), "hi") == "hi"
+
+
+async def test_a_call_that_returns_beats_once(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    before = ctx.last_beat_monotonic
+    await asyncio.sleep(0.01)
+
+    async def quick() -> int:
+        return 7
+
+    assert await guarded(ctx, quick(), what="x", budget=budget(5)) == 7
+    assert ctx.last_beat_monotonic > before
+
+
+async def test_a_call_that_never_returns_does_not_beat_and_hits_the_deadline(
+    tmp_path: Path,
+) -> None:
+    ctx = context(tmp_path)
+    before = ctx.last_beat_monotonic
+    frozen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    started = time.monotonic()
+    with pytest.raises(TransientError) as caught:
+        await guarded(ctx, frozen, what="reading", budget=Budget(started + 0.6, "12 s"))
+    assert caught.value.kind == "timeout"
+    assert str(caught.value) == "timed out after 12 s while reading"
+    assert 0.5 < time.monotonic() - started < 2
+    assert ctx.last_beat_monotonic == before
+    assert frozen.cancelled()
+
+
+async def test_waiting_on_a_bounded_step_may_beat(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    before = ctx.last_beat_monotonic
+    slow = asyncio.sleep(CHECK_S * 2.5)
+    await guarded(ctx, slow, what="x", budget=budget(5), beat_while_waiting=True)
+    assert ctx.last_beat_monotonic > before
+
+
+async def test_a_cancel_is_noticed_within_a_second_even_on_a_frozen_call(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    frozen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, ctx.cancel_event.set)
+    started = time.monotonic()
+    with pytest.raises(TaskCanceled):
+        await guarded(ctx, frozen, what="x", budget=budget(30))
+    assert time.monotonic() - started < 0.2 + 1.0
+    assert frozen.cancelled()
+
+
+def test_media_file_names_are_safe() -> None:
+    assert _file_name("http://h/media/a%20b.png?x=1", 0) == "a_b.png"
+    assert _file_name("http://h/media/../../etc/passwd", 1) == "passwd"
+    assert _file_name("http://h/", 2) == "media-2"
+    assert _file_name("data:image/png;base64,AAAA", 3) == "media-3"
+
+
+def test_data_urls_are_saved_with_their_type(tmp_path: Path) -> None:
+    saved = _save_data_url("data:text/plain;base64,aGVsbG8=", tmp_path / "x")
+    assert (saved.size, saved.content_type) == (5, "text/plain")
+    assert (tmp_path / "x").read_bytes() == b"hello"

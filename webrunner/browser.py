@@ -1,0 +1,510 @@
+"""One Chromium per task: launched by us, driven over CDP, always ended by us.
+
+We start Chromium ourselves (rather than letting Playwright launch it) so
+that we know its PID and process group, can run the self-check on exactly
+the flags we passed, and can kill it with its children when a page freezes
+and Playwright stops answering. Playwright only connects to it over CDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from playwright.async_api import Browser, BrowserContext, Page, Playwright
+from playwright.async_api import Error as PlaywrightError
+
+from dispatcher.errors import PermanentError, TransientError
+from webrunner.selfcheck import (
+    KILL_AFTER_S,
+    SelfCheckReport,
+    find_leftovers,
+    pid_alive,
+    self_check,
+)
+
+Log = logging.Logger | logging.LoggerAdapter[Any]
+
+# Chromium prints this on stderr once its DevTools server listens. (It does
+# not write DevToolsActivePort when the port is given explicitly.)
+_LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
+_PORT_BUSY = "Cannot start http server for devtools"
+STARTUP_TIMEOUT_S = 30.0
+# How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
+SWEEP_S = 5.0
+PORT_ATTEMPTS = 3
+
+# Features that phone home, nag, or change behaviour between runs; the
+# network is closed and runs must be alike.
+_DISABLED_FEATURES = ",".join(
+    (
+        "AvoidUnnecessaryBeforeUnloadCheckSync",
+        "DestroyProfileOnBrowserClose",  # would drop the logged-in session
+        "HttpsUpgrades",
+        "HttpsFirstBalancedModeAutoEnable",
+        "LensOverlay",
+        "MediaRouter",
+        "OptimizationHints",
+        "NetworkTimeServiceQuerying",
+        "AimEnabled",
+        "PreconnectToSearch",
+        "Translate",
+        "AutofillServerCommunication",
+        "CertificateTransparencyComponentUpdater",
+    )
+)
+
+BASE_FLAGS: tuple[str, ...] = (
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-breakpad",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-component-extensions-with-background-pages",
+    "--disable-field-trial-config",
+    "--disable-search-engine-choice-screen",
+    "--metrics-recording-only",
+    "--no-service-autorun",
+    "--disable-dev-shm-usage",
+    "--mute-audio",
+    # A headless tab is never "visible"; without these its timers and
+    # streaming would be throttled as if it were in the background.
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-renderer-backgrounding",
+    # The frozen-renderer case is handled by us (beats stop, then a kill);
+    # Chromium's own hang dialog would only get in the way.
+    "--disable-hang-monitor",
+    "--disable-popup-blocking",
+    "--disable-prompt-on-repost",
+    # Cookies are encrypted with a fixed key instead of a desktop keyring
+    # (there is none on a server), so a session survives between runs.
+    "--password-store=basic",
+    "--window-size=1280,900",
+    f"--disable-features={_DISABLED_FEATURES}",
+)
+
+
+def chromium_flags(user_data_dir: Path, port: int, *, headless: bool = True) -> list[str]:
+    flags = list(BASE_FLAGS)
+    if headless:
+        flags.append("--headless")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Chromium's sandbox refuses to run as root.
+        flags.append("--no-sandbox")
+    flags += [f"--user-data-dir={user_data_dir}", f"--remote-debugging-port={port}"]
+    return flags
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_user_data_dir(path: Path) -> None:
+    """Create the profile dir (0700) or check the existing one; never replace it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.mkdir(exist_ok=True, mode=0o700)
+    except FileExistsError as exc:
+        raise PermanentError(
+            f"browser profile {path} exists but is not a directory; move it away",
+            kind="profile_dir",
+        ) from exc
+    except OSError as exc:
+        raise PermanentError(
+            f"cannot create browser profile {path}: {exc.strerror}", kind="profile_dir"
+        ) from exc
+    if path.is_symlink() or not path.is_dir():
+        raise PermanentError(
+            f"browser profile {path} is not a plain directory; move it away", kind="profile_dir"
+        )
+    st = path.stat()
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise PermanentError(
+            f"browser profile {path} belongs to uid {st.st_uid}, not to us", kind="profile_dir"
+        )
+    if st.st_mode & 0o077:
+        # It holds a logged-in session: nobody else on the machine may read it.
+        path.chmod(0o700)
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise PermanentError(f"browser profile {path} is not writable", kind="profile_dir")
+
+
+@dataclass(frozen=True)
+class BrowserRecord:
+    """What the last browser of a profile was, kept next to it for the self-check."""
+
+    pid: int
+    port: int
+    create_time: float
+
+    @staticmethod
+    def path_for(user_data_dir: Path) -> Path:
+        return user_data_dir.parent / f"{user_data_dir.name}.browser.json"
+
+    @classmethod
+    def load(cls, user_data_dir: Path) -> BrowserRecord | None:
+        try:
+            raw = json.loads(cls.path_for(user_data_dir).read_text(encoding="utf-8"))
+            return cls(int(raw["pid"]), int(raw["port"]), float(raw["create_time"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, user_data_dir: Path) -> None:
+        with contextlib.suppress(OSError):
+            self.path_for(user_data_dir).write_text(
+                json.dumps({"pid": self.pid, "port": self.port, "create_time": self.create_time}),
+                encoding="utf-8",
+            )
+
+    @classmethod
+    def clear(cls, user_data_dir: Path) -> None:
+        with contextlib.suppress(OSError):
+            cls.path_for(user_data_dir).unlink()
+
+
+def stderr_log_path(user_data_dir: Path) -> Path:
+    return user_data_dir.parent / f"{user_data_dir.name}.chromium.log"
+
+
+@dataclass
+class BrowserSession:
+    """A running Chromium we launched, and Playwright's connection to it."""
+
+    process: subprocess.Popen[bytes]
+    user_data_dir: Path
+    port: int
+    ws_url: str
+    browser: Browser
+    context: BrowserContext
+    selfcheck: SelfCheckReport
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    survivors: list[int] = field(default_factory=list)  # not dead after the kill (never seen)
+    _closed: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    async def page(self) -> Page:
+        """The tab Chromium opened at start (about:blank), or a new one."""
+        pages = self.context.pages
+        return pages[0] if pages else await self.context.new_page()
+
+    def _group(self) -> list[psutil.Process]:
+        try:
+            main = psutil.Process(self.pid)
+            return [main, *main.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def kill_now(self) -> None:
+        """SIGKILL the browser, its children and its process group; reap it.
+
+        Synchronous and bounded, so it is safe in a `finally` of a cancelled
+        task and on a frozen page (nothing here talks to the browser).
+        """
+        # Until we reap it, the browser's PID (= its process group ID) cannot
+        # be reused, so the group is surely ours to kill.
+        unreaped = self.process.returncode is None
+        procs = self._group() if unreaped else []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        if unreaped:
+            with contextlib.suppress(OSError):
+                # Children reparented after an earlier death are still in the group.
+                os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=2.0)
+        self.survivors = sweep_profile(self.user_data_dir, self.port)
+
+    async def close(self, log: Log | None = None, *, grace_s: float = KILL_AFTER_S) -> bool:
+        """Close gracefully, kill with children after `grace_s`; True if it exited by itself.
+
+        Returns only once the process is confirmed dead.
+        """
+        if self._closed:
+            return True
+        started = time.monotonic()
+        graceful = False
+        try:
+            asked = self.alive and await self._ask_to_close()
+            if not asked and self.alive:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGTERM)
+            # No SIGTERM once Browser.close is under way: it would cut short
+            # the shutdown that writes the session cookie to disk.
+            graceful = await self._wait_exit(started + grace_s)
+            if not graceful and log is not None:
+                log.warning(
+                    "browser pid %d did not exit %.0f s after close; killing it and its children",
+                    self.pid,
+                    grace_s,
+                )
+        finally:
+            # Also on cancellation: whatever happened above, nothing may survive.
+            self.kill_now()
+            self._closed = True
+            await self._disconnect()
+        self.timings_ms["close"] = (time.monotonic() - started) * 1000
+        return graceful
+
+    async def _ask_to_close(self) -> bool:
+        """Send CDP Browser.close; True if the browser took the request."""
+        if not self.browser.is_connected():
+            return False
+        # Browser.close lets Chromium flush cookies and the profile to disk;
+        # it runs in the browser process, so a frozen tab does not block it.
+        try:
+            cdp = await asyncio.wait_for(self.browser.new_browser_cdp_session(), 1.0)
+        except (PlaywrightError, TimeoutError):
+            return False
+        try:
+            await asyncio.wait_for(cdp.send("Browser.close"), 1.0)
+        except TimeoutError:
+            return False
+        except PlaywrightError:
+            # The connection may drop before the reply: that is the close.
+            pass
+        return True
+
+    async def _wait_exit(self, until: float) -> bool:
+        while time.monotonic() < until:
+            if not self.alive:
+                return True
+            await asyncio.sleep(0.02)
+        return not self.alive
+
+    async def abort(self) -> None:
+        """Kill at once (the task was cancelled or the page froze); confirmed dead."""
+        if self._closed:
+            return
+        self.kill_now()
+        self._closed = True
+        await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        # The process is dead, so this only releases Playwright's side; bounded
+        # anyway because it runs in cleanup paths.
+        with contextlib.suppress(PlaywrightError, asyncio.TimeoutError):
+            await asyncio.wait_for(self.browser.close(), 2.0)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _last_lines(text: str, n: int = 5) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-n:])[-800:]
+
+
+async def _spawn(
+    executable: str, user_data_dir: Path, port: int, headless: bool
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start Chromium and wait for its DevTools endpoint; (process, ws url)."""
+    log_path = stderr_log_path(user_data_dir)
+    proc = _popen([executable, *chromium_flags(user_data_dir, port, headless=headless)], log_path)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            text = _read_text(log_path)
+            found = _LISTENING.search(text)
+            if found:
+                return proc, found.group(1)
+            if _PORT_BUSY in text:
+                raise _PortBusy(port)
+            if proc.poll() is not None:
+                raise TransientError(
+                    f"Chromium exited with code {proc.returncode} while starting on profile "
+                    f"{user_data_dir}: {_last_lines(text) or 'no output'} (full log: {log_path})",
+                    kind="browser_start",
+                )
+            if time.monotonic() > deadline:
+                raise TransientError(
+                    f"Chromium did not open its DevTools port within {STARTUP_TIMEOUT_S:.0f} s "
+                    f"(log: {log_path})",
+                    kind="browser_start",
+                )
+            await asyncio.sleep(0.02)
+    except BaseException:
+        _kill_process(proc, user_data_dir, port)
+        raise
+
+
+def _popen(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as stderr:
+        return subprocess.Popen(
+            [*argv, "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            # Its own session and process group: signals to the dispatcher's
+            # terminal do not reach it, and killpg reaches all of it.
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+class _PortBusy(Exception):
+    def __init__(self, port: int) -> None:
+        super().__init__(f"debugging port {port} is taken")
+
+
+def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
+    """Kill anything still running on this profile; the PIDs that would not die.
+
+    Catches children that escaped the browser's process group, and one
+    forked by a zygote while we were killing it (hence a few rounds).
+    """
+    deadline = time.monotonic() + SWEEP_S
+    alive: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        matches, _ = find_leftovers(user_data_dir, port=port)
+        if not matches:
+            alive = []
+            break
+        alive = [proc for proc, _found in matches]
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            alive = [p for p in alive if pid_alive(p.pid)]
+    BrowserRecord.clear(user_data_dir)
+    return [p.pid for p in alive]
+
+
+def _kill_process(proc: subprocess.Popen[bytes], user_data_dir: Path, port: int) -> None:
+    procs: list[psutil.Process] = []
+    if proc.returncode is None:  # once reaped, its PID may be someone else's
+        with contextlib.suppress(psutil.Error):
+            main = psutil.Process(proc.pid)
+            procs = [main, *main.children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=2.0)
+    sweep_profile(user_data_dir, port)
+
+
+async def start_browser(
+    playwright: Playwright,
+    *,
+    executable: str,
+    user_data_dir: Path,
+    headless: bool = True,
+    log: Log | None = None,
+) -> BrowserSession:
+    """Self-check, launch Chromium on the profile, connect Playwright over CDP."""
+    t0 = time.monotonic()
+    ensure_user_data_dir(user_data_dir)
+    last = BrowserRecord.load(user_data_dir)
+    report = await asyncio.to_thread(
+        self_check,
+        user_data_dir,
+        port=last.port if last else None,
+        pid=last.pid if last else None,
+        create_time=last.create_time if last else None,
+    )
+    if log is not None:
+        if report.clean:
+            log.info("%s", report.summary())
+        else:
+            log.warning("%s", report.summary())
+    if not report.ok:
+        raise TransientError(
+            f"leftover browser processes {report.survivors} of profile {user_data_dir} "
+            "survived SIGKILL; not starting another browser on it",
+            kind="browser_start",
+        )
+    t1 = time.monotonic()
+    proc: subprocess.Popen[bytes] | None = None
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        try:
+            proc, ws_url = await _spawn(executable, user_data_dir, port, headless)
+            break
+        except _PortBusy:
+            # Someone took the port between our probe and Chromium's bind.
+            if attempt == PORT_ATTEMPTS - 1:
+                raise TransientError(
+                    f"no free debugging port after {PORT_ATTEMPTS} tries", kind="browser_start"
+                ) from None
+    assert proc is not None
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = 0.0
+    BrowserRecord(proc.pid, port, create_time).save(user_data_dir)
+    t2 = time.monotonic()
+    try:
+        browser = await playwright.chromium.connect_over_cdp(
+            ws_url, timeout=STARTUP_TIMEOUT_S * 1000
+        )
+    except BaseException as exc:
+        _kill_process(proc, user_data_dir, port)
+        if isinstance(exc, PlaywrightError):
+            raise TransientError(
+                f"cannot connect to Chromium over CDP at {ws_url}: {exc.message}",
+                kind="browser_start",
+            ) from exc
+        raise
+    t3 = time.monotonic()
+    session = BrowserSession(
+        process=proc,
+        user_data_dir=user_data_dir,
+        port=port,
+        ws_url=ws_url,
+        browser=browser,
+        context=browser.contexts[0],
+        selfcheck=report,
+        timings_ms={
+            "selfcheck": (t1 - t0) * 1000,
+            "launch": (t2 - t1) * 1000,
+            "connect": (t3 - t2) * 1000,
+        },
+    )
+    if log is not None:
+        log.info(
+            "browser pid %d on port %d (self-check %.0f ms, launch %.0f ms, connect %.0f ms)",
+            proc.pid,
+            port,
+            *session.timings_ms.values(),
+        )
+    return session

@@ -1,0 +1,441 @@
+"""Drive a model's chat page using nothing but its profile's [web] selectors.
+
+Every call into the page goes through `guarded`: it checks for a cancel at
+least every `CHECK_S`, enforces the task's deadline, translates Playwright
+errors, and beats only once the call has returned. A renderer stuck in a
+`while (true) {}` never answers, so the beats stop and the core's stale rule
+takes over, while cancel and the deadline still work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import mimetypes
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import unquote, urljoin, urlsplit
+
+import httpx
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Locator, Page
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+
+from dispatcher.clock import Clock
+from dispatcher.errors import AuthError, PermanentError, TransientError
+from dispatcher.models import Stage
+from dispatcher.profiles import WebSpec
+from dispatcher.runner import ResultFile, RunContext
+
+T = TypeVar("T")
+
+# Real seconds. The spec wants a cancel noticed within 1 s.
+CHECK_S = 0.25
+# Real seconds between two looks at a generating page: short enough to see a
+# `stable_ms` of a scaled-down test, cheap enough for a 10-minute generation.
+MAX_POLL_S = 0.2
+MIN_POLL_S = 0.02
+# Real seconds a page gets to show either its logged-in or logged-out marker.
+PAGE_READY_S = 60.0
+STOP_CLICK_S = 2.0
+DOWNLOAD_CHUNK = 64 * 1024
+
+_MEDIA_SOURCES_JS = """els => els.map(e =>
+    e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
+        ? e.querySelector('source[src]').src : '') || e.getAttribute('src') || '')"""
+
+_BLOB_JS = """async url => {
+    const buf = new Uint8Array(await (await fetch(url)).arrayBuffer());
+    let s = '';
+    for (let i = 0; i < buf.length; i += 0x8000)
+        s += String.fromCharCode.apply(null, buf.subarray(i, i + 0x8000));
+    return btoa(s);
+}"""
+
+
+def compose_message(spec: WebSpec, prompt: str) -> str:
+    """What is typed into the page: instructions first, unless the model wants none."""
+    if spec.need_empty_prompt or not spec.instructions.strip():
+        return prompt
+    return f"{spec.instructions}\n\n{prompt}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A deadline on the task's clock, and how a timeout message names it."""
+
+    deadline: float
+    label: str  # e.g. "the profile's timeout_s (600 s)"
+
+    @classmethod
+    def after(cls, clock: Clock, real_s: float, label: str) -> Budget:
+        return cls(clock.monotonic() + real_s, label)
+
+    def remaining(self, clock: Clock) -> float:
+        return self.deadline - clock.monotonic()
+
+    def exceeded(self, what: str) -> TransientError:
+        return TransientError(f"timed out after {self.label} while {what}", kind="timeout")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return str(text).strip().splitlines()[0][:300]
+
+
+async def guarded(
+    ctx: RunContext,
+    aw: Awaitable[T],
+    *,
+    what: str,
+    budget: Budget,
+    beat_while_waiting: bool = False,
+    discard: Callable[[T], object] | None = None,
+) -> T:
+    """Await `aw` with cancel checkpoints and a deadline; beat after it returns.
+
+    `beat_while_waiting` is for steps bounded by their own timeout that do
+    not depend on the page (launching, connecting, downloading): the runner is
+    provably alive while it waits for them. `discard` disposes of a result
+    that arrived just as we gave up waiting for it (a browser nobody would
+    close otherwise).
+    """
+    task = asyncio.ensure_future(aw)
+    delivered = False
+    try:
+        while True:
+            remaining = budget.remaining(ctx.clock)
+            if remaining <= 0:
+                raise budget.exceeded(what)
+            done, _ = await asyncio.wait({task}, timeout=min(CHECK_S, remaining))
+            if done:
+                break
+            ctx.check_canceled()
+            if beat_while_waiting:
+                ctx.beat()
+        try:
+            result = task.result()
+        except PlaywrightTimeoutError as exc:
+            raise TransientError(f"{what}: {_first_line(exc)}", kind="timeout") from exc
+        except PlaywrightError as exc:
+            raise TransientError(f"{what}: {_first_line(exc)}", kind="browser") from exc
+        delivered = True
+    finally:
+        if not task.done():
+            task.cancel()
+            # Playwright aborts the call at once; bounded anyway, since the
+            # page behind it may be frozen.
+            await asyncio.wait({task}, timeout=1.0)
+        if not delivered and task.done() and not task.cancelled():
+            failed = task.exception()  # retrieved: no "never retrieved" noise
+            if failed is None and discard is not None:
+                discard(task.result())
+    ctx.beat()
+    return result
+
+
+class PageDriver:
+    """One task's conversation with one page."""
+
+    def __init__(self, page: Page, spec: WebSpec, ctx: RunContext, *, budget: Budget) -> None:
+        self.page = page
+        self.spec = spec
+        self.ctx = ctx
+        # The runner gives each phase (page load, generation, downloads) its own.
+        self.budget = budget
+        self.submitted = False
+        stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
+        self.stable_s = stable_real
+        self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
+
+    # -- small helpers ---------------------------------------------------
+
+    async def _call(self, aw: Awaitable[T], what: str) -> T:
+        return await guarded(self.ctx, aw, what=what, budget=self.budget)
+
+    def _remaining_ms(self, cap_s: float) -> float:
+        left = self.budget.remaining(self.ctx.clock)
+        return max(1.0, min(cap_s, left) * 1000)
+
+    def _loc(self, selector: str) -> Locator:
+        return self.page.locator(selector)
+
+    async def _visible(self, selector: str | None, what: str) -> bool:
+        if not selector:
+            return False
+        return await self._call(self._loc(selector).first.is_visible(), what)
+
+    async def _text(self, selector: str, what: str) -> str | None:
+        """The inner text of the first match, None when nothing matches."""
+        texts = await self._call(
+            self._loc(selector).evaluate_all("els => els.map(e => e.innerText)"), what
+        )
+        return str(texts[0]).strip() if texts else None
+
+    def _logged_out_error(self) -> AuthError:
+        return AuthError(
+            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page shows "
+            f"{self.spec.logged_out!r}); log it in again in its browser profile, then re-enable "
+            "the account"
+        )
+
+    # -- the steps ---------------------------------------------------------
+
+    async def open(self) -> None:
+        """Load the model's page and make sure the account is logged in."""
+        spec = self.spec
+        try:
+            await self._call(
+                self.page.goto(
+                    spec.url,
+                    wait_until="domcontentloaded",
+                    timeout=self._remaining_ms(PAGE_READY_S),
+                ),
+                f"loading {spec.url}",
+            )
+        except TransientError as exc:
+            raise TransientError(str(exc), kind="page_load") from exc
+        either = self._loc(spec.logged_in)
+        if spec.logged_out:
+            either = either.or_(self._loc(spec.logged_out))
+        try:
+            await self._call(
+                either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
+                "waiting for the page to show that it is logged in",
+            )
+        except TransientError as exc:
+            if exc.kind != "timeout":
+                raise
+            raise TransientError(
+                f"{spec.url} showed neither {spec.logged_in!r} nor {spec.logged_out!r} "
+                f"(timed out after {self.budget.label})",
+                kind="page_load",
+            ) from exc
+        if await self._visible(spec.logged_out, "checking for the logged-out marker"):
+            raise self._logged_out_error()
+
+    async def submit(self, message: str) -> str | None:
+        """Type the message and send it; return the answer text that was there before."""
+        spec = self.spec
+        before = await self._text(spec.answer, "reading the previous answer")
+        box = self._loc(spec.input).first
+        await self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt")
+        self.ctx.check_canceled()
+        if spec.submit:
+            await self._call(
+                self._loc(spec.submit).first.click(timeout=self._remaining_ms(30)),
+                "clicking submit",
+            )
+        else:
+            assert spec.submit_key is not None  # the profile validator guarantees one
+            await self._call(
+                box.press(spec.submit_key, timeout=self._remaining_ms(30)), "pressing submit"
+            )
+        self.submitted = True
+        return before
+
+    async def wait_answer(self, before: str | None) -> str:
+        """Wait for the generation to end; return the answer text.
+
+        Finished means: the busy marker (if any) has gone, and either the
+        `done` marker matches the answer or its text has not changed for
+        `stable_ms`. An error banner fails the attempt with its text.
+        """
+        spec = self.spec
+        clock = self.ctx.clock
+        started = False
+        last_text: str | None = None
+        last_change = clock.monotonic()
+        while True:
+            self.ctx.check_canceled()
+            if self.budget.remaining(clock) <= 0:
+                raise self.budget.exceeded("waiting for the answer")
+            if spec.error and await self._visible(spec.error, "checking for an error banner"):
+                shown = await self._text(spec.error, "reading the error banner")
+                raise TransientError(
+                    f"the page shows an error: {shown or '(no text)'}", kind="page_error"
+                )
+            if await self._visible(spec.logged_out, "checking for the logged-out marker"):
+                raise self._logged_out_error()
+            busy = await self._visible(spec.busy, "checking whether it is generating")
+            text = await self._text(spec.answer, "reading the answer")
+            now = clock.monotonic()
+            if text != last_text:
+                last_text, last_change = text, now
+            if busy or (text is not None and text != before):
+                started = True
+            if started and not busy and text:
+                if spec.done:
+                    done_text = await self._text(spec.done, "checking the done marker")
+                    # The marker must be on this answer, not on an earlier one.
+                    if done_text is not None and done_text == text:
+                        return text
+                if now - last_change >= self.stable_s:
+                    return text
+            await asyncio.sleep(self.poll_s)
+
+    async def click_stop(self) -> bool:
+        """Click the profile's stop control if it is showing; bounded, never raises.
+
+        Then wait (briefly) for the busy marker to go: the click only sends a
+        request, and closing the browser at once could drop it, leaving the
+        site generating for a conversation nobody watches.
+        """
+        if not self.spec.stop or not self.submitted:
+            return False
+        stop = self._loc(self.spec.stop).first
+        try:
+            async with asyncio.timeout(STOP_CLICK_S):
+                if not await stop.is_visible():
+                    return False
+                await stop.click(timeout=STOP_CLICK_S * 1000)
+        except (PlaywrightError, TimeoutError):
+            return False
+        if self.spec.busy:
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                async with asyncio.timeout(STOP_CLICK_S):
+                    busy = self._loc(self.spec.busy).first
+                    await busy.wait_for(state="hidden", timeout=STOP_CLICK_S * 1000)
+        return True
+
+    # -- media -------------------------------------------------------------
+
+    async def media_sources(self) -> list[str]:
+        if not self.spec.media:
+            return []
+        sources = await self._call(
+            self._loc(self.spec.media).evaluate_all(_MEDIA_SOURCES_JS), "listing media results"
+        )
+        base = self.page.url
+        return [urljoin(base, str(src)) for src in sources if src]
+
+    async def download_media(self, urls: list[str], result_dir: Path) -> list[ResultFile]:
+        if not urls:
+            return []
+        await self.ctx.set_stage(Stage.DOWNLOADING, 0.0)
+        _make_dir(result_dir)
+        files: list[ResultFile] = []
+        page_url = self.page.url
+        cookies = await self._call(self.page.context.cookies(), "reading the page's cookies")
+        user_agent = await self._call(
+            self.page.evaluate("navigator.userAgent"), "reading the user agent"
+        )
+        jar = httpx.Cookies()
+        for c in cookies:
+            jar.set(
+                c.get("name", ""),
+                c.get("value", ""),
+                domain=c.get("domain", ""),
+                path=c.get("path", "/"),
+            )
+        async with httpx.AsyncClient(
+            cookies=jar,
+            headers={"User-Agent": user_agent, "Referer": page_url},
+            timeout=httpx.Timeout(60.0),
+            follow_redirects=True,
+        ) as client:
+            for index, url in enumerate(urls):
+                self.ctx.check_canceled()
+                target = result_dir / f"{index:02d}-{_file_name(url, index)}"
+                if url.startswith("data:"):
+                    files.append(_save_data_url(url, target))
+                elif url.startswith("blob:"):
+                    b64 = await self._call(self.page.evaluate(_BLOB_JS, url), "reading a blob")
+                    files.append(_save_bytes(base64.b64decode(b64), target, None))
+                else:
+                    files.append(
+                        await guarded(
+                            self.ctx,
+                            self._stream(client, url, target),
+                            what=f"downloading {url}",
+                            budget=self.budget,
+                            beat_while_waiting=True,
+                        )
+                    )
+                await self.ctx.set_stage(Stage.DOWNLOADING, (index + 1) / len(urls))
+        return files
+
+    async def _stream(self, client: httpx.AsyncClient, url: str, target: Path) -> ResultFile:
+        digest = hashlib.sha256()
+        size = 0
+        content_type: str | None = None
+        try:
+            async with client.stream("GET", url) as response:
+                status = response.status_code
+                if status >= 400:
+                    retryable = status >= 500 or status in (408, 429)
+                    error = TransientError if retryable else PermanentError
+                    raise error(f"downloading {url}: HTTP {status}", kind=f"http_{status}")
+                content_type = response.headers.get("content-type")
+                with target.open("wb") as out:
+                    async for chunk in response.aiter_bytes(DOWNLOAD_CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        size += len(chunk)
+                        self.ctx.beat()
+        except httpx.HTTPError as exc:
+            _remove(target)
+            raise TransientError(f"downloading {url}: {_first_line(exc)}", kind="download") from exc
+        except BaseException:
+            _remove(target)  # canceled or refused: no half-written result file
+            raise
+        return _result_file(target, size, content_type, digest.hexdigest())
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _file_name(url: str, index: int) -> str:
+    if url.startswith(("data:", "blob:")):
+        return f"media-{index}"
+    name = unquote(Path(urlsplit(url).path).name)
+    name = _SAFE.sub("_", name).strip("._")[:100]
+    return name or f"media-{index}"
+
+
+def _content_type(header: str | None, target: Path) -> str:
+    if header:
+        return header.split(";")[0].strip() or "application/octet-stream"
+    guessed, _ = mimetypes.guess_type(target.name)
+    return guessed or "application/octet-stream"
+
+
+def _make_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _result_file(target: Path, size: int, content_type: str | None, sha256: str) -> ResultFile:
+    return ResultFile(
+        path=str(target.resolve()),
+        name=target.name,
+        size=size,
+        content_type=_content_type(content_type, target),
+        sha256=sha256,
+    )
+
+
+def _save_bytes(data: bytes, target: Path, content_type: str | None) -> ResultFile:
+    target.write_bytes(data)
+    return _result_file(target, len(data), content_type, hashlib.sha256(data).hexdigest())
+
+
+def _save_data_url(url: str, target: Path) -> ResultFile:
+    header, _, payload = url.partition(",")
+    meta = header[len("data:") :]
+    content_type = meta.split(";")[0] or "text/plain"
+    try:
+        data = base64.b64decode(payload) if meta.endswith(";base64") else unquote(payload).encode()
+    except (binascii.Error, ValueError) as exc:
+        raise PermanentError("a media result is a malformed data: URL", kind="download") from exc
+    return _save_bytes(data, target, content_type)
