@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.errors import InputError
+from dispatcher.taskspec import parse_spec
 
 _TOP = ("model", "params", "force")
 _CSV_TOP = {"model", "force"}
@@ -47,16 +48,7 @@ def _csv_value(text: str) -> Any:
 
 def _check(where: str, task: dict[str, Any]) -> dict[str, Any]:
     """The checks the service makes too, so that errors point at a line."""
-    model = task.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise InputError(f"{where}: `model` must be a non-empty string")
-    params = task.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{where}: `params` must be a JSON object")
-    if "prompt" in params and not isinstance(params["prompt"], str):
-        raise InputError(f"{where}: `prompt` must be a string")
-    if not isinstance(task.get("force", False), bool):
-        raise InputError(f"{where}: `force` must be true or false")
+    parse_spec(task, where)
     return task
 
 

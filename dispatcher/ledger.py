@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from dispatcher.models import (
 )
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
+from dispatcher.taskspec import TaskSpec
 
 log = logging.getLogger("dispatcher.tasks")
 
@@ -40,13 +41,6 @@ MAX_JOB_TASKS = 10_000
 
 class ResultLookup(Protocol):
     def lookup(self, fingerprint: str, *, copy_to: Path | None = None) -> JSON | None: ...
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    model: str
-    params: JSON = field(default_factory=dict)
-    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,27 +53,6 @@ def lane_prefix(task: Task) -> str:
     if task.kind is Kind.WEB:
         return f"[web:{task.account or task.model}]"
     return f"[{task.lane_group}]"
-
-
-def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
-    """A task body from JSON into a TaskSpec, or an InputError saying what is wrong."""
-    if not isinstance(raw, dict):
-        raise InputError(f"{where} must be a JSON object")
-    unknown = set(raw) - {"model", "params", "force"}
-    if unknown:
-        raise InputError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
-    model = raw.get("model")
-    if not isinstance(model, str) or not model:
-        raise InputError(f"{where}.model must be a non-empty string")
-    params = raw.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{where}.params must be a JSON object")
-    if "prompt" in params and not isinstance(params["prompt"], str):
-        raise InputError(f"{where}.params.prompt must be a string")
-    force = raw.get("force", False)
-    if not isinstance(force, bool):
-        raise InputError(f"{where}.force must be true or false")
-    return TaskSpec(model=model, params=params, force=force)
 
 
 class Ledger:

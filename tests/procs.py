@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,24 @@ def start_demo_api(
     url = proc.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), url
     return proc, url
+
+
+def vendor_and_env(
+    tmp_path: Path, profile_names: tuple[str, ...], time_scale: float
+) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
+    """A demo vendor in its own process, and the environment for a service using it."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for name in profile_names:
+        shutil.copy(REPO / "profiles" / f"{name}.toml", profiles)
+    vendor, vendor_url = start_demo_api(tmp_path, time_scale)
+    env = {
+        "DISPATCHER_PROFILES_DIR": str(profiles),
+        "DISPATCHER_TIME_SCALE": str(time_scale),
+        "DEMO_API_URL": vendor_url,
+        "DEMO_API_KEY": "e2e-" + os.urandom(6).hex(),
+    }
+    return vendor, vendor_url, env
 
 
 def stop_proc(proc: subprocess.Popen[str]) -> None:

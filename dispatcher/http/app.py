@@ -25,9 +25,9 @@ from starlette.routing import Route
 from dispatcher.errors import DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
-from dispatcher.ledger import TaskSpec, parse_spec
 from dispatcher.models import JSON, State, Task
 from dispatcher.states import job_state
+from dispatcher.taskspec import TaskSpec, parse_spec
 
 if TYPE_CHECKING:
     from dispatcher.service import Service

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import REPO
-from tests.procs import demo_stats, service_client, start_demo_api, start_service, stop_proc
+from tests.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
 
 TIME_SCALE = 0.1
 KILLS = 5
@@ -21,18 +18,10 @@ KILLS = 5
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_at_several_points_loses_nothing(tmp_path: Path) -> None:
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    for name in ("demo-chat-api", "demo-video", "demo-queue"):
-        shutil.copy(REPO / "profiles" / f"{name}.toml", profiles)
-    vendor, vendor_url = start_demo_api(tmp_path, TIME_SCALE)
+    vendor, vendor_url, env = vendor_and_env(
+        tmp_path, ("demo-chat-api", "demo-video", "demo-queue"), TIME_SCALE
+    )
     state = tmp_path / "state"
-    env = {
-        "DISPATCHER_PROFILES_DIR": str(profiles),
-        "DISPATCHER_TIME_SCALE": str(TIME_SCALE),
-        "DEMO_API_URL": vendor_url,
-        "DEMO_API_KEY": "kill-test-" + os.urandom(4).hex(),
-    }
     log = tmp_path / "service.log"
     rng = random.Random(7)
     tasks = (

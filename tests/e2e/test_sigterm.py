@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -10,8 +9,7 @@ import pytest
 
 from dispatcher.models import State
 from dispatcher.store.sqlite import SqliteStore
-from tests.helpers import REPO
-from tests.procs import demo_stats, service_client, start_demo_api, start_service, stop_proc
+from tests.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
 
 TIME_SCALE = 0.05
 
@@ -19,18 +17,8 @@ TIME_SCALE = 0.05
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Path) -> None:
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    for name in ("demo-chat-api", "demo-video"):
-        shutil.copy(REPO / "profiles" / f"{name}.toml", profiles)
-    vendor, vendor_url = start_demo_api(tmp_path, TIME_SCALE)
+    vendor, vendor_url, env = vendor_and_env(tmp_path, ("demo-chat-api", "demo-video"), TIME_SCALE)
     state = tmp_path / "state"
-    env = {
-        "DISPATCHER_PROFILES_DIR": str(profiles),
-        "DISPATCHER_TIME_SCALE": str(TIME_SCALE),
-        "DEMO_API_URL": vendor_url,
-        "DEMO_API_KEY": "sigterm-test-key",
-    }
     service = None
     try:
         service = start_service(state, env, tmp_path / "service.log")

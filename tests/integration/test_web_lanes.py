@@ -59,7 +59,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
             "one account",
             [
                 {"model": "demo-chat", "params": {"prompt": f"shot {i} [duration=20]"}}
-                for i in range(3)
+                for i in range(2)
             ],
         )
         done = await h.wait_job(job["id"], timeout_s=120)
@@ -73,8 +73,8 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         job = await h.job(
             "two accounts",
             [
-                {"model": "demo-chat", "params": {"prompt": f"pair {i} [duration=40]"}}
-                for i in range(4)
+                {"model": "demo-chat", "params": {"prompt": f"pair {i} [duration=60]"}}
+                for i in range(2)
             ],
         )
         done = await h.wait_job(job["id"], timeout_s=120)

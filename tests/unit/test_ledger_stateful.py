@@ -13,9 +13,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dispatcher.clock import FakeClock
 from dispatcher.errors import PermanentError, StateConflict, TransientError
 from dispatcher.events import EventBus
-from dispatcher.ledger import Ledger, TaskSpec
+from dispatcher.ledger import Ledger
 from dispatcher.models import State, Task
 from dispatcher.store.sqlite import SqliteStore
+from dispatcher.taskspec import TaskSpec
 from tests.helpers import api_profile
 
 
