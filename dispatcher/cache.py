@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import re
 import shutil
@@ -167,6 +168,9 @@ class ResultCache:
         self.evicted_expired = 0
         self.evicted_lru = 0
         self.dropped_missing = 0  # rows dropped because their files were gone
+        # Running totals of what the index holds; exact after each full plan.
+        self._held_bytes = 0
+        self._oldest_created_at = math.inf
         # One lock for index and files together: a lookup must never see a
         # row whose directory an eviction is halfway through deleting.
         self._lock = threading.RLock()
@@ -274,7 +278,10 @@ class ResultCache:
                 )
             )
             self.stored += 1
-            self._evict()
+            self._held_bytes += size
+            self._oldest_created_at = min(self._oldest_created_at, now)
+            if self._eviction_possible(now):
+                self._evict()
 
     def evict(self) -> EvictionPlan:
         """Apply the eviction plan for now; returns what was dropped."""
@@ -287,10 +294,23 @@ class ResultCache:
 
     # -- internals -----------------------------------------------------------
 
+    def _eviction_possible(self, now: float) -> bool:
+        """Whether a full eviction plan could drop anything.
+
+        Reading every index row after every write made each task cost O(cache
+        size); the running totals answer the same question in O(1). They only
+        ever over-estimate (an overwritten entry counts twice), which merely
+        triggers the full plan, which then resets them exactly.
+        """
+        return self._held_bytes > self.max_bytes or now - self._oldest_created_at >= self.ttl_s
+
     def _evict(self) -> EvictionPlan:
-        plan = plan_eviction(
-            self.store.cache_entries(), self.clock.now(), self.max_bytes, self.ttl_s
-        )
+        entries = self.store.cache_entries()
+        plan = plan_eviction(entries, self.clock.now(), self.max_bytes, self.ttl_s)
+        dropped = set(plan.fingerprints)
+        kept = [e for e in entries if e.fingerprint not in dropped]
+        self._held_bytes = plan.kept_bytes
+        self._oldest_created_at = min((e.created_at for e in kept), default=math.inf)
         for fp in plan.fingerprints:
             self._drop(fp)
         self.evicted_expired += len(plan.expired)

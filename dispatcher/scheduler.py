@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from dispatcher.profiles import Profile
 from dispatcher.runner import RunContext, Runner, RunResult
 
 log = logging.getLogger("dispatcher.scheduler")
+
+RECENT_RUNS = 20  # run times per model behind an ETA
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
 
@@ -110,6 +113,9 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
+        # Recent run times per model for ETAs: read from the store once, then
+        # kept here, because every task answer needs them.
+        self._durations: dict[str, deque[float]] = {}
         self.rounds = 0
 
     # -- timing ----------------------------------------------------------------
@@ -322,6 +328,10 @@ class Scheduler:
         if what == "success":
             result = payload.to_json()
             done = self.ledger.succeed(task, result, durations)
+            if done is not None and done.state is State.SUCCESS and done.started_at:
+                self.recent_durations(done.model).appendleft(
+                    (done.finished_at or self.clock.now()) - done.started_at
+                )
             if done is not None and done.state is State.SUCCESS and self.on_success:
                 maybe = self.on_success(done, result)
                 if maybe is not None:
@@ -359,7 +369,7 @@ class Scheduler:
         """`ahead`, `eta_s` and live progress for a task answer."""
         live = self.running.get(task.id)
         info: JSON = {"ahead": 0, "eta_s": None, "progress": None, "queue_position": None}
-        durations = self.ledger.store.recent_durations(task.model)
+        durations = list(self.recent_durations(task.model))
         if task.state is State.PENDING:
             ahead = self.ledger.store.count_ahead(task.lane_group, task.seq)
             concurrency = sum(
@@ -381,6 +391,13 @@ class Scheduler:
                 info["progress"] = live.live.progress
                 info["queue_position"] = live.live.queue_position
         return info
+
+    def recent_durations(self, model: str) -> deque[float]:
+        if model not in self._durations:
+            self._durations[model] = deque(
+                self.ledger.store.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
+            )
+        return self._durations[model]
 
     def lanes_view(self) -> list[JSON]:
         queued = self.ledger.store.queued_counts()
