@@ -255,6 +255,9 @@ class BrowserSession:
             return True
         started = time.monotonic()
         graceful = False
+        # Known before the close: once the browser exits, its renderers and
+        # zygotes are orphans whose command lines may already be blank.
+        family = self._group()
         try:
             asked = self.alive and await self._ask_to_close()
             if not asked and self.alive:
@@ -273,6 +276,7 @@ class BrowserSession:
             # Also on cancellation: whatever happened above, nothing may survive.
             self.kill_now()
             self._closed = True
+            await asyncio.to_thread(reap_family, family)
             await self._disconnect()
         self.timings_ms["close"] = (time.monotonic() - started) * 1000
         return graceful
@@ -307,8 +311,10 @@ class BrowserSession:
         """Kill at once (the task was cancelled or the page froze); confirmed dead."""
         if self._closed:
             return
+        family = self._group()
         self.kill_now()
         self._closed = True
+        await asyncio.to_thread(reap_family, family)
         await self._disconnect()
 
     async def _disconnect(self) -> None:
@@ -380,6 +386,26 @@ def _popen(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 class _PortBusy(Exception):
     def __init__(self, port: int) -> None:
         super().__init__(f"debugging port {port} is taken")
+
+
+def reap_family(procs: list[psutil.Process], timeout_s: float = 3.0) -> list[int]:
+    """Wait until every process of a closed browser is gone; kill stragglers.
+
+    Returns the PIDs still alive after that (none, in practice).
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if pid_alive(p.pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if pid_alive(p.pid)]
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    settle = time.monotonic() + 1.0
+    while alive and time.monotonic() < settle:
+        time.sleep(0.02)
+        alive = [p for p in alive if pid_alive(p.pid)]
+    return [p.pid for p in alive]
 
 
 def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
