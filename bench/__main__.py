@@ -1,0 +1,142 @@
+"""`python -m bench` (or `make bench`): run the four benchmarks, print the table.
+
+    python -m bench                      # all four, in the order of the issue
+    python -m bench polling dispatch     # some of them
+    python -m bench --keep               # keep the work dir (logs, databases)
+
+Each benchmark prints its figures and writes them to `bench/results/<name>.json`;
+the table of targets goes to `bench/results/summary.json` too. The exit code
+is 0 when every benchmark ran (a missed target is a finding, not a crash),
+1 when one of them could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS_DIR,
+    BenchResult,
+    Check,
+    cpu_calibration,
+    machine_info,
+    write_result,
+)
+
+Runner = Callable[[Path], Awaitable[BenchResult]]
+
+
+def _runners() -> dict[str, tuple[str, Runner]]:
+    from bench import dispatch, memory, mixed, polling
+
+    return {
+        "mixed": ("1. mixed batch", mixed.run),
+        "polling": ("2. polling cost", polling.run),
+        "dispatch": ("3. dispatch overhead", dispatch.run),
+        "memory": ("4. memory and writes", memory.run),
+    }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]" if len(value) > 6 else json.dumps(value)
+    return str(value)
+
+
+def print_figures(result: BenchResult) -> None:
+    print(f"\n== {result.title} ({result.seconds:.0f} s; calibration {result.calibration})")
+    for key, value in result.figures.items():
+        print(f"  {key}: {_short(value)}")
+    for note in result.notes:
+        print(f"  note: {note}")
+
+
+def print_table(checks: list[tuple[str, Check]]) -> None:
+    rows = [("benchmark", "target", "measured", "met")]
+    for _bench, check in checks:
+        met = {True: "yes", False: "NO", None: "-"}[check.met]
+        rows.append((check.name, check.target, check.value, met))
+    widths = [min(64, max(len(row[i]) for row in rows)) for i in range(4)]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [cell if len(cell) <= w else cell[: w - 1] + "~" for cell, w in zip(row, widths,
+                                                                                    strict=True)]
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    print()
+    print(line(rows[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows[1:]:
+        print(line(row))
+
+
+async def main(argv: list[str] | None = None) -> int:
+    runners = _runners()
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", choices=[*runners, []], metavar="NAME",
+                        help=f"which benchmarks ({', '.join(runners)}); default all")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    args = parser.parse_args(argv)
+    names = args.names or list(runners)
+    work = Path(tempfile.mkdtemp(prefix="dispatcher-bench-"))
+    started = time.monotonic()
+    checks: list[tuple[str, Check]] = []
+    crashed = False
+    print(f"machine: {json.dumps(machine_info())}")
+    print(f"work dir: {work}")
+    try:
+        for name in names:
+            label, run = runners[name]
+            print(f"\n-- running {label} ...", flush=True)
+            before = cpu_calibration()
+            t0 = time.monotonic()
+            try:
+                result = await run(work / name)
+            except Exception as exc:
+                crashed = True
+                traceback.print_exc()
+                result = BenchResult(name, label, {"error": f"{type(exc).__name__}: {exc}"}, [
+                    Check(label, "runs", f"crashed: {type(exc).__name__}: {exc}"[:200], False)
+                ])
+            result.seconds = time.monotonic() - t0
+            result.calibration = {"before": before, "after": cpu_calibration(),
+                                  "load_avg_1m": round(os.getloadavg()[0], 2)}
+            path = write_result(result)
+            print_figures(result)
+            shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+            print(f"  -> {shown}")
+            checks += [(name, c) for c in result.checks]
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    total = time.monotonic() - started
+    print_table(checks)
+    print(f"\ntotal {total:.0f} s" + (f"; work dir kept: {work}" if args.keep else ""))
+    summary = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(total, 1),
+        "machine": machine_info(),
+        "checks": [{"bench": b, **c.__dict__} for b, c in checks],
+    }
+    if set(names) == set(runners):
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,366 @@
+"""Shared plumbing for the benchmarks: processes, clients, numbers, results.
+
+Every benchmark runs the real service: either as a subprocess
+(`python -m dispatcher`, or `python -m bench.service_child` where the
+benchmark needs to look inside the store) against a demo vendor in its own
+subprocess, or in-process with the bundled demo backends (the mixed batch,
+which needs the demo web model and a logged-in browser profile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PROFILES_DIR = REPO / "profiles"
+
+
+# -- results -------------------------------------------------------------------
+@dataclass
+class Check:
+    """One target of the issue and whether this run met it."""
+
+    name: str
+    target: str
+    value: str
+    met: bool | None  # None: not measured in this run
+    note: str = ""
+
+
+@dataclass
+class BenchResult:
+    name: str
+    title: str
+    figures: dict[str, Any]
+    checks: list[Check]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "seconds": round(self.seconds, 1),
+            "machine": machine_info(),
+            "calibration": self.calibration,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "figures": self.figures,
+            "checks": [asdict(c) for c in self.checks],
+            "notes": self.notes,
+        }
+
+
+def write_result(result: BenchResult) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{result.name}.json"
+    path.write_text(json.dumps(result.to_json(), indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def cpu_calibration() -> dict[str, float]:
+    """A fixed pure-Python loop, timed: how fast one core is for us right now.
+
+    On an idle core of a current server CPU it takes about 0.1-0.2 s; on a
+    shared machine whose other tenants keep the cores busy it takes several
+    times longer, and every figure measured meanwhile is inflated alike.
+    """
+    wall, cpu = time.perf_counter(), time.process_time()
+    total = 0
+    for i in range(3_000_000):
+        total += i
+    return {
+        "loop_3m_cpu_s": round(time.process_time() - cpu, 3),
+        "loop_3m_wall_s": round(time.perf_counter() - wall, 3),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
+# -- numbers -------------------------------------------------------------------
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def r(value: float, digits: int = 3) -> float:
+    return round(value, digits) if math.isfinite(value) else value
+
+
+# -- profiles ------------------------------------------------------------------
+def profiles_dir(
+    target: Path, names: Iterable[str], replace: Mapping[str, Mapping[str, str]] | None = None
+) -> Path:
+    """A profiles dir holding copies of bundled profiles, optionally with text replaced."""
+    for name in names:
+        copy_profile(target, name, replace=(replace or {}).get(name, {}))
+    return target
+
+
+def copy_profile(
+    target: Path, source: str, name: str | None = None, replace: Mapping[str, str] | None = None
+) -> Path:
+    """Copy bundled profile `source` into `target` (as `name`), replacing text in it."""
+    target.mkdir(parents=True, exist_ok=True)
+    text = (PROFILES_DIR / f"{source}.toml").read_text()
+    changes = dict(replace or {})
+    if name is not None and name != source:
+        changes[f'name = "{source}"'] = f'name = "{name}"'
+    for old, new in changes.items():
+        if old not in text:
+            raise RuntimeError(f"profile {source}: {old!r} not found; the profile changed")
+        text = text.replace(old, new)
+    path = target / f"{name or source}.toml"
+    path.write_text(text)
+    return path
+
+
+# -- processes -----------------------------------------------------------------
+def _stop(popen: subprocess.Popen[Any], timeout_s: float = 30.0) -> int | None:
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    return popen.returncode
+
+
+class DemoProc:
+    """A bundled demo backend in its own process (`python -m demo api|web`)."""
+
+    def __init__(self, kind: str, time_scale: float, quota: int = 3) -> None:
+        args = [sys.executable, "-m", "demo", kind, "--time-scale", str(time_scale)]
+        if kind == "api":
+            args += ["--quota", str(quota)]
+        self.popen = subprocess.Popen(
+            args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        assert self.popen.stdout is not None
+        self.url = self.popen.stdout.readline().strip()
+        if not self.url.startswith("http://127.0.0.1:"):
+            _stop(self.popen)
+            raise RuntimeError(f"demo {kind} did not start: {self.url!r}")
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/__stats", timeout=10).json())
+
+    def reset(self) -> None:
+        httpx.post(f"{self.url}/__reset", timeout=10).raise_for_status()
+
+    def stop(self) -> None:
+        _stop(self.popen)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+    def __enter__(self) -> DemoProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Vendor(DemoProc):
+    """The demo API provider in its own process (`python -m demo api`)."""
+
+    def __init__(self, time_scale: float, quota: int) -> None:
+        super().__init__("api", time_scale, quota)
+
+
+class ServiceProc:
+    """The dispatcher in its own process; answers once its port and token are written."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        env: Mapping[str, str],
+        log_path: Path,
+        module: str = "dispatcher",
+        args: Sequence[str] = (),
+    ) -> None:
+        self.state_dir = state_dir
+        self.log_path = log_path
+        state_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("port", "token"):
+            (state_dir / name).unlink(missing_ok=True)
+        full_env = {**os.environ, "DISPATCHER_STATE_DIR": str(state_dir), **env}
+        with log_path.open("a") as handle:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+                stdout=handle, stderr=subprocess.STDOUT, text=True,
+            )
+        self.pid = self.popen.pid
+        self._wait_ready()
+        self.url = f"http://127.0.0.1:{(state_dir / 'port').read_text().strip()}"
+        self.token = (state_dir / "token").read_text().strip()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"service exited with {self.popen.returncode}:\n{self.log()}")
+            port, token = self.state_dir / "port", self.state_dir / "token"
+            if port.exists() and token.exists():
+                try:
+                    answer = httpx.get(
+                        f"http://127.0.0.1:{port.read_text().strip()}/healthz",
+                        headers={"Authorization": f"Bearer {token.read_text().strip()}"},
+                        timeout=2,
+                    )
+                    if answer.status_code == 200:
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+            time.sleep(0.05)
+        _stop(self.popen)
+        raise RuntimeError(f"service did not come up:\n{self.log()}")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def client(self, timeout_s: float = 30.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
+
+    def async_client(self, limit: int = 32, timeout_s: float = 60.0) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers=self.headers, timeout=timeout_s,
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        )
+
+    def rss_mb(self) -> float:
+        return float(psutil.Process(self.pid).memory_info().rss) / 1024**2
+
+    def cpu_s(self) -> float:
+        times = psutil.Process(self.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def log(self, tail: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def child_stats(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Counters from `bench.service_child` (SIGUSR1 makes it write them)."""
+        path = self.state_dir / "bench-stats.json"
+        path.unlink(missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline or self.popen.poll() is not None:
+                raise RuntimeError(f"no stats from the service child:\n{self.log()}")
+            time.sleep(0.02)
+        return dict(json.loads(path.read_text()))
+
+    def stop(self) -> int | None:
+        return _stop(self.popen)
+
+    def __enter__(self) -> ServiceProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def service_env(
+    profiles: Path, vendor_url: str, *, time_scale: float, concurrency: Mapping[str, int]
+) -> dict[str, str]:
+    return {
+        "DISPATCHER_PROFILES_DIR": str(profiles),
+        "DISPATCHER_TIME_SCALE": str(time_scale),
+        "DISPATCHER_CONCURRENCY": json.dumps(dict(concurrency)),
+        "DEMO_API_URL": vendor_url,
+        "DEMO_API_KEY": "bench-" + os.urandom(6).hex(),
+    }
+
+
+def read_tasks(db_path: Path) -> list[dict[str, Any]]:
+    """Every task row of a stopped service's SQLite database (read-only)."""
+    uri = f"file:{db_path}?mode=ro"
+    with sqlite3.connect(uri, uri=True) as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(
+            "SELECT id, model, kind, state, attempt, created_at, started_at, finished_at, "
+            "params, result, stage_durations FROM tasks ORDER BY seq"
+        ).fetchall()
+    out = []
+    for row in rows:
+        item = dict(row)
+        for key in ("params", "result", "stage_durations"):
+            if item[key]:
+                item[key] = json.loads(item[key])
+        out.append(item)
+    return out
+
+
+async def call(
+    client: httpx.AsyncClient, method: str, url: str, tries: int = 4, **kwargs: Any
+) -> httpx.Response:
+    """One request, sent again when the connection broke under it.
+
+    On a loaded machine a keep-alive connection can sit idle past uvicorn's
+    5 s keep-alive timeout and be closed just as the next request goes out.
+    Sending a task again is safe: the same fingerprint within 30 s is
+    de-duplicated onto the first one.
+    """
+    for attempt in range(tries):
+        try:
+            return await client.request(method, url, **kwargs)
+        except httpx.TransportError:
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,156 @@
+"""Benchmark 3: dispatch overhead with instant tasks.
+
+2,000 chat tasks whose remote side answers at once (`gen_s = 0` on the demo
+provider, quota 5, `DISPATCHER_CONCURRENCY={"demo": 5}`) are submitted over
+HTTP, one `POST /v1/tasks` each, by a client that keeps 32 requests in
+flight: as fast as the service accepts them. The service (`python -m
+dispatcher`, logging at INFO to a file as in production), the vendor and this
+client are three processes on the same 2 cores.
+
+Figures, from the service's own rows (read from its SQLite file after it
+stopped): end-to-end tasks/s = tasks / (last `finished_at` - first submit
+sent), and the time from submit to terminal (`finished_at - created_at`)
+minus the remote time (0 here: the vendor answers at once), p50 and p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import (
+    BenchResult,
+    Check,
+    ServiceProc,
+    Vendor,
+    call,
+    fresh_dir,
+    mean,
+    percentile,
+    profiles_dir,
+    r,
+    read_tasks,
+    service_env,
+)
+
+TASKS = 2000
+IN_FLIGHT = 32
+QUOTA = 5
+TARGET_TASKS_PER_S = 300.0
+MODEL = "demo-chat-api"
+# Bounds that keep `make bench` within its ten minutes when the service is slow.
+SUBMIT_BUDGET_S = 75.0
+DRAIN_BUDGET_S = 30.0
+
+
+async def submit_all(
+    client: httpx.AsyncClient, count: int, in_flight: int, tag: str, budget_s: float
+) -> tuple[float, float, list[float]]:
+    """POST `count` tasks with at most `in_flight` outstanding; (start, end, latencies).
+
+    Stops early (fewer tasks) when `budget_s` runs out.
+    """
+    counter = itertools.count()
+    latencies: list[float] = []
+    deadline = time.monotonic() + budget_s
+
+    async def worker() -> None:
+        while (i := next(counter)) < count and time.monotonic() < deadline:
+            body = {"model": MODEL, "params": {"prompt": f"{tag} task {i}", "gen_s": 0}}
+            t0 = time.perf_counter()
+            for _ in range(5):
+                answer = await call(client, "POST", "/v1/tasks", json=body)
+                if answer.status_code in (200, 201):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"submit refused: {answer.status_code} {answer.text[:300]}")
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.time()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return start, time.time(), latencies
+
+
+async def wait_drained(client: httpx.AsyncClient, timeout_s: float) -> bool:
+    """True once no lane has queued or running work."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lanes = (await call(client, "GET", "/v1/lanes")).json()
+        if all(lane["queued"] == 0 and not lane["running"] for lane in lanes):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
+    work = fresh_dir(work)
+    profiles = profiles_dir(work / "profiles", [MODEL])
+    with Vendor(time_scale=1.0, quota=QUOTA) as vendor:
+        env = service_env(profiles, vendor.url, time_scale=1.0, concurrency={"demo": QUOTA})
+        state = work / "state"
+        with ServiceProc(state, env, work / "service.log") as service:
+            cpu0 = service.cpu_s()
+            async with service.async_client(limit=IN_FLIGHT) as client:
+                start, submitted_at, submit_lat = await submit_all(
+                    client, tasks, IN_FLIGHT, "b3", budget_s=SUBMIT_BUDGET_S)
+                drained = await wait_drained(client, timeout_s=DRAIN_BUDGET_S)
+            cpu_s = service.cpu_s() - cpu0
+            rss = service.rss_mb()
+        stats = vendor.stats()
+    rows = read_tasks(state / "dispatcher.db")
+    done = [t for t in rows if t["state"] == "success"]
+    last_finish = max((t["finished_at"] for t in done), default=float("nan"))
+    elapsed = last_finish - start
+    overhead = [t["finished_at"] - t["created_at"] for t in done]  # remote time is 0
+    queue = [t["started_at"] - t["created_at"] for t in done]
+    run_s = [t["finished_at"] - t["started_at"] for t in done]
+    rate = len(done) / elapsed if elapsed > 0 else 0.0
+    figures: dict[str, Any] = {
+        "tasks": tasks,
+        "submitted": len(submit_lat),
+        "succeeded": len(done),
+        "drained": drained,
+        "in_flight": IN_FLIGHT,
+        "quota": QUOTA,
+        "elapsed_s": r(elapsed),
+        "submit_phase_s": r(submitted_at - start),
+        "submit_rate_per_s": r(len(submit_lat) / (submitted_at - start), 1),
+        "tasks_per_s": r(rate, 1),
+        "submit_to_terminal_minus_remote_p50_ms": r(percentile(overhead, 50) * 1000, 1),
+        "submit_to_terminal_minus_remote_p99_ms": r(percentile(overhead, 99) * 1000, 1),
+        "queue_wait_p50_ms": r(percentile(queue, 50) * 1000, 1),
+        "run_p50_ms": r(percentile(run_s, 50) * 1000, 1),
+        "run_p99_ms": r(percentile(run_s, 99) * 1000, 1),
+        "http_submit_p50_ms": r(percentile(submit_lat, 50) * 1000, 1),
+        "http_submit_p99_ms": r(percentile(submit_lat, 99) * 1000, 1),
+        "http_submit_mean_ms": r(mean(submit_lat) * 1000, 1),
+        "service_cpu_s": r(cpu_s, 2),
+        "service_cpu_ms_per_task": r(cpu_s / max(1, len(done)) * 1000, 2),
+        "service_rss_mb_after": r(rss, 1),
+        "vendor_requests": stats.get("requests"),
+        "vendor_rate_limited": stats.get("rate_limited"),
+        "vendor_max_concurrent": stats.get("max_concurrent"),
+    }
+    checks = [
+        Check(
+            "dispatch: tasks/s end to end",
+            f">= {TARGET_TASKS_PER_S:g} tasks/s (SQLite, 2 cores)",
+            f"{rate:.0f} tasks/s",
+            rate >= TARGET_TASKS_PER_S and len(done) == tasks,
+            "" if len(done) == tasks else f"only {len(done)} of {tasks} done within the budget",
+        ),
+        Check(
+            "dispatch: submit->terminal minus remote",
+            "p50 / p99 reported",
+            f"p50 {figures['submit_to_terminal_minus_remote_p50_ms']} ms, "
+            f"p99 {figures['submit_to_terminal_minus_remote_p99_ms']} ms",
+            None,
+        ),
+    ]
+    return BenchResult("dispatch", "Dispatch overhead: 2,000 instant tasks", figures, checks)

@@ -1,0 +1,380 @@
+"""Benchmark 1: the mixed batch (the production case) against its lower bound.
+
+40 tasks, 12 web and 28 API, durations drawn with a fixed seed from the
+field's ranges (web 31-370 s, API 8-20 s) and scaled by one time-scale
+factor chosen so that the lower bound is `TARGET_LB_S` real seconds (the run
+then takes about two minutes). The API tasks alternate between the chat
+model (one request) and the async video model (submit, poll, download), both
+on the `demo` provider with its default quota of 3.
+
+Ours: the real service (`python -m dispatcher`) against the demo backends,
+each in its own process (`python -m demo api|web`), the web tasks in real
+Chromium on one account (`demo-chat` served by `demo-1` only), logged in
+once beforehand as an operator would.
+
+The baseline a user would otherwise build (`bench.baseline`): one asyncio
+pool of 8 workers taking both kinds FIFO from one queue, calling the same
+demo backends directly, the web tasks in one shared Chromium session of the
+same account. Two variants: `lock` (web generations serialise behind a lock
+while holding their workers) and `shared` (no lock: generations collide and
+are retried up to 3 attempts, like ours).
+
+Figures: makespan (first submit to last finish), the lower bound
+LB = max(sum of web generation times, sum of API times / API concurrency),
+their ratio; per API task the wait from submit to start, and the part of it
+that its lane's quota does not explain (`excess`: start minus the moment a
+quota slot was free for it in FIFO order; see `excess_waits`), mean and p95;
+web-session collisions (the demo site's own count); and where each web
+task's time beyond its generation goes (browser start, page, close...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    BenchResult,
+    Check,
+    DemoProc,
+    ServiceProc,
+    call,
+    copy_profile,
+    fresh_dir,
+    mean,
+    percentile,
+    r,
+)
+
+SEED = 20_241_130
+WEB_TASKS = 12
+API_TASKS = 28
+WEB_RANGE_S = (31.0, 370.0)
+API_RANGE_S = (8.0, 20.0)
+API_CONCURRENCY = 3  # the provider's default quota
+TARGET_LB_S = 90.0  # real seconds; with the overhead the run takes about two minutes
+ACCOUNT = "demo-1"
+WEB_MODEL = "demo-chat"
+API_MODELS = ("demo-chat-api", "demo-video")
+TARGET_RATIO = 1.05
+TARGET_API_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Planned:
+    index: int
+    kind: str  # "web" | "api"
+    model: str
+    nominal_s: float
+
+    @property
+    def prompt(self) -> str:
+        if self.kind == "web":
+            # The demo web model reads its generation time from the prompt.
+            return f"mixed #{self.index} [duration={self.nominal_s:.3f}]"
+        return f"mixed #{self.index}"
+
+    def task_body(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"prompt": self.prompt}
+        if self.kind == "api":
+            params["gen_s"] = round(self.nominal_s, 3)
+        return {"model": self.model, "params": params, "force": True}
+
+
+@dataclass
+class Outcome:
+    """One task's life in real seconds since the batch was submitted."""
+
+    index: int
+    kind: str
+    created: float
+    started: float | None
+    finished: float | None
+    ok: bool
+    attempts: int = 1
+    error: str = ""
+
+
+def plan(seed: int = SEED) -> list[Planned]:
+    rng = random.Random(seed)
+    kinds = ["web"] * WEB_TASKS + ["api"] * API_TASKS
+    rng.shuffle(kinds)
+    tasks: list[Planned] = []
+    api_seen = 0
+    for index, kind in enumerate(kinds):
+        if kind == "web":
+            tasks.append(Planned(index, kind, WEB_MODEL, rng.uniform(*WEB_RANGE_S)))
+        else:
+            model = API_MODELS[api_seen % len(API_MODELS)]
+            api_seen += 1
+            tasks.append(Planned(index, kind, model, rng.uniform(*API_RANGE_S)))
+    return tasks
+
+
+def lower_bound_nominal(tasks: Sequence[Planned], api_concurrency: int) -> tuple[float, float]:
+    web = sum(t.nominal_s for t in tasks if t.kind == "web")
+    api = sum(t.nominal_s for t in tasks if t.kind == "api")
+    return web, api / api_concurrency
+
+
+def time_scale_for(tasks: Sequence[Planned], target_lb_s: float = TARGET_LB_S) -> float:
+    return target_lb_s / max(lower_bound_nominal(tasks, API_CONCURRENCY))
+
+
+def excess_waits(api: Sequence[Outcome], concurrency: int) -> list[float]:
+    """Per API task, the wait its lane's quota does not explain.
+
+    In a FIFO lane with `concurrency` slots, the k-th task to start (from 0)
+    cannot start before the (k - concurrency)-th finish: that is when a slot
+    became free for it. Whatever it waited beyond max(submitted, that
+    moment) was caused by something else: the scheduler, or (in the
+    baseline) web tasks holding the workers.
+    """
+    done = [o for o in api if o.started is not None and o.finished is not None]
+    finishes = sorted(o.finished for o in done if o.finished is not None)
+    free = [-math.inf] * concurrency + finishes
+    out = []
+    for k, o in enumerate(sorted(done, key=lambda o: o.started or 0.0)):
+        assert o.started is not None
+        ready = max(o.created, free[k])
+        out.append(max(0.0, o.started - ready))
+    return out
+
+
+def analyse(
+    tasks: Sequence[Planned], outcomes: Sequence[Outcome], scale: float, cap_s: float | None = None
+) -> dict[str, Any]:
+    by_index = {o.index: o for o in outcomes}
+    web_lb, api_lb = (x * scale for x in lower_bound_nominal(tasks, API_CONCURRENCY))
+    lb = max(web_lb, api_lb)
+    finished = [o.finished for o in outcomes if o.finished is not None]
+    complete = len(finished) == len(tasks) and all(o.ok for o in outcomes)
+    makespan = max(finished, default=math.nan) if len(finished) == len(tasks) else math.nan
+    api = [by_index[t.index] for t in tasks if t.kind == "api" and t.index in by_index]
+    waits = [o.started - o.created for o in api if o.started is not None]
+    excess = excess_waits(api, API_CONCURRENCY)
+    figures: dict[str, Any] = {
+        "lower_bound_s": r(lb),
+        "lb_web_s": r(web_lb),
+        "lb_api_s": r(api_lb),
+        "makespan_s": r(makespan) if math.isfinite(makespan) else None,
+        "makespan_over_lb": r(makespan / lb, 4) if math.isfinite(makespan) else None,
+        "all_succeeded": complete,
+        "succeeded": sum(1 for o in outcomes if o.ok),
+        "failed": [
+            {"index": o.index, "kind": o.kind, "error": o.error[:200]}
+            for o in outcomes if o.finished is not None and not o.ok
+        ],
+        "unfinished": len(tasks) - len(finished),
+        "api_wait_mean_s": r(mean(waits)),
+        "api_wait_p95_s": r(percentile(waits, 95)),
+        "api_wait_max_s": r(max(waits, default=math.nan)),
+        "api_excess_wait_mean_s": r(mean(excess)),
+        "api_excess_wait_p95_s": r(percentile(excess, 95)),
+        "api_excess_wait_max_s": r(max(excess, default=math.nan)),
+        "attempts_total": sum(o.attempts for o in outcomes),
+    }
+    if cap_s is not None and not math.isfinite(makespan):
+        figures["makespan_s"] = f"> {cap_s:.0f}"
+    return figures
+
+
+# -- ours ----------------------------------------------------------------------
+def _service_profiles(target: Path) -> Path:
+    one_account = {'accounts = ["demo-1", "demo-2"]': f'accounts = ["{ACCOUNT}"]'}
+    copy_profile(target, WEB_MODEL, replace=one_account)
+    for model in API_MODELS:
+        copy_profile(target, model)
+    return target
+
+
+async def login(browser: str, user_data_dir: Path, web_url: str) -> None:
+    """Log the account's browser profile into the demo site, as an operator does once."""
+    from demo.web_model import demo_login
+
+    await demo_login(browser, user_data_dir, f"{web_url}/chat")
+
+
+def _web_breakdown(
+    tasks: Sequence[Planned], rows: Sequence[dict[str, Any]], scale: float
+) -> dict[str, Any]:
+    """Where a web task's wall time beyond its generation goes.
+
+    From the runner's `timings_ms`: the browser start-up parts (self-check,
+    launch, CDP connect), the page load and logged-in check (`ready` minus
+    those), typing + submit + noticing the answer is done (`generation`
+    minus the generation itself), closing the browser, and the rest of the
+    task's run (claim to runner, media, writing the result) up to
+    `finished_at`.
+    """
+    parts: dict[str, list[float]] = {}
+    overheads: list[float] = []
+    for planned, row in zip(tasks, rows, strict=True):
+        if planned.kind != "web" or row["state"] != "success":
+            continue
+        run_s = row["finished_at"] - row["started_at"]
+        gen_s = planned.nominal_s * scale
+        overheads.append(run_s - gen_s)
+        timings = {
+            k: float(v) / 1000
+            for k, v in (row.get("result") or {}).get("meta", {}).get("timings_ms", {}).items()
+        }
+        ready = timings.pop("ready", 0.0)
+        generation = timings.pop("generation", 0.0)
+        close = timings.pop("close", 0.0)
+        timings.pop("overhead", None)  # the runner's own sum: ready + close
+        for key, seconds in timings.items():
+            parts.setdefault(f"browser_{key}", []).append(seconds)
+        parts.setdefault("page_load_and_login_check", []).append(ready - sum(timings.values()))
+        parts.setdefault("type_submit_and_detect_done", []).append(generation - gen_s)
+        parts.setdefault("browser_close", []).append(close)
+        parts.setdefault("dispatch_media_and_persist", []).append(
+            run_s - ready - generation - close
+        )
+    return {
+        "per_task_overhead_mean_s": r(mean(overheads)),
+        "per_task_overhead_total_s": r(sum(overheads)),
+        "per_task_parts_mean_s": {k: r(mean(v)) for k, v in sorted(parts.items())},
+    }
+
+
+async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[str, Any]:
+    from dispatcher.settings import find_browser
+
+    browser = find_browser()
+    if browser is None:
+        raise RuntimeError("no Chromium found (`make venv` installs one)")
+    profiles = _service_profiles(work / "profiles")
+    lb = max(lower_bound_nominal(tasks, API_CONCURRENCY)) * scale
+    with DemoProc("api", scale, API_CONCURRENCY) as api, DemoProc("web", scale) as web:
+        env = {
+            "DISPATCHER_PROFILES_DIR": str(profiles),
+            "DISPATCHER_TIME_SCALE": repr(scale),
+            "DISPATCHER_CONCURRENCY": f'{{"demo": {API_CONCURRENCY}}}',
+            "DISPATCHER_BROWSER_EXECUTABLE": browser,
+            "DEMO_API_URL": api.url,
+            "DEMO_WEB_URL": web.url,
+            "DEMO_API_KEY": "bench-mixed-key",
+        }
+        state = work / "state"
+        with ServiceProc(state, env, work / "service.log") as service:
+            await login(browser, state / "browser" / ACCOUNT, web.url)
+            async with service.async_client(limit=4) as client:
+                t0 = time.time()
+                answer = await call(client, "POST", "/v1/jobs", json={
+                    "name": "mixed batch", "tasks": [t.task_body() for t in tasks]})
+                answer.raise_for_status()
+                job_id = answer.json()["id"]
+                deadline = time.monotonic() + 3 * lb + 120
+                while True:
+                    job = (await call(client, "GET", f"/v1/jobs/{job_id}")).json()
+                    if job["state"] != "running" or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
+                # The submit's own clock: created_at of the first row is the t0 that counts.
+                t0 = min(t0, min(t["created_at"] for t in job["tasks"]))
+        web_stats = web.stats()
+        api_stats = api.stats()
+    rows: list[dict[str, Any]] = job["tasks"]
+    outcomes = [
+        Outcome(
+            index=p.index,
+            kind=p.kind,
+            created=row["created_at"] - t0,
+            started=row["started_at"] - t0 if row["started_at"] else None,
+            finished=row["finished_at"] - t0 if row["finished_at"] else None,
+            ok=row["state"] == "success",
+            attempts=row["attempt"],
+            error=(row.get("error") or {}).get("message", "") or "",
+        )
+        for p, row in zip(tasks, rows, strict=True)
+    ]
+    figures = analyse(tasks, outcomes, scale)
+    web_rows = sorted(
+        (row for p, row in zip(tasks, rows, strict=True) if p.kind == "web" and row["started_at"]),
+        key=lambda row: row["started_at"],
+    )
+    gaps = [b["started_at"] - a["finished_at"] for a, b in itertools.pairwise(web_rows)]
+    figures.update({
+        "web_collisions": web_stats.get("collisions"),
+        "web_generations": web_stats.get("generations"),
+        "api_rate_limited": api_stats.get("rate_limited"),
+        "web": {
+            **_web_breakdown(tasks, rows, scale),
+            "first_web_start_s": r(web_rows[0]["started_at"] - t0) if web_rows else None,
+            "gap_between_web_tasks_mean_s": r(mean(gaps)),
+            "gap_between_web_tasks_total_s": r(sum(gaps)),
+        },
+    })
+    return figures
+
+
+# -- the benchmark ---------------------------------------------------------------
+def _fmt(value: Any, unit: str = " s") -> str:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return f"{value:.1f}{unit}"
+    return str(value)
+
+
+# Each baseline stops at this multiple of LB (`make bench` has ten minutes for all
+# four benchmarks): `lock` needs about LB plus its per-task page time; `shared`
+# has lost every web task to collisions well before its cap.
+BASELINE_CAPS = {"lock": 1.25, "shared": 0.67}
+
+
+async def run(
+    work: Path, *, target_lb_s: float = TARGET_LB_S, baselines: Sequence[str] = ("lock", "shared"),
+) -> BenchResult:
+    from bench.baseline import run_baseline
+
+    work = fresh_dir(work)
+    tasks = plan()
+    scale = time_scale_for(tasks, target_lb_s)
+    web_nominal, api_nominal = lower_bound_nominal(tasks, API_CONCURRENCY)
+    ours = await run_ours(work / "ours", tasks, scale)
+    figures: dict[str, Any] = {
+        "seed": SEED,
+        "tasks": {"web": WEB_TASKS, "api": API_TASKS},
+        "time_scale": r(scale, 6),
+        "sum_web_nominal_s": r(web_nominal, 1),
+        "sum_api_nominal_s": r(api_nominal * API_CONCURRENCY, 1),
+        "api_concurrency": API_CONCURRENCY,
+        "ours": ours,
+        "baselines": {},
+    }
+    lb = ours["lower_bound_s"]
+    for variant in baselines:
+        cap_s = BASELINE_CAPS[variant] * lb
+        outcomes, extra = await run_baseline(work / f"baseline-{variant}", tasks, scale, variant,
+                                             cap_s=cap_s, workers=8)
+        figures["baselines"][variant] = {**analyse(tasks, outcomes, scale, cap_s=cap_s), **extra}
+    ratio = ours["makespan_over_lb"]
+    checks = [
+        Check("mixed: makespan vs lower bound", f"<= {TARGET_RATIO:.2f} x LB",
+              f"{_fmt(ours['makespan_s'])} vs LB {lb:.1f} s = "
+              + (f"{ratio:.3f} x" if ratio else "unfinished"),
+              bool(ratio and ratio <= TARGET_RATIO and ours["all_succeeded"])),
+        Check("mixed: API mean wait (beyond the quota)", f"< {TARGET_API_WAIT_S:g} s",
+              f"{ours['api_excess_wait_mean_s']:.3f} s (p95 {ours['api_excess_wait_p95_s']:.3f} s; "
+              f"raw submit->start mean {ours['api_wait_mean_s']:.1f} s)",
+              ours["api_excess_wait_mean_s"] < TARGET_API_WAIT_S),
+        Check("mixed: web-session collisions", "0", str(ours["web_collisions"]),
+              ours["web_collisions"] == 0),
+    ]
+    for variant, base in figures["baselines"].items():
+        checks.append(Check(
+            f"mixed: baseline 8-worker pool ({variant})", "much worse than ours (reported)",
+            f"makespan {_fmt(base['makespan_s'])}, API excess wait mean "
+            f"{_fmt(base['api_excess_wait_mean_s'])}, collisions {base.get('web_collisions')}, "
+            f"failed {len(base['failed'])}",
+            None,
+        ))
+    return BenchResult("mixed", "Mixed batch: 12 web + 28 API tasks against the lower bound",
+                       figures, checks)
