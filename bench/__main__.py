@@ -72,8 +72,10 @@ def print_table(checks: list[tuple[str, Check]]) -> None:
     widths = [min(64, max(len(row[i]) for row in rows)) for i in range(4)]
 
     def line(row: tuple[str, ...]) -> str:
-        cells = [cell if len(cell) <= w else cell[: w - 1] + "~" for cell, w in zip(row, widths,
-                                                                                    strict=True)]
+        cells = [
+            cell if len(cell) <= w else cell[: w - 1] + "~"
+            for cell, w in zip(row, widths, strict=True)
+        ]
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     print()
@@ -85,10 +87,18 @@ def print_table(checks: list[tuple[str, Check]]) -> None:
 
 async def main(argv: list[str] | None = None) -> int:
     runners = _runners()
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", choices=[*runners, []], metavar="NAME",
-                        help=f"which benchmarks ({', '.join(runners)}); default all")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "names",
+        nargs="*",
+        choices=[*runners, []],
+        metavar="NAME",
+        help=f"which benchmarks ({', '.join(runners)}); default all",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     args = parser.parse_args(argv)
     names = args.names or list(runners)
@@ -109,12 +119,18 @@ async def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 crashed = True
                 traceback.print_exc()
-                result = BenchResult(name, label, {"error": f"{type(exc).__name__}: {exc}"}, [
-                    Check(label, "runs", f"crashed: {type(exc).__name__}: {exc}"[:200], False)
-                ])
+                result = BenchResult(
+                    name,
+                    label,
+                    {"error": f"{type(exc).__name__}: {exc}"},
+                    [Check(label, "runs", f"crashed: {type(exc).__name__}: {exc}"[:200], False)],
+                )
             result.seconds = time.monotonic() - t0
-            result.calibration = {"before": before, "after": cpu_calibration(),
-                                  "load_avg_1m": round(os.getloadavg()[0], 2)}
+            result.calibration = {
+                "before": before,
+                "after": cpu_calibration(),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
             path = write_result(result)
             print_figures(result)
             shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path

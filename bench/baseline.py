@@ -67,8 +67,9 @@ class Pool:
                 task = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            outcome = Outcome(task.index, task.kind, created=0.0, started=None, finished=None,
-                              ok=False)
+            outcome = Outcome(
+                task.index, task.kind, created=0.0, started=None, finished=None, ok=False
+            )
             self.outcomes[task.index] = outcome
             try:
                 if task.kind == "web":
@@ -81,8 +82,9 @@ class Pool:
             outcome.finished = self.now()
 
     # -- API ---------------------------------------------------------------------
-    async def _send(self, http: httpx.AsyncClient, outcome: Outcome, url: str,
-                    body: dict[str, Any]) -> httpx.Response:
+    async def _send(
+        self, http: httpx.AsyncClient, outcome: Outcome, url: str, body: dict[str, Any]
+    ) -> httpx.Response:
         """POST until accepted; the task starts when the provider accepts it."""
         while True:
             sent = self.now()
@@ -97,8 +99,11 @@ class Pool:
 
     async def api(self, task: Planned, outcome: Outcome, http: httpx.AsyncClient) -> None:
         if task.model == "demo-chat-api":
-            body = {"model": "demo-chat", "gen_s": round(task.nominal_s, 3),
-                    "messages": [{"role": "user", "content": task.prompt}]}
+            body = {
+                "model": "demo-chat",
+                "gen_s": round(task.nominal_s, 3),
+                "messages": [{"role": "user", "content": task.prompt}],
+            }
             await self._send(http, outcome, f"{self.api_url}/v1/chat/completions", body)
             return
         body = {"model": "sora-2", "prompt": task.prompt, "gen_s": round(task.nominal_s, 3)}
@@ -148,7 +153,12 @@ class Pool:
 
 
 async def run_baseline(
-    work: Path, tasks: Sequence[Planned], scale: float, variant: str, *, cap_s: float,
+    work: Path,
+    tasks: Sequence[Planned],
+    scale: float,
+    variant: str,
+    *,
+    cap_s: float,
     workers: int = 8,
 ) -> tuple[list[Outcome], dict[str, Any]]:
     from playwright.async_api import async_playwright

@@ -231,8 +231,12 @@ class ServiceProc:
         full_env = {**os.environ, "DISPATCHER_STATE_DIR": str(state_dir), **env}
         with log_path.open("a") as handle:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
-                stdout=handle, stderr=subprocess.STDOUT, text=True,
+                [sys.executable, "-m", module, *args],
+                cwd=REPO,
+                env=full_env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         self.pid = self.popen.pid
         self._wait_ready()
@@ -269,7 +273,9 @@ class ServiceProc:
 
     def async_client(self, limit: int = 32, timeout_s: float = 60.0) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.url, headers=self.headers, timeout=timeout_s,
+            base_url=self.url,
+            headers=self.headers,
+            timeout=timeout_s,
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
 

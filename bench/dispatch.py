@@ -98,7 +98,8 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
             cpu0 = service.cpu_s()
             async with service.async_client(limit=IN_FLIGHT) as client:
                 start, submitted_at, submit_lat = await submit_all(
-                    client, tasks, IN_FLIGHT, "b3", budget_s=SUBMIT_BUDGET_S)
+                    client, tasks, IN_FLIGHT, "b3", budget_s=SUBMIT_BUDGET_S
+                )
                 drained = await wait_drained(client, timeout_s=DRAIN_BUDGET_S)
             cpu_s = service.cpu_s() - cpu0
             rss = service.rss_mb()

@@ -5,16 +5,20 @@ For remote jobs of 30 s, 2 min and 5 min (nominal; everything runs at
 between the remote job finishing and the task showing success.
 
 - Ours: the real service (`bench.service_child`, i.e. the service as
-  `python -m dispatcher` runs it) running `demo-video` tasks; apirunner's
-  schedule is 2 s, x1.5, capped at 15 s, +/-20 % jitter. Requests come from
-  the demo vendor's own counters (submits + polls + downloads, diffed per
-  duration); the delay is `finished_at - (started_at + duration)` from the
-  task row: the remote job starts when the submit arrives, a few ms after
-  `started_at`, so the figure errs on the long side by that much.
+  `python -m dispatcher` runs it) running copies of `demo-video`, one per
+  duration, each its own provider lane (quota 5), so all 15 jobs run at
+  once. apirunner's schedule is 2 s, x1.5, capped at 15 s, +/-20 % jitter.
+  Requests per job = submit + the task's own poll count (`result.meta.polls`)
+  + download; the vendor's total is checked against their sum
+  (`ours_requests_unaccounted` is 0 when no 429 or retry was hidden). The
+  delay is `finished_at - (started_at + duration)` from the task row: the
+  remote job starts when the submit arrives, a few ms after `started_at`,
+  so the figure errs on the long side by that much, and it includes the
+  download and the success write.
 - Fixed 1 s: a minimal loop in this module against the same vendor process
-  (another API key, so quotas do not mix): submit, poll every second
-  (scaled), download when done. Its delay is measured the same way, from its
-  own submit time.
+  (another API key, so quotas do not mix), run after ours so neither slows
+  the other: submit, poll on absolute one-second ticks (scaled), download
+  when done. Its delay is measured the same way, from its own submit time.
 
 The model's expectation (no network, no jitter luck) is printed beside each,
 from `apirunner.polling.poll_wait` simulated over many draws.
@@ -168,11 +172,13 @@ async def run(work: Path, *, jobs: int = JOBS_PER_DURATION) -> BenchResult:
     profiles = work / "profiles"
     for duration in DURATIONS_S:
         copy_profile(
-            profiles, MODEL, lane_name(duration),
+            profiles,
+            MODEL,
+            lane_name(duration),
             {'provider = "demo"': f'provider = "{lane_name(duration)}"'},
         )
     quotas = {lane_name(d): QUOTA for d in DURATIONS_S}
-    # One key for the service, one for the fixed poller; each may run every job at once.
+    # One key for the service, one for the fixed poller; each may run all its jobs at once.
     vendor_quota = jobs * len(DURATIONS_S)
     with Vendor(time_scale=TIME_SCALE, quota=vendor_quota) as vendor:
         env = service_env(profiles, vendor.url, time_scale=TIME_SCALE, concurrency=quotas)
@@ -194,7 +200,8 @@ async def run(work: Path, *, jobs: int = JOBS_PER_DURATION) -> BenchResult:
         # Requests the vendor saw that our per-task counts do not explain (429s,
         # retried polls): 0 when the per-job figures are complete.
         "ours_requests_unaccounted": after_ours["requests"] - ours_requests,
-        "fixed_requests_unaccounted": vendor_stats["requests"] - after_ours["requests"]
+        "fixed_requests_unaccounted": vendor_stats["requests"]
+        - after_ours["requests"]
         - fixed_requests,
         "vendor_rate_limited": vendor_stats["rate_limited"],
         "by_duration": {},

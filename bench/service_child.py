@@ -56,9 +56,7 @@ async def main() -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(
-        signal.SIGUSR1, lambda: _dump(service, transitions, settings.state_dir)
-    )
+    loop.add_signal_handler(signal.SIGUSR1, lambda: _dump(service, transitions, settings.state_dir))
     await service.start()
     try:
         await stop.wait()
