@@ -157,7 +157,7 @@ class ProviderClient:
     async def _before_send(self, url: str, cancel: asyncio.Event | None) -> None:
         self._allowlist.check(url)
         waited = await self.gate.wait(cancel)
-        if waited > 0:
+        if waited >= 0.001:  # the gate reports microseconds even when it was open
             self._log.info(
                 "[api:%s] waited %.3f s for the provider's Retry-After", self.provider, waited
             )
