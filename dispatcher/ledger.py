@@ -272,18 +272,21 @@ class Ledger:
             "error": TaskError(kind=error.kind, message=error.message),
             "stage_durations": dict(stage_durations or {}),
         }
-        if fate.state is State.PENDING:
-            self.retries += 1
-            changes.update(
-                attempt=fate.attempt,
-                not_before=fate.not_before,
-                stage=None,
-                remote_id=None,
-                heartbeat_at=None,
-            )
-        else:
-            changes["finished_at"] = self.clock.now()
+        changes.update(self._after_attempt(fate.state, fate.attempt, fate.not_before))
         return self._write(task, fate.state, changes, why=f"{error.kind}: {error.message}")
+
+    def _after_attempt(self, next_state: State, attempt: int, not_before: float) -> dict[str, Any]:
+        """Changes for an attempt that ended badly: re-queued fresh, or finished."""
+        if next_state is State.PENDING:
+            self.retries += 1
+            return {
+                "attempt": attempt,
+                "not_before": not_before,
+                "stage": None,
+                "remote_id": None,
+                "heartbeat_at": None,
+            }
+        return {"finished_at": self.clock.now()}
 
     def mark_canceled(
         self, task: Task, stage_durations: Mapping[str, float] | None = None
@@ -318,17 +321,7 @@ class Ledger:
     def reclaim(self, task: Task, plan: Reclaim) -> Task | None:
         self.stale_reclaims += 1
         changes: dict[str, Any] = {"error": TaskError(kind="stale", message=plan.reason)}
-        if plan.next_state is State.PENDING:
-            self.retries += 1
-            changes.update(
-                attempt=plan.next_attempt,
-                not_before=plan.not_before,
-                stage=None,
-                remote_id=None,
-                heartbeat_at=None,
-            )
-        else:
-            changes["finished_at"] = self.clock.now()
+        changes.update(self._after_attempt(plan.next_state, plan.next_attempt, plan.not_before))
         return self._write(task, plan.next_state, changes, why=f"stale: {plan.reason}")
 
     # -- operator actions ------------------------------------------------------
