@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     port: int | None = None  # default: a free one in 49152-65535
     browser_executable: str | None = None  # default: a Chromium found on the machine
     headless: bool = True
+    # Real seconds a web account's browser stays open after a task, so the
+    # next task skips the launch (~2-7 s); 0 closes it after every task.
+    browser_keep_alive_s: float = Field(default=60.0, ge=0)
     concurrency: dict[str, int] = Field(default_factory=dict)  # per API provider
     default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
     cache_max_bytes: int = 2 * 1024**3

@@ -1,4 +1,4 @@
-"""One Chromium per task: launched by us, driven over CDP, always ended by us.
+"""An account's Chromium: launched by us, driven over CDP, always ended by us.
 
 We start Chromium ourselves (rather than letting Playwright launch it) so
 that we know its PID and process group, can run the self-check on exactly
@@ -212,6 +212,11 @@ class BrowserSession:
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    @property
+    def usable(self) -> bool:
+        """Running and still connected: fit for another task."""
+        return not self._closed and self.alive and self.browser.is_connected()
 
     async def page(self) -> Page:
         """The tab Chromium opened at start (about:blank), or a new one."""

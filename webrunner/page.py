@@ -171,8 +171,10 @@ class PageDriver:
             return False
         return await self._call(self._loc(selector).first.is_visible(), what)
 
-    async def _text(self, selector: str, what: str) -> str | None:
-        """The inner text of the first match, None when nothing matches."""
+    async def _text(self, selector: str | None, what: str) -> str | None:
+        """The inner text of the first match, None when nothing matches (or no selector)."""
+        if not selector:
+            return None
         texts = await self._call(
             self._loc(selector).evaluate_all("els => els.map(e => e.innerText)"), what
         )
@@ -187,18 +189,19 @@ class PageDriver:
 
     # -- the steps ---------------------------------------------------------
 
-    async def open(self) -> None:
-        """Load the model's page and make sure the account is logged in."""
+    async def open(self, *, load: bool = True) -> None:
+        """Load the model's page (unless it was just loaded) and check the login."""
         spec = self.spec
         try:
-            await self._call(
-                self.page.goto(
-                    spec.url,
-                    wait_until="domcontentloaded",
-                    timeout=self._remaining_ms(PAGE_READY_S),
-                ),
-                f"loading {spec.url}",
-            )
+            if load:
+                await self._call(
+                    self.page.goto(
+                        spec.url,
+                        wait_until="domcontentloaded",
+                        timeout=self._remaining_ms(PAGE_READY_S),
+                    ),
+                    f"loading {spec.url}",
+                )
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
         either = self._loc(spec.logged_in)
@@ -223,9 +226,12 @@ class PageDriver:
     async def submit(self, message: str) -> str | None:
         """Type the message and send it; return the answer text that was there before."""
         spec = self.spec
-        before = await self._text(spec.answer, "reading the previous answer")
         box = self._loc(spec.input).first
-        await self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt")
+        # Independent calls: sent together, they cost one round trip.
+        before, _ = await asyncio.gather(
+            self._text(spec.answer, "reading the previous answer"),
+            self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt"),
+        )
         self.ctx.check_canceled()
         if spec.submit:
             await self._call(
@@ -256,26 +262,31 @@ class PageDriver:
             self.ctx.check_canceled()
             if self.budget.remaining(clock) <= 0:
                 raise self.budget.exceeded("waiting for the answer")
-            if spec.error and await self._visible(spec.error, "checking for an error banner"):
+            # One look = all the markers at once: the calls travel together
+            # to the browser, so a look costs one round trip, not five.
+            error_shown, logged_out, busy, text, done_text = await asyncio.gather(
+                self._visible(spec.error, "checking for an error banner"),
+                self._visible(spec.logged_out, "checking for the logged-out marker"),
+                self._visible(spec.busy, "checking whether it is generating"),
+                self._text(spec.answer, "reading the answer"),
+                self._text(spec.done, "checking the done marker"),
+            )
+            if error_shown:
                 shown = await self._text(spec.error, "reading the error banner")
                 raise TransientError(
                     f"the page shows an error: {shown or '(no text)'}", kind="page_error"
                 )
-            if await self._visible(spec.logged_out, "checking for the logged-out marker"):
+            if logged_out:
                 raise self._logged_out_error()
-            busy = await self._visible(spec.busy, "checking whether it is generating")
-            text = await self._text(spec.answer, "reading the answer")
             now = clock.monotonic()
             if text != last_text:
                 last_text, last_change = text, now
             if busy or (text is not None and text != before):
                 started = True
             if started and not busy and text:
-                if spec.done:
-                    done_text = await self._text(spec.done, "checking the done marker")
-                    # The marker must be on this answer, not on an earlier one.
-                    if done_text is not None and done_text == text:
-                        return text
+                # The done marker must be on this answer, not on an earlier one.
+                if done_text is not None and done_text == text:
+                    return text
                 if now - last_change >= self.stable_s:
                     return text
             await asyncio.sleep(self.poll_s)

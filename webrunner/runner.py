@@ -1,9 +1,11 @@
-"""WebRunner: one attempt of a web task = one fresh Chromium on the account's profile.
+"""WebRunner: web tasks in a Chromium per account, launched and ended by us.
 
-A browser per task costs a launch, but it means no state leaks from one task
-to the next and "no browser process of the account is left after a task"
-holds by construction. The Playwright driver (a Node process) is kept for
-the runner's lifetime since it is the same for every task.
+A task asks the account's browser keeper (`keeper.py`) for the browser kept
+from the previous task, or launches one (self-check, start, CDP connect);
+after a success the keeper keeps it, and after a failure, a cancel or a
+reclaim the runner closes it (its state is suspect then). Either way the
+only browser an account has is one whose PID the runner holds. The
+Playwright driver (a Node process) lives as long as the runner.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from playwright.async_api import Playwright, async_playwright
 
 from dispatcher.clock import Clock
-from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled
+from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.settings import Settings
-from webrunner.browser import BrowserSession, ensure_user_data_dir, start_browser
+from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
+from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, guarded
 
@@ -45,7 +49,7 @@ def user_data_dir_for(state_dir: Path, account: str) -> Path:
 
 
 class WebRunner:
-    """Runs web-model tasks, one Chromium per task, for the accounts of the web profiles."""
+    """Runs web-model tasks, one Chromium per account at a time, for the web profiles."""
 
     # A frozen page looks alive to asyncio: liveness is proven by beats that
     # happen only after page calls return.
@@ -77,10 +81,13 @@ class WebRunner:
                 accounts.add(account)
         self.accounts: tuple[str, ...] = tuple(sorted(accounts))
         self._locks: dict[str, AccountLock] = {}
-        self._running: dict[str, asyncio.Lock] = {a: asyncio.Lock() for a in self.accounts}
+        self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, self._close)
         # Counters the service's metrics read.
-        self.stats: dict[str, int] = {"browser_launches": 0, "leftovers_ended": 0}
-        self._sessions: dict[str, BrowserSession] = {}
+        self.stats: dict[str, int] = {
+            "browser_launches": 0,
+            "browser_reuses": 0,
+            "leftovers_ended": 0,
+        }
         self._shared_playwright = playwright
         self._playwright: Playwright | None = None
         self._executable: str | None = None
@@ -143,10 +150,8 @@ class WebRunner:
         self._locks = {lock.account: lock for lock in acquired}
 
     async def aclose(self) -> None:
-        """Kill any browser still open, stop the driver, release the locks."""
-        for session in list(self._sessions.values()):
-            await session.abort()
-        self._sessions.clear()
+        """Close the kept browsers, kill any still busy, stop the driver, release the locks."""
+        await self._keeper.aclose()
         if self._playwright is not None:
             playwright, self._playwright = self._playwright, None
             if playwright is not self._shared_playwright:
@@ -174,8 +179,9 @@ class WebRunner:
         message = compose_message(spec, prompt)
         # The scheduler never runs two tasks on one account; this only makes
         # a mistake there wait instead of opening the profile twice.
-        async with self._running[account]:
+        async with self._keeper.locks[account]:
             ctx.check_canceled()
+            self._keeper.resume(account)
             return await self._run_in_browser(ctx, account, message)
 
     def _generation_budget(self, spec: WebSpec) -> Budget:
@@ -187,37 +193,83 @@ class WebRunner:
             f"the profile's timeout_s ({spec.timeout_s:g} s)",
         )
 
-    async def _run_in_browser(self, ctx: RunContext, account: str, message: str) -> RunResult:
+    async def _session_for(self, ctx: RunContext, account: str) -> tuple[BrowserSession, bool]:
+        """The account's open browser if it is still healthy, else a new one; (session, reused)."""
+        session = self._keeper.session(account)
+        if session is not None:
+            if session.usable:
+                self.stats["browser_reuses"] += 1
+                idle_s = self._keeper.idle_s(account)
+                ctx.log.info("reusing browser pid %d (idle %.1f s)", session.pid, idle_s)
+                return session, True
+            # Crashed or disconnected while idle: make sure it is gone, start afresh.
+            await self._keeper.forget(account)
+            await session.abort()
+            ctx.log.warning(
+                "browser pid %d died while idle; starting a new one (exit code %s)",
+                session.pid,
+                session.process.returncode,
+            )
         assert self._playwright is not None and self._executable is not None
+        session = await guarded(
+            ctx,
+            start_browser(
+                self._playwright,
+                executable=self._executable,
+                user_data_dir=self.user_data_dir(account),
+                headless=self._settings.headless,
+                log=ctx.log,
+            ),
+            what="starting the browser",
+            budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
+            beat_while_waiting=True,
+            discard=BrowserSession.kill_now,
+        )
+        self._keeper.adopt(account, session)
+        self.stats["browser_launches"] += 1
+        leftovers = session.selfcheck
+        self.stats["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
+        return session, False
+
+    async def _open_page(
+        self, ctx: RunContext, session: BrowserSession, spec: WebSpec, budget: Budget
+    ) -> PageDriver:
+        preloaded = await guarded(
+            ctx,
+            self._keeper.preloaded(ctx.account, spec.url),
+            what=f"loading {spec.url}",
+            budget=budget,
+        )
+        page = await guarded(ctx, session.page(), what="opening a tab", budget=budget)
+        driver = PageDriver(page, spec, ctx, budget=budget)
+        await driver.open(load=not preloaded)
+        return driver
+
+    async def _run_in_browser(self, ctx: RunContext, account: str, message: str) -> RunResult:
         spec = ctx.profile.web
         assert spec is not None
         t0 = time.monotonic()
         session: BrowserSession | None = None
         driver: PageDriver | None = None
         result: RunResult | None = None
+        keep = False
         try:
-            session = await guarded(
-                ctx,
-                start_browser(
-                    self._playwright,
-                    executable=self._executable,
-                    user_data_dir=self.user_data_dir(account),
-                    headless=self._settings.headless,
-                    log=ctx.log,
-                ),
-                what="starting the browser",
-                budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
-                beat_while_waiting=True,
-                discard=BrowserSession.kill_now,
-            )
-            self._sessions[account] = session
-            self.stats["browser_launches"] += 1
-            leftovers = session.selfcheck
-            self.stats["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
+            session, reused = await self._session_for(ctx, account)
             page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
-            page = await guarded(ctx, session.page(), what="opening a tab", budget=page_budget)
-            driver = PageDriver(page, spec, ctx, budget=page_budget)
-            await driver.open()
+            try:
+                driver = await self._open_page(ctx, session, spec, page_budget)
+            except TransientError as exc:
+                if not reused or exc.kind not in ("browser", "page_load"):
+                    raise
+                # The kept browser died or broke while idle: nothing was sent
+                # yet, so a fresh browser is the same attempt, not a retry.
+                ctx.log.warning(
+                    "kept browser pid %d failed (%s); starting a new one", session.pid, exc
+                )
+                await self._keeper.forget(account)
+                await session.abort()
+                session, reused = await self._session_for(ctx, account)
+                driver = await self._open_page(ctx, session, spec, page_budget)
             t_ready = time.monotonic()
             ctx.check_canceled()
             driver.budget = self._generation_budget(spec)
@@ -228,7 +280,7 @@ class WebRunner:
             driver.budget = self._generation_budget(spec)
             files = await driver.download_media(await driver.media_sources(), ctx.result_dir)
             timings = {
-                **session.timings_ms,
+                **({} if reused else session.timings_ms),
                 "ready": (t_ready - t0) * 1000,
                 "generation": (t_answer - t_ready) * 1000,
             }
@@ -238,10 +290,14 @@ class WebRunner:
                 meta={
                     "account": account,
                     "browser_pid": session.pid,
+                    "browser_reused": reused,
                     "timings_ms": {k: round(v, 1) for k, v in timings.items()},
-                    "selfcheck": None if session.selfcheck.clean else session.selfcheck.to_json(),
+                    "selfcheck": None
+                    if reused or session.selfcheck.clean
+                    else session.selfcheck.to_json(),
                 },
             )
+            keep = self._keeper.keep(account, session, driver.page, spec.url)
             return result
         except TaskCanceled:
             clicked = await driver.click_stop() if driver is not None else False
@@ -255,7 +311,7 @@ class WebRunner:
             # first, synchronously: the page may be frozen, and the account's
             # slot is freed only once this coroutine has finished.
             if session is not None:
-                self._sessions.pop(account, None)
+                await self._keeper.forget(account)
                 await session.abort()
                 ctx.log.warning(
                     "run interrupted; browser pid %d killed%s",
@@ -267,28 +323,41 @@ class WebRunner:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
             raise
         finally:
-            if session is not None and not session.closed:
-                self._sessions.pop(account, None)
-                graceful = await session.close(ctx.log)
-                close_ms = session.timings_ms.get("close", 0.0)
-                ctx.log.info(
-                    "browser pid %d closed %s in %.0f ms",
-                    session.pid,
-                    "gracefully" if graceful else "by kill",
-                    close_ms,
-                )
-                if session.survivors:
-                    ctx.log.error(
-                        "browser processes %s of profile %s survived SIGKILL",
-                        session.survivors,
-                        session.user_data_dir,
-                    )
-                if result is not None:
-                    # What a task pays for its own browser: start and page
-                    # load before the prompt, close after the answer.
-                    timings_ms = result.meta["timings_ms"]
-                    timings_ms["close"] = round(close_ms, 1)
-                    timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+            if session is not None and not session.closed and not keep:
+                # After a failure or a cancel the browser's state is suspect.
+                await self._keeper.forget(account)
+                await self._close(session, ctx.log)
+            if result is not None:
+                timings_ms = result.meta["timings_ms"]
+                close_ms = 0.0 if keep or session is None else session.timings_ms.get("close", 0.0)
+                timings_ms["close"] = round(close_ms, 1)
+                # What this task paid beyond the generation: browser start (unless
+                # reused) and page load before the prompt, close after the answer.
+                timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+
+    @staticmethod
+    async def _close(session: BrowserSession, log: Log) -> None:
+        graceful = await session.close(log)
+        log.info(
+            "browser pid %d closed %s in %.0f ms",
+            session.pid,
+            "gracefully" if graceful else "by kill",
+            session.timings_ms.get("close", 0.0),
+        )
+        if session.survivors:
+            log.error(
+                "browser processes %s of profile %s survived SIGKILL",
+                session.survivors,
+                session.user_data_dir,
+            )
+
+    def on_event(self, event: Mapping[str, Any]) -> None:
+        """Event-bus listener: a web account taken out of service gives its browser back."""
+        self._keeper.on_event(event)
+
+    def open_browsers(self) -> dict[str, int]:
+        """The PID of each account's open browser (busy, or kept between tasks)."""
+        return self._keeper.open_browsers()
 
     def __repr__(self) -> str:
         return f"WebRunner(accounts={list(self.accounts)}, started={self._playwright is not None})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import os
 import re
@@ -13,7 +14,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.harness import running_service
+from dispatcher.models import Kind
+from tests.harness import Harness, running_service
+from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -28,6 +31,18 @@ def account_browsers(state_dir: Path, account: str) -> list[psutil.Process]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
             alive.append(proc)
     return alive
+
+
+def unknown_browsers(h: Harness, account: str) -> list[psutil.Process]:
+    """The account's browser processes other than the one its runner keeps open (and children)."""
+    runner = h.service.runners[Kind.WEB]
+    assert isinstance(runner, WebRunner)
+    known: set[int] = set()
+    pid = runner.open_browsers().get(account)
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            known = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+    return [p for p in account_browsers(h.state_dir, account) if p.pid not in known]
 
 
 async def test_api_tasks_never_wait_for_a_busy_web_lane(tmp_path: Path) -> None:
@@ -93,7 +108,19 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         stats = await h.demo_stats(h.demo_web)
         assert stats["collisions"] == 0
         for account in ("demo-1", "demo-2"):
-            assert account_browsers(h.state_dir, account) == []
+            assert unknown_browsers(h, account) == []
+        # An operator takes demo-1 out to log it in again by hand: its kept
+        # browser must let go of the profile; demo-2's stays for its next task.
+        assert account_browsers(h.state_dir, "demo-1") and account_browsers(h.state_dir, "demo-2")
+        await h.http.post("/v1/accounts/demo-1/disable", json={"reason": "re-login"})
+        deadline = asyncio.get_running_loop().time() + 30
+        while account_browsers(h.state_dir, "demo-1"):
+            assert asyncio.get_running_loop().time() < deadline, "disabled account kept its browser"
+            await asyncio.sleep(0.1)
+        assert account_browsers(h.state_dir, "demo-2")
+    # Kept open between tasks, closed when the service stops.
+    for account in ("demo-1", "demo-2"):
+        assert account_browsers(tmp_path / "state", account) == []
 
 
 async def test_expired_session_fails_auth_and_marks_the_account(tmp_path: Path) -> None:
@@ -132,7 +159,7 @@ async def test_hung_page_is_reclaimed_retried_and_leaves_no_browser(tmp_path: Pa
         await h.demo_mode({"mode": "normal"}, h.demo_web)
         done = await h.wait_task(task["id"], timeout_s=60)
         assert done["state"] == "success" and done["attempt"] == 2
-        assert account_browsers(h.state_dir, "demo-1") == []
+        assert unknown_browsers(h, "demo-1") == []  # the hung one is gone
         metrics = (await h.http.get("/metrics")).text
         assert "dispatcher_stale_reclaims_total 1.0" in metrics
         launches = re.search(r"^dispatcher_browser_launches_total (\S+)$", metrics, re.M)

@@ -10,6 +10,7 @@ reset. After each test, no Chromium may be left on any profile of the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -123,13 +124,14 @@ class WebEnv:
     def user_data_dir(self, account: str = "demo-1") -> Path:
         return user_data_dir_for(self.state_dir, account)
 
-    def new_runner(self) -> WebRunner:
-        runner = WebRunner(self.settings, self.profiles, self.clock, playwright=self.driver)
+    def new_runner(self, **overrides: Any) -> WebRunner:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        runner = WebRunner(settings, self.profiles, self.clock, playwright=self.driver)
         self.runners.append(runner)
         return runner
 
-    async def runner(self) -> WebRunner:
-        runner = self.new_runner()
+    async def runner(self, **overrides: Any) -> WebRunner:
+        runner = self.new_runner(**overrides)
         await runner.start()
         return runner
 
@@ -179,6 +181,16 @@ class WebEnv:
 
     def browser_pids(self, account: str = "demo-1") -> list[int]:
         return [p.pid for p in browser_processes(self.user_data_dir(account))]
+
+    def unknown_browser_pids(self, runner: WebRunner, account: str = "demo-1") -> list[int]:
+        """The account's browser processes other than the runner's open browser's family."""
+        known: set[int] = set()
+        pid = runner.open_browsers().get(account)
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                main = psutil.Process(pid)
+                known = {pid, *(child.pid for child in main.children(recursive=True))}
+        return [p for p in self.browser_pids(account) if p not in known]
 
 
 @pytest.fixture(scope="session")

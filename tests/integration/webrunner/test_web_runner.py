@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -61,18 +63,47 @@ async def test_instructions_unless_need_empty_prompt_and_a_second_runner_is_refu
     assert result.text == "(brief) echo: hello there"
     assert result.files == []
     assert result.meta["account"] == "demo-1"
-    assert web.browser_pids() == []
+    assert result.meta["browser_reused"] is False
+    # The browser stays open for the next task, and it is the only one.
+    assert web.browser_pids() and web.unknown_browser_pids(runner) == []
 
     reasoner = web.task("hello there", model="demo-reasoner")  # submits with Enter
     ctx, _ = web.context(reasoner)
     result = await runner.run(reasoner, ctx)
     assert result.text == "echo: hello there"  # no "(step by step)": nothing prepended
+    assert result.meta["browser_reused"] is True
+    assert runner.stats["browser_launches"] == 1 and runner.stats["browser_reuses"] == 1
 
     stats = await web.stats()
     assert stats["generations"] == 2
     assert stats["collisions"] == 0
     assert stats["logins"] == 0  # the copied profile was logged in already
+    await runner.aclose()
     assert web.browser_pids() == []
+
+
+async def test_an_idle_browser_is_closed_and_a_dead_one_replaced(web: WebEnv) -> None:
+    runner = await web.runner(browser_keep_alive_s=1.0)
+    first = web.task("one")
+    result = await runner.run(first, web.context(first)[0])
+    pid = result.meta["browser_pid"]
+    assert runner.open_browsers() == {"demo-1": pid}
+
+    # Killed behind our back while idle (OOM killer, an operator): the next
+    # task notices and starts a fresh browser instead of failing.
+    os.kill(pid, signal.SIGKILL)
+    second = web.task("two")
+    result = await runner.run(second, web.context(second)[0])
+    assert result.text == "(brief) echo: two"
+    assert result.meta["browser_reused"] is False and result.meta["browser_pid"] != pid
+    assert web.survivors([pid]) == []
+
+    deadline = time.monotonic() + 30
+    while web.browser_pids():
+        assert time.monotonic() < deadline, "the idle browser was never closed"
+        await asyncio.sleep(0.1)
+    assert runner.open_browsers() == {}
+    assert runner.stats["browser_launches"] == 2
 
 
 async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
@@ -180,7 +211,7 @@ async def test_a_leftover_browser_on_the_profile_is_ended_by_the_self_check(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert f"[web:demo-1] self-check of {profile}" in logged
     assert re.search(rf"found 1 leftover browser process\(es\) \[pid {leftover.pid} ", logged)
-    assert web.browser_pids() == []
+    assert web.unknown_browser_pids(runner) == []
 
 
 async def test_a_frozen_page_stops_the_beats_and_cancellation_kills_the_browser(
