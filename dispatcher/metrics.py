@@ -57,6 +57,9 @@ class _LiveCollector(Collector):
              "stale_reclaims"),
             ("dispatcher_browser_launches", "Browsers started by the web runner",
              "browser_launches"),
+            ("dispatcher_browser_reuses",
+             "Web tasks run in the browser kept open from the account's previous task",
+             "browser_reuses"),
             ("dispatcher_leftover_processes_ended",
              "Leftover browser processes ended by the self-check", "leftovers_ended"),
         ):

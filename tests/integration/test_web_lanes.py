@@ -83,6 +83,13 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         runs = sorted((t["started_at"], t["finished_at"]) for t in done["tasks"])
         assert all(a[1] <= b[0] for a, b in pairwise(runs)), "overlap on one account"
         assert all(t["result"]["text"].startswith("(brief)") for t in done["tasks"])
+        # The second task ran in the browser the first one left open.
+        assert [
+            t["result"]["meta"]["browser_reused"]
+            for t in sorted(done["tasks"], key=lambda t: t["started_at"])
+        ] == [False, True]
+        metrics = (await h.http.get("/metrics")).text
+        assert re.search(r"^dispatcher_browser_reuses_total 1\.0$", metrics, re.M), metrics
 
         await h.http.post("/v1/accounts/demo-2/enable")
         job = await h.job(
