@@ -9,6 +9,7 @@ opened, so a refused host receives not a single byte.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -31,10 +32,24 @@ class Origin:
 
 def origin_of(url: str | httpx.URL) -> Origin | None:
     """Host and effective port; None for URLs that name no host or odd schemes."""
+    if isinstance(url, httpx.URL):
+        return _origin(url)
+    return _origin_of_text(url)
+
+
+# Every request checks its URL two or three times (allowlist, key scope) and
+# most URLs repeat (a chat endpoint, a status URL polled many times); parsing
+# one with httpx costs more than the rest of the check together.
+@functools.lru_cache(maxsize=256)
+def _origin_of_text(url: str) -> Origin | None:
     try:
-        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError):
         return None
+    return _origin(parsed)
+
+
+def _origin(parsed: httpx.URL) -> Origin | None:
     scheme = parsed.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not parsed.host:
         return None

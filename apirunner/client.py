@@ -10,6 +10,7 @@ In-place retries (`with_retries`) sit on top, decided by `decide_retry`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import mimetypes
@@ -89,7 +90,7 @@ def build_http_client(
         allowlist.check(request.url)
         await gate.wait(None)
 
-    return httpx.AsyncClient(
+    client = httpx.AsyncClient(
         http2=True,
         verify=ssl_context,
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
@@ -97,6 +98,31 @@ def build_http_client(
         follow_redirects=True,
         event_hooks={"request": [last_check]},
     )
+    # httpx offers no way to pass its own Cookies subclass; the setter copies.
+    client._cookies = _ProviderCookies()
+    return client
+
+
+class _ProviderCookies(httpx.Cookies):
+    """The client's cookie jar; answers that set no cookie skip it.
+
+    httpx hands every response to the jar, which first rebuilds it as a urllib
+    request (parsing the URL once more): a good share of a request's CPU for
+    provider APIs, which authenticate with headers and set no cookies. The
+    jar's default policy reads only Set-Cookie (Set-Cookie2 is off), so
+    skipping answers without one changes nothing it would have stored.
+    """
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        if "set-cookie" in response.headers:
+            super().extract_cookies(response)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_url(url: str) -> httpx.URL:
+    """A request URL parsed once: the same endpoints and status URLs repeat, and
+    httpx would otherwise parse the string again for every request."""
+    return httpx.URL(url)
 
 
 def _timeout(default: httpx.Timeout, read_s: float | None) -> httpx.Timeout:
@@ -176,7 +202,7 @@ class ProviderClient:
             response = await race_cancel(
                 self._http.request(
                     call.method,
-                    call.url,
+                    _parsed_url(call.url),
                     headers=dict(call.headers),
                     json=call.json,
                     timeout=_timeout(self._http.timeout, call.read_timeout_s),
@@ -212,7 +238,7 @@ class ProviderClient:
     async def _stream(self, call: Call, dest_dir: Path, stem: str) -> ResultFile:
         async with self._http.stream(
             call.method,
-            call.url,
+            _parsed_url(call.url),
             headers=dict(call.headers),
             timeout=_timeout(self._http.timeout, call.read_timeout_s),
         ) as response:

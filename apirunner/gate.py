@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dispatcher.clock import Clock
 from dispatcher.errors import TaskCanceled
@@ -26,29 +26,50 @@ GATE_SLACK_S = 0.005
 
 
 async def race_cancel(work: Awaitable[T], cancel: asyncio.Event | None) -> T:
-    """Await `work`, or raise TaskCanceled as soon as `cancel` is set."""
+    """Await `work`, or raise TaskCanceled as soon as `cancel` is set.
+
+    The work runs in the calling task itself: giving it a task of its own cost
+    two turns of the event loop per request (one to start it, one to come
+    back), and a turn is long while the service answers a burst of requests.
+    A watcher on the event interrupts the calling task instead; the
+    interruption is told from any other cancellation (a shutdown, which must
+    still propagate) by the task's count of cancel requests.
+    """
     if cancel is None:
         return await work
     if cancel.is_set():
         if asyncio.iscoroutine(work):
             work.close()  # never started: close it so Python does not warn
         raise TaskCanceled("canceled while waiting")
-    job: asyncio.Future[T] = asyncio.ensure_future(work)
-    waiter: asyncio.Future[Any] = asyncio.ensure_future(cancel.wait())
-    both: set[asyncio.Future[Any]] = {job, waiter}
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("race_cancel must run inside a task")
+    running = True
+    interrupted = False
+
+    def interrupt(_: object) -> None:
+        nonlocal interrupted
+        # `running`: the callback may already be queued when the work ends.
+        if running and cancel.is_set():
+            interrupted = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(cancel.wait())
+    watcher.add_done_callback(interrupt)
     try:
-        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if interrupted:
+            interrupted = False
+            if task.uncancel() == 0:  # ours alone: the work was unwound
+                raise TaskCanceled("canceled while waiting") from None
+        raise
     finally:
-        waiter.cancel()
-        if not job.done():
-            job.cancel()
-            # Wait for the request to unwind (its connection is released) but
-            # never let that wait swallow our own cancellation.
-            await asyncio.wait({job})
-        await asyncio.wait({waiter})
-    if job.cancelled() and cancel.is_set():
-        raise TaskCanceled("canceled while waiting")
-    return job.result()
+        running = False
+        watcher.remove_done_callback(interrupt)
+        watcher.cancel()
+        if interrupted:
+            task.uncancel()  # the work swallowed our interrupt and ended anyway
 
 
 async def sleep_nominal(clock: Clock, nominal_s: float, cancel: asyncio.Event | None) -> None:

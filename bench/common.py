@@ -304,6 +304,11 @@ class ServiceProc:
             time.sleep(0.02)
         return dict(json.loads(path.read_text()))
 
+    def forget_child_stats(self) -> None:
+        """Make `bench.service_child` drop the event counts behind `child_stats`
+        (SIGUSR2): kept across cycles, they would read as service memory."""
+        os.kill(self.pid, signal.SIGUSR2)
+
     def stop(self) -> int | None:
         return _stop(self.popen)
 

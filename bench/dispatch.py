@@ -16,12 +16,16 @@ minus the remote time (0 here: the vendor answers at once), p50 and p99.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.common import (
     BenchResult,
@@ -49,9 +53,9 @@ DRAIN_BUDGET_S = 30.0
 
 
 async def submit_all(
-    client: httpx.AsyncClient, count: int, in_flight: int, tag: str, budget_s: float
+    clients: Sequence[httpx.AsyncClient], count: int, tag: str, budget_s: float
 ) -> tuple[float, float, list[float]]:
-    """POST `count` tasks with at most `in_flight` outstanding; (start, end, latencies).
+    """POST `count` tasks, one outstanding per client; (start, end, latencies).
 
     Stops early (fewer tasks) when `budget_s` runs out.
     """
@@ -59,7 +63,7 @@ async def submit_all(
     latencies: list[float] = []
     deadline = time.monotonic() + budget_s
 
-    async def worker() -> None:
+    async def worker(client: httpx.AsyncClient) -> None:
         while (i := next(counter)) < count and time.monotonic() < deadline:
             body = {"model": MODEL, "params": {"prompt": f"{tag} task {i}", "gen_s": 0}}
             t0 = time.perf_counter()
@@ -73,7 +77,7 @@ async def submit_all(
             latencies.append(time.perf_counter() - t0)
 
     start = time.time()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await asyncio.gather(*(worker(client) for client in clients))
     return start, time.time(), latencies
 
 
@@ -94,14 +98,32 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
     with Vendor(time_scale=1.0, quota=QUOTA) as vendor:
         env = service_env(profiles, vendor.url, time_scale=1.0, concurrency={"demo": QUOTA})
         state = work / "state"
-        with ServiceProc(state, env, work / "service.log") as service:
+        # The service as `python -m dispatcher` runs it; under BENCH_PROFILE the
+        # same service in `bench.service_child`, which can profile itself.
+        module = "bench.service_child" if os.environ.get("BENCH_PROFILE") else "dispatcher"
+        with ServiceProc(state, env, work / "service.log", module=module) as service:
             cpu0 = service.cpu_s()
-            async with service.async_client(limit=IN_FLIGHT) as client:
+            times0 = psutil.Process(service.pid).cpu_times()
+            # One client (one connection) per request in flight, not one client
+            # with a pool of 32: httpcore's pool scans all its connections for
+            # each of them on every request (quadratic), which made this client
+            # burn more CPU than the service it measures, on the same 2 cores.
+            # On the wire it is the same: 32 keep-alive connections, 32 POSTs
+            # in flight.
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [
+                    await stack.enter_async_context(service.async_client(limit=1))
+                    for _ in range(IN_FLIGHT)
+                ]
                 start, submitted_at, submit_lat = await submit_all(
-                    client, tasks, IN_FLIGHT, "b3", budget_s=SUBMIT_BUDGET_S
+                    clients, tasks, "b3", budget_s=SUBMIT_BUDGET_S
                 )
-                drained = await wait_drained(client, timeout_s=DRAIN_BUDGET_S)
+                drained = await wait_drained(clients[0], timeout_s=DRAIN_BUDGET_S)
             cpu_s = service.cpu_s() - cpu0
+            times = psutil.Process(service.pid).cpu_times()
+            # Kernel time (socket sends and receives, SQLite's file writes) is
+            # what Python-level work cannot shrink; shown apart from user time.
+            sys_s = times.system - times0.system
             rss = service.rss_mb()
         stats = vendor.stats()
     rows = read_tasks(state / "dispatcher.db")
@@ -133,6 +155,7 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
         "http_submit_mean_ms": r(mean(submit_lat) * 1000, 1),
         "service_cpu_s": r(cpu_s, 2),
         "service_cpu_ms_per_task": r(cpu_s / max(1, len(done)) * 1000, 2),
+        "service_cpu_sys_ms_per_task": r(sys_s / max(1, len(done)) * 1000, 2),
         "service_rss_mb_after": r(rss, 1),
         "vendor_requests": stats.get("requests"),
         "vendor_rate_limited": stats.get("rate_limited"),

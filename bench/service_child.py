@@ -5,7 +5,9 @@ from the environment, the same logging, `Service.start()`, SIGTERM stops it
 gracefully) and one thing more: on SIGUSR1 it writes `bench-stats.json` into
 its state dir with the store's write counter (`SqliteStore.writes`, rows
 written per task id) and the number of task events per task id (one on
-creation and one per state transition: what the ledger announces). A
+creation and one per state transition: what the ledger announces); on
+SIGUSR2 it forgets the events counted so far (a benchmark that audits cycle
+by cycle keeps its own instrumentation from reading as service memory). A
 subprocess keeps the service's memory and CPU its own, so the benchmarks can
 measure both with psutil while still reading counters only the process has.
 """
@@ -13,9 +15,11 @@ measure both with psutil while still reading counters only the process has.
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,7 @@ async def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, lambda: _dump(service, transitions, settings.state_dir))
+    loop.add_signal_handler(signal.SIGUSR2, transitions.clear)
     await service.start()
     try:
         await stop.wait()
@@ -64,5 +69,19 @@ async def main() -> None:
         await service.stop()
 
 
+def run() -> None:
+    profile_path = os.environ.get("BENCH_PROFILE")
+    if not profile_path:
+        asyncio.run(main())
+        return
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    try:
+        asyncio.run(main())
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile_path)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    run()

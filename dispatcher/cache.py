@@ -238,6 +238,9 @@ class ResultCache:
         one), then evict. Disk errors are logged, never raised."""
         if not _FINGERPRINT.fullmatch(fingerprint):
             raise ValueError(f"not a fingerprint: {fingerprint!r}")
+        if not result.get("files"):
+            self._store_text(fingerprint, model, result)
+            return
         # Files are assembled in a private temporary dir and renamed into
         # place, so a crash never leaves a half-written entry (start-up deletes
         # the temp) and a slow cross-filesystem copy holds no lock.
@@ -266,22 +269,45 @@ class ResultCache:
                 _remove(tmp)
                 log.warning("cache: not caching %s: %s", fingerprint, exc)
                 return
-            now = self.clock.now()
-            self.store.cache_put(
-                CacheEntry(
-                    fingerprint=fingerprint,
-                    model=model,
-                    result=cached,
-                    size_bytes=size,
-                    created_at=now,
-                    last_used_at=now,
-                )
+            self._put(fingerprint, model, cached, size)
+
+    def _store_text(self, fingerprint: str, model: str, result: Mapping[str, Any]) -> None:
+        """A result without files: one upsert replaces any older entry.
+
+        Nothing to stage on disk, so no temporary dir and no delete-then-put.
+        A folder an older entry with files left behind goes after the new row
+        is in: a crash in between leaves files the index does not list, which
+        start-up deletes.
+        """
+        try:
+            cached: JSON = dict(result)
+            size = len(canonical_json(cached).encode("utf-8"))
+        except (TypeError, ValueError) as exc:
+            log.warning("cache: not caching %s: %s", fingerprint, exc)
+            return
+        with self._lock:
+            self._put(fingerprint, model, cached, size)
+            folder = self.directory / fingerprint
+            if os.path.lexists(folder):
+                _remove(folder)
+
+    def _put(self, fingerprint: str, model: str, cached: JSON, size: int) -> None:
+        now = self.clock.now()
+        self.store.cache_put(
+            CacheEntry(
+                fingerprint=fingerprint,
+                model=model,
+                result=cached,
+                size_bytes=size,
+                created_at=now,
+                last_used_at=now,
             )
-            self.stored += 1
-            self._held_bytes += size
-            self._oldest_created_at = min(self._oldest_created_at, now)
-            if self._eviction_possible(now):
-                self._evict()
+        )
+        self.stored += 1
+        self._held_bytes += size
+        self._oldest_created_at = min(self._oldest_created_at, now)
+        if self._eviction_possible(now):
+            self._evict()
 
     def evict(self) -> EvictionPlan:
         """Apply the eviction plan for now; returns what was dropped."""

@@ -109,7 +109,7 @@ class Ledger:
             return task
         # Copied into the task's own folder: a later eviction must not take
         # the files out from under a finished task.
-        copy_to = self.results_dir / task.id / "cache" if self.results_dir else None
+        copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
         cached = self.cache.lookup(task.fingerprint, copy_to=copy_to)
         if cached is None:
             return task
@@ -171,7 +171,13 @@ class Ledger:
 
     # -- writing -------------------------------------------------------------
     def _write(
-        self, task: Task, new_state: State, changes: Mapping[str, Any], *, why: str = ""
+        self,
+        task: Task,
+        new_state: State,
+        changes: Mapping[str, Any],
+        *,
+        why: str = "",
+        unless_cancel_requested: bool = False,
     ) -> Task | None:
         states.check_transition(task.state, new_state)
         updated = self.store.update_task(
@@ -179,24 +185,28 @@ class Ledger:
             expect_state=task.state,
             expect_attempt=task.attempt,
             changes={**changes, "state": new_state},
+            unless_cancel_requested=unless_cancel_requested,
         )
         if updated is None:
-            current = self.store.get_task(task.id)
-            log.warning(
-                "%s task %s attempt %d: late write %s->%s rejected (now %s attempt %s)%s",
-                lane_prefix(task),
-                task.id,
-                task.attempt,
-                task.state.value,
-                new_state.value,
-                current.state.value if current else "missing",
-                current.attempt if current else "-",
-                f": {why}" if why else "",
-            )
+            if not unless_cancel_requested:
+                self._rejected(task, new_state, self.store.get_task(task.id), why)
             return None
         if new_state is not task.state:
             self._announce(updated, task.state, why)
         return updated
+
+    def _rejected(self, task: Task, new_state: State, current: Task | None, why: str) -> None:
+        log.warning(
+            "%s task %s attempt %d: late write %s->%s rejected (now %s attempt %s)%s",
+            lane_prefix(task),
+            task.id,
+            task.attempt,
+            task.state.value,
+            new_state.value,
+            current.state.value if current else "missing",
+            current.attempt if current else "-",
+            f": {why}" if why else "",
+        )
 
     def _announce(self, task: Task, old: State | None, why: str = "") -> None:
         log.info(
@@ -243,11 +253,9 @@ class Ledger:
     def succeed(
         self, task: Task, result: JSON, stage_durations: Mapping[str, float]
     ) -> Task | None:
-        current = self.store.get_task(task.id)
-        if current is not None and current.cancel_requested and current.state is State.RUNNING:
-            log.info("%s task %s: result arrived after cancel; dropped", lane_prefix(task), task.id)
-            return self.mark_canceled(current, stage_durations)
-        return self._write(
+        # The cancel check rides on the CAS itself (one statement in the common
+        # case); only a refused write reads the row to find out why.
+        done = self._write(
             task,
             State.SUCCESS,
             {
@@ -256,7 +264,21 @@ class Ledger:
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
             },
+            unless_cancel_requested=True,
         )
+        if done is not None:
+            return done
+        current = self.store.get_task(task.id)
+        if (
+            current is not None
+            and current.cancel_requested
+            and current.state is State.RUNNING
+            and current.attempt == task.attempt
+        ):
+            log.info("%s task %s: result arrived after cancel; dropped", lane_prefix(task), task.id)
+            return self.mark_canceled(current, stage_durations)
+        self._rejected(task, State.SUCCESS, current, "")
+        return None
 
     def fail(
         self, task: Task, error: RunError, stage_durations: Mapping[str, float] | None = None

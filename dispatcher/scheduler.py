@@ -85,6 +85,7 @@ class Running:
     live: Live
     job: asyncio.Task[None] | None = None
     interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
+    started_monotonic: float = 0.0  # the context's last beat when the run began
 
 
 class Scheduler:
@@ -113,6 +114,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
+        self._next_reclaim = float("-inf")
         # Recent run times per model for ETAs: read from the store once, then
         # kept here, because every task answer needs them.
         self._durations: dict[str, deque[float]] = {}
@@ -140,14 +142,19 @@ class Scheduler:
         self._wake.set()
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopping:
             try:
                 self.round()
             except Exception:
                 # A failing round (e.g. a locked database) must not kill the lanes.
                 log.exception("scheduler round failed; retrying next tick")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tick_s)
+            # The tick is a timer that sets the wake event, not a wait_for:
+            # rounds follow every submit and every finished task, and a
+            # wait_for costs a new task per round.
+            tick = loop.call_later(self.tick_s, self._wake.set)
+            await self._wake.wait()
+            tick.cancel()
             self._wake.clear()
 
     async def shutdown(self) -> None:
@@ -168,21 +175,30 @@ class Scheduler:
     # -- the round ---------------------------------------------------------------
     def round(self) -> None:
         self.rounds += 1
-        self._reclaim_stale()
+        # Staleness is a matter of tens of seconds: looking once per tick is
+        # as prompt as looking at every wake, and a query cheaper per task.
+        now = self.clock.monotonic()
+        if now >= self._next_reclaim:
+            self._next_reclaim = now + self.tick_s
+            self._reclaim_stale()
         if self._stopping:
             return
         for lane in self.lanes.values():
-            snapshot = LaneSnapshot(
-                name=lane.name,
-                concurrency=lane.concurrency,
-                enabled=self.accounts.is_open(lane.account),
-                running=len(self._lane_running[lane.name]),
-            )
-            for _ in range(free_slots(snapshot)):
-                task = self.ledger.claim(lane.lane_groups, lane.account)
-                if task is None:
-                    break
-                self._start(task, lane)
+            self._fill(lane)
+
+    def _fill(self, lane: LaneSpec) -> None:
+        """Claim and start the lane's oldest ready tasks, one per free slot."""
+        snapshot = LaneSnapshot(
+            name=lane.name,
+            concurrency=lane.concurrency,
+            enabled=self.accounts.is_open(lane.account),
+            running=len(self._lane_running[lane.name]),
+        )
+        for _ in range(free_slots(snapshot)):
+            task = self.ledger.claim(lane.lane_groups, lane.account)
+            if task is None:
+                break
+            self._start(task, lane)
 
     def _reclaim_stale(self) -> None:
         now = self.clock.now()
@@ -260,12 +276,14 @@ class Scheduler:
             lane=lane.name,
             account=lane.account,
             clock=self.clock,
-            result_dir=self.results_dir / task.id / f"attempt-{task.attempt}",
+            result_dir=self.results_dir.joinpath(task.id, f"attempt-{task.attempt}"),
             log=adapter,
             report_stage=report_stage,
             record_remote_id=record_remote_id,
         )
-        running = Running(task=task, lane=lane, ctx=ctx, live=live)
+        running = Running(
+            task=task, lane=lane, ctx=ctx, live=live, started_monotonic=ctx.last_beat_monotonic
+        )
         self.running[task.id] = running
         self._lane_running[lane.name].add(task.id)
         running.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
@@ -274,18 +292,42 @@ class Scheduler:
 
     async def _execute(self, running: Running) -> None:
         runner = self.runners[running.lane.kind]
-        beats = asyncio.create_task(self._heartbeats(running, runner))
+        # The heartbeat loop starts when the first beat is due: most API tasks
+        # are over long before, and a timer costs less than a task per run.
+        beats: list[asyncio.Task[None]] = []
+        first_beat = asyncio.get_running_loop().call_later(
+            self.heartbeat_s,
+            lambda: beats.append(asyncio.create_task(self._heartbeats(running, runner))),
+        )
         try:
-            outcome = await self._run_one(running, runner)
+            try:
+                outcome = await self._run_one(running, runner)
+            finally:
+                first_beat.cancel()
+                for beat in beats:
+                    beat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beat
+                self.running.pop(running.task.id, None)
+                self._lane_running[running.lane.name].discard(running.task.id)
+            if outcome is not None:
+                await self._finish(running, *outcome)
         finally:
-            beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
-            self.running.pop(running.task.id, None)
-            self._lane_running[running.lane.name].discard(running.task.id)
+            # Once the outcome is on record, so that a lane's runs never
+            # appear to overlap (a web account runs one at a time).
+            self._refill(running.lane)
+
+    def _refill(self, lane: LaneSpec) -> None:
+        """The slot just freed takes the lane's next task at once: waiting for
+        the scheduler's round costs a turn of the event loop, which is long
+        while a burst of submissions is being answered."""
+        if self._stopping:
+            return
+        try:
+            self._fill(lane)
+        except Exception:
+            log.exception("%s: starting the next task failed; the next round retries", lane.name)
             self.wake()
-        if outcome is not None:
-            await self._finish(running, *outcome)
 
     async def _run_one(
         self, running: Running, runner: Runner
@@ -349,15 +391,16 @@ class Scheduler:
                 self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
-        written_beat = running.ctx.last_beat_monotonic
+        """Started when the first beat is due (one heartbeat after the start)."""
+        written_beat = running.started_monotonic
         while True:
+            if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
+                # Otherwise no sign of life since the last write: let staleness speak.
+                written_beat = running.ctx.last_beat_monotonic
+                updated = self.ledger.heartbeat(running.task, running.live.stage)
+                if updated is not None:
+                    running.task = updated
             await asyncio.sleep(self.heartbeat_s)
-            if runner.beats_required and running.ctx.last_beat_monotonic <= written_beat:
-                continue  # no sign of life since the last write: let staleness speak
-            written_beat = running.ctx.last_beat_monotonic
-            updated = self.ledger.heartbeat(running.task, running.live.stage)
-            if updated is not None:
-                running.task = updated
 
     # -- operator hooks --------------------------------------------------------------
     def notify_cancel(self, task_id: str) -> None:

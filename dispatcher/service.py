@@ -144,7 +144,9 @@ class Service:
         if Kind.WEB in kinds:
             from webrunner.runner import WebRunner
 
-            self.runners[Kind.WEB] = WebRunner(self.settings, self.profiles, self.clock)
+            web = WebRunner(self.settings, self.profiles, self.clock)
+            self.events.listen(web.on_event)  # a disabled account's kept browser is closed
+            self.runners[Kind.WEB] = web
 
     async def start(self) -> None:
         await self._claim_state_dir()

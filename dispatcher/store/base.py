@@ -8,7 +8,6 @@ a newer decision.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -16,8 +15,9 @@ from dispatcher.models import Account, CacheEntry, Job, State, Task
 
 
 class Store(Protocol):
-    # Rows written per task id: transitions and heartbeats only (see tests).
-    writes: Counter[str]
+    @property
+    def writes(self) -> Mapping[str, int]:
+        """Rows written per recent task id: transitions and heartbeats only (see tests)."""
 
     def migrate(self) -> None: ...
 
@@ -36,8 +36,10 @@ class Store(Protocol):
         expect_state: State,
         expect_attempt: int | None = None,
         changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
     ) -> Task | None:
-        """CAS: apply `changes` only if state (and attempt) still match."""
+        """CAS: apply `changes` only if state (and attempt) still match, and, with
+        `unless_cancel_requested`, only if nobody has asked to cancel the task."""
 
     def claim_next(
         self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]

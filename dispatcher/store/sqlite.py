@@ -1,15 +1,25 @@
 """SQLite backend (WAL) for one machine: the embedded default.
 
-One connection, used from the event loop's thread; each write is its own
-short transaction, so a crash loses at most the write in flight.
+One connection, used from the event loop's thread. Every write has committed
+when it returns, so a crash loses at most the write in flight: a write that is
+one statement runs on its own in autocommit (atomic, and as durable as an
+explicit transaction, without the BEGIN/COMMIT round trips), writes of several
+statements share one transaction.
+
+Queue positions (`count_ahead`, asked for by every answer about a pending
+task) come from memory: the seqs of pending tasks per lane group, sorted,
+loaded by `migrate` and kept up to date by the writes here. Counting them in
+SQL cost a scan of the queue per answer. Only this process writes the
+database while it runs (the service holds the state dir's lock), so the copy
+cannot drift.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import sqlite3
 import threading
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,13 +37,90 @@ from dispatcher.store.rows import (
 )
 from dispatcher.store.schema import MIGRATIONS
 
-_SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)} FROM tasks"
+_COLUMNS = ", ".join(TASK_COLUMNS)
+_SELECT_TASK = f"SELECT {_COLUMNS} FROM tasks"
+_PENDING = State.PENDING.value
+
+# Task ids per generation of write counts (see WriteCounter).
+WRITES_KEPT = 10_000
+
+
+class WriteCounter(Mapping[str, int]):
+    """Rows written per task id, for the tests and benchmarks that audit writes.
+
+    Bounded: a long-running service writes for millions of tasks, and a plain
+    Counter kept every id forever. Two generations of plain dicts: ids go to
+    the young one (an id written again moves there from the old one), and
+    when it holds `generation` ids it becomes the old one, dropping the
+    previous old one. So the ids written most recently, at least `generation`
+    and at most twice that many, are kept; far more than any audit reads.
+    """
+
+    def __init__(self, generation: int = WRITES_KEPT) -> None:
+        self.generation = generation
+        self._young: dict[str, int] = {}
+        self._old: dict[str, int] = {}
+
+    def add(self, task_id: str) -> None:
+        young = self._young
+        young[task_id] = young.get(task_id, 0) + self._old.pop(task_id, 0) + 1
+        if len(young) >= self.generation:
+            self._old, self._young = young, {}
+
+    def __getitem__(self, task_id: str) -> int:
+        """0 for an id never written (or forgotten), as a Counter would say."""
+        return self._young.get(task_id) or self._old.get(task_id, 0)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._young or task_id in self._old
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._old
+        yield from self._young
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+
+class PendingIndex:
+    """Seqs of pending tasks per lane group, sorted: a queue position is a bisect."""
+
+    def __init__(self) -> None:
+        self._seqs: dict[str, list[int]] = {}
+
+    def add(self, group: str, seq: int) -> None:
+        seqs = self._seqs.setdefault(group, [])
+        if not seqs or seqs[-1] < seq:
+            seqs.append(seq)  # a new task: always the newest
+        else:
+            bisect.insort(seqs, seq)  # a retried or re-queued one keeps its place
+
+    def discard(self, group: str, seq: int) -> None:
+        seqs = self._seqs.get(group)
+        if seqs:
+            at = bisect.bisect_left(seqs, seq)
+            if at < len(seqs) and seqs[at] == seq:
+                del seqs[at]
+
+    def ahead(self, group: str, seq: int) -> int:
+        return bisect.bisect_left(self._seqs.get(group, ()), seq)
+
+    def counts(self) -> dict[str, int]:
+        return {group: len(seqs) for group, seqs in self._seqs.items() if seqs}
+
+    def track(self, old_state: str, row: sqlite3.Row) -> None:
+        """Follow one task row that was in `old_state` before a write."""
+        if old_state == _PENDING and row["state"] != _PENDING:
+            self.discard(row["lane_group"], row["seq"])
+        elif old_state != _PENDING and row["state"] == _PENDING:
+            self.add(row["lane_group"], row["seq"])
 
 
 class SqliteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.writes: Counter[str] = Counter()
+        self.writes = WriteCounter()
+        self._pending = PendingIndex()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
@@ -70,6 +157,14 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite read failed: {exc}") from exc
 
+    def _write1(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """One write statement in autocommit: committed once its rows are read."""
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite write failed: {exc}") from exc
+
     def migrate(self) -> None:
         with self._tx() as db:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -81,6 +176,12 @@ class SqliteStore:
                 for statement in statements:
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        pending = PendingIndex()
+        for row in self._query(
+            "SELECT lane_group, seq FROM tasks WHERE state = 'pending' ORDER BY seq"
+        ):
+            pending.add(row["lane_group"], row["seq"])
+        self._pending = pending
 
     def schema_version(self) -> int:
         return int(self._query("SELECT MAX(version) FROM schema_version")[0][0] or 0)
@@ -91,22 +192,28 @@ class SqliteStore:
 
     # -- tasks -------------------------------------------------------------
     def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
-        stored: list[Task] = []
-        with self._tx() as db:
-            if job is not None:
-                db.execute(
-                    "INSERT INTO jobs (id, name, created_at) VALUES (?, ?, ?)",
-                    (job.id, job.name, job.created_at),
-                )
-            for task in tasks:
-                row = task_to_row(task)
-                columns = ", ".join(row)
-                marks = ", ".join("?" for _ in row)
-                cursor = db.execute(
-                    f"INSERT INTO tasks ({columns}) VALUES ({marks})", tuple(row.values())
-                )
-                stored.append(task.replace(seq=cursor.lastrowid or 0))
-                self.writes[task.id] += 1
+        rows = [task_to_row(task) for task in tasks]
+        with self._lock:
+            if job is None and len(rows) == 1:
+                # The common case (one POST, one task): one statement, no transaction.
+                (stored_row,) = self._write1(_insert_sql(rows[0]), tuple(rows[0].values()))
+                seqs = [int(stored_row[0])]
+            else:
+                seqs = []
+                with self._tx() as db:
+                    if job is not None:
+                        db.execute(
+                            "INSERT INTO jobs (id, name, created_at) VALUES (?, ?, ?)",
+                            (job.id, job.name, job.created_at),
+                        )
+                    for row in rows:
+                        (stored_row,) = db.execute(_insert_sql(row), tuple(row.values())).fetchall()
+                        seqs.append(int(stored_row[0]))
+            stored = [task.replace(seq=seq) for task, seq in zip(tasks, seqs, strict=True)]
+            for task in stored:
+                self.writes.add(task.id)
+                if task.state is State.PENDING:
+                    self._pending.add(task.lane_group, task.seq)
         return stored
 
     def get_task(self, task_id: str) -> Task | None:
@@ -120,6 +227,7 @@ class SqliteStore:
         expect_state: State,
         expect_attempt: int | None = None,
         changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
     ) -> Task | None:
         columns = encode_changes(changes)
         sets = ", ".join(f"{name} = ?" for name in columns)
@@ -128,12 +236,15 @@ class SqliteStore:
         if expect_attempt is not None:
             sql += " AND attempt = ?"
             args.append(expect_attempt)
-        with self._tx() as db:
-            if db.execute(sql, args).rowcount != 1:
+        if unless_cancel_requested:
+            sql += " AND cancel_requested = 0"
+        with self._lock:
+            rows = self._write1(f"{sql} RETURNING {_COLUMNS}", args)
+            if not rows:
                 return None
-            row = db.execute(f"{_SELECT_TASK} WHERE id = ?", (task_id,)).fetchone()
-        self.writes[task_id] += 1
-        return row_to_task(row)
+            self.writes.add(task_id)
+            self._pending.track(expect_state.value, rows[0])
+        return row_to_task(rows[0])
 
     def claim_next(
         self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
@@ -143,21 +254,20 @@ class SqliteStore:
         marks = ", ".join("?" for _ in lane_groups)
         columns = encode_changes({**changes, "state": State.RUNNING})
         sets = ", ".join(f"{name} = ?" for name in columns)
-        with self._tx() as db:
-            # Oldest first across the groups: FIFO within the lane.
-            row = db.execute(
-                f"SELECT id FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
-                "AND not_before <= ? ORDER BY seq LIMIT 1",
-                (*lane_groups, now),
-            ).fetchone()
-            if row is None:
-                return None
-            db.execute(
-                f"UPDATE tasks SET {sets} WHERE id = ? AND state = 'pending'",
-                (*columns.values(), row["id"]),
+        # Find and take in one statement (atomic on its own): the oldest ready
+        # task across the groups, FIFO within the lane.
+        with self._lock:
+            rows = self._write1(
+                f"UPDATE tasks SET {sets} WHERE state = 'pending' AND seq = ("
+                f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
+                f"AND not_before <= ? ORDER BY seq LIMIT 1) RETURNING {_COLUMNS}",
+                (*columns.values(), *lane_groups, now),
             )
-            claimed = db.execute(f"{_SELECT_TASK} WHERE id = ?", (row["id"],)).fetchone()
-        self.writes[claimed["id"]] += 1
+            if not rows:
+                return None
+            claimed = rows[0]
+            self.writes.add(claimed["id"])
+            self._pending.discard(claimed["lane_group"], claimed["seq"])
         return row_to_task(claimed)
 
     def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]:
@@ -177,17 +287,10 @@ class SqliteStore:
         return [row_to_task(r) for r in rows]
 
     def count_ahead(self, lane_group: str, seq: int) -> int:
-        rows = self._query(
-            "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
-            (lane_group, seq),
-        )
-        return int(rows[0][0])
+        return self._pending.ahead(lane_group, seq)
 
     def queued_counts(self) -> dict[str, int]:
-        rows = self._query(
-            "SELECT lane_group, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY lane_group"
-        )
-        return {r[0]: int(r[1]) for r in rows}
+        return self._pending.counts()
 
     def state_counts(self) -> dict[tuple[str, str], int]:
         rows = self._query("SELECT model, state, COUNT(*) FROM tasks GROUP BY model, state")
@@ -239,21 +342,20 @@ class SqliteStore:
         return {r["name"]: row_to_account(r) for r in rows}
 
     def upsert_account(self, account: Account) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-                "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
-                "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at",
-                (
-                    account.name,
-                    account.kind.value,
-                    int(account.enabled),
-                    account.reason,
-                    int(account.needs_attention),
-                    account.updated_at,
-                ),
-            )
+        self._write1(
+            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
+            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at",
+            (
+                account.name,
+                account.kind.value,
+                int(account.enabled),
+                account.reason,
+                int(account.needs_attention),
+                account.updated_at,
+            ),
+        )
 
     # -- result cache index ----------------------------------------------------
     def cache_get(self, fingerprint: str) -> CacheEntry | None:
@@ -261,36 +363,38 @@ class SqliteStore:
         return row_to_cache_entry(rows[0]) if rows else None
 
     def cache_put(self, entry: CacheEntry) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO cache_entries (fingerprint, model, result, size_bytes, created_at, "
-                "last_used_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET "
-                "model = excluded.model, result = excluded.result, "
-                "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
-                "last_used_at = excluded.last_used_at",
-                (
-                    entry.fingerprint,
-                    entry.model,
-                    json.dumps(entry.result),
-                    entry.size_bytes,
-                    entry.created_at,
-                    entry.last_used_at,
-                ),
-            )
+        self._write1(
+            "INSERT INTO cache_entries (fingerprint, model, result, size_bytes, created_at, "
+            "last_used_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET "
+            "model = excluded.model, result = excluded.result, "
+            "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
+            "last_used_at = excluded.last_used_at",
+            (
+                entry.fingerprint,
+                entry.model,
+                json.dumps(entry.result),
+                entry.size_bytes,
+                entry.created_at,
+                entry.last_used_at,
+            ),
+        )
 
     def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
-        with self._tx() as db:
-            db.execute(
-                "UPDATE cache_entries SET last_used_at = ? WHERE fingerprint = ?",
-                (last_used_at, fingerprint),
-            )
+        self._write1(
+            "UPDATE cache_entries SET last_used_at = ? WHERE fingerprint = ?",
+            (last_used_at, fingerprint),
+        )
 
     def cache_delete(self, fingerprint: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM cache_entries WHERE fingerprint = ?", (fingerprint,))
+        self._write1("DELETE FROM cache_entries WHERE fingerprint = ?", (fingerprint,))
 
     def cache_entries(self) -> list[CacheEntry]:
         return [
             row_to_cache_entry(r)
             for r in self._query("SELECT * FROM cache_entries ORDER BY last_used_at")
         ]
+
+
+def _insert_sql(row: Mapping[str, Any]) -> str:
+    marks = ", ".join("?" for _ in row)
+    return f"INSERT INTO tasks ({', '.join(row)}) VALUES ({marks}) RETURNING seq"

@@ -220,6 +220,19 @@ def test_restoring_a_fingerprint_replaces_the_entry(
     assert [p.name for p in (cache_dir / FP_A).iterdir()] == ["0-y.bin"]
 
 
+def test_a_text_result_replaces_an_entry_with_files(
+    make_cache: Callable[..., ResultCache],
+    produce: Callable[..., dict[str, Any]],
+    cache_dir: Path,
+) -> None:
+    cache = make_cache()
+    cache.store_result(FP_A, "m", produce("old", {"x.bin": b"old"}))
+    cache.store_result(FP_A, "m", {"text": "now text", "files": [], "meta": {}})
+    assert cache.lookup(FP_A) == {"text": "now text", "files": [], "meta": {}}
+    assert not (cache_dir / FP_A).exists()  # the old entry's files went with it
+    assert make_cache().lookup(FP_A) == {"text": "now text", "files": [], "meta": {}}
+
+
 def test_index_survives_a_restart(
     make_cache: Callable[..., ResultCache],
     produce: Callable[..., dict[str, Any]],

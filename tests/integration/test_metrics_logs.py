@@ -54,14 +54,21 @@ async def test_metrics_parse_and_move_when_tasks_run(tmp_path: Path) -> None:
         assert value(before, "dispatcher_lane_running", lane="api:demo") == 0
         assert value(before, "dispatcher_lane_enabled", lane="api:demo-queue") == 1
 
-        job = await h.job("metrics", [
-            {"model": "demo-chat-api", "params": {"prompt": f"fine {i}", "gen_s": 2}}
-            for i in range(3)
-        ] + [
-            {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
-            {"model": "demo-video", "params": {"prompt": "breaks [fail=transient]", "gen_s": 2}},
-            {"model": "demo-queue", "params": {"prompt": "a poster", "gen_s": 2}},
-        ])
+        job = await h.job(
+            "metrics",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": f"fine {i}", "gen_s": 2}}
+                for i in range(3)
+            ]
+            + [
+                {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
+                {
+                    "model": "demo-video",
+                    "params": {"prompt": "breaks [fail=transient]", "gen_s": 2},
+                },
+                {"model": "demo-queue", "params": {"prompt": "a poster", "gen_s": 2}},
+            ],
+        )
         assert (await h.wait_job(job["id"]))["state"] == "partial"
         first = await h.submit("demo-chat-api", "same again", gen_s=1)
         again = await h.submit("demo-chat-api", "same again", gen_s=1)
@@ -90,12 +97,18 @@ async def test_metrics_parse_and_move_when_tasks_run(tmp_path: Path) -> None:
     assert value(after, "dispatcher_cache_hits_total") == 1
     assert value(after, "dispatcher_lane_enabled", lane="api:demo-queue") == 0
     assert ("dispatcher_lane_queued", (("lane", "api:demo"),)) in after
-    for counter in ("dispatcher_stale_reclaims_total", "dispatcher_browser_launches_total",
-                    "dispatcher_leftover_processes_ended_total"):
+    for counter in (
+        "dispatcher_stale_reclaims_total",
+        "dispatcher_browser_launches_total",
+        "dispatcher_leftover_processes_ended_total",
+    ):
         assert (counter, ()) in after
     # Remote requests by provider and HTTP status, counted by the API runner.
-    remote = {(dict(ls)["provider"], dict(ls)["status"]): n for (name, ls), n in after.items()
-              if name == "dispatcher_remote_requests_total"}
+    remote = {
+        (dict(ls)["provider"], dict(ls)["status"]): n
+        for (name, ls), n in after.items()
+        if name == "dispatcher_remote_requests_total"
+    }
     assert remote.get(("demo", "200"), 0) >= 5
     assert sum(n for (provider, _), n in remote.items() if provider == "demo-queue") > 0
 
@@ -122,21 +135,33 @@ def having(lines: Iterable[dict[str, object]], **fields: object) -> list[dict[st
 @pytest.mark.timeout(180)
 def test_logs_of_a_full_run_hold_no_secret_and_json_lines_carry_the_task(tmp_path: Path) -> None:
     service = start_service(
-        tmp_path, args=("--demo", "--log-level", "DEBUG"),
+        tmp_path,
+        args=("--demo", "--log-level", "DEBUG"),
         env={"DISPATCHER_LOG_FORMAT": "json"},
     )
     token = service.token
     try:
         with service.http() as client:
-            job = client.post("/v1/jobs", json={"name": "secrets", "tasks": [
-                {"model": "demo-chat-api", "params": {"prompt": "fine", "gen_s": 2}},
-                {"model": "demo-video", "params": {"prompt": "clip", "gen_s": 3}},
-                {"model": "demo-queue", "params": {"prompt": "poster", "gen_s": 2}},
-                {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
-                {"model": "demo-video", "params": {"prompt": "flaky [fail=transient]", "gen_s": 1}},
-            ]}).json()
-            slow = client.post("/v1/tasks", json={
-                "model": "demo-video", "params": {"prompt": "slow", "gen_s": 3000}}).json()
+            job = client.post(
+                "/v1/jobs",
+                json={
+                    "name": "secrets",
+                    "tasks": [
+                        {"model": "demo-chat-api", "params": {"prompt": "fine", "gen_s": 2}},
+                        {"model": "demo-video", "params": {"prompt": "clip", "gen_s": 3}},
+                        {"model": "demo-queue", "params": {"prompt": "poster", "gen_s": 2}},
+                        {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
+                        {
+                            "model": "demo-video",
+                            "params": {"prompt": "flaky [fail=transient]", "gen_s": 1},
+                        },
+                    ],
+                },
+            ).json()
+            slow = client.post(
+                "/v1/tasks",
+                json={"model": "demo-video", "params": {"prompt": "slow", "gen_s": 3000}},
+            ).json()
             until(lambda: client.get(f"/v1/tasks/{slow['id']}").json()["state"] == "running")
             client.post(f"/v1/tasks/{slow['id']}/cancel")
             until(lambda: client.get(f"/v1/jobs/{job['id']}").json()["state"] != "running")
@@ -146,10 +171,18 @@ def test_logs_of_a_full_run_hold_no_secret_and_json_lines_carry_the_task(tmp_pat
             code = client.post("/v1/dashboard-code").json()["code"]
             session = httpx.get(f"{service.url}/v1/session?code={code}", follow_redirects=False)
             cookie = session.cookies["dispatcher_session"]
-            assert httpx.get(f"{service.url}/v1/lanes",
-                             headers={"Cookie": f"dispatcher_session={cookie}"}).status_code == 200
-            assert httpx.get(f"{service.url}/v1/lanes",
-                             headers={"Authorization": "Bearer not-the-token"}).status_code == 403
+            assert (
+                httpx.get(
+                    f"{service.url}/v1/lanes", headers={"Cookie": f"dispatcher_session={cookie}"}
+                ).status_code
+                == 200
+            )
+            assert (
+                httpx.get(
+                    f"{service.url}/v1/lanes", headers={"Authorization": "Bearer not-the-token"}
+                ).status_code
+                == 403
+            )
             assert client.get(f"/v1/tasks/{token}").status_code == 404
             client.post("/v1/accounts/demo-queue/disable", json={"reason": "log test"})
     finally:
@@ -198,7 +231,17 @@ def test_scrub_masks_registered_secrets_and_credential_shapes() -> None:
     ]:
         assert secret not in scrub(line), line
     assert scrub("[api:demo] task abc attempt 1/3 running->success") == (
-        "[api:demo] task abc attempt 1/3 running->success")
+        "[api:demo] task abc attempt 1/3 running->success"
+    )
+    # Lines are only searched for shapes when they hold a shape's word; that
+    # word is found in any case re.IGNORECASE would accept.
+    for line, secret in [
+        ("\u017fecret=abcdef123456", "abcdef123456"),  # long s
+        ("AUTHOR\u0130ZATION: tok-abcdef123456", "tok-abcdef123456"),  # dotted capital I
+        ("author\u0131zation: tok-abcdef123456", "tok-abcdef123456"),  # dotless i
+        ("API_\u212aEY=k-abcdef123456", "k-abcdef123456"),  # Kelvin sign
+    ]:
+        assert secret not in scrub(line), line
 
 
 def test_redacting_filter_covers_exceptions_and_json_fields() -> None:
@@ -206,17 +249,25 @@ def test_redacting_filter_covers_exceptions_and_json_fields() -> None:
     try:
         raise RuntimeError("boom with exception-secret-456")
     except RuntimeError:
-        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed: %s", ("arg",),
-                                   exc_info=sys.exc_info())
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed: %s", ("arg",), exc_info=sys.exc_info()
+        )
     assert RedactingFilter().filter(record)
     out = JsonFormatter().format(record)
     assert "exception-secret-456" not in out and json.loads(out)["exception"]
 
-    message = ("[web:acct-1] task 0123456789abcdef0123456789abcdef attempt 2/3 "
-               "pending->running stage=dispatched")
+    message = (
+        "[web:acct-1] task 0123456789abcdef0123456789abcdef attempt 2/3 "
+        "pending->running stage=dispatched"
+    )
     assert task_fields(message) == {
-        "lane": "web:acct-1", "task_id": "0123456789abcdef0123456789abcdef", "attempt": 2,
-        "max_attempts": 3, "from_state": "pending", "state": "running", "stage": "dispatched",
+        "lane": "web:acct-1",
+        "task_id": "0123456789abcdef0123456789abcdef",
+        "attempt": 2,
+        "max_attempts": 3,
+        "from_state": "pending",
+        "state": "running",
+        "stage": "dispatched",
     }
     record = logging.LogRecord("dispatcher.tasks", logging.INFO, __file__, 1, message, None, None)
     line = json.loads(JsonFormatter().format(record))

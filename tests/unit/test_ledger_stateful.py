@@ -136,6 +136,23 @@ class LedgerMachine(RuleBasedStateMachine):
             self.attempts[task_id] = task.attempt
 
     @invariant()
+    def queue_positions_match_the_rows(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        rows = self.store._query(
+            "SELECT lane_group, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY lane_group"
+        )
+        assert self.store.queued_counts() == {r[0]: r[1] for r in rows}
+        for task_id in self.ids:
+            task = self.store.get_task(task_id)
+            assert task is not None
+            (expected,) = self.store._query(
+                "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
+                (task.lane_group, task.seq),
+            )[0]
+            assert self.store.count_ahead(task.lane_group, task.seq) == expected
+
+    @invariant()
     def exactly_one_row_per_task(self) -> None:
         if not hasattr(self, "store"):
             return

@@ -127,3 +127,78 @@ def test_job_counts_and_accounts_persist(tmp_path: Path) -> None:
     account = reopened.get_accounts()["acct-1"]
     assert (account.enabled, account.reason) == (False, "captcha")
     reopened.close()
+
+
+def _sql_ahead(store: SqliteStore, group: str, seq: int) -> int:
+    rows = store._db.execute(
+        "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
+        (group, seq),
+    ).fetchall()
+    return int(rows[0][0])
+
+
+def test_queue_positions_follow_every_write_and_survive_a_reopen(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    tasks = store.insert_tasks(
+        [_task(f"t{i}", group="api:q" if i % 3 else "api:p") for i in range(9)]
+    )
+    seqs = {t.id: t.seq for t in tasks}
+    assert store.count_ahead("api:q", seqs["t5"]) == 3  # t1, t2, t4
+    assert store.queued_counts() == {"api:p": 3, "api:q": 6}
+    store.claim_next(["api:q"], now=10.0, changes={})  # t1 leaves the queue
+    store.update_task("t2", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert store.count_ahead("api:q", seqs["t5"]) == 1
+    # Back to pending (a retry): the task keeps its place by seq.
+    store.update_task(
+        "t2", expect_state=State.CANCELED, changes={"state": State.PENDING, "attempt": 2}
+    )
+    assert store.count_ahead("api:q", seqs["t5"]) == 2
+    # A refused CAS changes nothing.
+    assert (
+        store.update_task("t1", expect_state=State.PENDING, changes={"state": State.CANCELED})
+        is None
+    )
+    for task in tasks:
+        assert store.count_ahead(task.lane_group, task.seq) == _sql_ahead(
+            store, task.lane_group, task.seq
+        )
+    counts = store.queued_counts()
+    store.close()
+    reopened = SqliteStore(tmp_path / "d.db")
+    reopened.migrate()
+    assert reopened.queued_counts() == counts
+    for task in tasks:
+        assert reopened.count_ahead(task.lane_group, task.seq) == _sql_ahead(
+            reopened, task.lane_group, task.seq
+        )
+    reopened.close()
+
+
+def test_write_counts_are_kept_for_recent_tasks_only(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.writes.generation = 3  # keeps the last 3 to 6 ids written
+    store.insert_tasks([_task(f"t{i}") for i in range(5)])
+    store.update_task("t4", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert dict(store.writes) == {"t0": 1, "t1": 1, "t2": 1, "t3": 1, "t4": 2}
+    store.update_task("t0", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    store.insert_tasks([_task("t5")])
+    assert dict(store.writes) == {"t3": 1, "t4": 2, "t0": 2, "t5": 1}
+    assert store.writes["t1"] == 0 and "t1" not in store.writes  # forgotten, not an error
+    store.close()
+
+
+def test_cas_can_require_that_nobody_asked_to_cancel(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    store.insert_tasks([_task("a", state=State.RUNNING, cancel_requested=True)])
+    done = {"state": State.SUCCESS}
+    assert (
+        store.update_task(
+            "a", expect_state=State.RUNNING, changes=done, unless_cancel_requested=True
+        )
+        is None
+    )
+    assert store.update_task("a", expect_state=State.RUNNING, changes=done) is not None
+    store.close()

@@ -85,3 +85,39 @@ async def test_race_cancel_returns_the_result_or_cancels_the_work() -> None:
     with pytest.raises(TaskCanceled):
         await race_cancel(forever(), cancel)
     assert finished.is_set()  # the work was unwound, not left running
+
+
+async def test_race_cancel_lets_other_cancellations_through() -> None:
+    cancel = asyncio.Event()
+
+    async def waiting() -> None:
+        await race_cancel(asyncio.sleep(60), cancel)
+
+    outer = asyncio.create_task(waiting())
+    await asyncio.sleep(0.01)
+    outer.cancel()  # a shutdown, not an operator's cancel: it must stay one
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    # And an operator's cancel leaves the task free to go on afterwards.
+    inner = asyncio.create_task(race_cancel(asyncio.sleep(60), cancel))
+    asyncio.get_running_loop().call_later(0.01, cancel.set)
+    with pytest.raises(TaskCanceled):
+        await inner
+    assert not inner.cancelled()
+
+
+async def test_race_cancel_work_that_outlives_the_interrupt_keeps_its_result() -> None:
+    cancel = asyncio.Event()
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "slept"
+
+    asyncio.get_running_loop().call_later(0.01, cancel.set)
+    assert await race_cancel(stubborn(), cancel) == "finished anyway"
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    await asyncio.sleep(0)  # no stray cancellation left behind
