@@ -8,8 +8,10 @@ the `demo-chat-api` model against a demo vendor answering at once (quota 5).
 2. The provider is switched off (the operator's switch), 10,000 tasks are
    submitted as ten jobs of 1,000, and RSS is read with all 10,000 pending.
 3. The provider is switched on; the queue drains; RSS after draining.
-4. Steps 2-3 once more: RSS after the second drain against the first shows
-   whether draining leaves memory behind (a leak grows it cycle by cycle).
+4. Steps 2-3 five times more: the slope of RSS after each drain, from the
+   second drain on, shows whether draining leaves memory behind (a leak
+   grows it cycle by cycle; the first two cycles fill what is bounded on
+   purpose: the store's write counter, SQLite's page cache).
 
 Writes: `SqliteStore.writes` counts rows written per task id; the child also
 counts the task events the ledger publishes (one on creation, one per state
@@ -23,6 +25,8 @@ the child then forgets its event counts, so that neither reads as a leak.
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -44,17 +48,22 @@ from bench.common import (
 
 TASKS = 10_000
 CHUNK = 1_000
-CYCLES = 2
+# The first two cycles fill what is bounded on purpose (the store's write
+# counter keeps its last 10,000-20,000 tasks; SQLite's page cache warms up);
+# growth is read from the second drain to the last, where a leak would show.
+CYCLES = 6
+WARM_CYCLES = 2
 QUOTA = 5
 MODEL = "demo-chat-api"
 PROVIDER = "demo"
 TARGET_PENDING_MB = 200.0
-# After a drain, RSS may sit a little above the previous drain's (allocator
-# noise, SQLite's page cache warming); a leak of even 100 bytes per task
-# would show as ~1 MB per 10,000 tasks, so the bound is kept tight.
-GROWTH_TOLERANCE_MB = 3.0
+# RSS after a drain wanders by about +/-1 MB from one cycle to the next
+# (allocator and SQLite page cache; an 8-cycle run here read 68, 70, 70, 71,
+# 70, 69, 70, 71 MB), so growth is the least-squares slope over the drains
+# after the warm ones: a leak of 50 bytes per task shows as 0.5 MB per cycle.
+GROWTH_TOLERANCE_MB_PER_CYCLE = 0.5
 # The whole benchmark must fit `make bench`'s ten minutes with the others.
-BUDGET_S = 130.0
+BUDGET_S = 200.0
 
 
 async def _settle(service: ServiceProc, seconds: float = 2.0) -> float:
@@ -174,13 +183,21 @@ async def run(
     over = sum(1 for w, t in zip(writes, transitions, strict=True) if w > t)
     first = cycle_figures[0]
     last = cycle_figures[-1]
-    growth = last["rss_after_drain_mb"] - first["rss_after_drain_mb"]
+    steady = [c["rss_after_drain_mb"] for c in cycle_figures[WARM_CYCLES - 1 :]]
+    growth = (
+        statistics.linear_regression(range(len(steady)), steady).slope
+        if len(steady) > 2
+        else math.nan
+    )
     figures: dict[str, Any] = {
         "tasks_per_cycle": tasks,
         "cycles": done_cycles,
         "rss_idle_mb": r(idle, 1),
         "by_cycle": cycle_figures,
-        "rss_growth_between_drains_mb": r(growth, 2),
+        "rss_growth_per_cycle_mb": r(growth, 3),  # slope from the last warm drain on
+        "rss_growth_first_to_last_drain_mb": r(
+            last["rss_after_drain_mb"] - first["rss_after_drain_mb"], 2
+        ),
         "writes_per_task_mean": r(mean(writes), 3),
         "writes_per_task_max": max(writes, default=0),
         "transitions_per_task_mean": r(mean(transitions), 3),
@@ -195,14 +212,15 @@ async def run(
         ),
         Check(
             "memory: growth after draining",
-            f"none (2nd drain - 1st drain <= {GROWTH_TOLERANCE_MB:g} MB)",
-            f"{growth:+.1f} MB (after drains: "
+            f"none (slope over drains {WARM_CYCLES}-{CYCLES} "
+            f"<= {GROWTH_TOLERANCE_MB_PER_CYCLE:g} MB per {tasks:,} tasks)",
+            f"{growth:+.2f} MB per cycle (after drains: "
             + ", ".join(f"{c['rss_after_drain_mb']:.0f}" for c in cycle_figures)
             + " MB)"
-            if done_cycles > 1 and all(c["drained"] for c in cycle_figures)
+            if done_cycles > WARM_CYCLES + 1 and all(c["drained"] for c in cycle_figures)
             else "not measured: " + "; ".join(notes),
-            growth <= GROWTH_TOLERANCE_MB and all(c["drained"] for c in cycle_figures)
-            if done_cycles > 1
+            growth <= GROWTH_TOLERANCE_MB_PER_CYCLE and all(c["drained"] for c in cycle_figures)
+            if done_cycles > WARM_CYCLES + 1
             else None,
         ),
         Check(
