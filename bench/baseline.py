@@ -8,7 +8,7 @@ for the service):
 - API video: submit (429 handled the same way), poll every second (scaled),
   download.
 - Web: one Chromium kept open on the account's logged-in profile for the
-  whole batch (cheaper per task than the service's browser per task); each
+  whole batch (as the service keeps its account's browser); each
   web task opens a tab, types the prompt, waits for the answer's done marker
   or an error banner, closes the tab. A broken generation is retried, up to
   3 attempts like the service.
