@@ -150,20 +150,18 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite write failed: {exc}") from exc
 
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def _query(
+        self, sql: str, args: Sequence[Any] = (), *, what: str = "read"
+    ) -> list[sqlite3.Row]:
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                raise StoreError(f"SQLite read failed: {exc}") from exc
+                raise StoreError(f"SQLite {what} failed: {exc}") from exc
 
     def _write1(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """One write statement in autocommit: committed once its rows are read."""
-        with self._lock:
-            try:
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise StoreError(f"SQLite write failed: {exc}") from exc
+        return self._query(sql, args, what="write")
 
     def migrate(self) -> None:
         with self._tx() as db:
