@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 import psutil
 
+from dispatcher.client import wait_until_serving
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROFILES_DIR = REPO / "profiles"
@@ -244,23 +246,12 @@ class ServiceProc:
         self.token = (state_dir / "token").read_text().strip()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"service exited with {self.popen.returncode}:\n{self.log()}")
-            port, token = self.state_dir / "port", self.state_dir / "token"
-            if port.exists() and token.exists():
-                try:
-                    answer = httpx.get(
-                        f"http://127.0.0.1:{port.read_text().strip()}/healthz",
-                        headers={"Authorization": f"Bearer {token.read_text().strip()}"},
-                        timeout=2,
-                    )
-                    if answer.status_code == 200:
-                        return
-                except (httpx.HTTPError, ValueError):
-                    pass
-            time.sleep(0.05)
+        if wait_until_serving(
+            self.state_dir, alive=lambda: self.popen.poll() is None, timeout_s=60
+        ):
+            return
+        if self.popen.poll() is not None:
+            raise RuntimeError(f"service exited with {self.popen.returncode}:\n{self.log()}")
         _stop(self.popen)
         raise RuntimeError(f"service did not come up:\n{self.log()}")
 

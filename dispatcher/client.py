@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import http.client
 import json as jsonlib
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -149,3 +151,22 @@ class Client:
             if exc.status != 404:
                 raise
         raise ApiError(404, "not_found", f"no task or job with id {task_or_job!r}")
+
+
+def wait_until_serving(
+    state_dir: Path, *, alive: Callable[[], bool], timeout_s: float, poll_s: float = 0.05
+) -> bool:
+    """Wait until the dispatcher of `state_dir` answers `/healthz` with the token it wrote.
+
+    For whoever just started it (scripts, tests, benchmarks): `alive` says
+    whether that process still runs, so a service that exited ends the wait
+    at once. False when it exited or `timeout_s` passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while alive() and time.monotonic() < deadline:
+        try:
+            Client(state_dir, timeout_s=2.0).get("/healthz")
+            return True
+        except ServiceError:
+            time.sleep(poll_s)  # not up yet: no port or token file, or not listening yet
+    return False

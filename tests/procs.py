@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from dispatcher.client import wait_until_serving
 from tests.helpers import REPO
 
 
@@ -108,23 +108,10 @@ def start_service(
     )
     handle.close()
     proc = Proc(popen, log_path)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise AssertionError(f"service exited with {popen.returncode}:\n{proc.log()[-3000:]}")
-        port_file, token_file = state_dir / "port", state_dir / "token"
-        if port_file.exists() and token_file.exists():
-            try:
-                response = httpx.get(
-                    f"http://127.0.0.1:{port_file.read_text().strip()}/healthz",
-                    headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
-                    timeout=2,
-                )
-                if response.status_code == 200:
-                    return proc
-            except (httpx.HTTPError, ValueError):
-                pass
-        time.sleep(0.05)
+    if wait_until_serving(state_dir, alive=lambda: popen.poll() is None, timeout_s=60):
+        return proc
+    if popen.poll() is not None:
+        raise AssertionError(f"service exited with {popen.returncode}:\n{proc.log()[-3000:]}")
     popen.kill()
     popen.wait()
     raise AssertionError(f"service did not come up:\n{proc.log()[-3000:]}")

@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from dispatcher.client import wait_until_serving
 from tests.harness import API_PROFILES, profiles_dir
 
 DEMO_API_KEY = "demo-key-for-tests-7f3a9c2e51"
@@ -118,18 +118,9 @@ def start_service(tmp_path: Path, *, args: Iterable[str] = ("--demo",),
             stdout=handle, stderr=subprocess.STDOUT, text=True,
         )
     service = ServiceProcess(popen, state_dir, log_path, full_env, tmp_path)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise AssertionError(
-                f"service exited with {popen.returncode}:\n{service.log()[-3000:]}")
-        if (state_dir / "port").exists() and (state_dir / "token").exists():
-            try:
-                with service.http() as client:
-                    if client.get("/healthz").status_code == 200:
-                        return service
-            except (httpx.HTTPError, ValueError, OSError):
-                pass
-        time.sleep(0.1)
+    if wait_until_serving(state_dir, alive=lambda: popen.poll() is None, timeout_s=90):
+        return service
+    if popen.poll() is not None:
+        raise AssertionError(f"service exited with {popen.returncode}:\n{service.log()[-3000:]}")
     service.stop()
     raise AssertionError(f"service did not come up:\n{service.log()[-3000:]}")
