@@ -203,8 +203,7 @@ class WebRunner:
                 ctx.log.info("reusing browser pid %d (idle %.1f s)", session.pid, idle_s)
                 return session, True
             # Crashed or disconnected while idle: make sure it is gone, start afresh.
-            await self._keeper.forget(account)
-            await session.abort()
+            await self._kill(account, session)
             ctx.log.warning(
                 "browser pid %d died while idle; starting a new one (exit code %s)",
                 session.pid,
@@ -266,8 +265,7 @@ class WebRunner:
                 ctx.log.warning(
                     "kept browser pid %d failed (%s); starting a new one", session.pid, exc
                 )
-                await self._keeper.forget(account)
-                await session.abort()
+                await self._kill(account, session)
                 session, reused = await self._session_for(ctx, account)
                 driver = await self._open_page(ctx, session, spec, page_budget)
             t_ready = time.monotonic()
@@ -311,8 +309,7 @@ class WebRunner:
             # first, synchronously: the page may be frozen, and the account's
             # slot is freed only once this coroutine has finished.
             if session is not None:
-                await self._keeper.forget(account)
-                await session.abort()
+                await self._kill(account, session)
                 ctx.log.warning(
                     "run interrupted; browser pid %d killed%s",
                     session.pid,
@@ -324,7 +321,8 @@ class WebRunner:
             raise
         finally:
             if session is not None and not session.closed and not keep:
-                # After a failure or a cancel the browser's state is suspect.
+                # Not kept: after a failure or a cancel its state is suspect;
+                # after a success, keep-alive is off or the account was released.
                 await self._keeper.forget(account)
                 await self._close(session, ctx.log)
             if result is not None:
@@ -334,6 +332,11 @@ class WebRunner:
                 # What this task paid beyond the generation: browser start (unless
                 # reused) and page load before the prompt, close after the answer.
                 timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+
+    async def _kill(self, account: str, session: BrowserSession) -> None:
+        """Kill the account's browser at once (dead, broken or frozen) and stop keeping it."""
+        await self._keeper.forget(account)
+        await session.abort()
 
     @staticmethod
     async def _close(session: BrowserSession, log: Log) -> None:
