@@ -253,9 +253,7 @@ class Ledger:
     def succeed(
         self, task: Task, result: JSON, stage_durations: Mapping[str, float]
     ) -> Task | None:
-        # The cancel check rides on the CAS itself (one statement in the common
-        # case); only a refused write reads the row to find out why.
-        done = self._write(
+        return self._end_attempt(
             task,
             State.SUCCESS,
             {
@@ -264,8 +262,19 @@ class Ledger:
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
             },
-            unless_cancel_requested=True,
+            what="result",
         )
+
+    def _end_attempt(
+        self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""
+    ) -> Task | None:
+        """Write how a running attempt ended, unless a cancel was asked for meanwhile.
+
+        The cancel check rides on the CAS itself (one statement in the common
+        case); only a refused write reads the row to find out why. A cancel
+        wins over the attempt's outcome: the task ends canceled.
+        """
+        done = self._write(task, new_state, changes, why=why, unless_cancel_requested=True)
         if done is not None:
             return done
         current = self.store.get_task(task.id)
@@ -275,9 +284,11 @@ class Ledger:
             and current.state is State.RUNNING
             and current.attempt == task.attempt
         ):
-            log.info("%s task %s: result arrived after cancel; dropped", lane_prefix(task), task.id)
-            return self.mark_canceled(current, stage_durations)
-        self._rejected(task, State.SUCCESS, current, "")
+            log.info(
+                "%s task %s: %s arrived after cancel; dropped", lane_prefix(task), task.id, what
+            )
+            return self.mark_canceled(current, changes.get("stage_durations"))
+        self._rejected(task, new_state, current, why)
         return None
 
     def fail(
@@ -295,7 +306,9 @@ class Ledger:
             "stage_durations": dict(stage_durations or {}),
         }
         changes.update(self._after_attempt(fate.state, fate.attempt, fate.not_before))
-        return self._write(task, fate.state, changes, why=f"{error.kind}: {error.message}")
+        return self._end_attempt(
+            task, fate.state, changes, what="error", why=f"{error.kind}: {error.message}"
+        )
 
     def _after_attempt(self, next_state: State, attempt: int, not_before: float) -> dict[str, Any]:
         """Changes for an attempt that ended badly: re-queued fresh, or finished."""

@@ -382,11 +382,9 @@ class Scheduler:
             self.ledger.mark_canceled(task, durations)
         else:
             error: RunError = payload
-            current = self.ledger.store.get_task(task.id)
-            if current is not None and current.cancel_requested:
-                self.ledger.mark_canceled(task, durations)
-                return
-            self.ledger.fail(task, error, durations)
+            ended = self.ledger.fail(task, error, durations)
+            if ended is not None and ended.state is State.CANCELED:
+                return  # a cancel was asked for while it ran: that outcome wins
             if isinstance(error, AuthError) and running.lane.kind is Kind.WEB:
                 self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
 
