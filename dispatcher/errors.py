@@ -3,7 +3,8 @@
     DispatcherError
     ├── ConfigError          settings or a profile are invalid (start-up refuses)
     ├── InputError           a request is malformed: unknown model, bad params (HTTP 4xx)
-    │   └── NotFound         no such task, job or account (HTTP 404)
+    │   ├── NotFound         no such task, job or account (HTTP 404)
+    │   └── AmbiguousId      an id prefix names several tasks or jobs (HTTP 409)
     ├── StateConflict        the state guard refused a transition (HTTP 409)
     ├── StoreError           the database failed underneath us
     ├── LockHeld             another dispatcher holds an account or the state dir
@@ -36,6 +37,17 @@ class InputError(DispatcherError):
 
 class NotFound(InputError):
     """No task, job or account by that name."""
+
+
+class AmbiguousId(InputError):
+    """An id prefix matches more than one task or job; carries the candidates."""
+
+    def __init__(self, what: str, prefix: str, candidates: list[str], *, more: bool) -> None:
+        super().__init__(
+            f"{what} id prefix {prefix!r} is ambiguous; it matches {', '.join(candidates)}"
+            + (" and more" if more else "")
+        )
+        self.candidates = candidates
 
 
 class StateConflict(DispatcherError):

@@ -17,11 +17,12 @@ from typing import Any, Protocol
 from dispatcher import states
 from dispatcher.clock import Clock
 from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
-from dispatcher.errors import InputError, NotFound, RunError, StateConflict
+from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import fingerprint
 from dispatcher.models import (
     JSON,
+    Attempt,
     Job,
     Kind,
     Stage,
@@ -37,6 +38,8 @@ from dispatcher.taskspec import TaskSpec
 log = logging.getLogger("dispatcher.tasks")
 
 MAX_JOB_TASKS = 10_000
+MIN_ID_PREFIX = 4
+MAX_CANDIDATES = 10
 
 
 class ResultLookup(Protocol):
@@ -93,6 +96,7 @@ class Ledger:
         return Task(
             id=new_id(),
             job_id=job_id,
+            ref=spec.ref,
             model=spec.model,
             kind=profile.kind,
             lane_group=profile.lane_group,
@@ -146,7 +150,15 @@ class Ledger:
         # Validate everything before writing anything: a bad line rejects the whole
         # job rather than leaving half of it queued.
         tasks = []
+        refs: dict[str, int] = {}
         for index, spec in enumerate(specs):
+            if spec.ref is not None:
+                if spec.ref in refs:
+                    raise InputError(
+                        f"tasks[{index}]: ref {spec.ref!r} is already used by "
+                        f"tasks[{refs[spec.ref]}]; refs are unique within a job"
+                    )
+                refs[spec.ref] = index
             try:
                 tasks.append(self._from_cache(self._new_task(spec, job.id)))
             except InputError as exc:
@@ -158,16 +170,37 @@ class Ledger:
 
     # -- reading -------------------------------------------------------------
     def get(self, task_id: str) -> Task:
+        """A task by its id or a unique prefix of it (4+ characters), as git does."""
         task = self.store.get_task(task_id)
+        if task is None:
+            task = self.store.get_task(self._resolve("task", task_id))
         if task is None:
             raise NotFound(f"no task {task_id!r}")
         return task
 
     def get_job(self, job_id: str) -> Job:
+        """A job by its id or a unique prefix of it (4+ characters)."""
         job = self.store.get_job(job_id)
+        if job is None:
+            job = self.store.get_job(self._resolve("job", job_id))
         if job is None:
             raise NotFound(f"no job {job_id!r}")
         return job
+
+    def attempts(self, task: Task) -> list[Attempt]:
+        return self.store.task_attempts(task.id)
+
+    def _resolve(self, what: str, prefix: str) -> str:
+        if len(prefix) < MIN_ID_PREFIX:
+            raise NotFound(f"no {what} {prefix!r} (a prefix needs {MIN_ID_PREFIX}+ characters)")
+        found = self.store.ids_with_prefix(f"{what}s", prefix, limit=MAX_CANDIDATES + 1)
+        if not found:
+            raise NotFound(f"no {what} {prefix!r}")
+        if len(found) > 1:
+            raise AmbiguousId(
+                what, prefix, found[:MAX_CANDIDATES], more=len(found) > MAX_CANDIDATES
+            )
+        return found[0]
 
     # -- writing -------------------------------------------------------------
     def _write(
@@ -186,6 +219,7 @@ class Ledger:
             expect_attempt=task.attempt,
             changes={**changes, "state": new_state},
             unless_cancel_requested=unless_cancel_requested,
+            ended=self._ended(task, new_state, changes, why),
         )
         if updated is None:
             if not unless_cancel_requested:
@@ -194,6 +228,27 @@ class Ledger:
         if new_state is not task.state:
             self._announce(updated, task.state, why)
         return updated
+
+    def _ended(
+        self, task: Task, new_state: State, changes: Mapping[str, Any], why: str
+    ) -> Attempt | None:
+        """The history row of a running attempt this write ends, if it ends one."""
+        if task.state is not State.RUNNING or new_state is State.RUNNING:
+            return None
+        error = changes.get("error", task.error) if new_state is not State.SUCCESS else None
+        if error is None and new_state is State.PENDING and why:
+            error = TaskError(kind="requeued", message=why)
+        return Attempt(
+            task_id=task.id,
+            attempt=task.attempt,
+            lane_group=task.lane_group,
+            account=task.account,
+            outcome=new_state,
+            started_at=task.started_at,
+            ended_at=self.clock.now(),
+            error=error,
+            stage_durations=dict(changes.get("stage_durations", task.stage_durations)),
+        )
 
     def _rejected(self, task: Task, new_state: State, current: Task | None, why: str) -> None:
         log.warning(
@@ -403,17 +458,17 @@ class Ledger:
         return updated
 
     def cancel_job(self, job_id: str) -> list[Task]:
-        self.get_job(job_id)
+        job = self.get_job(job_id)
         changed = []
-        for task in self.store.job_tasks(job_id):
+        for task in self.store.job_tasks(job.id):
             if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
                 changed.append(self.request_cancel(task.id))
         return changed
 
     def retry_job(self, job_id: str) -> list[Task]:
-        self.get_job(job_id)
+        job = self.get_job(job_id)
         return [
             self.retry(task.id)
-            for task in self.store.job_tasks(job_id)
+            for task in self.store.job_tasks(job.id)
             if task.state is State.FAILED
         ]

@@ -66,6 +66,7 @@ class Task:
     fingerprint: str
     created_at: float
     job_id: str | None = None
+    ref: str | None = None  # the client's own name for it, unique within its job
     account: str | None = None  # the web account or API provider that ran it
     state: State = State.PENDING
     stage: Stage | None = None
@@ -96,6 +97,7 @@ class Task:
         return {
             "id": self.id,
             "job_id": self.job_id,
+            "ref": self.ref,
             "model": self.model,
             "kind": self.kind.value,
             "account": self.account,
@@ -120,10 +122,51 @@ class Task:
 
 
 @dataclass
+class Attempt:
+    """How one attempt of a task ended: a row of the task's history.
+
+    `outcome` is the state the task went to when the attempt ended
+    (`pending` when it was re-queued for another attempt or recovered).
+    """
+
+    task_id: str
+    attempt: int
+    lane_group: str
+    outcome: State
+    ended_at: float
+    account: str | None = None
+    started_at: float | None = None
+    error: TaskError | None = None
+    stage_durations: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> JSON:
+        return {
+            "attempt": self.attempt,
+            "lane": self.lane_group,
+            "account": self.account,
+            "outcome": self.outcome.value,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "error": self.error.to_json() if self.error else None,
+            "stage_durations": self.stage_durations,
+        }
+
+
+@dataclass
 class Job:
     id: str
     name: str
     created_at: float
+    seq: int = 0  # insertion order, assigned by the store; the listing cursor
+
+
+@dataclass
+class JobSummary:
+    """A job's numbers without its tasks: what a listing shows per job."""
+
+    counts: dict[State, int]
+    from_cache: int = 0  # tasks answered from the result cache
+    last_finished_at: float | None = None
 
 
 class JobState(StrEnum):

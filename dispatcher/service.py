@@ -38,6 +38,7 @@ from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
 from dispatcher.store import Store, open_store
+from dispatcher.webhooks import Webhooks
 
 log = logging.getLogger("dispatcher.service")
 
@@ -210,6 +211,17 @@ class Service:
         )
         self.metrics = Metrics(self._live_numbers)
         self.events.listen(self.metrics.on_event)
+        redact(settings.webhook_secret)
+        self.webhooks = Webhooks(
+            settings.webhook_urls,
+            settings.webhook_secret,
+            self.store,
+            self.clock,
+            [a.to_json() for a in self.accounts.all()],
+        )
+        if self.webhooks.enabled:
+            self.events.listen(self.webhooks.on_event)
+            await self.webhooks.start()
         self._reconcile()
         redact(self.credentials.token)
         self.http = await start_server(create_app(self, self.credentials), settings.port)
@@ -304,6 +316,9 @@ class Service:
         scheduler = getattr(self, "scheduler", None)
         if scheduler is not None:
             await scheduler.shutdown()
+        webhooks = getattr(self, "webhooks", None)
+        if webhooks is not None:
+            await webhooks.aclose()
         self.events.close()
         if self.http is not None:
             await self.http.stop()

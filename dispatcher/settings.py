@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -72,6 +74,10 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     demo: bool = False
+    # Endpoints told when a job finishes or an account changes state (comma- or
+    # space-separated, or a JSON list); every POST is signed with the secret.
+    webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_secret: str | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -88,6 +94,16 @@ class Settings(BaseSettings):
             dotenv_settings,
             TomlConfigSettingsSource(settings_cls),
         )
+
+    @field_validator("webhook_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part for part in text.replace(",", " ").split() if part]
+        return value
 
     @field_validator("port")
     @classmethod

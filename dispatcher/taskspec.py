@@ -6,6 +6,7 @@ line is reported with its line number before anything is sent.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +19,19 @@ class TaskSpec:
     model: str
     params: JSON = field(default_factory=dict)
     force: bool = False
+    ref: str | None = None
+
+
+# A ref names the task's result files (`dispatcher results`): no leading dot,
+# so never "." or ".." nor a hidden file.
+REF_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
     """A task body from JSON into a TaskSpec, or an InputError saying what is wrong."""
     if not isinstance(raw, dict):
         raise InputError(f"{where} must be a JSON object")
-    unknown = set(raw) - {"model", "params", "force"}
+    unknown = set(raw) - {"model", "params", "force", "ref"}
     if unknown:
         raise InputError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
     model = raw.get("model")
@@ -38,4 +45,9 @@ def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
     force = raw.get("force", False)
     if not isinstance(force, bool):
         raise InputError(f"{where}.force must be true or false")
-    return TaskSpec(model=model, params=params, force=force)
+    ref = raw.get("ref")
+    if ref is not None and not (isinstance(ref, str) and REF_PATTERN.fullmatch(ref)):
+        raise InputError(
+            f"{where}.ref must be 1-100 characters of A-Z a-z 0-9 . _ - (not starting with .)"
+        )
+    return TaskSpec(model=model, params=params, force=force, ref=ref)

@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,11 +21,12 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dispatcher.errors import DispatcherError, InputError, NotFound, StateConflict
+from dispatcher.errors import AmbiguousId, DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
-from dispatcher.models import JSON, State, Task
+from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.states import job_state
 from dispatcher.taskspec import TaskSpec, parse_spec
 
@@ -37,7 +38,10 @@ log = logging.getLogger("dispatcher.http")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = frozenset({"dashboard.js", "dashboard.css"})
 SSE_KEEPALIVE_S = 15.0
+LIVEZ_PATH = "/livez"
+NO_STORE = {"Cache-Control": "no-store"}
 MAX_LIST = 500
+MAX_QUERY_CHARS = 200
 # The dashboard runs only its own script and talks only to this origin.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -62,6 +66,42 @@ def _limit(request: Request, default: int) -> int:
     return int(raw)
 
 
+def _cursor(request: Request) -> int | None:
+    """`after`: the `next` of a previous page (opaque to clients; a seq here)."""
+    raw = request.query_params.get("after")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise InputError("after must be the `next` value of a previous page")
+    return int(raw)
+
+
+_S = TypeVar("_S", State, JobState)
+
+
+def _states(request: Request, kind: type[_S]) -> list[_S]:
+    raw = request.query_params.get("state", "")
+    try:
+        return list(dict.fromkeys(kind(name.strip()) for name in raw.split(",") if name.strip()))
+    except ValueError as exc:
+        raise InputError(
+            f"state must be a comma-separated list of {', '.join(s.value for s in kind)}"
+        ) from exc
+
+
+def _text(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name) or None
+    if value is not None and len(value) > MAX_QUERY_CHARS:
+        raise InputError(f"{name} is longer than {MAX_QUERY_CHARS} characters")
+    return value
+
+
+def _page(items: list[JSON], seqs: list[int], limit: int) -> JSON:
+    """One page of a listing; one item more than `limit` was read to know if more follow."""
+    more = len(items) > limit
+    return {"items": items[:limit], "next": str(seqs[limit - 1]) if more else None}
+
+
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw:
@@ -77,27 +117,46 @@ class Api:
         self.service = service
 
     # -- answers ----------------------------------------------------------------
-    def task_answer(self, task: Task, *, deduped: bool = False) -> JSON:
+    def task_answer(
+        self, task: Task, *, deduped: bool = False, with_attempts: bool = False
+    ) -> JSON:
         answer = task.to_json()
         answer["deduped"] = deduped
         answer.update(self.service.scheduler.progress(task))
+        if with_attempts:
+            answer["attempts"] = [a.to_json() for a in self.service.ledger.attempts(task)]
         return answer
 
     def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
-        ledger = self.service.ledger
-        job = ledger.get_job(job_id)
-        counts = ledger.store.job_counts(job_id)
-        answer: JSON = {
-            "id": job.id,
-            "name": job.name,
-            "created_at": job.created_at,
-            "state": job_state(counts).value,
-            "counts": {state.value: counts.get(state, 0) for state in State},
-            "total": sum(counts.values()),
-        }
+        job = self.service.ledger.get_job(job_id)
+        answer = self.job_answers([job])[0]
         if with_tasks:
-            answer["tasks"] = [self.task_answer(t) for t in ledger.store.job_tasks(job_id)]
+            tasks = self.service.ledger.store.job_tasks(job.id)
+            answer["tasks"] = [self.task_answer(t) for t in tasks]
         return answer
+
+    def job_answers(self, jobs: list[Job]) -> list[JSON]:
+        summaries = self.service.ledger.store.job_summaries([job.id for job in jobs])
+        now = self.service.clock.now()
+        answers = []
+        for job in jobs:
+            summary = summaries[job.id]
+            state = job_state(summary.counts)
+            finished_at = summary.last_finished_at if state is not JobState.RUNNING else None
+            answers.append(
+                {
+                    "id": job.id,
+                    "name": job.name,
+                    "created_at": job.created_at,
+                    "state": state.value,
+                    "counts": {s.value: summary.counts.get(s, 0) for s in State},
+                    "total": sum(summary.counts.values()),
+                    "from_cache": summary.from_cache,
+                    "finished_at": finished_at,
+                    "elapsed_s": max(0.0, (finished_at or now) - job.created_at),
+                }
+            )
+        return answers
 
     # -- tasks -------------------------------------------------------------------
     async def create_task(self, request: Request) -> Response:
@@ -108,24 +167,24 @@ class Api:
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
 
     async def list_tasks(self, request: Request) -> Response:
-        """Tasks in the given states (`?state=running,pending`), oldest first."""
-        raw = request.query_params.get("state", "running,pending")
-        try:
-            wanted = [State(name.strip()) for name in raw.split(",") if name.strip()]
-        except ValueError as exc:
-            raise InputError(
-                f"state must be a comma-separated list of {', '.join(s.value for s in State)}"
-            ) from exc
-        limit = _limit(request, 200)
-        tasks: list[Task] = []
-        for state in dict.fromkeys(wanted):
-            tasks += self.service.ledger.store.tasks_in_state(state, limit=limit - len(tasks))
-            if len(tasks) >= limit:
-                break
-        return JSONResponse([self.task_answer(t) for t in tasks])
+        """Tasks newest first, filtered, one page at a time (`?limit=&after=`)."""
+        ledger = self.service.ledger
+        limit = _limit(request, 50)
+        job = request.query_params.get("job")
+        tasks = ledger.store.list_tasks(
+            states=_states(request, State),
+            model=request.query_params.get("model") or None,
+            job_id=ledger.get_job(job).id if job else None,
+            text=_text(request, "q"),
+            before_seq=_cursor(request),
+            limit=limit + 1,
+        )
+        page = _page([self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        return JSONResponse(page)
 
     async def get_task(self, request: Request) -> Response:
-        return JSONResponse(self.task_answer(self.service.ledger.get(request.path_params["id"])))
+        task = self.service.ledger.get(request.path_params["id"])
+        return JSONResponse(self.task_answer(task, with_attempts=True))
 
     async def cancel_task(self, request: Request) -> Response:
         task = self.service.ledger.request_cancel(request.path_params["id"])
@@ -170,8 +229,15 @@ class Api:
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
     async def list_jobs(self, request: Request) -> Response:
-        jobs = self.service.ledger.store.list_jobs(limit=_limit(request, 50))
-        return JSONResponse([self.job_answer(j.id, with_tasks=False) for j in jobs])
+        """Jobs newest first, without their tasks, one page at a time."""
+        limit = _limit(request, 50)
+        jobs = self.service.ledger.store.list_jobs(
+            states=_states(request, JobState),
+            text=_text(request, "q"),
+            before_seq=_cursor(request),
+            limit=limit + 1,
+        )
+        return JSONResponse(_page(self.job_answers(jobs), [j.seq for j in jobs], limit))
 
     async def get_job(self, request: Request) -> Response:
         return JSONResponse(self.job_answer(request.path_params["id"]))
@@ -230,6 +296,9 @@ class Api:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
+    async def webhook_deliveries(self, request: Request) -> Response:
+        return JSONResponse(self.service.webhooks.deliveries_view())
+
     async def healthz(self, request: Request) -> Response:
         return JSONResponse(
             {"ok": True, "service": "dispatcher", "pid": self.service.pid,
@@ -283,10 +352,39 @@ class Api:
                                            "X-Content-Type-Options": "nosniff"})
 
 
-def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:
+class Liveness:
+    """`GET /livez` for process monitors: no token, no data, answered before the
+    security layer (which asks every other path for a token)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == LIVEZ_PATH:
+            if scope["method"] in ("GET", "HEAD"):
+                response: Response = JSONResponse({"ok": True}, headers=NO_STORE)
+            else:
+                response = _error(405, "http", "Method Not Allowed")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(service: Service, credentials: Credentials) -> Liveness:
     api = Api(service)
 
     async def on_dispatcher_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, AmbiguousId):
+            return JSONResponse(
+                {
+                    "error": {
+                        "kind": "ambiguous",
+                        "message": str(exc),
+                        "candidates": exc.candidates,
+                    }
+                },
+                status_code=409,
+            )
         if isinstance(exc, NotFound):
             return _error(404, "not_found", str(exc))
         if isinstance(exc, InputError):
@@ -317,6 +415,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
         Route("/v1/events", api.events, methods=["GET"]),
+        Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
         Route("/v1/dashboard-code", api.issue_code, methods=["POST"]),
         Route("/v1/session", api.session, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
@@ -329,4 +428,4 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         routes=routes,
         exception_handlers={DispatcherError: on_dispatcher_error, HTTPException: on_http_error},
     )
-    return SecurityMiddleware(app, credentials)
+    return Liveness(SecurityMiddleware(app, credentials))

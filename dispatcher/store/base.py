@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from dispatcher.models import Account, CacheEntry, Job, State, Task
+from dispatcher.models import Account, Attempt, CacheEntry, Job, JobState, JobSummary, State, Task
 
 
 class Store(Protocol):
@@ -37,9 +37,31 @@ class Store(Protocol):
         expect_attempt: int | None = None,
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
     ) -> Task | None:
         """CAS: apply `changes` only if state (and attempt) still match, and, with
-        `unless_cancel_requested`, only if nobody has asked to cancel the task."""
+        `unless_cancel_requested`, only if nobody has asked to cancel the task.
+        `ended` is written to the attempt history in the same transaction, only
+        when the change applies."""
+
+    def task_attempts(self, task_id: str) -> list[Attempt]:
+        """The task's ended attempts, oldest first."""
+
+    def list_tasks(
+        self,
+        *,
+        states: Sequence[State] = (),
+        model: str | None = None,
+        job_id: str | None = None,
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        """Newest first; `text` is found in the params (the prompt) or the ref;
+        `before_seq` pages on from a previous answer's last task."""
+
+    def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
+        """Ids of `tasks` or `jobs` starting with `prefix` (at most `limit`)."""
 
     def claim_next(
         self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
@@ -74,7 +96,18 @@ class Store(Protocol):
 
     def job_counts(self, job_id: str) -> dict[State, int]: ...
 
-    def list_jobs(self, limit: int = 50) -> list[Job]: ...
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[JobState] = (),
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        """Newest first; `text` is found in the name; paged like `list_tasks`."""
+
+    def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+        """Counts per state, cache answers and the last finish, for each job."""
 
     # -- accounts (web accounts and API providers) ---------------------------
     def get_accounts(self) -> dict[str, Account]: ...

@@ -6,7 +6,16 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from dispatcher.models import Account, CacheEntry, Kind, Stage, State, Task, TaskError
+from dispatcher.models import (
+    Account,
+    Attempt,
+    CacheEntry,
+    Kind,
+    Stage,
+    State,
+    Task,
+    TaskError,
+)
 
 
 class RowLike(Protocol):
@@ -43,6 +52,7 @@ TASK_COLUMNS = (
     "not_before",
     "stage_started_at",
     "stage_durations",
+    "ref",
 )
 
 # Fields a caller may change through update_task/claim_next, with their encoders.
@@ -121,6 +131,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "not_before": task.not_before,
         "stage_started_at": task.stage_started_at,
         "stage_durations": json.dumps(task.stage_durations),
+        "ref": task.ref,
     }
 
 
@@ -156,6 +167,41 @@ def row_to_task(row: RowLike) -> Task:
         finished_at=row["finished_at"],
         not_before=row["not_before"],
         stage_started_at=row["stage_started_at"],
+        stage_durations=json.loads(row["stage_durations"] or "{}"),
+        ref=row["ref"],
+    )
+
+
+def attempt_to_row(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "task_id": attempt.task_id,
+        "attempt": attempt.attempt,
+        "lane_group": attempt.lane_group,
+        "account": attempt.account,
+        "outcome": attempt.outcome.value,
+        "started_at": attempt.started_at,
+        "ended_at": attempt.ended_at,
+        "error_kind": attempt.error.kind if attempt.error else None,
+        "error_message": attempt.error.message if attempt.error else None,
+        "stage_durations": json.dumps(attempt.stage_durations),
+    }
+
+
+def row_to_attempt(row: RowLike) -> Attempt:
+    error = (
+        TaskError(kind=row["error_kind"], message=row["error_message"] or "")
+        if row["error_kind"]
+        else None
+    )
+    return Attempt(
+        task_id=row["task_id"],
+        attempt=row["attempt"],
+        lane_group=row["lane_group"],
+        account=row["account"],
+        outcome=State(row["outcome"]),
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        error=error,
         stage_durations=json.loads(row["stage_durations"] or "{}"),
     )
 

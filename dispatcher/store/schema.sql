@@ -32,11 +32,30 @@ CREATE TABLE tasks (
     not_before REAL NOT NULL DEFAULT 0,
     stage_started_at REAL,
     stage_durations TEXT NOT NULL DEFAULT '{}',
-    from_cache INTEGER NOT NULL DEFAULT 0
+    from_cache INTEGER NOT NULL DEFAULT 0,
+    ref TEXT
 );
 CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
 CREATE INDEX tasks_fingerprint ON tasks (fingerprint, created_at);
+CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
+
+-- One row per ended attempt (success, failure, cancel, stale reclaim, re-queue);
+-- the tasks row keeps the current attempt.
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    attempt INTEGER NOT NULL,
+    lane_group TEXT NOT NULL,
+    account TEXT,
+    outcome TEXT NOT NULL,
+    started_at REAL,
+    ended_at REAL NOT NULL,
+    error_kind TEXT,
+    error_message TEXT,
+    stage_durations TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX attempts_task ON attempts (task_id, id);
 
 CREATE TABLE accounts (
     name TEXT PRIMARY KEY,

@@ -26,11 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.errors import StoreError
-from dispatcher.models import Account, CacheEntry, Job, State, Task
+from dispatcher.models import (
+    Account,
+    Attempt,
+    CacheEntry,
+    Job,
+    JobState,
+    JobSummary,
+    State,
+    Task,
+)
 from dispatcher.store.rows import (
     TASK_COLUMNS,
+    attempt_to_row,
     encode_changes,
     row_to_account,
+    row_to_attempt,
     row_to_cache_entry,
     row_to_task,
     task_to_row,
@@ -40,6 +51,29 @@ from dispatcher.store.schema import MIGRATIONS
 _COLUMNS = ", ".join(TASK_COLUMNS)
 _SELECT_TASK = f"SELECT {_COLUMNS} FROM tasks"
 _PENDING = State.PENDING.value
+
+# A job's state from its tasks, as `states.job_state` decides it, for listing
+# jobs by state in SQL (a test checks that the two agree).
+_JOB_STATE_SQL = """CASE
+    WHEN c.total IS NULL OR c.active > 0 THEN 'running'
+    WHEN c.success = c.total THEN 'success'
+    WHEN c.failed = c.total THEN 'failed'
+    WHEN c.canceled = c.total THEN 'canceled'
+    ELSE 'partial' END"""
+_JOB_COUNTS_SQL = """SELECT job_id, COUNT(*) AS total,
+    SUM(state IN ('pending', 'running')) AS active, SUM(state = 'success') AS success,
+    SUM(state = 'failed') AS failed, SUM(state = 'canceled') AS canceled
+    FROM tasks WHERE job_id IS NOT NULL GROUP BY job_id"""
+_ID_TABLES = frozenset({"tasks", "jobs"})
+
+
+def like_pattern(text: str, *, in_json: bool = False) -> str:
+    """A LIKE pattern finding `text` anywhere; `in_json` for a column of JSON text."""
+    # Params are stored as ASCII JSON: a prompt's "é" is there as "\u00e9".
+    needle = json.dumps(text)[1:-1] if in_json else text
+    needle = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{needle}%"
+
 
 # Task ids per generation of write counts (see WriteCounter).
 WRITES_KEPT = 10_000
@@ -226,6 +260,7 @@ class SqliteStore:
         expect_attempt: int | None = None,
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
     ) -> Task | None:
         columns = encode_changes(changes)
         sets = ", ".join(f"{name} = ?" for name in columns)
@@ -237,7 +272,18 @@ class SqliteStore:
         if unless_cancel_requested:
             sql += " AND cancel_requested = 0"
         with self._lock:
-            rows = self._write1(f"{sql} RETURNING {_COLUMNS}", args)
+            if ended is None:
+                rows = self._write1(f"{sql} RETURNING {_COLUMNS}", args)
+            else:
+                with self._tx() as db:
+                    rows = db.execute(f"{sql} RETURNING {_COLUMNS}", args).fetchall()
+                    if rows:
+                        history = attempt_to_row(ended)
+                        db.execute(
+                            f"INSERT INTO attempts ({', '.join(history)}) "
+                            f"VALUES ({', '.join('?' for _ in history)})",
+                            tuple(history.values()),
+                        )
             if not rows:
                 return None
             self.writes.add(task_id)
@@ -267,6 +313,52 @@ class SqliteStore:
             self.writes.add(claimed["id"])
             self._pending.discard(claimed["lane_group"], claimed["seq"])
         return row_to_task(claimed)
+
+    def task_attempts(self, task_id: str) -> list[Attempt]:
+        rows = self._query("SELECT * FROM attempts WHERE task_id = ? ORDER BY id", (task_id,))
+        return [row_to_attempt(r) for r in rows]
+
+    def list_tasks(
+        self,
+        *,
+        states: Sequence[State] = (),
+        model: str | None = None,
+        job_id: str | None = None,
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        where: list[str] = []
+        args: list[Any] = []
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            args += [State(s).value for s in states]
+        if model is not None:
+            where.append("model = ?")
+            args.append(model)
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(job_id)
+        if text:
+            where.append("(params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')")
+            args += [like_pattern(text, in_json=True), like_pattern(text)]
+        if before_seq is not None:
+            where.append("seq < ?")
+            args.append(before_seq)
+        sql = _SELECT_TASK + (f" WHERE {' AND '.join(where)}" if where else "")
+        rows = self._query(f"{sql} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [row_to_task(r) for r in rows]
+
+    def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
+        if table not in _ID_TABLES:
+            raise ValueError(f"no ids in table {table!r}")
+        # A range on the primary key (an index seek); GLOB or LIKE would need
+        # their wildcards escaped and LIKE ignores case.
+        rows = self._query(
+            f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+            (prefix, prefix + "\U0010ffff", limit),
+        )
+        return [r[0] for r in rows]
 
     def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]:
         sql = f"{_SELECT_TASK} WHERE state = ? ORDER BY seq"
@@ -313,8 +405,12 @@ class SqliteStore:
 
     # -- jobs ----------------------------------------------------------------
     def get_job(self, job_id: str) -> Job | None:
-        rows = self._query("SELECT id, name, created_at FROM jobs WHERE id = ?", (job_id,))
-        return Job(id=rows[0][0], name=rows[0][1], created_at=rows[0][2]) if rows else None
+        rows = self._query(
+            "SELECT id, name, created_at, rowid FROM jobs WHERE id = ?", (job_id,)
+        )
+        if not rows:
+            return None
+        return Job(id=rows[0][0], name=rows[0][1], created_at=rows[0][2], seq=rows[0][3])
 
     def job_tasks(self, job_id: str) -> list[Task]:
         rows = self._query(f"{_SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
@@ -326,11 +422,52 @@ class SqliteStore:
         )
         return {State(r[0]): int(r[1]) for r in rows}
 
-    def list_jobs(self, limit: int = 50) -> list[Job]:
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[JobState] = (),
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        where: list[str] = []
+        args: list[Any] = []
+        join = ""
+        if states:
+            join = f" LEFT JOIN ({_JOB_COUNTS_SQL}) AS c ON c.job_id = j.id"
+            where.append(f"{_JOB_STATE_SQL} IN ({', '.join('?' for _ in states)})")
+            args += [JobState(s).value for s in states]
+        if text:
+            where.append("j.name LIKE ? ESCAPE '\\'")
+            args.append(like_pattern(text))
+        if before_seq is not None:
+            where.append("j.rowid < ?")
+            args.append(before_seq)
+        sql = f"SELECT j.id, j.name, j.created_at, j.rowid FROM jobs AS j{join}"
+        if where:
+            sql += f" WHERE {' AND '.join(where)}"
+        rows = self._query(f"{sql} ORDER BY j.rowid DESC LIMIT ?", (*args, limit))
+        return [Job(id=r[0], name=r[1], created_at=r[2], seq=r[3]) for r in rows]
+
+    def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+        summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
+        if not summaries:
+            return summaries
+        marks = ", ".join("?" for _ in summaries)
         rows = self._query(
-            "SELECT id, name, created_at FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)
+            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at) FROM tasks "
+            f"WHERE job_id IN ({marks}) GROUP BY job_id, state",
+            tuple(summaries),
         )
-        return [Job(id=r[0], name=r[1], created_at=r[2]) for r in rows]
+        for job_id, state, count, cached, finished in rows:
+            summary = summaries[job_id]
+            summary.counts[State(state)] = int(count)
+            summary.from_cache += int(cached or 0)
+            if finished is not None and (
+                summary.last_finished_at is None or finished > summary.last_finished_at
+            ):
+                summary.last_finished_at = float(finished)
+        return summaries
 
     # -- accounts ------------------------------------------------------------
     def get_accounts(self) -> dict[str, Account]:

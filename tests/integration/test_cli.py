@@ -163,7 +163,7 @@ def test_bad_batch_files_are_refused_with_their_line(
     assert f"{no_model}:1:" in results[2].stderr and "model" in results[2].stderr
     assert "cannot read" in results[3].stderr
     with service.http() as client:  # nothing of the refused files was queued
-        jobs = client.get("/v1/jobs").json()
+        jobs = client.get("/v1/jobs").json()["items"]
     assert not any(j["name"] in ("broken", "unknown", "no-model") for j in jobs)
 
 
@@ -236,7 +236,7 @@ def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) ->
         # The batch waits for its lane and says why; enabling it lets it finish.
         with service.http() as client:
             deadline = time.monotonic() + 60
-            while not [j for j in client.get("/v1/jobs").json() if j["name"] == "held"]:
+            while not [j for j in client.get("/v1/jobs").json()["items"] if j["name"] == "held"]:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         time.sleep(3.0)  # the watcher checks closed lanes every 2 s

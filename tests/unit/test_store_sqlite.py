@@ -5,6 +5,7 @@ import sqlite3
 from pathlib import Path
 
 from dispatcher.models import Account, Job, Kind, State, Task
+from dispatcher.store.schema import LATEST_VERSION
 from dispatcher.store.sqlite import SqliteStore
 
 SCHEMA_SQL = Path(__file__).resolve().parents[2] / "dispatcher" / "store" / "schema.sql"
@@ -53,7 +54,7 @@ def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     store.migrate()
     store.migrate()
-    assert store.schema_version() == 2
+    assert store.schema_version() == LATEST_VERSION == 3
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     store.close()

@@ -173,8 +173,8 @@
       signIn();
       view.lanes = lanes;
       view.accounts = accounts;
-      view.jobs = jobs;
-      if (tasks !== null) view.tasks = view.selectedJob ? tasks.tasks : tasks;
+      view.jobs = jobs.items;
+      if (tasks !== null) view.tasks = view.selectedJob ? tasks.tasks : tasks.items;
       render();
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {
