@@ -2,13 +2,17 @@
 
 JSONL: one task per line, either the API's shape
 ``{"model": "demo-video", "params": {"prompt": "...", "gen_s": 2}, "force": false}``
-or flat, where every key but ``model`` and ``force`` is a parameter:
-``{"model": "demo-video", "prompt": "...", "gen_s": 2}``. Blank lines and
-lines starting with ``#`` are skipped.
+or flat, where every key but ``model``, ``ref`` and ``force`` is a parameter:
+``{"model": "demo-video", "ref": "shot-01", "prompt": "...", "gen_s": 2}``.
+Blank lines and lines starting with ``#`` are skipped.
 
-CSV: a header row with a ``model`` column; an optional ``force`` column
-(true/false); every other column is a parameter (JSON values such as numbers
-are parsed, except ``prompt`` which stays text); empty cells are left out.
+CSV: a header row with a ``model`` column; optional ``ref`` and ``force``
+(true/false) columns; every other column is a parameter (JSON values such as
+numbers are parsed, except ``prompt`` which stays text); empty cells are left out.
+
+``ref`` is the client's name for a task (unique within the file); it names
+the task's files when `dispatcher results` collects them. docs/batch-files.md
+describes both formats for users.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import Any
 from dispatcher.errors import InputError
 from dispatcher.taskspec import parse_spec
 
-_TOP = ("model", "params", "force")
-_CSV_TOP = {"model", "force"}
+_TOP = ("model", "params", "force", "ref")
+_CSV_TOP = {"model", "force", "ref"}
 _TRUE = {"1", "true", "yes", "y"}
 _FALSE = {"", "0", "false", "no", "n"}
 _TASK_INDEX = re.compile(r"\btasks\[(\d+)\]")
@@ -75,10 +79,11 @@ def _jsonl(path: Path, raw: str) -> list[BatchLine]:
         else:
             task = {"model": item.get("model"),
                     "params": {k: v for k, v in item.items() if k not in _CSV_TOP}}
-            if "force" in item:
-                task["force"] = item["force"]
+            for key in ("force", "ref"):
+                if key in item:
+                    task[key] = item[key]
         lines.append(BatchLine(number, _check(where, task)))
-    return lines
+    return _unique_refs(path, lines)
 
 
 def _csv(path: Path, raw: str) -> list[BatchLine]:
@@ -118,7 +123,25 @@ def _csv(path: Path, raw: str) -> list[BatchLine]:
             raise InputError(f"{where}: force must be true or false, not {force!r}")
         if force in _TRUE:
             task["force"] = True
+        ref = cells.get("ref", "").strip()
+        if ref:
+            task["ref"] = ref
         lines.append(BatchLine(start, _check(where, task)))
+    return _unique_refs(path, lines)
+
+
+def _unique_refs(path: Path, lines: list[BatchLine]) -> list[BatchLine]:
+    seen: dict[str, int] = {}
+    for entry in lines:
+        ref = entry.task.get("ref")
+        if ref is None:
+            continue
+        if ref in seen:
+            raise InputError(
+                f"{path}:{entry.line}: ref {ref!r} is already used on line {seen[ref]}; "
+                "refs are unique within a batch"
+            )
+        seen[ref] = entry.line
     return lines
 
 

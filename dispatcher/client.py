@@ -8,6 +8,7 @@ here; a test checks they match what `dispatcher.service` writes.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json as jsonlib
 import time
@@ -20,6 +21,8 @@ from dispatcher.errors import ServiceError
 
 PORT_FILE = "port"  # == dispatcher.service.PORT_FILE
 TOKEN_FILE = "token"  # == dispatcher.service.TOKEN_FILE
+FULL_ID_CHARS = 32  # uuid4().hex, as dispatcher.models.new_id makes them
+DOWNLOAD_CHUNK_BYTES = 1 << 16
 
 
 class ServiceUnavailable(ServiceError):
@@ -136,21 +139,56 @@ class Client:
         return self.request("POST", path, json=json if json is not None else {})
 
     def resolve(self, task_or_job: str) -> tuple[str, dict[str, Any]]:
-        """("task"|"job", its answer) for an id that names either."""
+        """("task"|"job", its answer) for an id, or a unique prefix, that names either."""
         if not task_or_job.strip():
             raise ApiError(400, "invalid", "give a task or job id")
         safe = quote(task_or_job, safe="")
+        found: list[tuple[str, dict[str, Any]]] = []
+        for kind in ("task", "job"):
+            try:
+                found.append((kind, self.get(f"/v1/{kind}s/{safe}")))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            if found and len(task_or_job) >= FULL_ID_CHARS:
+                break  # a whole id names one thing; only a prefix can name both
+        if not found:
+            raise ApiError(404, "not_found", f"no task or job with id {task_or_job!r}")
+        if len(found) > 1:
+            raise ApiError(
+                409,
+                "ambiguous",
+                f"{task_or_job!r} starts both task {found[0][1]['id']} and job "
+                f"{found[1][1]['id']}; give more characters",
+            )
+        return found[0]
+
+    def download(self, path: str, dest: Path) -> tuple[int, str]:
+        """Stream a GET into `dest` (whole or not at all); its size and sha256."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
+        partial = dest.with_name(dest.name + ".part")
+        digest = hashlib.sha256()
+        size = 0
         try:
-            return "task", self.get(f"/v1/tasks/{safe}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        try:
-            return "job", self.get(f"/v1/jobs/{safe}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        raise ApiError(404, "not_found", f"no task or job with id {task_or_job!r}")
+            connection.request("GET", path, headers=self._headers)
+            response = connection.getresponse()
+            if response.status >= 400:
+                kind, message = self._error_of(response.status, response.read())
+                raise ApiError(response.status, kind, message)
+            with partial.open("wb") as handle:
+                while chunk := response.read(DOWNLOAD_CHUNK_BYTES):
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+            partial.replace(dest)
+        except (ConnectionError, http.client.HTTPException, TimeoutError) as exc:
+            raise ServiceUnavailable(
+                f"the download of {path} from {self.base_url} broke off: {exc}"
+            ) from exc
+        finally:
+            connection.close()
+            partial.unlink(missing_ok=True)
+        return size, digest.hexdigest()
 
 
 def wait_until_serving(

@@ -21,7 +21,7 @@ def accounts_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List accounts and providers with their switches."""
     if ctx.invoked_subcommand is not None:
         return
-    with service_client() as client:
+    with service_client(as_json) as client:
         data = client.get("/v1/accounts")
     if as_json:
         print_json(data)
@@ -48,7 +48,7 @@ def accounts_disable(
     as_json: JsonFlag = False,
 ) -> None:
     """Disable a lane (it finishes its running task)."""
-    with service_client() as client:
+    with service_client(as_json) as client:
         data = client.post(f"/v1/accounts/{quote(name, safe='')}/disable", {"reason": reason})
     if as_json:
         print_json(data)
@@ -62,7 +62,7 @@ def accounts_enable(
     as_json: JsonFlag = False,
 ) -> None:
     """Enable a lane (also clears needs-attention)."""
-    with service_client() as client:
+    with service_client(as_json) as client:
         data = client.post(f"/v1/accounts/{quote(name, safe='')}/enable")
     if as_json:
         print_json(data)
@@ -72,7 +72,7 @@ def accounts_enable(
 
 def lanes(as_json: JsonFlag = False) -> None:
     """Lanes with concurrency, queue depth and running tasks."""
-    with service_client() as client:
+    with service_client(as_json) as client:
         data = client.get("/v1/lanes")
     if as_json:
         print_json(data)

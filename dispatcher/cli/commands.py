@@ -5,13 +5,15 @@ Commands are registered here, in the order `--help` lists them.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.exceptions import TyperException
 
-from dispatcher.cli import accounts, server, tasks
-from dispatcher.cli.plumbing import options
+from dispatcher.cli import accounts, history, results, server, tasks
+from dispatcher.cli.plumbing import EXIT_INTERRUPTED, EXIT_USAGE, options, report
 from dispatcher.cli.server import DemoFlag, LogFormat, LogLevel, PortOption
 
 app = typer.Typer(
@@ -49,6 +51,9 @@ app.command()(server.serve)
 app.command()(tasks.submit)
 app.command()(tasks.batch)
 app.command()(tasks.status)
+app.command()(history.jobs)
+app.command()(history.tasks)
+app.command()(results.results)
 app.command()(tasks.cancel)
 app.command()(tasks.retry)
 app.command()(accounts.lanes)
@@ -57,4 +62,21 @@ app.command("demo-run")(server.demo_run)
 
 
 def main() -> None:
-    app()
+    args = sys.argv[1:]
+    options["json"] = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    if not options["json"]:
+        app()
+        return
+    # With --json even a usage error (an unknown option, a missing argument)
+    # is a JSON object on stdout, so scripts need to parse one thing only.
+    try:
+        code = app(standalone_mode=False)
+    except typer.Exit as exc:  # raised by our own `fail` above the command
+        code = exc.exit_code
+    except TyperException as exc:  # click's usage errors, as vendored by typer
+        format_message = getattr(exc, "format_message", None)
+        report(format_message() if callable(format_message) else str(exc), EXIT_USAGE, "usage")
+        code = EXIT_USAGE
+    except typer.Abort:
+        code = EXIT_INTERRUPTED
+    raise SystemExit(code if isinstance(code, int) else 0)

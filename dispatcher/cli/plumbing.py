@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from dispatcher.cli.output import err
+from dispatcher.cli.output import err, print_json
 from dispatcher.client import ApiError, Client, ServiceUnavailable, StaleToken
 from dispatcher.errors import ConfigError, DispatcherError, InputError
 
@@ -52,29 +52,54 @@ def service_state_dir() -> Path:
     return load_settings().state_dir
 
 
-def fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {escape(message)}")
+# Error kinds in `--json` output, by exit code, when the service named none.
+_KINDS = {EXIT_FAILED: "failed", EXIT_USAGE: "invalid", EXIT_UNAVAILABLE: "unavailable"}
+
+
+def report(message: str, code: int, kind: str | None = None) -> None:
+    """One clear line on stderr, or with --json an error object on stdout."""
+    if options.get("json"):
+        print_json({"error": {"kind": kind or _KINDS.get(code, "failed"), "message": message}})
+    else:
+        err.print(f"[red]error:[/red] {escape(message)}")
+
+
+def fail(message: str, code: int, kind: str | None = None) -> NoReturn:
+    report(message, code, kind)
     raise typer.Exit(code)
 
 
+def api_exit_code(exc: ApiError) -> int:
+    """Bad input (a malformed request, an unknown id or model) is 2, as everywhere."""
+    if exc.status in (400, 404) or exc.kind == "ambiguous":
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
 @contextmanager
-def handled() -> Iterator[None]:
+def handled(as_json: bool | None = None) -> Iterator[None]:
     """Turn the errors a command may meet into one clear line and an exit code."""
+    if as_json is not None:
+        options["json"] = as_json
     try:
         yield
-    except (ServiceUnavailable, StaleToken) as exc:
-        fail(str(exc), EXIT_UNAVAILABLE)
-    except (InputError, ConfigError) as exc:
-        fail(str(exc), EXIT_USAGE)
+    except StaleToken as exc:
+        fail(str(exc), EXIT_UNAVAILABLE, "stale_token")
+    except ServiceUnavailable as exc:
+        fail(str(exc), EXIT_UNAVAILABLE, "unavailable")
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE, "config")
+    except InputError as exc:
+        fail(str(exc), EXIT_USAGE, "invalid")
     except ApiError as exc:
-        fail(f"{exc} (HTTP {exc.status})", EXIT_FAILED)
+        fail(f"{exc} (HTTP {exc.status})", api_exit_code(exc), exc.kind)
     except DispatcherError as exc:
-        fail(str(exc), EXIT_FAILED)
+        fail(str(exc), EXIT_FAILED, "failed")
 
 
 @contextmanager
-def service_client() -> Iterator[Client]:
-    with handled():
+def service_client(as_json: bool | None = None) -> Iterator[Client]:
+    with handled(as_json):
         client = Client(service_state_dir())
         try:
             yield client

@@ -262,9 +262,10 @@ def _watch_plain(
 def summary(job: dict[str, Any], out: Console) -> None:
     counts = job["counts"]
     parts = [f"{counts[s]} {s}" for s in ("success", "failed", "canceled") if counts[s]]
+    cached = f", {job['from_cache']} from cache" if job.get("from_cache") else ""
     out.print(
         f"job {escape(job['name'])} {job['id']}: {styled(job['state'])} — "
-        f"{', '.join(parts) or 'nothing ran'} of {job['total']}"
+        f"{', '.join(parts) or 'nothing ran'} of {job['total']}{cached}"
     )
     if counts["failed"]:
         out.print(failures_table(job))

@@ -69,6 +69,9 @@ def submit(
     force: Annotated[
         bool, typer.Option("--force", help="Bypass de-duplication and the cache.")
     ] = False,
+    ref: Annotated[
+        str | None, typer.Option("--ref", help="Your name for it (names its result files).")
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Show progress until the task ends.")
     ] = False,
@@ -78,8 +81,10 @@ def submit(
 
     With --wait, show its progress until it ends; the exit code is 1 unless it succeeds.
     """
-    body = {"model": model, "params": _params(prompt, param or []), "force": force}
-    with service_client() as client:
+    body: dict[str, Any] = {"model": model, "params": _params(prompt, param or []), "force": force}
+    if ref is not None:
+        body["ref"] = ref
+    with service_client(as_json) as client:
         task = client.post("/v1/tasks", body)
         if task["deduped"]:
             err.print(f"deduped: an identical task was submitted moments ago ({task['state']})")
@@ -102,6 +107,10 @@ def batch(
     file: Annotated[Path, typer.Argument(help="JSONL or CSV of tasks.")],
     name: Annotated[str | None, typer.Option(help="Job name (default: the file name).")] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Print the job id and return.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Run every task anew: bypass de-duplication and the cache."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit a JSONL/CSV batch as one job; watch it.
@@ -109,9 +118,11 @@ def batch(
     Shows live progress per lane and overall (counts, ETA, failures as they
     happen), then a summary; the exit code is 1 if any task failed or was canceled.
     """
-    with handled():
+    with handled(as_json):
         lines = read_batch_lines(file)
-    with service_client() as client:
+    if force:
+        lines = [BatchLine(line.line, {**line.task, "force": True}) for line in lines]
+    with service_client(as_json) as client:
         job = create_job(client, name or file.stem, file, lines)
         if detach:
             if as_json:
@@ -155,6 +166,7 @@ def _task_table(task: dict[str, Any]) -> Table:
     table.add_column("value", overflow="fold")
     rows: list[tuple[str, str]] = [
         ("task", task["id"]),
+        ("ref", task.get("ref") or "-"),
         ("job", task.get("job_id") or "-"),
         ("model", f"{task['model']} ({task['kind']})"),
         ("lane", f"{task['kind']}:{task['account']}" if task.get("account") else "-"),
@@ -181,6 +193,8 @@ def _task_table(task: dict[str, Any]) -> Table:
     if task["state"] == "success":
         cached = " (from cache)" if task.get("from_cache") else ""
         rows.append(("result", result_text(task) + cached))
+        for meta in (task.get("result") or {}).get("files") or []:
+            rows.append(("file", f"{meta.get('path')} ({meta.get('size')} bytes)"))
     if task.get("stage_durations"):
         stages = task["stage_durations"].items()
         rows.append(("stages", ", ".join(f"{k} {v:.1f}s" for k, v in stages)))
@@ -196,12 +210,40 @@ def _task_table(task: dict[str, Any]) -> Table:
     return table
 
 
+def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
+    table = Table("attempt", "lane", "outcome", "started", "ended", "stages", "error",
+                  title="attempts", title_justify="left")
+    for attempt in attempts:
+        stages = ", ".join(f"{k} {v:.1f}s" for k, v in attempt["stage_durations"].items())
+        error = attempt.get("error") or {}
+        table.add_row(
+            str(attempt["attempt"]),
+            escape(_attempt_lane(attempt)),
+            styled(attempt["outcome"]),
+            _clock_time(attempt.get("started_at")),
+            _clock_time(attempt.get("ended_at")),
+            escape(stages or "-"),
+            escape(f"{error['kind']}: {error['message']}" if error else ""),
+        )
+    return table
+
+
+def _attempt_lane(attempt: dict[str, Any]) -> str:
+    """`api:openai`, `web:acct-1`: the lane's kind with the account that ran it."""
+    kind = str(attempt["lane"]).partition(":")[0]
+    return f"{kind}:{attempt['account']}" if attempt.get("account") else str(attempt["lane"])
+
+
+def _clock_time(epoch_s: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch_s)) if epoch_s else "-"
+
+
 def status(
     task_or_job: Annotated[str, typer.Argument(metavar="ID", help="A task or job id.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Show a task or a job."""
-    with service_client() as client:
+    """Show a task or a job (an id or a unique prefix of one)."""
+    with service_client(as_json) as client:
         kind, data = client.resolve(task_or_job)
         lanes = LaneNames(client.get("/v1/lanes")) if kind == "job" and not as_json else None
     if as_json:
@@ -212,12 +254,14 @@ def status(
             console.print(failures_table(data))
     else:
         console.print(_task_table(data))
+        if data.get("attempts"):
+            console.print(_attempts_table(data["attempts"]))
 
 
 def _act(task_or_job: str, action: str, as_json: bool) -> None:
-    with service_client() as client:
-        kind, _ = client.resolve(task_or_job)
-        data = client.post(f"/v1/{kind}s/{quote(task_or_job, safe='')}/{action}")
+    with service_client(as_json) as client:
+        kind, found = client.resolve(task_or_job)
+        data = client.post(f"/v1/{kind}s/{quote(found['id'], safe='')}/{action}")
     if as_json:
         print_json(data)
     elif kind == "task":

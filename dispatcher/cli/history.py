@@ -1,0 +1,166 @@
+"""What ran: `jobs` and `tasks`, newest first, as tables or JSON pages."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dispatcher.cli.output import (
+    JsonFlag,
+    console,
+    error_text,
+    fmt_seconds,
+    print_json,
+    result_text,
+    styled,
+)
+from dispatcher.cli.plumbing import service_client
+
+SHORT_ID_CHARS = 8  # enough to be unique in practice; every command takes a prefix
+MAX_CELL_CHARS = 60
+
+Limit = Annotated[
+    int, typer.Option("--limit", "-n", min=1, max=500, help="How many, newest first.")
+]
+StateFilter = Annotated[
+    str | None,
+    typer.Option("--state", "-s", help="Only these states (comma-separated)."),
+]
+
+
+def short(value: str | None) -> str:
+    return value[:SHORT_ID_CHARS] if value else "-"
+
+
+def when(epoch_s: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s)) if epoch_s else "-"
+
+
+def clip(text: str, limit: int = MAX_CELL_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def task_elapsed_s(task: dict[str, Any]) -> float | None:
+    """Run time: started to finished, or to now while it runs."""
+    if not task.get("started_at"):
+        return None
+    end = task.get("finished_at") or (time.time() if task["state"] == "running" else None)
+    return end - task["started_at"] if end else None
+
+
+def _query(**params: Any) -> str:
+    given = {k: v for k, v in params.items() if v is not None and v != ""}
+    return urlencode(given)
+
+
+def jobs(
+    state: StateFilter = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Only jobs whose name contains this.")
+    ] = None,
+    limit: Limit = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """List jobs, newest first, with progress, created time and elapsed time."""
+    with service_client(as_json) as client:
+        page = client.get(f"/v1/jobs?{_query(state=state, q=name, limit=limit)}")
+    if as_json:
+        print_json(page)
+        return
+    table = Table(
+        "job",
+        "name",
+        "state",
+        "done",
+        "success",
+        "failed",
+        "canceled",
+        "created",
+        "elapsed",
+        title_justify="left",
+    )
+    for job in page["items"]:
+        counts = job["counts"]
+        done = counts["success"] + counts["failed"] + counts["canceled"]
+        cached = f" ({job['from_cache']} cached)" if job.get("from_cache") else ""
+        table.add_row(
+            short(job["id"]),
+            escape(clip(job["name"], 40)),
+            styled(job["state"]),
+            f"{done}/{job['total']}",
+            f"{counts['success']}{cached}",
+            str(counts["failed"]),
+            str(counts["canceled"]),
+            when(job["created_at"]),
+            fmt_seconds(job.get("elapsed_s")),
+        )
+    _print_page(table, page, "jobs")
+
+
+def tasks(
+    job: Annotated[
+        str | None, typer.Option("--job", "-j", help="Only this job's tasks (id or prefix).")
+    ] = None,
+    state: StateFilter = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Only this model.")] = None,
+    search: Annotated[
+        str | None, typer.Option("--search", help="Only tasks whose prompt or ref has this.")
+    ] = None,
+    limit: Limit = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """List tasks, newest first (single tasks and jobs' tasks alike)."""
+    with service_client(as_json) as client:
+        query = _query(job=job, state=state, model=model, q=search, limit=limit)
+        page = client.get(f"/v1/tasks?{query}")
+    if as_json:
+        print_json(page)
+        return
+    table = Table(
+        "task",
+        "ref",
+        "job",
+        "model",
+        "state",
+        "attempt",
+        "lane",
+        "created",
+        "elapsed",
+        "result or error",
+        title_justify="left",
+    )
+    for task in page["items"]:
+        outcome = error_text(task) if task.get("error") else result_text(task)
+        if task.get("from_cache"):
+            outcome = f"(cache) {outcome}"
+        table.add_row(
+            short(task["id"]),
+            escape(task.get("ref") or "-"),
+            short(task.get("job_id")),
+            escape(task["model"]),
+            styled(task["state"]),
+            f"{task['attempt']}/{task['max_attempts']}",
+            escape(f"{task['kind']}:{task['account']}" if task.get("account") else "-"),
+            when(task["created_at"]),
+            fmt_seconds(task_elapsed_s(task)),
+            escape(clip(outcome)),
+        )
+    _print_page(table, page, "tasks")
+
+
+def _print_page(table: Table, page: dict[str, Any], what: str) -> None:
+    if not page["items"]:
+        console.print(f"no {what}")
+        return
+    console.print(table)
+    if page.get("next"):
+        console.print(
+            f"[dim]more {what} follow: raise --limit, or page with the API's "
+            f"?after={page['next']}[/dim]"
+        )
