@@ -1,0 +1,139 @@
+"""The store's history side: refs, attempt rows, id prefixes, newest-first pages."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.errors import StoreError
+from dispatcher.models import Attempt, Job, JobState, Kind, State, Task, TaskError
+from dispatcher.states import job_state
+from dispatcher.store.sqlite import SqliteStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore(tmp_path / "d.db")
+    opened.migrate()
+    yield opened
+    opened.close()
+
+
+def _task(task_id: str, **changes: object) -> Task:
+    return Task(
+        id=task_id,
+        model="m",
+        kind=Kind.API,
+        lane_group="api:p",
+        params={"prompt": f"prompt of {task_id}"},
+        fingerprint="fp-" + task_id,
+        created_at=1.0,
+    ).replace(**changes)
+
+
+def test_a_ref_is_unique_within_its_job_only(store: SqliteStore) -> None:
+    store.insert_tasks([_task("a", job_id="j1", ref="shot-1")], Job("j1", "one", 1.0))
+    store.insert_tasks([_task("b", job_id="j2", ref="shot-1")], Job("j2", "two", 2.0))
+    store.insert_tasks([_task("c"), _task("d")])  # no ref: never a clash
+    assert store.get_task("b").ref == "shot-1"  # type: ignore[union-attr]
+    with pytest.raises(StoreError):
+        store.insert_tasks([_task("e", job_id="j1", ref="shot-1")])
+
+
+def test_an_attempt_row_is_written_only_with_the_transition_that_ends_it(
+    store: SqliteStore,
+) -> None:
+    store.insert_tasks([_task("a", state=State.RUNNING, account="p", started_at=5.0)])
+    ended = Attempt(
+        task_id="a",
+        attempt=1,
+        lane_group="api:p",
+        account="p",
+        outcome=State.PENDING,
+        started_at=5.0,
+        ended_at=9.0,
+        error=TaskError("timeout", "no answer in 30 s"),
+        stage_durations={"generating": 4.0},
+    )
+    changes = {"state": State.PENDING, "attempt": 2}
+    assert store.update_task("a", expect_state=State.RUNNING, changes=changes, ended=ended)
+    # A late writer loses the CAS, and its attempt row is not written either.
+    late = store.update_task(
+        "a", expect_state=State.RUNNING, changes={"state": State.FAILED}, ended=ended
+    )
+    assert late is None
+    (row,) = store.task_attempts("a")
+    assert row == ended
+    assert row.to_json()["error"] == {"kind": "timeout", "message": "no answer in 30 s"}
+
+
+def test_ids_resolve_from_prefixes(store: SqliteStore) -> None:
+    store.insert_tasks([_task("abcd1111"), _task("abcd2222"), _task("abce3333")])
+    assert store.ids_with_prefix("tasks", "abcd") == ["abcd1111", "abcd2222"]
+    assert store.ids_with_prefix("tasks", "abce") == ["abce3333"]
+    assert store.ids_with_prefix("tasks", "abcd2", limit=1) == ["abcd2222"]
+    assert store.ids_with_prefix("jobs", "abcd") == []
+    with pytest.raises(ValueError):
+        store.ids_with_prefix("accounts", "x")
+
+
+def test_tasks_page_newest_first_with_filters(store: SqliteStore) -> None:
+    store.insert_tasks(
+        [_task(f"t{i}", job_id="j", ref=f"r{i}") for i in range(5)], Job("j", "five", 1.0)
+    )
+    store.insert_tasks([_task("single", model="other", params={"prompt": "café au lait"})])
+    first = store.list_tasks(limit=3)
+    assert [t.id for t in first] == ["single", "t4", "t3"]
+    rest = store.list_tasks(limit=3, before_seq=first[-1].seq)
+    assert [t.id for t in rest] == ["t2", "t1", "t0"]
+    assert [t.id for t in store.list_tasks(job_id="j", limit=2)] == ["t4", "t3"]
+    assert [t.id for t in store.list_tasks(model="other")] == ["single"]
+    # Text is found in the prompt (non-ASCII too, though params are stored escaped)
+    # and in the ref; LIKE's wildcards in the text are plain characters.
+    assert [t.id for t in store.list_tasks(text="café")] == ["single"]
+    assert [t.id for t in store.list_tasks(text="r3")] == ["t3"]
+    assert store.list_tasks(text="%") == []
+    store.update_task("t1", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert [t.id for t in store.list_tasks(states=[State.CANCELED])] == ["t1"]
+
+
+def test_jobs_filter_by_state_as_the_state_rule_decides(store: SqliteStore) -> None:
+    # Every mix of two task states, one job each; the SQL filter must agree
+    # with states.job_state for every one of them.
+    mixes = list(itertools.combinations_with_replacement(list(State), 2))
+    for n, mix in enumerate(mixes):
+        job = Job(f"job{n:02d}", f"mix {n}", float(n))
+        store.insert_tasks(
+            [_task(f"j{n}t{i}", job_id=job.id, state=state) for i, state in enumerate(mix)], job
+        )
+    store.insert_tasks([], Job("empty", "no tasks yet", 99.0))
+    expected: dict[str, JobState] = {}
+    for n, mix in enumerate(mixes):
+        counts: dict[State, int] = {}
+        for state in mix:
+            counts[state] = counts.get(state, 0) + 1
+        expected[f"job{n:02d}"] = job_state(counts)
+    expected["empty"] = JobState.RUNNING
+    for state in JobState:
+        listed = {job.id for job in store.list_jobs(states=[state], limit=100)}
+        assert listed == {j for j, s in expected.items() if s is state}, state
+    newest = store.list_jobs(limit=2)
+    assert [j.id for j in newest] == ["empty", f"job{len(mixes) - 1:02d}"]
+    assert [j.id for j in store.list_jobs(text="mix 1", limit=100)][-1] == "job01"
+
+
+def test_job_summaries_count_cache_answers_and_the_last_finish(store: SqliteStore) -> None:
+    store.insert_tasks(
+        [
+            _task("a", job_id="j", state=State.SUCCESS, from_cache=True, finished_at=3.0),
+            _task("b", job_id="j", state=State.FAILED, finished_at=7.0),
+            _task("c", job_id="j"),
+        ],
+        Job("j", "three", 1.0),
+    )
+    summary = store.job_summaries(["j"])["j"]
+    assert summary.counts == {State.SUCCESS: 1, State.FAILED: 1, State.PENDING: 1}
+    assert (summary.from_cache, summary.last_finished_at) == (1, 7.0)
