@@ -350,6 +350,7 @@ class Webhooks:
         return {
             "urls": [display_url(u) for u in self.urls],
             "queued": self._queue.qsize(),
+            "delivering": len(self._deliveries),
             "dropped": self.dropped,
             "items": list(reversed(self._log)),
         }
