@@ -81,7 +81,7 @@ def test_submit_prints_the_id_and_wait_follows_it_to_the_end(service: ServicePro
     assert refused.returncode == 1
     assert "failed" in refused.stderr and "400" in refused.stderr
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
-    assert unknown.returncode == 1 and "unknown model" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown model" in unknown.stderr  # bad input
 
 
 def test_batch_jsonl_with_a_failing_line_exits_1_with_a_summary(
@@ -196,7 +196,7 @@ def test_status_cancel_and_retry_a_task_and_cancel_a_job(
     assert retried.returncode == 0 and "attempt 2/3" in retried.stdout
     assert job_cancel.returncode == 0, job_cancel.stderr
     assert json.loads(job_cancel.stdout)["id"] == job_id
-    assert nothing.returncode == 1 and "no task or job" in nothing.stderr
+    assert nothing.returncode == 2 and "no task or job" in nothing.stderr
 
     assert wait_state(service, task_id, {"canceled"})["state"] == "canceled"
     refused = service.cli("retry", task_id)
@@ -231,7 +231,7 @@ def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) ->
         assert lanes_text.returncode == 0 and "quota used up" in lanes_text.stdout
         assert "quota used up" in accounts_text.stdout
         assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
-        assert nobody.returncode == 1 and "no account or provider 'nobody'" in nobody.stderr
+        assert nobody.returncode == 2 and "no account or provider 'nobody'" in nobody.stderr
 
         # The batch waits for its lane and says why; enabling it lets it finish.
         with service.http() as client:
