@@ -6,8 +6,10 @@ the port and token files in the state dir (``--state-dir``, else
 that file and sent as a header; it is never printed.
 
 Exit codes: 0 fine; 1 a task or job failed or was canceled, or the service
-refused the request; 2 bad input (arguments, batch file, settings); 3 the
-service is not running or refused the token; 130 interrupted.
+refused the request; 2 bad input (arguments, batch file, settings, an unknown
+model, id or account, an ambiguous id prefix); 3 the service is not running
+or refused the token; 130 interrupted. With ``--json``, stdout carries one
+JSON object whatever happens; errors are ``{"error": {"kind", "message"}}``.
 """
 
 from dispatcher.cli.commands import app, main

@@ -22,8 +22,10 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Run AI-generation tasks against web and API models, each in its own lane. "
     "With no command: serve until SIGTERM.",
-    epilog="Exit codes: 0 ok, 1 a task/job failed or the request was refused, 2 bad input, "
-    "3 the service is not running or the token is stale, 130 interrupted.",
+    epilog="Ids: a task or job id, or a unique prefix of it (4+ characters). "
+    "Exit codes: 0 ok, 1 a task/job failed or the request was refused, 2 bad input "
+    "(also an unknown model or id), 3 the service is not running or the token is stale, "
+    "130 interrupted. With --json, stdout is one JSON object, errors included.",
 )
 app.add_typer(accounts.accounts_app, name="accounts")
 
