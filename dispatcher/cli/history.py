@@ -27,6 +27,9 @@ MAX_CELL_CHARS = 60
 Limit = Annotated[
     int, typer.Option("--limit", "-n", min=1, max=500, help="How many, newest first.")
 ]
+After = Annotated[
+    str | None, typer.Option("--after", help="Go on from where a previous page ended.")
+]
 StateFilter = Annotated[
     str | None,
     typer.Option("--state", "-s", help="Only these states (comma-separated)."),
@@ -65,11 +68,12 @@ def jobs(
         str | None, typer.Option("--name", help="Only jobs whose name contains this.")
     ] = None,
     limit: Limit = 20,
+    after: After = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List jobs, newest first, with progress, created time and elapsed time."""
     with service_client(as_json) as client:
-        page = client.get(f"/v1/jobs?{_query(state=state, q=name, limit=limit)}")
+        page = client.get(f"/v1/jobs?{_query(state=state, q=name, limit=limit, after=after)}")
     if as_json:
         print_json(page)
         return
@@ -113,11 +117,12 @@ def tasks(
         str | None, typer.Option("--search", help="Only tasks whose prompt or ref has this.")
     ] = None,
     limit: Limit = 20,
+    after: After = None,
     as_json: JsonFlag = False,
 ) -> None:
     """List tasks, newest first (single tasks and jobs' tasks alike)."""
     with service_client(as_json) as client:
-        query = _query(job=job, state=state, model=model, q=search, limit=limit)
+        query = _query(job=job, state=state, model=model, q=search, limit=limit, after=after)
         page = client.get(f"/v1/tasks?{query}")
     if as_json:
         print_json(page)
@@ -161,6 +166,5 @@ def _print_page(table: Table, page: dict[str, Any], what: str) -> None:
     console.print(table)
     if page.get("next"):
         console.print(
-            f"[dim]more {what} follow: raise --limit, or page with the API's "
-            f"?after={page['next']}[/dim]"
+            f"[dim]more {what} follow: the same command with --after {page['next']}[/dim]"
         )

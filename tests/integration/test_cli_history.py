@@ -80,6 +80,9 @@ def test_jobs_and_tasks_list_newest_first(service: ServiceProcess, finished_job:
     (refused,) = json.loads(failed.stdout)["items"]
     assert refused["ref"] == "refused" and refused["error"]["kind"] == "http_400"
     assert "solo" in limited.stdout and "more tasks follow" in limited.stdout
+    cursor = limited.stdout.split("--after")[-1].split()[0]
+    following = service.cli("tasks", "--limit", "1", "--after", cursor)
+    assert "refused" in following.stdout and "solo" not in following.stdout
 
 
 def test_results_are_collected_into_a_folder_named_by_ref(
