@@ -46,6 +46,7 @@ MAX_ATTEMPTS = 5
 FIRST_RETRY_DELAY_S = 2.0  # then 4, 8, 16 (scaled by the clock)
 TIMEOUT_S = 10.0
 MAX_QUEUED_EVENTS = 10_000
+MAX_REMEMBERED_JOBS = 10_000  # jobs told as finished, for telling each finish once
 MAX_CONCURRENT = 4
 LOG_SIZE = 200
 MAX_FAILED_LISTED = 100
@@ -271,7 +272,7 @@ class Webhooks:
         if job_state(summary.counts) is JobState.RUNNING:
             return None
         self._announced[job_id] = None
-        while len(self._announced) > MAX_QUEUED_EVENTS:
+        while len(self._announced) > MAX_REMEMBERED_JOBS:
             self._announced.popitem(last=False)
         failed = self._store.list_tasks(
             states=[State.FAILED], job_id=job_id, limit=MAX_FAILED_LISTED

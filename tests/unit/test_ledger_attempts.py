@@ -1,0 +1,94 @@
+"""Every way a running attempt ends leaves one history row, written with the transition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.clock import FakeClock
+from dispatcher.decisions import Reclaim
+from dispatcher.errors import AmbiguousId, NotFound, TransientError
+from dispatcher.events import EventBus
+from dispatcher.ledger import Ledger
+from dispatcher.models import State, Task
+from dispatcher.store.sqlite import SqliteStore
+from dispatcher.taskspec import TaskSpec
+from tests.helpers import api_profile
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    profile = api_profile()
+    yield Ledger(store, FakeClock(), {profile.name: profile}, EventBus(), retry_delay_s=0.0)
+    store.close()
+
+
+def _claimed(ledger: Ledger, clock_s: float = 5.0) -> Task:
+    assert isinstance(ledger.clock, FakeClock)
+    ledger.clock.advance(clock_s)
+    task = ledger.claim(["api:prov"], "prov")
+    assert task is not None
+    ledger.clock.advance(2.0)
+    return task
+
+
+def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
+    first = ledger.submit(TaskSpec("m-api", {"prompt": "p"}, ref="r-1")).task
+    assert first.ref == "r-1"
+    running = _claimed(ledger)
+    ledger.requeue(running, "recovered at start-up: never reached the provider")
+    running = _claimed(ledger)
+    ledger.fail(running, TransientError("timed out", kind="timeout"), {"generating": 1.5})
+    running = _claimed(ledger)
+    plan = Reclaim(
+        task_id=running.id,
+        attempt=running.attempt,
+        next_state=State.PENDING,
+        next_attempt=3,
+        not_before=0.0,
+        reason="no heartbeat for 90 s",
+    )
+    ledger.reclaim(running, plan)
+    running = _claimed(ledger)
+    ledger.heartbeat(running, None)  # not an end: no row
+    ledger.succeed(running, {"text": "done"}, {"generating": 2.0})
+
+    rows = ledger.attempts(ledger.get(first.id))
+    assert [(r.attempt, r.outcome) for r in rows] == [
+        (1, State.PENDING),
+        (1, State.PENDING),
+        (2, State.PENDING),
+        (3, State.SUCCESS),
+    ]
+    assert [r.error.kind if r.error else None for r in rows] == [
+        "requeued",
+        "timeout",
+        "stale",
+        None,
+    ]
+    assert rows[1].stage_durations == {"generating": 1.5}
+    assert all(r.account == "prov" and r.ended_at - r.started_at == 2.0 for r in rows)  # type: ignore[operator]
+
+
+def test_a_canceled_pending_task_never_ran_and_has_no_row(ledger: Ledger) -> None:
+    task = ledger.submit(TaskSpec("m-api", {"prompt": "p"})).task
+    assert ledger.request_cancel(task.id[:6]).state is State.CANCELED
+    assert ledger.attempts(task) == []
+
+
+def test_prefixes_resolve_once_unique(ledger: Ledger) -> None:
+    task = ledger.submit(TaskSpec("m-api", {"prompt": "p"})).task
+    assert ledger.get(task.id[:4]).id == task.id
+    with pytest.raises(NotFound, match="4\\+ characters"):
+        ledger.get(task.id[:3])
+    with pytest.raises(NotFound):
+        ledger.get_job(task.id[:8])  # a task's id is no job's
+    twins = [task.replace(id="beef" + str(n) * 28, fingerprint=f"f{n}") for n in (1, 2)]
+    ledger.store.insert_tasks(twins)
+    with pytest.raises(AmbiguousId) as caught:
+        ledger.get("beef")
+    assert caught.value.candidates == [t.id for t in twins]
