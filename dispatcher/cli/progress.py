@@ -94,14 +94,20 @@ def job_table(
     return table
 
 
+def task_label(task: dict[str, Any]) -> str:
+    """The task's id, with its ref when it has one."""
+    return f"{task['id']} ({task['ref']})" if task.get("ref") else str(task["id"])
+
+
 def failures_table(job: dict[str, Any]) -> Table:
     table = Table(title="failed tasks", title_justify="left")
-    for column in ("task", "model", "attempt", "error"):
+    for column in ("task", "ref", "model", "attempt", "error"):
         table.add_column(column, overflow="fold")
     for task in job.get("tasks", []):
         if task["state"] == "failed":
             table.add_row(
                 task["id"],
+                escape(task.get("ref") or "-"),
                 escape(task["model"]),
                 f"{task['attempt']}/{task['max_attempts']}",
                 escape(error_text(task)),
@@ -123,7 +129,7 @@ class FailureFeed:
             if task["state"] == "failed" and key not in self._failed:
                 self._failed.add(key)
                 self.out.print(
-                    f"[red]failed[/red] {task['id']} {escape(task['model'])} "
+                    f"[red]failed[/red] {escape(task_label(task))} {escape(task['model'])} "
                     f"attempt {task['attempt']}/{task['max_attempts']}: "
                     f"{escape(error_text(task))}",
                     soft_wrap=True,
@@ -136,7 +142,8 @@ class FailureFeed:
             ):
                 self._retrying.add(key)
                 self.out.print(
-                    f"[yellow]retrying[/yellow] {task['id']} {escape(task['model'])} "
+                    f"[yellow]retrying[/yellow] {escape(task_label(task))} "
+                    f"{escape(task['model'])} "
                     f"(attempt {task['attempt']}/{task['max_attempts']}) after "
                     f"{escape(error_text(task))}",
                     soft_wrap=True,
