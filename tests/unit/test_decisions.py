@@ -4,8 +4,8 @@ from dispatcher.decisions import (
     LaneSnapshot,
     RecoveryAction,
     eta_s,
-    overdue_s,
     free_slots,
+    overdue_s,
     plan_reclaims,
     plan_recovery,
 )
