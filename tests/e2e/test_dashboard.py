@@ -9,86 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser as PlaywrightBrowser
-from playwright.async_api import ConsoleMessage, Dialog, Page, async_playwright, expect
+from playwright.async_api import Dialog, expect
 
-from dispatcher.settings import find_browser
-from tests.harness import Harness, running_service
+from tests.e2e.dashboard_browser import Browser, job_row, sign_in, task_row
+from tests.harness import running_service
 
 # One browser for the module (starting Chromium is the slow part); a fresh
-# context, so fresh cookies and storage, for every test.
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(120),
-              pytest.mark.asyncio(loop_scope="module")]
+# context, so fresh cookies and storage, for every test (tests/e2e/conftest.py).
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(120),
+    pytest.mark.asyncio(loop_scope="module"),
+]
 
 expect.set_options(timeout=15_000)
-
-
-@dataclass
-class Browser:
-    page: Page
-    problems: list[str] = field(default_factory=list)
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def chromium_browser() -> AsyncIterator[PlaywrightBrowser]:
-    executable = find_browser()
-    if executable is None:
-        pytest.skip("no Chromium on this machine (tests never download one)")
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=executable,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--headless"],
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(chromium_browser: PlaywrightBrowser) -> AsyncIterator[Browser]:
-    context = await chromium_browser.new_context()
-    try:
-        page = await context.new_page()
-        seen = Browser(page)
-
-        def on_console(message: ConsoleMessage) -> None:
-            # Refusals (401/403) are what some tests provoke; anything else is a bug.
-            refused = "Failed to load resource" in message.text and (
-                "401" in message.text or "403" in message.text)
-            if message.type == "error" and not refused:
-                seen.problems.append(f"{message.text} at {message.location.get('url')}")
-
-        page.on("console", on_console)
-        page.on("pageerror", lambda exc: seen.problems.append(str(exc)))
-        yield seen
-    finally:
-        await context.close()
-
-
-async def sign_in(h: Harness, page: Page) -> None:
-    code = (await h.http.post("/v1/dashboard-code")).json()["code"]
-    response = await page.goto(f"{h.service.url}/v1/session?code={code}")
-    assert response is not None and response.ok
-    assert page.url == f"{h.service.url}/"  # the code left the address bar
-    await expect(page.get_by_test_id("app")).to_be_visible()
-    await expect(page.get_by_test_id("live-status")).to_have_attribute("data-live", "yes")
-
-
-def job_row(page: Page, job_id: str):  # type: ignore[no-untyped-def]
-    return page.locator(f'[data-testid=job-row][data-job-id="{job_id}"]')
-
-
-def task_row(page: Page, task_id: str):  # type: ignore[no-untyped-def]
-    return page.locator(f'[data-testid=task-row][data-task-id="{task_id}"]')
 
 
 async def test_without_a_session_the_page_shows_no_data(tmp_path: Path, browser: Browser) -> None:
@@ -100,7 +38,8 @@ async def test_without_a_session_the_page_shows_no_data(tmp_path: Path, browser:
         assert response is not None and response.status == 200
         await expect(page.get_by_test_id("signed-out")).to_be_visible()
         await expect(page.get_by_test_id("signed-out")).to_contain_text(
-            "python -m dispatcher dashboard")
+            "python -m dispatcher dashboard"
+        )
         await expect(page.get_by_test_id("app")).to_be_hidden()
         for testid in ("lane-row", "account-row", "job-row", "task-row"):
             assert await page.get_by_test_id(testid).count() == 0
@@ -124,10 +63,13 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         await page.evaluate("window.__no_reload = 42")
 
         # Created after the page loaded: it must arrive through the event stream.
-        job = await h.job("story shots", [
-            {"model": "demo-chat-api", "params": {"prompt": f"shot {i}", "gen_s": 25}}
-            for i in range(5)
-        ])
+        job = await h.job(
+            "story shots",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": f"shot {i}", "gen_s": 25}}
+                for i in range(5)
+            ],
+        )
         row = job_row(page, job["id"])
         await expect(row).to_be_visible()
         await expect(row).to_contain_text("story shots")
@@ -153,10 +95,11 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         account = page.locator('[data-testid=account-row][data-account="demo"]')
         await expect(account).to_have_attribute("data-enabled", "yes")
 
-        # The tasks of the job, with state and attempt.
+        # The job's page: its tasks, with state and attempt.
         await row.get_by_test_id("job-select").click()
-        await expect(page.get_by_test_id("tasks-title")).to_contain_text("story shots")
+        await expect(page.get_by_test_id("job-title")).to_contain_text("story shots")
         await expect(page.locator("[data-testid=task-row][data-state=success]")).to_have_count(5)
+        assert await page.evaluate("window.__no_reload") == 42  # a page of the same app
 
         # The token is nowhere a script (or the markup) could read it.
         token = h.service.credentials.token
@@ -216,10 +159,13 @@ async def test_buttons_disable_enable_cancel_and_retry(tmp_path: Path, browser: 
         await expect(row).to_have_count(0)  # gone from the active tasks
 
         # Cancel a whole job from its row.
-        job = await h.job("to cancel", [
-            {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 3000}}
-            for i in range(3)
-        ])
+        job = await h.job(
+            "to cancel",
+            [
+                {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 3000}}
+                for i in range(3)
+            ],
+        )
         await h.wait_task(job["tasks"][0]["id"], {"running"})
         jrow = job_row(page, job["id"])
         await jrow.get_by_test_id("job-cancel").click()
@@ -228,9 +174,12 @@ async def test_buttons_disable_enable_cancel_and_retry(tmp_path: Path, browser: 
         assert done["counts"]["canceled"] == 3
 
         # Retry a failed task from the job's task list.
-        job = await h.job("with a refusal", [
-            {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
-        ])
+        job = await h.job(
+            "with a refusal",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
+            ],
+        )
         failed = (await h.wait_job(job["id"]))["tasks"][0]
         assert failed["state"] == "failed"
         jrow = job_row(page, job["id"])
@@ -258,12 +207,18 @@ async def test_writes_with_the_session_need_the_dashboard_header(tmp_path: Path)
             assert (await anon.get("/v1/lanes", headers=jar)).status_code == 200
             bare = await anon.post("/v1/accounts/demo/disable", json={"reason": "x"}, headers=jar)
             assert bare.status_code == 403 and "X-Requested-With" in bare.json()["error"]["message"]
-            marked = await anon.post("/v1/accounts/demo/disable", json={"reason": "x"},
-                                     headers={**jar, "X-Requested-With": "dispatcher-dashboard"})
+            marked = await anon.post(
+                "/v1/accounts/demo/disable",
+                json={"reason": "x"},
+                headers={**jar, "X-Requested-With": "dispatcher-dashboard"},
+            )
             assert marked.status_code == 200 and marked.json()["enabled"] is False
             # A session cannot mint more sessions: that needs the token.
-            minted = await anon.post("/v1/dashboard-code", json={},
-                                     headers={**jar, "X-Requested-With": "dispatcher-dashboard"})
+            minted = await anon.post(
+                "/v1/dashboard-code",
+                json={},
+                headers={**jar, "X-Requested-With": "dispatcher-dashboard"},
+            )
             assert minted.status_code == 403
             stale = await anon.get("/v1/lanes", headers={"Cookie": "dispatcher_session=old"})
             assert stale.status_code == 403 and "dashboard" in stale.json()["error"]["message"]
