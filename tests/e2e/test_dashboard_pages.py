@@ -16,7 +16,7 @@ from playwright.async_api import Dialog, Page, expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in, task_row
 from tests.harness import Harness, running_service
-from tests.helpers import REPO
+from tests.helpers import traced_demo_profile
 
 pytestmark = [
     pytest.mark.browser,
@@ -43,16 +43,6 @@ async def natural_width(page: Page, selector: str) -> int:
 
 async def open_page(h: Harness, page: Page, route: str) -> None:
     await page.goto(f"{h.service.url}/#{route}")
-
-
-def traced_profile(tmp_path: Path) -> None:
-    """demo-chat as `demo-traced`, recording a Playwright trace of each attempt."""
-    target = tmp_path / "profiles"
-    target.mkdir(exist_ok=True)
-    text = (REPO / "profiles" / "demo-chat.toml").read_text()
-    text = text.replace('name = "demo-chat"', 'name = "demo-traced"')
-    text = text.replace('accounts = ["demo-1", "demo-2"]', 'accounts = ["demo-2"]')
-    (target / "demo-traced.toml").write_text(text.replace("[web]\n", "[web]\ntrace = true\n"))
 
 
 async def test_task_page_shows_what_was_asked_and_the_result(
@@ -105,7 +95,7 @@ async def test_task_page_shows_what_was_asked_and_the_result(
 async def test_job_gallery_fills_in_live_and_a_failure_is_shown(
     tmp_path: Path, browser: Browser
 ) -> None:
-    traced_profile(tmp_path)
+    traced_demo_profile(tmp_path, "demo-traced", ("demo-2",), max_attempts=2)
     async with running_service(
         tmp_path, profiles=WEB, time_scale=WEB_SCALE, retry_delay_s=0.5
     ) as h:
@@ -149,12 +139,13 @@ async def test_job_gallery_fills_in_live_and_a_failure_is_shown(
         await failed.get_by_test_id("task-link").click()
         await expect(page.get_by_test_id("task-failure")).to_contain_text("page_error")
         attempts = page.get_by_test_id("attempt-row")
-        await expect(attempts).to_have_count(3)
+        await expect(attempts).to_have_count(2)
+        await expect(attempts.first.get_by_test_id("evidence-shot")).to_be_visible()
         last = attempts.last
         await expect(last.get_by_test_id("attempt-error")).to_contain_text("overloaded")
         shot = last.get_by_test_id("artifact-screenshot")
         await expect(shot).to_be_visible()
-        assert await natural_width(page, "[data-attempt='3'] .evidence-shot") > 100
+        assert await natural_width(page, "[data-attempt='2'] .evidence-shot") > 100
         html_link = last.get_by_test_id("artifact-html")
         html_url = await html_link.get_attribute("href") or ""
         served = await page.evaluate(
@@ -165,7 +156,7 @@ async def test_job_gallery_fills_in_live_and_a_failure_is_shown(
         assert "sandbox" in served[2] and "error-banner" in served[3]
         trace = last.get_by_test_id("artifact-trace")
         await expect(trace).to_contain_text("trace")
-        on_disk = h.state_dir / "results" / failing_id / "attempt-3" / "artifacts"
+        on_disk = h.state_dir / "results" / failing_id / "attempt-2" / "artifacts"
         assert sorted(p.name for p in on_disk.iterdir()) == [
             "page.html",
             "screenshot.png",
@@ -176,8 +167,8 @@ async def test_job_gallery_fills_in_live_and_a_failure_is_shown(
         # Retry from the gallery: the task gets another attempt.
         await page.go_back()
         await failed.get_by_test_id("gallery-retry").click()
-        await expect(page.get_by_test_id("toast")).to_contain_text("attempt 4 queued")
-        assert (await h.task(failing_id))["attempt"] == 4
+        await expect(page.get_by_test_id("toast")).to_contain_text("attempt 3 queued")
+        assert (await h.task(failing_id))["attempt"] == 3
         assert browser.problems == []
 
 

@@ -220,20 +220,25 @@
       return [...rows.values()].sort((a, b) => a.n - b.n);
     },
 
+    // The screenshot as a thumbnail, and a link to each thing the attempt left behind.
     evidence(task, n) {
       const items = (task.artifacts || {})[String(n)] || [];
-      return items.map((item) => {
-        const url = artifactUrl(task, n, item.name);
-        const label = { screenshot: "screenshot", html: "page HTML", trace: "trace",
-          answer: "vendor's answer" }[item.kind] || item.name;
-        const link = el("a", { href: url, target: "_blank", rel: "noopener",
-          "data-testid": `artifact-${item.kind}`, download: item.kind === "trace" ? item.name : null },
-          item.kind === "screenshot"
-            ? el("img", { src: url, alt: `screenshot of attempt ${n}`, class: "evidence-shot" })
-            : null,
-          el("span", { text: `${label} (${bytes(item.size)})` }));
-        return el("div", { class: "evidence" }, link);
-      });
+      if (!items.length) return null;
+      const labels = { screenshot: "screenshot", html: "page HTML (as text)",
+        trace: "Playwright trace", answer: "vendor's last answer" };
+      const hints = { trace: "open with: playwright show-trace <file>",
+        html: "the page's HTML when it went wrong, shown as plain text" };
+      const shot = items.find((item) => item.kind === "screenshot");
+      return el("div", { class: "evidence" },
+        shot ? el("a", { href: artifactUrl(task, n, shot.name), target: "_blank", rel: "noopener" },
+          el("img", { src: artifactUrl(task, n, shot.name), alt: `screenshot of attempt ${n}`,
+            class: "evidence-shot", "data-testid": "evidence-shot" })) : null,
+        el("ul", {}, items.map((item) => el("li", {},
+          el("a", { href: artifactUrl(task, n, item.name), target: "_blank", rel: "noopener",
+            title: hints[item.kind] || null, "data-testid": `artifact-${item.kind}`,
+            download: item.kind === "trace" ? item.name : null,
+            text: labels[item.kind] || item.name }),
+          el("span", { class: "muted", text: ` ${bytes(item.size)}` })))));
     },
 
     attempts(task) {
@@ -253,7 +258,8 @@
             el("td", { class: "muted", text: when(a.ended) }),
             el("td", { class: "num", text: a.started && a.ended ? duration(a.ended - a.started) : "" }),
             el("td", { class: "muted small", text: stageText(a.stages) }),
-            el("td", { class: "error", "data-testid": "attempt-error", text: errorText(a.error) }),
+            el("td", { class: "error", "data-testid": "attempt-error",
+              text: errorText(a.error) || (a.n < task.attempt && !a.state ? "earlier attempt" : "") }),
             el("td", { class: "evidence-cell", "data-testid": "attempt-evidence" },
               this.evidence(task, a.n)))))));
     },
@@ -382,7 +388,10 @@
           const media = isImage(file)
             ? el("img", { src: url, alt: file.name, loading: "lazy", "data-testid": "gallery-image" })
             : el("video", { src: url, preload: "metadata", muted: true, "data-testid": "gallery-video" });
-          return [media, files.length > 1 ? el("span", { class: "more", text: `+${files.length - 1}` }) : null];
+          const label = isVideo(file) ? el("span", { class: "kind", text: `▶ video · ${bytes(file.size)}` })
+            : null;
+          return [media, label,
+            files.length > 1 ? el("span", { class: "more", text: `+${files.length - 1}` }) : null];
         }
         if (task.result.text) {
           return el("pre", { class: "thumb-text", "data-testid": "gallery-text",
@@ -412,7 +421,8 @@
         "data-task-id": task.id, "data-state": task.state, onclick: open },
         el("div", { class: "thumb" }, this.thumb(task)),
         el("div", { class: "caption" },
-          D.taskLink(task),
+          el("div", { class: "who" }, D.taskLink(task),
+            el("div", { class: "muted small", text: task.model })),
           D.badge(task.state),
           task.state === "failed"
             ? el("button", { type: "button", "data-testid": "gallery-retry", text: "retry",

@@ -102,7 +102,8 @@
   // The ETA column: a running task past its estimate is overdue, not "0s".
   function etaText(task) {
     if (task.state === "running") {
-      if (task.overdue_s > 0) return { text: `overdue ${duration(task.overdue_s)}`, late: true };
+      if (task.overdue_s >= 1) return { text: `overdue by ${duration(task.overdue_s)}`, late: true };
+      if (task.overdue_s > 0) return { text: "overdue", late: true };
       if (task.eta_s === 0) return { text: "overdue", late: true };
       return { text: duration(task.eta_s), late: false };
     }
@@ -152,7 +153,9 @@
     const key = `${task.id}:${task.attempt}:${task.state}`;
     if (seenActivity.has(key)) return;
     const ts = task.finished_at || Date.now() / 1000;
-    const what = `(${task.model})`;
+    const prompt = task.params && typeof task.params.prompt === "string" ? task.params.prompt : "";
+    const snippet = prompt.length > 60 ? `${prompt.slice(0, 57)}…` : prompt;
+    const what = `${task.model}${snippet ? ` “${snippet}”` : ""}`;
     if (task.state === "failed") {
       seenActivity.add(key);
       activity(`${what} failed: ${errorText(task.error)}`, "bad", ts, task);
