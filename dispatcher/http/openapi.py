@@ -85,6 +85,19 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/tasks/{id}/retry": {"parameters": _ID, "post": _op("Retry a failed task")},
         "/v1/tasks/{id}/result": {"parameters": _ID, "get": _op("Download a result file or text")},
+        "/v1/tasks/{id}/artifacts/{attempt}/{name}": {
+            "parameters": [
+                *_ID,
+                {"name": "attempt", "in": "path", "required": True, "schema": {"type": "integer"}},
+                {
+                    "name": "name",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"enum": ["screenshot.png", "page.html", "trace.zip", "answer.txt"]},
+                },
+            ],
+            "get": _op("What a failed, stalled or canceled attempt left (listed as `artifacts`)"),
+        },
         "/v1/jobs": {
             "post": _op("Create a job from a list of tasks", _JOB_BODY, "201"),
             "get": _op("Recent jobs with their progress"),

@@ -258,8 +258,10 @@
             el("td", { class: "muted", text: when(a.ended) }),
             el("td", { class: "num", text: a.started && a.ended ? duration(a.ended - a.started) : "" }),
             el("td", { class: "muted small", text: stageText(a.stages) }),
-            el("td", { class: "error", "data-testid": "attempt-error",
-              text: errorText(a.error) || (a.n < task.attempt && !a.state ? "earlier attempt" : "") }),
+            a.error
+              ? el("td", { class: "error", "data-testid": "attempt-error", text: errorText(a.error) })
+              : el("td", { class: "muted", "data-testid": "attempt-error",
+                text: a.state ? "" : "earlier attempt (no details kept)" }),
             el("td", { class: "evidence-cell", "data-testid": "attempt-evidence" },
               this.evidence(task, a.n)))))));
     },
