@@ -235,6 +235,13 @@ async def test_history_filters_pages_and_remembers(tmp_path: Path, browser: Brow
         await page.get_by_test_id("filter-state").select_option("failed")
         await expect(rows).to_have_count(1)
         await expect(rows.first).to_have_attribute("data-task-id", refused["id"])
+        # Its page links the provider's last answer, kept when the attempt failed.
+        await rows.first.get_by_test_id("task-link").click()
+        answer = page.get_by_test_id("view-task").get_by_test_id("artifact-answer")
+        await expect(answer).to_contain_text("vendor's last answer")
+        await keep_screenshot(page, "task-api-failure")
+        await page.go_back()
+        await expect(page.get_by_test_id("filter-state")).to_have_value("failed")
         await page.get_by_test_id("filter-state").select_option("")
         await page.get_by_test_id("filter-q").fill("poster 1")
         await page.get_by_test_id("filter-apply").click()

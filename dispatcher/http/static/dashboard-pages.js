@@ -285,7 +285,8 @@
 
     async load(route) {
       try {
-        this.job = await D.api("GET", `/v1/jobs/${encodeURIComponent(route.id)}`);
+        const job = await D.api("GET", `/v1/jobs/${encodeURIComponent(route.id)}`);
+        this.job = { ...job, tasks: itemsOf(job.tasks) };
         this.error = null;
       } catch (err) {
         if (err instanceof D.SignedOut || err.status === undefined) throw err;
