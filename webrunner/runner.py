@@ -352,7 +352,10 @@ class WebRunner:
         """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
         if session is None or not session.usable:
             return
-        page = driver.page if driver is not None else None
+        # Without a driver the attempt failed while opening the page (logged
+        # out, the page never became ready): the tab still shows why.
+        pages = session.context.pages
+        page = driver.page if driver is not None else (pages[0] if pages else None)
         await evidence.capture(
             ctx.result_dir,
             page,

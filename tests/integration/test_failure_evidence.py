@@ -79,3 +79,20 @@ async def test_a_frozen_page_is_reclaimed_without_waiting_on_it_and_its_trace_ke
         assert trace.headers["content-disposition"].startswith("attachment")
         await h.http.post(f"/v1/tasks/{task['id']}/cancel")
         assert (await h.wait_task(task["id"]))["state"] == "canceled"
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(120)
+async def test_a_logged_out_account_leaves_the_page_that_says_so(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=WEB_SCALE) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
+        await h.demo_mode({"mode": "expired"}, h.demo_web)
+        task = await h.submit("demo-chat", "are we logged in?")
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert done["state"] == "failed" and done["error"]["kind"] == "auth"
+        assert [a["kind"] for a in done["artifacts"]["1"]] == ["screenshot", "html"]
+        html = await h.http.get(f"/v1/tasks/{task['id']}/artifacts/1/page.html")
+        assert html.headers["content-type"].startswith("text/plain")
+        assert 'id="login-form"' in html.text  # what the operator must deal with
+        shot = await h.http.get(f"/v1/tasks/{task['id']}/artifacts/1/screenshot.png")
+        assert shot.headers["content-type"] == "image/png" and shot.content[:4] == b"\x89PNG"
