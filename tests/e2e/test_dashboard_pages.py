@@ -9,10 +9,12 @@ keeps a screenshot of the pages it saw (tests/artifacts/dashboard/).
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from playwright.async_api import Dialog, Page, expect
+from playwright.async_api import Dialog, Page, Route, expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in, task_row
 from tests.harness import Harness, running_service
@@ -261,4 +263,124 @@ async def test_history_filters_pages_and_remembers(tmp_path: Path, browser: Brow
         await page.get_by_test_id("filter-apply").click()
         await expect(page.get_by_test_id("history-empty")).to_be_visible()
         await keep_screenshot(page, "history-jobs")
+        assert browser.problems == []
+
+
+async def test_pages_read_the_paged_answers_and_the_attempt_history(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """The answers the API is growing into (issue 18): lists as `{"items", "next"}`
+    pages, tasks with `ref` and `attempts`, a webhook delivery log. The browser
+    reshapes today's real answers on their way in; the page must read both."""
+    async with running_service(tmp_path) as h:
+        page = browser.page
+        tasks = [await h.submit("demo-chat-api", f"poster {i}", gen_s=1) for i in range(3)]
+        for task in tasks:
+            await h.wait_task(task["id"])
+        first = tasks[0]["id"]
+
+        async def paged(route: Route) -> None:
+            if route.request.method != "GET":
+                await route.continue_()
+                return
+            response = await route.fetch()
+            items = sorted(await response.json(), key=lambda t: -t["created_at"])
+            start = int(parse_qs(urlsplit(route.request.url).query).get("after", ["0"])[0])
+            more = start + 2 < len(items)
+            body = {"items": items[start : start + 2], "next": str(start + 2) if more else None}
+            await route.fulfill(response=response, json=body)
+
+        async def with_history(route: Route) -> None:
+            response = await route.fetch()
+            task = await response.json()
+            task.update(ref="poster-00", attempt=2)
+            task["attempts"] = [
+                {
+                    "attempt": 1,
+                    "lane": "api:demo",
+                    "account": "demo",
+                    "outcome": "pending",
+                    "started_at": task["started_at"],
+                    "ended_at": task["started_at"],
+                    "error": {"kind": "http_503", "message": "the vendor is busy"},
+                    "stage_durations": {"generating": 0.4},
+                },
+                {
+                    "attempt": 2,
+                    "lane": "api:demo",
+                    "account": "demo",
+                    "outcome": "success",
+                    "started_at": task["started_at"],
+                    "ended_at": task["finished_at"],
+                    "error": None,
+                    "stage_durations": task["stage_durations"],
+                },
+            ]
+            await route.fulfill(response=response, json=task)
+
+        async def with_webhooks(route: Route) -> None:
+            response = await route.fetch()
+            doc = await response.json()
+            doc["paths"]["/v1/webhooks/deliveries"] = {"get": {}}
+            await route.fulfill(response=response, json=doc)
+
+        deliveries = {
+            "urls": ["https://hooks.example/…"],
+            "queued": 0,
+            "delivering": 0,
+            "dropped": 0,
+            "items": [
+                {
+                    "event": "job.finished",
+                    "url": "https://hooks.example/…",
+                    "attempt": 2,
+                    "at": tasks[0]["created_at"],
+                    "status": 200,
+                    "ok": True,
+                    "error": None,
+                    "duration_ms": 12.5,
+                    "final": True,
+                },
+                {
+                    "event": "job.finished",
+                    "url": "https://hooks.example/…",
+                    "attempt": 1,
+                    "at": tasks[0]["created_at"],
+                    "status": 500,
+                    "ok": False,
+                    "error": "HTTP 500",
+                    "duration_ms": 8.0,
+                    "final": False,
+                },
+            ],
+        }
+        await page.route(re.compile(r"/v1/(tasks|jobs)\?"), paged)
+        await page.route(re.compile(rf"/v1/tasks/{first}$"), with_history)
+        await page.route(re.compile(r"/openapi\.json$"), with_webhooks)
+        await page.route(
+            re.compile(r"/v1/webhooks/deliveries$"), lambda route: route.fulfill(json=deliveries)
+        )
+        await sign_in(h, page)
+
+        log = page.get_by_test_id("webhooks")
+        await expect(log).to_be_visible()
+        await expect(log.get_by_test_id("delivery-row")).to_have_count(2)
+        await expect(log.get_by_test_id("delivery-row").last).to_contain_text("will retry")
+        await expect(page.get_by_test_id("activity-item")).to_have_count(2)  # one page of it
+
+        await open_page(h, page, "history/tasks")
+        rows = page.get_by_test_id("history-task-row")
+        await expect(rows).to_have_count(2)
+        await page.get_by_test_id("history-more").click()
+        await expect(rows).to_have_count(3)
+        await expect(page.get_by_test_id("history-more")).to_be_hidden()
+
+        await open_page(h, page, f"task/{first}")
+        await expect(page.get_by_test_id("task-ref")).to_have_text("poster-00")
+        attempts = page.get_by_test_id("attempt-row")
+        await expect(attempts).to_have_count(2)
+        await expect(attempts.first).to_contain_text("failed, retried")
+        await expect(attempts.first).to_contain_text("the vendor is busy")
+        await expect(attempts.last).to_contain_text("success")
+        await keep_screenshot(page, "task-with-attempt-history")
         assert browser.problems == []

@@ -192,32 +192,50 @@
         !text && !files.length ? el("p", { class: "muted", text: "the model answered nothing" }) : null);
     },
 
-    // Attempt history from the service when it sends one; else what the task row tells.
+    // Each attempt: the service's history of ended attempts when it sends one,
+    // the current attempt from the task itself, and any attempt that left artifacts.
     attemptList(task) {
-      if (Array.isArray(task.attempts) && task.attempts.length) {
-        return task.attempts.map((a, i) => ({
-          n: a.attempt ?? a.number ?? i + 1,
-          state: a.state ?? a.outcome ?? null,
-          account: a.account ?? a.lane ?? null,
-          started: a.started_at ?? null,
-          ended: a.finished_at ?? a.ended_at ?? null,
-          stages: a.stage_durations ?? a.stage_timings ?? a.timings ?? null,
-          error: a.error ?? (a.error_kind ? { kind: a.error_kind, message: a.error_message } : null),
-        }));
-      }
       const rows = new Map();
+      const history = Array.isArray(task.attempts) ? task.attempts : [];
+      history.forEach((a, i) => {
+        const n = a.attempt ?? a.number ?? i + 1;
+        rows.set(n, {
+          n,
+          state: a.outcome ?? a.state ?? null,
+          account: a.account ?? null,
+          lane: a.lane ?? null,
+          started: a.started_at ?? null,
+          ended: a.ended_at ?? a.finished_at ?? null,
+          stages: a.stage_durations ?? a.stage_timings ?? null,
+          error: a.error ?? null,
+        });
+      });
       const current = task.attempt;
-      const erredBefore = task.state === "pending" && task.error && current > 1;
-      if (task.started_at || task.state !== "pending") {
+      // Without a history, a task waiting for its retry still carries the last error.
+      const erredBefore = !history.length && task.state === "pending" && task.error && current > 1;
+      // A pending task's times belong to an earlier attempt: its current one has not run.
+      if (!rows.has(current) && task.state !== "pending") {
         rows.set(current, { n: current, state: task.state, account: task.account,
           started: task.started_at, ended: task.finished_at, stages: task.stage_durations,
           error: erredBefore ? null : task.error });
       }
-      if (erredBefore) rows.set(current - 1, { n: current - 1, state: "failed", error: task.error });
+      if (erredBefore && !rows.has(current - 1)) {
+        rows.set(current - 1, { n: current - 1, state: "failed", error: task.error });
+      }
       for (const n of Object.keys(task.artifacts || {}).map(Number)) {
         if (!rows.has(n)) rows.set(n, { n });
       }
       return [...rows.values()].sort((a, b) => a.n - b.n);
+    },
+
+    // An attempt that ended with the task going back to pending was retried (or re-queued).
+    outcome(a) {
+      if (!a.state) return "";
+      if (a.state === "pending") {
+        return el("span", { class: `state ${a.error ? "failed" : "pending"}`, "data-testid": "state",
+          text: a.error ? "failed, retried" : "re-queued" });
+      }
+      return D.badge(a.state);
     },
 
     // The screenshot as a thumbnail, and a link to each thing the attempt left behind.
@@ -252,8 +270,8 @@
             "stages", "error", "what it looked like"].map((h) => el("th", { text: h })))),
           el("tbody", {}, list.map((a) => el("tr", { "data-testid": "attempt-row", "data-attempt": a.n },
             el("td", { class: "num", text: a.n }),
-            el("td", {}, a.state ? D.badge(a.state) : ""),
-            el("td", { class: "mono", text: a.account || "" }),
+            el("td", {}, this.outcome(a)),
+            el("td", { class: "mono", text: a.account || a.lane || "" }),
             el("td", { class: "muted", text: when(a.started) }),
             el("td", { class: "muted", text: when(a.ended) }),
             el("td", { class: "num", text: a.started && a.ended ? duration(a.ended - a.started) : "" }),

@@ -28,6 +28,8 @@
     accounts: [],
     jobs: [],
     tasks: [],
+    deliveries: null, // the webhook delivery log, where the service has one
+    features: null, // which optional endpoints the service offers (from its OpenAPI document)
   };
   // Pages register here (dashboard-pages.js): {load(route) -> Promise, render(), onTask(task)}.
   const pages = {};
@@ -63,6 +65,7 @@
 
   function duration(seconds) {
     if (seconds === null || seconds === undefined || !isFinite(seconds)) return "–";
+    if (seconds > 0 && seconds < 1) return `${seconds.toFixed(1)}s`;
     const s = Math.max(0, Math.round(seconds));
     if (s < 60) return `${s}s`;
     const m = Math.floor(s / 60);
@@ -232,6 +235,22 @@
     seedActivity();
   }
 
+  // Optional parts of the API are looked up once, so that a service without
+  // them is never asked (a 404 would be noise in every browser console).
+  async function features() {
+    if (view.features === null) {
+      try {
+        const doc = await api("GET", "/openapi.json");
+        const paths = Object.keys((doc && doc.paths) || {});
+        view.features = { webhooks: paths.includes("/v1/webhooks/deliveries") };
+      } catch (err) {
+        if (err instanceof SignedOut) throw err;
+        view.features = { webhooks: false };
+      }
+    }
+    return view.features;
+  }
+
   function setLive(on, text) {
     const badge = $("live");
     badge.dataset.live = on ? "yes" : "no";
@@ -291,14 +310,17 @@
       const lanes = api("GET", "/v1/lanes");
       lanes.catch(() => {}); // awaited below; a refusal is reported once, by whichever fails first
       if (route.name === "overview") {
-        const [accounts, jobs, tasks] = await Promise.all([
+        const offered = await features();
+        const [accounts, jobs, tasks, deliveries] = await Promise.all([
           api("GET", "/v1/accounts"),
           api("GET", "/v1/jobs?limit=10"),
           api("GET", "/v1/tasks?state=running,pending&limit=200"),
+          offered.webhooks ? api("GET", "/v1/webhooks/deliveries") : null,
         ]);
         view.accounts = accounts;
         view.jobs = itemsOf(jobs);
         view.tasks = itemsOf(tasks);
+        view.deliveries = deliveries;
       } else if (pages[route.name]) {
         await pages[route.name].load(route);
       }
@@ -328,6 +350,7 @@
       renderAccounts();
       renderJobs();
       renderTasks();
+      renderDeliveries();
     } else if (pages[view.route.name]) {
       pages[view.route.name].render();
     }
@@ -581,6 +604,29 @@
   function renderTasks() {
     $("tasks-empty").hidden = view.tasks.length > 0;
     $("tasks-body").replaceChildren(...view.tasks.map(taskRow));
+  }
+
+  function renderDeliveries() {
+    const log = view.deliveries;
+    $("webhooks").hidden = !log;
+    if (!log) return;
+    const urls = log.urls || [];
+    $("webhooks-summary").textContent = `${urls.length ? `to ${urls.join(", ")}` : "no URL configured"}`
+      + ` · ${log.queued || 0} queued · ${log.delivering || 0} in flight`
+      + (log.dropped ? ` · ${log.dropped} dropped` : "");
+    const items = itemsOf(log).slice(0, 15);
+    $("webhooks-empty").hidden = items.length > 0;
+    $("webhooks-body").replaceChildren(...items.map((d) => el("tr", {
+      "data-testid": "delivery-row", class: d.ok ? "" : "bad" },
+      el("td", { class: "muted", text: when(d.at) }),
+      el("td", { class: "mono", text: d.event || "" }),
+      el("td", { class: "mono", text: d.url || "" }),
+      el("td", { class: "num", text: d.attempt ?? "" }),
+      el("td", {}, el("span", { class: d.ok ? "switch on" : "switch off",
+        text: d.status ? `HTTP ${d.status}` : "no answer" }),
+        !d.ok && !d.final ? el("span", { class: "muted", text: " (will retry)" }) : null),
+      el("td", { class: "num", text: d.duration_ms !== undefined ? `${Math.round(d.duration_ms)} ms` : "" }),
+      el("td", { class: "error", text: d.error || "" }))));
   }
 
   // -- for dashboard-pages.js ---------------------------------------------------------------------
