@@ -134,10 +134,12 @@ def save_artifact(result_dir: Path, name: str, data: bytes) -> Path:
 
 def capped_text(text: str, max_bytes: int) -> bytes:
     """Credentials masked, then cut to `max_bytes` (saying so) on a character boundary."""
-    data = scrub(text).encode("utf-8", "replace")
+    # Masking scans the text several times: bound it first (a vendor's answer
+    # may carry megabytes of base64). What is cut here is cut below anyway.
+    data = scrub(text[: max_bytes * 2]).encode("utf-8", "replace")
     if len(data) <= max_bytes:
         return data
-    note = f"\n\n[cut: {len(data)} bytes, the first {max_bytes} kept]\n".encode()
+    note = f"\n\n[cut: {len(text)} characters, the first {max_bytes} bytes kept]\n".encode()
     return data[: max_bytes - len(note)].decode("utf-8", "ignore").encode() + note
 
 

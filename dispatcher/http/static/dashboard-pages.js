@@ -12,6 +12,8 @@
   const HISTORY_PAGE = 50;
   const MAX_LIST = 500;
   const TEXT_LINES = 4;
+  // A gallery of thousands would load thousands of thumbnails at once.
+  const MAX_CARDS = 240;
 
   function resultUrl(task, index) {
     return `/v1/tasks/${encodeURIComponent(task.id)}/result?file=${index}`;
@@ -332,6 +334,7 @@
               el("th", { class: h === "progress" ? "wide" : "", text: h })))),
             el("tbody", { id: "job-lanes-body" }))),
           section("Results", "job-gallery-section",
+            el("p", { class: "muted", id: "job-gallery-note" }),
             el("div", { class: "gallery", id: "job-gallery", "data-testid": "job-gallery" })),
           section("Tasks", "job-tasks", el("table", {},
             el("thead", {}, el("tr", {}, ...["task", "model", "lane", "state", "stage", "attempt",
@@ -382,7 +385,10 @@
     },
 
     renderGallery(job) {
-      const nodes = job.tasks.map((task) => {
+      const shown = job.tasks.slice(0, MAX_CARDS);
+      $("job-gallery-note").textContent = job.tasks.length > MAX_CARDS
+        ? `the first ${MAX_CARDS} of ${job.tasks.length} tasks; the table below lists them all` : "";
+      const nodes = shown.map((task) => {
         const signature = JSON.stringify([task.state, task.attempt, task.error,
           task.state === "running" ? [task.stage, task.progress, etaText(task).text] : null]);
         const known = this.cards.get(task.id);
