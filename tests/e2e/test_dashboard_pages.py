@@ -259,10 +259,10 @@ async def test_history_filters_pages_and_remembers(tmp_path: Path, browser: Brow
         jobs = page.get_by_test_id("view-history").get_by_test_id("job-row")
         await expect(jobs).to_have_count(1)
         await expect(jobs.first.get_by_test_id("job-created")).not_to_be_empty()
+        await keep_screenshot(page, "history-jobs")
         await page.get_by_test_id("filter-q").fill("no such job")
         await page.get_by_test_id("filter-apply").click()
         await expect(page.get_by_test_id("history-empty")).to_be_visible()
-        await keep_screenshot(page, "history-jobs")
         assert browser.problems == []
 
 
