@@ -46,11 +46,15 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class CallFailed(Exception):
-    """One request failed; `failure` says how (classified exactly once)."""
+    """One request failed; `failure` says how (classified exactly once).
 
-    def __init__(self, failure: Failure) -> None:
+    `body`: what the provider answered, when it answered (kept as evidence).
+    """
+
+    def __init__(self, failure: Failure, body: str | None = None) -> None:
         super().__init__(failure.message)
         self.failure = failure
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,7 @@ class ProviderClient:
         failure = classify_status(response.status_code, body, retry_after)
         if retry_after is not None and failure.retryable:
             self.gate.defer(retry_after)
-        return CallFailed(failure)
+        return CallFailed(failure, body)
 
     async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
         """Send one request and decode its JSON answer."""

@@ -55,6 +55,7 @@ from apirunner.templates import (
     split_path,
     walk,
 )
+from dispatcher.artifacts import keep_answer
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
 from dispatcher.models import Stage, Task
@@ -156,10 +157,22 @@ class ApiRunner:
         ctx.check_canceled()
         attempt = _Attempt(self, task, ctx, profile.api, self.client(profile.provider))
         try:
-            if profile.api.style == "chat":
+            return await self._attempt(attempt, profile.api)
+        except (RunError, TaskCanceled):
+            # What the provider said last is what a person wants to read.
+            retention = self._settings.artifacts_retention
+            await asyncio.to_thread(keep_answer, ctx.result_dir, attempt.last_answer, retention)
+            raise
+
+    @staticmethod
+    async def _attempt(attempt: _Attempt, api: ApiSpec) -> RunResult:
+        try:
+            if api.style == "chat":
                 return await attempt.chat()
             return await attempt.job()
         except CallFailed as exc:
+            if exc.body is not None:
+                attempt.last_answer = exc.body
             raise exc.failure.to_error() from exc
         except TemplateError as exc:
             raise PermanentError(str(exc), kind="template") from exc
@@ -182,6 +195,7 @@ class _Attempt:
         self.cancel = ctx.cancel_event
         self.polls = 0
         self.http_version = ""
+        self.last_answer: Any = None  # the provider's, kept as evidence if the attempt fails
 
     # -- shared helpers ------------------------------------------------------
     def headers(self, url: str, *, idempotency_key: str | None = None) -> dict[str, str]:
@@ -225,6 +239,7 @@ class _Attempt:
             on_retry=self._log_retry,
         )
         self.http_version = answer.http_version
+        self.last_answer = answer.data
         return answer
 
     def _log_retry(self, failure: Failure, tries: int) -> None:
@@ -379,6 +394,7 @@ class _Attempt:
             errors = 0
             self.polls += 1
             self.http_version = answer.http_version
+            self.last_answer = answer.data
             status = interpret_status(spec, answer.data)
             last = status.raw_state or last
             await self.ctx.set_stage(Stage.GENERATING, status.progress, status.queue_position)

@@ -116,3 +116,11 @@ def eta_s(
         return max(0.0, typical_s - running_elapsed_s)
     waves = ahead // max(1, concurrency) + 1
     return waves * typical_s
+
+
+def overdue_s(*, recent_durations_s: Sequence[float], running_elapsed_s: float) -> float | None:
+    """Seconds a running task is past its estimate (`eta_s` stops at 0); None if not past it."""
+    if not recent_durations_s:
+        return None
+    late_s = running_elapsed_s - statistics.median(recent_durations_s)
+    return late_s if late_s > 0 else None

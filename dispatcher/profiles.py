@@ -59,6 +59,8 @@ class WebSpec(_Strict):
     error: str | None = None
     media: str | None = None
     timeout_s: float = 600.0
+    # Record a Playwright trace of every attempt; kept only when one goes wrong.
+    trace: bool = False
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:

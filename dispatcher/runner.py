@@ -83,6 +83,8 @@ class RunContext:
         self.log = log
         self.cancel_event = asyncio.Event()
         self.last_beat_monotonic = clock.monotonic()
+        # Set by the scheduler before it interrupts the run: "reclaimed" (stale).
+        self.interrupted: str | None = None
         self._report_stage = report_stage
         self._record_remote_id = record_remote_id
 

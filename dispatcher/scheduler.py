@@ -25,6 +25,7 @@ from dispatcher.decisions import (
     LaneSnapshot,
     eta_s,
     free_slots,
+    overdue_s,
     plan_reclaims,
 )
 from dispatcher.errors import AuthError, RunError, TaskCanceled, TransientError
@@ -228,7 +229,7 @@ class Scheduler:
             if running is not None and running.job is not None:
                 # The lane's slot stays taken until the runner has confirmed its
                 # browser dead (its cleanup runs inside the cancelled coroutine).
-                running.interrupted = "reclaimed"
+                running.interrupted = running.ctx.interrupted = "reclaimed"
                 running.job.cancel()
 
     # -- running one task ----------------------------------------------------------
@@ -409,7 +410,13 @@ class Scheduler:
     def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer."""
         live = self.running.get(task.id)
-        info: JSON = {"ahead": 0, "eta_s": None, "progress": None, "queue_position": None}
+        info: JSON = {
+            "ahead": 0,
+            "eta_s": None,
+            "overdue_s": None,
+            "progress": None,
+            "queue_position": None,
+        }
         durations = list(self.recent_durations(task.model))
         if task.state is State.PENDING:
             ahead = self.ledger.store.count_ahead(task.lane_group, task.seq)
@@ -427,6 +434,7 @@ class Scheduler:
             info["eta_s"] = eta_s(
                 ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=elapsed
             )
+            info["overdue_s"] = overdue_s(recent_durations_s=durations, running_elapsed_s=elapsed)
             if live is not None:
                 info["stage"] = live.live.stage.value
                 info["progress"] = live.live.progress

@@ -17,6 +17,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from dispatcher.artifacts import Retention
 from dispatcher.errors import ConfigError
 
 BUNDLED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -68,6 +69,10 @@ class Settings(BaseSettings):
     default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
     cache_max_bytes: int = 2 * 1024**3
     cache_ttl_s: float = 7 * 24 * 3600.0
+    # What failed attempts leave for a person to look at (screenshots, HTML,
+    # traces, the vendor's last answer): the oldest attempts' go first.
+    artifacts_max_bytes: int = Field(default=256 * 1024**2, ge=0)
+    artifacts_max_count: int = Field(default=200, ge=1)
     time_scale: float = Field(default=1.0, gt=0)
     http_timeout_s: float = 30.0
     retry_delay_s: float = 5.0
@@ -111,6 +116,10 @@ class Settings(BaseSettings):
         if value is not None and not 1 <= value <= 65535:
             raise ValueError("port must be within 1..65535")
         return value
+
+    @property
+    def artifacts_retention(self) -> Retention:
+        return Retention(max_bytes=self.artifacts_max_bytes, max_count=self.artifacts_max_count)
 
     @property
     def resolved_database_url(self) -> str:

@@ -41,3 +41,19 @@ def web_profile(name: str = "m-web", accounts: tuple[str, ...] = ("acct-1",)) ->
             },
         }
     )
+
+
+def traced_demo_profile(
+    tmp_path: Path, name: str, accounts: tuple[str, ...], max_attempts: int = 3
+) -> None:
+    """demo-chat under another name and accounts, recording a Playwright trace (`trace = true`).
+
+    Written where `tests.harness.running_service` collects its profiles, beside the copies.
+    """
+    target = tmp_path / "profiles"
+    target.mkdir(exist_ok=True)
+    text = (REPO / "profiles" / "demo-chat.toml").read_text()
+    text = text.replace('name = "demo-chat"', f'name = "{name}"')
+    text = text.replace('accounts = ["demo-1", "demo-2"]', f"accounts = {list(accounts)!r}")
+    text = text.replace("[web]\n", f"max_attempts = {max_attempts}\n\n[web]\ntrace = true\n")
+    (target / f"{name}.toml").write_text(text.replace("'", '"'))

@@ -26,6 +26,7 @@ from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.settings import Settings
+from webrunner import evidence
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
@@ -252,8 +253,10 @@ class WebRunner:
         driver: PageDriver | None = None
         result: RunResult | None = None
         keep = False
+        tracing = False
         try:
             session, reused = await self._session_for(ctx, account)
+            tracing = spec.trace and await evidence.start_trace(session.context, ctx.log)
             page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
             try:
                 driver = await self._open_page(ctx, session, spec, page_budget)
@@ -295,10 +298,13 @@ class WebRunner:
                     else session.selfcheck.to_json(),
                 },
             )
+            if tracing:
+                await evidence.drop_trace(session.context)
             keep = self._keeper.keep(account, session, driver.page, spec.url)
             return result
         except TaskCanceled:
             clicked = await driver.click_stop() if driver is not None else False
+            await self._keep_evidence(ctx, session, driver, tracing)
             ctx.log.info(
                 "canceled%s; closing the browser",
                 " after clicking stop" if clicked else "",
@@ -309,6 +315,8 @@ class WebRunner:
             # first, synchronously: the page may be frozen, and the account's
             # slot is freed only once this coroutine has finished.
             if session is not None:
+                if ctx.interrupted == "reclaimed":
+                    await self._keep_evidence(ctx, session, driver, tracing)
                 await self._kill(account, session)
                 ctx.log.warning(
                     "run interrupted; browser pid %d killed%s",
@@ -318,6 +326,7 @@ class WebRunner:
             raise
         except RunError as exc:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
+            await self._keep_evidence(ctx, session, driver, tracing)
             raise
         finally:
             if session is not None and not session.closed and not keep:
@@ -332,6 +341,29 @@ class WebRunner:
                 # What this task paid beyond the generation: browser start (unless
                 # reused) and page load before the prompt, close after the answer.
                 timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+
+    async def _keep_evidence(
+        self,
+        ctx: RunContext,
+        session: BrowserSession | None,
+        driver: PageDriver | None,
+        tracing: bool,
+    ) -> None:
+        """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
+        if session is None or not session.usable:
+            return
+        # Without a driver the attempt failed while opening the page (logged
+        # out, the page never became ready): the tab still shows why.
+        pages = session.context.pages
+        page = driver.page if driver is not None else (pages[0] if pages else None)
+        await evidence.capture(
+            ctx.result_dir,
+            page,
+            session.context,
+            tracing=tracing,
+            retention=self._settings.artifacts_retention,
+            log=ctx.log,
+        )
 
     async def _kill(self, account: str, session: BrowserSession) -> None:
         """Kill the account's browser at once (dead, broken or frozen) and stop keeping it."""

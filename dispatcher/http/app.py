@@ -23,6 +23,7 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dispatcher.artifacts import artifact_file, task_artifacts
 from dispatcher.errors import AmbiguousId, DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dispatcher.http")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-STATIC_FILES = frozenset({"dashboard.js", "dashboard.css"})
+STATIC_FILES = frozenset({"dashboard.js", "dashboard-pages.js", "dashboard.css"})
 SSE_KEEPALIVE_S = 15.0
 LIVEZ_PATH = "/livez"
 NO_STORE = {"Cache-Control": "no-store"}
@@ -46,11 +47,19 @@ MAX_QUERY_CHARS = 200
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        "img-src 'self' data:; media-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# A saved page or vendor answer is data, never a document of our origin: even
+# if a browser chose to render one, nothing in it may run or load.
+ARTIFACT_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+    "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
 
@@ -125,6 +134,7 @@ class Api:
         answer.update(self.service.scheduler.progress(task))
         if with_attempts:
             answer["attempts"] = [a.to_json() for a in self.service.ledger.attempts(task)]
+        answer["artifacts"] = task_artifacts(self.service.state_dir / "results", task)
         return answer
 
     def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
@@ -211,6 +221,21 @@ class Api:
         if not await asyncio.to_thread(path.is_file):
             raise NotFound(f"the result file of task {task.id} is gone from disk")
         return FileResponse(path, media_type=meta.get("content_type"), filename=meta.get("name"))
+
+    async def task_artifact(self, request: Request) -> Response:
+        """A failed attempt's screenshot, page HTML (as text), trace or vendor answer."""
+        task = self.service.ledger.get(request.path_params["id"])
+        attempt, name = request.path_params["attempt"], request.path_params["name"]
+        path, kind = await asyncio.to_thread(
+            artifact_file, self.service.state_dir / "results", task.id, attempt, name
+        )
+        return FileResponse(
+            path,
+            media_type=kind.content_type,
+            filename=f"{task.id[:8]}-attempt-{attempt}-{kind.name}",
+            content_disposition_type="attachment" if kind.download else "inline",
+            headers=ARTIFACT_HEADERS,
+        )
 
     # -- jobs --------------------------------------------------------------------
     async def create_job(self, request: Request) -> Response:
@@ -405,6 +430,7 @@ def create_app(service: Service, credentials: Credentials) -> Liveness:
         Route("/v1/tasks/{id}/cancel", api.cancel_task, methods=["POST"]),
         Route("/v1/tasks/{id}/retry", api.retry_task, methods=["POST"]),
         Route("/v1/tasks/{id}/result", api.task_result, methods=["GET"]),
+        Route("/v1/tasks/{id}/artifacts/{attempt}/{name}", api.task_artifact, methods=["GET"]),
         Route("/v1/jobs", api.create_job, methods=["POST"]),
         Route("/v1/jobs", api.list_jobs, methods=["GET"]),
         Route("/v1/jobs/{id}", api.get_job, methods=["GET"]),

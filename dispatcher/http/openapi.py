@@ -139,6 +139,19 @@ OPENAPI: dict[str, Any] = {
             "parameters": [*_ID, _query("file", "index of the result file (default 0)", "integer")],
             "get": _op("Download a result file, or the text answer as JSON"),
         },
+        "/v1/tasks/{id}/artifacts/{attempt}/{name}": {
+            "parameters": [
+                *_ID,
+                {"name": "attempt", "in": "path", "required": True, "schema": {"type": "integer"}},
+                {
+                    "name": "name",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"enum": ["screenshot.png", "page.html", "trace.zip", "answer.txt"]},
+                },
+            ],
+            "get": _op("What a failed, stalled or canceled attempt left (listed as `artifacts`)"),
+        },
         "/v1/jobs": {
             "post": _op("Create a job from a list of tasks", _JOB_BODY, "201"),
             "get": _listing(

@@ -9,86 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser as PlaywrightBrowser
-from playwright.async_api import ConsoleMessage, Dialog, Page, async_playwright, expect
+from playwright.async_api import Dialog, expect
 
-from dispatcher.settings import find_browser
-from tests.harness import Harness, running_service
+from tests.e2e.dashboard_browser import Browser, job_row, sign_in, task_row
+from tests.harness import running_service
 
 # One browser for the module (starting Chromium is the slow part); a fresh
-# context, so fresh cookies and storage, for every test.
+# context, so fresh cookies and storage, for every test (tests/e2e/conftest.py).
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120),
               pytest.mark.asyncio(loop_scope="module")]
 
 expect.set_options(timeout=15_000)
-
-
-@dataclass
-class Browser:
-    page: Page
-    problems: list[str] = field(default_factory=list)
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def chromium_browser() -> AsyncIterator[PlaywrightBrowser]:
-    executable = find_browser()
-    if executable is None:
-        pytest.skip("no Chromium on this machine (tests never download one)")
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=executable,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--headless"],
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def browser(chromium_browser: PlaywrightBrowser) -> AsyncIterator[Browser]:
-    context = await chromium_browser.new_context()
-    try:
-        page = await context.new_page()
-        seen = Browser(page)
-
-        def on_console(message: ConsoleMessage) -> None:
-            # Refusals (401/403) are what some tests provoke; anything else is a bug.
-            refused = "Failed to load resource" in message.text and (
-                "401" in message.text or "403" in message.text)
-            if message.type == "error" and not refused:
-                seen.problems.append(f"{message.text} at {message.location.get('url')}")
-
-        page.on("console", on_console)
-        page.on("pageerror", lambda exc: seen.problems.append(str(exc)))
-        yield seen
-    finally:
-        await context.close()
-
-
-async def sign_in(h: Harness, page: Page) -> None:
-    code = (await h.http.post("/v1/dashboard-code")).json()["code"]
-    response = await page.goto(f"{h.service.url}/v1/session?code={code}")
-    assert response is not None and response.ok
-    assert page.url == f"{h.service.url}/"  # the code left the address bar
-    await expect(page.get_by_test_id("app")).to_be_visible()
-    await expect(page.get_by_test_id("live-status")).to_have_attribute("data-live", "yes")
-
-
-def job_row(page: Page, job_id: str):  # type: ignore[no-untyped-def]
-    return page.locator(f'[data-testid=job-row][data-job-id="{job_id}"]')
-
-
-def task_row(page: Page, task_id: str):  # type: ignore[no-untyped-def]
-    return page.locator(f'[data-testid=task-row][data-task-id="{task_id}"]')
 
 
 async def test_without_a_session_the_page_shows_no_data(tmp_path: Path, browser: Browser) -> None:
@@ -153,10 +88,11 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         account = page.locator('[data-testid=account-row][data-account="demo"]')
         await expect(account).to_have_attribute("data-enabled", "yes")
 
-        # The tasks of the job, with state and attempt.
+        # The job's page: its tasks, with state and attempt.
         await row.get_by_test_id("job-select").click()
-        await expect(page.get_by_test_id("tasks-title")).to_contain_text("story shots")
+        await expect(page.get_by_test_id("job-title")).to_contain_text("story shots")
         await expect(page.locator("[data-testid=task-row][data-state=success]")).to_have_count(5)
+        assert await page.evaluate("window.__no_reload") == 42  # a page of the same app
 
         # The token is nowhere a script (or the markup) could read it.
         token = h.service.credentials.token

@@ -5,6 +5,7 @@ from dispatcher.decisions import (
     RecoveryAction,
     eta_s,
     free_slots,
+    overdue_s,
     plan_reclaims,
     plan_recovery,
 )
@@ -65,3 +66,11 @@ def test_eta_uses_median_and_waves_of_concurrency() -> None:
     assert eta_s(ahead=5, concurrency=3, recent_durations_s=durations) == 20.0
     assert eta_s(ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=4.0) == 6.0
     assert eta_s(ahead=2, concurrency=1, recent_durations_s=[]) is None
+
+
+def test_a_running_task_past_its_estimate_is_overdue_not_done() -> None:
+    durations = [10.0, 12.0, 8.0]
+    assert eta_s(ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=25.0) == 0
+    assert overdue_s(recent_durations_s=durations, running_elapsed_s=25.0) == 15.0
+    assert overdue_s(recent_durations_s=durations, running_elapsed_s=4.0) is None
+    assert overdue_s(recent_durations_s=[], running_elapsed_s=400.0) is None

@@ -1,10 +1,14 @@
-// The dispatcher dashboard: plain JS, no build step.
+// The dispatcher dashboard: plain JS, no build step. This file holds what
+// every view shares (talking to the service, the event stream, routing,
+// formatting) and the overview; dashboard-pages.js holds the job, task and
+// history pages.
 //
 // Authentication is the HttpOnly session cookie set by /v1/session; this
 // script never sees a token (there is none for it to see). Every write carries
 // X-Requested-With, which the service requires of cookie-authenticated writes.
 // Live updates come from the event stream; a light poll refreshes progress
-// and ETAs, which change without events.
+// and ETAs, which change without events. Text from tasks (prompts, errors,
+// answers) only ever reaches the page as text nodes, never as markup.
 "use strict";
 
 (() => {
@@ -15,21 +19,26 @@
   const POLL_BUSY_MS = 2000;
   const POLL_IDLE_MS = 10000;
   const MAX_ACTIVITY = 60;
+  const SEEDED_ACTIVITY = 25;
 
   const view = {
     signedIn: null, // null: not known yet
-    selectedJob: null,
+    route: { name: "overview", id: null },
     lanes: [],
     accounts: [],
     jobs: [],
     tasks: [],
-    busy: false,
+    deliveries: null, // the webhook delivery log, where the service has one
+    features: null, // which optional endpoints the service offers (from its OpenAPI document)
   };
+  // Pages register here (dashboard-pages.js): {load(route) -> Promise, render(), onTask(task)}.
+  const pages = {};
   let source = null;
   let refreshTimer = null;
   let refreshing = false;
   let refreshAgain = false;
   let pollTimer = null;
+  const seenActivity = new Set();
 
   const $ = (id) => document.getElementById(id);
 
@@ -43,7 +52,7 @@
       else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
       else node.setAttribute(key, value === true ? "" : String(value));
     }
-    for (const child of children) {
+    for (const child of children.flat()) {
       if (child === null || child === undefined || child === false) continue;
       node.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -56,6 +65,7 @@
 
   function duration(seconds) {
     if (seconds === null || seconds === undefined || !isFinite(seconds)) return "–";
+    if (seconds > 0 && seconds < 1) return `${seconds.toFixed(1)}s`;
     const s = Math.max(0, Math.round(seconds));
     if (s < 60) return `${s}s`;
     const m = Math.floor(s / 60);
@@ -67,6 +77,54 @@
     return ts ? new Date(ts * 1000).toLocaleTimeString() : "";
   }
 
+  // Today's entries show the time only; older ones the date too.
+  function when(ts) {
+    if (!ts) return "";
+    const date = new Date(ts * 1000);
+    const today = new Date().toDateString() === date.toDateString();
+    return today ? date.toLocaleTimeString()
+      : `${date.toLocaleDateString()} ${date.toLocaleTimeString()}`;
+  }
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "";
+    if (n < 1024) return `${n} B`;
+    const units = ["KiB", "MiB", "GiB"];
+    let value = n / 1024;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+    return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+  }
+
+  function errorText(error) {
+    if (!error) return "";
+    if (typeof error === "string") return error;
+    return `${error.kind}: ${error.message}`;
+  }
+
+  // The ETA column: a running task past its estimate is overdue, not "0s".
+  function etaText(task) {
+    if (task.state === "running") {
+      if (task.overdue_s >= 1) return { text: `overdue by ${duration(task.overdue_s)}`, late: true };
+      if (task.overdue_s > 0) return { text: "overdue", late: true };
+      if (task.eta_s === 0) return { text: "overdue", late: true };
+      return { text: duration(task.eta_s), late: false };
+    }
+    if (task.state === "pending") return { text: duration(task.eta_s), late: false };
+    return { text: "", late: false };
+  }
+
+  function elapsed(task) {
+    if (!task.started_at) return null;
+    const end = task.finished_at || Date.now() / 1000;
+    return end - task.started_at;
+  }
+
+  // Lists come as a plain array today and as {"items": [...], "next": cursor} once paged.
+  function itemsOf(answer) {
+    return Array.isArray(answer) ? answer : (answer && answer.items) || [];
+  }
+
   function toast(message, isError) {
     const box = $("toast");
     box.textContent = message;
@@ -76,11 +134,45 @@
     toast.timer = setTimeout(() => { box.hidden = true; }, isError ? 8000 : 3000);
   }
 
-  function activity(text, kind) {
+  function taskLink(task, label) {
+    return el("a", { href: `#task/${task.id}`, class: "mono", title: task.id,
+      "data-testid": "task-link" }, label || task.ref || short(task.id));
+  }
+
+  function activity(text, kind, ts, task) {
     const list = $("activity");
-    list.prepend(el("li", { class: kind || "", "data-testid": "activity-item" },
-      el("span", { class: "muted", text: new Date().toLocaleTimeString() }), " ", text));
+    const item = el("li", { class: kind || "", "data-testid": "activity-item",
+      "data-ts": ts || Date.now() / 1000 },
+      el("span", { class: "muted", text: when(ts || Date.now() / 1000) }), " ",
+      task ? taskLink(task) : null, task ? " " : null, text);
+    // Kept in time order: seeded entries from the store may be older than live ones.
+    const after = [...list.children].find((li) => Number(li.dataset.ts) < Number(item.dataset.ts));
+    list.insertBefore(item, after || null);
     while (list.children.length > MAX_ACTIVITY) list.lastElementChild.remove();
+    $("activity-empty").hidden = true;
+  }
+
+  function taskActivity(task) {
+    const key = `${task.id}:${task.attempt}:${task.state}`;
+    if (seenActivity.has(key)) return;
+    const ts = task.finished_at || Date.now() / 1000;
+    const prompt = task.params && typeof task.params.prompt === "string" ? task.params.prompt : "";
+    const snippet = prompt.length > 60 ? `${prompt.slice(0, 57)}…` : prompt;
+    const what = `${task.model}${snippet ? ` “${snippet}”` : ""}`;
+    if (task.state === "failed") {
+      seenActivity.add(key);
+      activity(`${what} failed: ${errorText(task.error)}`, "bad", ts, task);
+    } else if (task.state === "canceled") {
+      seenActivity.add(key);
+      activity(`${what} canceled`, "warn", ts, task);
+    } else if (task.state === "success") {
+      seenActivity.add(key);
+      activity(`${what} done${task.from_cache ? " (from cache)" : ""}`, "good", ts, task);
+    } else if (task.state === "pending" && task.attempt > 1 && task.error) {
+      seenActivity.add(key);
+      activity(`${what} will retry (attempt ${task.attempt}): ${errorText(task.error)}`, "warn",
+        null, task);
+    }
   }
 
   // -- talking to the service ----------------------------------------------------------
@@ -111,14 +203,19 @@
       signOut(message);
       throw new SignedOut(message);
     }
-    if (!response.ok) throw new Error(message);
+    if (!response.ok) {
+      const err = new Error(message);
+      err.status = response.status;
+      throw err;
+    }
     return data;
   }
 
   function signOut(detail) {
     view.signedIn = false;
     view.lanes = []; view.accounts = []; view.jobs = []; view.tasks = [];
-    for (const id of ["lanes-body", "accounts-body", "jobs-body", "tasks-body", "activity"]) {
+    for (const id of ["lanes-body", "accounts-body", "jobs-body", "tasks-body", "activity",
+      "job-page", "task-page", "history-body"]) {
       $(id).replaceChildren();
     }
     $("app").hidden = true;
@@ -135,12 +232,66 @@
     $("signed-out").hidden = true;
     $("app").hidden = false;
     connect();
+    seedActivity();
+  }
+
+  // Optional parts of the API are looked up once, so that a service without
+  // them is never asked (a 404 would be noise in every browser console).
+  async function features() {
+    if (view.features === null) {
+      try {
+        const doc = await api("GET", "/openapi.json");
+        const paths = Object.keys((doc && doc.paths) || {});
+        view.features = { webhooks: paths.includes("/v1/webhooks/deliveries") };
+      } catch (err) {
+        if (err instanceof SignedOut) throw err;
+        view.features = { webhooks: false };
+      }
+    }
+    return view.features;
   }
 
   function setLive(on, text) {
     const badge = $("live");
     badge.dataset.live = on ? "yes" : "no";
     badge.textContent = text || (on ? "live" : "reconnecting…");
+  }
+
+  // What finished before this page loaded comes from the store, so the
+  // activity survives a reload.
+  async function seedActivity() {
+    try {
+      const answer = await api("GET",
+        `/v1/tasks?state=failed,canceled,success&limit=${SEEDED_ACTIVITY * 4}`);
+      const finished = itemsOf(answer).filter((t) => t.finished_at)
+        .sort((a, b) => b.finished_at - a.finished_at).slice(0, SEEDED_ACTIVITY);
+      for (const task of finished.reverse()) taskActivity(task);
+    } catch (err) {
+      if (!(err instanceof SignedOut)) toast(`could not read the recent activity: ${err.message}`, true);
+    }
+  }
+
+  // -- routing ---------------------------------------------------------------------------
+  function parseRoute() {
+    const [name, id] = decodeURIComponent(location.hash.replace(/^#/, "")).split("/");
+    if ((name === "task" || name === "job") && id) return { name, id };
+    if (name === "history") return { name, id: id === "jobs" ? "jobs" : "tasks" };
+    return { name: "overview", id: null };
+  }
+
+  function showRoute() {
+    view.route = parseRoute();
+    for (const node of document.querySelectorAll("[data-view]")) {
+      node.hidden = node.dataset.view !== view.route.name;
+    }
+    for (const link of document.querySelectorAll("[data-nav]")) {
+      link.classList.toggle("current", link.dataset.nav === view.route.name);
+    }
+    const page = pages[view.route.name];
+    if (page && page.enter) page.enter(view.route);
+    document.title = view.route.name === "overview" ? "dispatcher" : `dispatcher · ${view.route.name}`;
+    window.scrollTo(0, 0);
+    scheduleRefresh(0);
   }
 
   // -- refreshing --------------------------------------------------------------------------
@@ -154,28 +305,28 @@
 
   async function refresh() {
     refreshing = true;
+    const route = view.route;
     try {
-      const tasksPath = view.selectedJob
-        ? `/v1/jobs/${encodeURIComponent(view.selectedJob)}`
-        : "/v1/tasks?state=running,pending&limit=200";
-      const [lanes, accounts, jobs, tasks] = await Promise.all([
-        api("GET", "/v1/lanes"),
-        api("GET", "/v1/accounts"),
-        api("GET", "/v1/jobs?limit=30"),
-        api("GET", tasksPath).catch((err) => {
-          if (view.selectedJob && !(err instanceof SignedOut)) {
-            view.selectedJob = null; // the job is gone: back to the active tasks
-            return null;
-          }
-          throw err;
-        }),
-      ]);
+      const lanes = api("GET", "/v1/lanes");
+      lanes.catch(() => {}); // awaited below; a refusal is reported once, by whichever fails first
+      if (route.name === "overview") {
+        const offered = await features();
+        const [accounts, jobs, tasks, deliveries] = await Promise.all([
+          api("GET", "/v1/accounts"),
+          api("GET", "/v1/jobs?limit=10"),
+          api("GET", "/v1/tasks?state=running,pending&limit=200"),
+          offered.webhooks ? api("GET", "/v1/webhooks/deliveries") : null,
+        ]);
+        view.accounts = accounts;
+        view.jobs = itemsOf(jobs);
+        view.tasks = itemsOf(tasks);
+        view.deliveries = deliveries;
+      } else if (pages[route.name]) {
+        await pages[route.name].load(route);
+      }
+      view.lanes = await lanes;
       signIn();
-      view.lanes = lanes;
-      view.accounts = accounts;
-      view.jobs = jobs.items;
-      if (tasks !== null) view.tasks = view.selectedJob ? tasks.tasks : tasks.items;
-      render();
+      if (route === view.route) render();
       $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {
       if (!(err instanceof SignedOut) && view.signedIn) toast(`refresh failed: ${err.message}`, true);
@@ -193,6 +344,18 @@
     pollTimer = setTimeout(() => scheduleRefresh(0), busy ? POLL_BUSY_MS : POLL_IDLE_MS);
   }
 
+  function render() {
+    if (view.route.name === "overview") {
+      renderLanes();
+      renderAccounts();
+      renderJobs();
+      renderTasks();
+      renderDeliveries();
+    } else if (pages[view.route.name]) {
+      pages[view.route.name].render();
+    }
+  }
+
   // -- the event stream ----------------------------------------------------------------------
   function connect() {
     if (source) return;
@@ -201,7 +364,6 @@
     source.addEventListener("task", (message) => {
       const event = JSON.parse(message.data);
       onTaskEvent(event.task);
-      scheduleRefresh();
     });
     source.addEventListener("account", (message) => {
       const event = JSON.parse(message.data);
@@ -225,24 +387,19 @@
     const index = view.tasks.findIndex((t) => t.id === task.id);
     if (index >= 0) {
       view.tasks[index] = { ...view.tasks[index], ...task };
-      const row = document.querySelector(`tr[data-task-id="${CSS.escape(task.id)}"]`);
+      const row = document.querySelector(`#tasks-body tr[data-task-id="${CSS.escape(task.id)}"]`);
       if (row) row.replaceWith(taskRow(view.tasks[index]));
     }
-    if (task.state === "failed") {
-      const error = task.error ? `${task.error.kind}: ${task.error.message}` : "";
-      activity(`task ${short(task.id)} (${task.model}) failed: ${error}`, "bad");
-    } else if (task.state === "canceled") {
-      activity(`task ${short(task.id)} (${task.model}) canceled`, "warn");
-    } else if (task.state === "pending" && task.attempt > 1 && task.error) {
-      activity(`task ${short(task.id)} (${task.model}) will retry (attempt ${task.attempt}): `
-        + `${task.error.kind}: ${task.error.message}`, "warn");
-    }
+    taskActivity(task);
+    const page = pages[view.route.name];
+    const concerned = page && page.onTask ? page.onTask(task) : view.route.name === "overview";
+    if (concerned) scheduleRefresh();
   }
 
   function onAccountEvent(account) {
     const index = view.accounts.findIndex((a) => a.name === account.name);
     if (index >= 0) view.accounts[index] = account;
-    renderAccounts();
+    if (view.route.name === "overview") renderAccounts();
     const what = account.needs_attention ? "needs attention"
       : account.enabled ? "enabled" : "disabled";
     activity(`${account.kind}:${account.name} ${what}${account.reason ? ` — ${account.reason}` : ""}`,
@@ -256,10 +413,34 @@
       const answer = await api(method, path, body);
       if (done) toast(done(answer));
       scheduleRefresh(0);
+      return answer;
     } catch (err) {
       if (!(err instanceof SignedOut)) toast(err.message, true);
       button.disabled = false;
+      return null;
     }
+  }
+
+  function cancelTask(button, task) {
+    const what = task.ref || short(task.id);
+    if (!window.confirm(`Cancel task ${what} (${task.model})? A running generation is stopped.`)) return;
+    act(button, "POST", `/v1/tasks/${task.id}/cancel`, {}, (a) => `task ${short(a.id)}: ${a.state}`);
+  }
+
+  function retryTask(button, task) {
+    act(button, "POST", `/v1/tasks/${task.id}/retry`, {},
+      (a) => `task ${short(a.id)}: attempt ${a.attempt} queued`);
+  }
+
+  function cancelJob(button, job) {
+    const open = job.counts.pending + job.counts.running;
+    if (!window.confirm(`Cancel job “${job.name}”? Its ${open} unfinished tasks stop.`)) return;
+    act(button, "POST", `/v1/jobs/${job.id}/cancel`, {},
+      (a) => `job ${a.name}: canceling ${a.counts.pending + a.counts.running}`);
+  }
+
+  function retryJob(button, job) {
+    act(button, "POST", `/v1/jobs/${job.id}/retry`, {}, (a) => `job ${a.name}: retrying failed tasks`);
   }
 
   function disableAccount(button, account) {
@@ -276,26 +457,98 @@
       () => `${account.name} enabled`);
   }
 
-  function selectJob(jobId) {
-    view.selectedJob = jobId;
-    view.tasks = [];
-    renderTasks();
-    scheduleRefresh(0);
-  }
-
-  // -- rendering ----------------------------------------------------------------------------------
-  function render() {
-    renderLanes();
-    renderAccounts();
-    renderJobs();
-    renderTasks();
-  }
-
+  // -- rendering: shared pieces ------------------------------------------------------------------
   function badge(stateName, extra) {
     return el("span", { class: `state ${stateName}`, "data-testid": "state", text: stateName },
       extra || null);
   }
 
+  function progressBar(counts, total, testid) {
+    const done = counts.success + counts.failed + counts.canceled;
+    const bar = el("div", { class: "bar", "data-testid": testid, "data-done": done,
+      "data-total": total, role: "progressbar", "aria-valuemin": 0, "aria-valuemax": total,
+      "aria-valuenow": done });
+    for (const name of ["success", "failed", "canceled", "running"]) {
+      if (!counts[name] || !total) continue;
+      bar.append(el("span", { class: `seg ${name}`, "data-width": counts[name] / total }));
+    }
+    // Widths go through the CSSOM (style attributes are blocked by the page's CSP).
+    for (const seg of bar.children) seg.style.width = `${(Number(seg.dataset.width) * 100).toFixed(2)}%`;
+    return el("div", { class: "progress" }, bar,
+      el("span", { class: "bar-label", "data-testid": `${testid}-label`, text: `${done}/${total}` }));
+  }
+
+  function laneOf(task) {
+    if (task.account) return `${task.kind}:${task.account}`;
+    const serving = view.lanes.filter((lane) => lane.models.includes(task.model));
+    if (serving.length === 1) return serving[0].name;
+    return `${task.kind}:${task.model} (any account)`;
+  }
+
+  function taskRow(task) {
+    const lane = laneOf(task);
+    let stage = task.state === "running" ? (task.stage || "") : "";
+    if (stage && task.progress !== null && task.progress !== undefined) {
+      stage += ` ${Math.round(task.progress)}%`;
+    }
+    if (stage && task.queue_position !== null && task.queue_position !== undefined) {
+      stage += ` (queue ${task.queue_position})`;
+    }
+    if (task.cancel_requested && !TERMINAL.has(task.state)) stage += " · canceling";
+    const error = errorText(task.error);
+    const running = task.state === "pending" || task.state === "running";
+    const eta = etaText(task);
+    const open = (event) => {
+      // A click on the row opens the task; its buttons and links keep their own meaning.
+      if (event.target.closest("button, a")) return;
+      location.hash = `#task/${task.id}`;
+    };
+    return el("tr", { "data-testid": "task-row", "data-task-id": task.id, "data-state": task.state,
+      class: "clickable", onclick: open },
+      el("td", {}, taskLink(task)),
+      el("td", { text: task.model }),
+      el("td", { class: "mono", text: lane }),
+      el("td", {}, badge(task.state, task.from_cache ? " (cache)" : null)),
+      el("td", { "data-testid": "task-stage", text: stage }),
+      el("td", { class: "num", "data-testid": "task-attempt", text: `${task.attempt}/${task.max_attempts}` }),
+      el("td", { class: "num", "data-testid": "task-ahead", text: task.state === "pending" ? task.ahead : "" }),
+      el("td", { class: `num${eta.late ? " late" : ""}`, "data-testid": "task-eta", text: eta.text }),
+      el("td", { class: "error", "data-testid": "task-error", title: error, text: error }),
+      el("td", { class: "actions" },
+        el("button", { type: "button", "data-testid": "task-cancel", class: "danger",
+          disabled: !running || task.cancel_requested, text: "cancel",
+          onclick: (e) => cancelTask(e.currentTarget, task) }),
+        el("button", { type: "button", "data-testid": "task-retry", disabled: task.state !== "failed",
+          text: "retry", onclick: (e) => retryTask(e.currentTarget, task) })));
+  }
+
+  function jobActions(job) {
+    const c = job.counts;
+    return [
+      el("button", { type: "button", "data-testid": "job-cancel", class: "danger",
+        disabled: c.pending + c.running === 0, text: "cancel",
+        onclick: (e) => cancelJob(e.currentTarget, job) }),
+      el("button", { type: "button", "data-testid": "job-retry", disabled: !c.failed,
+        text: "retry failed", onclick: (e) => retryJob(e.currentTarget, job) }),
+    ];
+  }
+
+  function jobRow(job) {
+    const c = job.counts;
+    return el("tr", { "data-testid": "job-row", "data-job-id": job.id, "data-state": job.state },
+      el("td", {},
+        el("a", { href: `#job/${job.id}`, "data-testid": "job-select", title: `open job ${job.id}`,
+          text: job.name }),
+        el("div", { class: "mono muted", text: short(job.id) })),
+      el("td", {}, badge(job.state)),
+      el("td", { class: "muted", "data-testid": "job-created", text: when(job.created_at) }),
+      el("td", { class: "wide" }, progressBar(c, job.total, "job-progress")),
+      ...STATES.map((name) => el("td", { class: `num ${name}`, "data-testid": `job-${name}`,
+        text: c[name] })),
+      el("td", { class: "actions" }, ...jobActions(job)));
+  }
+
+  // -- rendering: the overview -------------------------------------------------------------------
   function renderLanes() {
     const byId = new Map(view.tasks.map((t) => [t.id, t]));
     $("lanes-body").replaceChildren(...view.lanes.map((lane) => {
@@ -303,8 +556,8 @@
       const running = lane.running.length
         ? lane.running.map((id) => {
           const task = byId.get(id);
-          return el("span", { class: "mono", title: id, "data-testid": "lane-running-task" },
-            short(id), task ? ` ${task.model}` : "");
+          return el("a", { class: "mono", href: `#task/${id}`, title: id,
+            "data-testid": "lane-running-task" }, short(id), task ? ` ${task.model}` : "");
         })
         : [el("span", { class: "muted", text: "–" })];
       const spaced = running.flatMap((node, i) => (i ? [", ", node] : [node]));
@@ -343,101 +596,49 @@
     }));
   }
 
-  function progressBar(counts, total, testid) {
-    const done = counts.success + counts.failed + counts.canceled;
-    const bar = el("div", { class: "bar", "data-testid": testid, "data-done": done,
-      "data-total": total, role: "progressbar", "aria-valuemin": 0, "aria-valuemax": total,
-      "aria-valuenow": done });
-    for (const name of ["success", "failed", "canceled", "running"]) {
-      if (!counts[name] || !total) continue;
-      bar.append(el("span", { class: `seg ${name}`, "data-width": counts[name] / total }));
-    }
-    // Widths go through the CSSOM (style attributes are blocked by the page's CSP).
-    for (const seg of bar.children) seg.style.width = `${(Number(seg.dataset.width) * 100).toFixed(2)}%`;
-    return el("div", { class: "progress" }, bar,
-      el("span", { class: "bar-label", "data-testid": `${testid}-label`, text: `${done}/${total}` }));
-  }
-
   function renderJobs() {
     $("jobs-empty").hidden = view.jobs.length > 0;
-    $("jobs-body").replaceChildren(...view.jobs.map((job) => {
-      const c = job.counts;
-      const open = c.pending + c.running > 0;
-      return el("tr", { "data-testid": "job-row", "data-job-id": job.id, "data-state": job.state,
-        class: job.id === view.selectedJob ? "selected" : "" },
-        el("td", {},
-          el("button", { type: "button", class: "link", "data-testid": "job-select",
-            title: `show the tasks of ${job.id}`, onclick: () => selectJob(job.id) }, job.name),
-          el("div", { class: "mono muted", text: short(job.id) })),
-        el("td", {}, badge(job.state)),
-        el("td", { class: "wide" }, progressBar(c, job.total, "job-progress")),
-        ...STATES.map((name) => el("td", { class: `num ${name}`, "data-testid": `job-${name}`,
-          text: c[name] })),
-        el("td", { class: "actions" },
-          el("button", { type: "button", "data-testid": "job-cancel", class: "danger",
-            disabled: !open, text: "cancel",
-            onclick: (e) => act(e.currentTarget, "POST", `/v1/jobs/${job.id}/cancel`, {},
-              (a) => `job ${a.name}: canceling ${a.counts.pending + a.counts.running}`) }),
-          el("button", { type: "button", "data-testid": "job-retry", disabled: !c.failed,
-            text: "retry failed",
-            onclick: (e) => act(e.currentTarget, "POST", `/v1/jobs/${job.id}/retry`, {},
-              (a) => `job ${a.name}: retrying failed tasks`) })));
-    }));
-  }
-
-  function laneOf(task) {
-    if (task.account) return `${task.kind}:${task.account}`;
-    const serving = view.lanes.filter((lane) => lane.models.includes(task.model));
-    if (serving.length === 1) return serving[0].name;
-    return `${task.kind}:${task.model} (any account)`;
-  }
-
-  function taskRow(task) {
-    const lane = laneOf(task);
-    let stage = task.state === "running" ? (task.stage || "") : "";
-    if (stage && task.progress !== null && task.progress !== undefined) {
-      stage += ` ${Math.round(task.progress)}%`;
-    }
-    if (stage && task.queue_position !== null && task.queue_position !== undefined) {
-      stage += ` (queue ${task.queue_position})`;
-    }
-    if (task.cancel_requested && !TERMINAL.has(task.state)) stage += " · canceling";
-    const error = task.error ? `${task.error.kind}: ${task.error.message}` : "";
-    const running = task.state === "pending" || task.state === "running";
-    return el("tr", { "data-testid": "task-row", "data-task-id": task.id, "data-state": task.state },
-      el("td", { class: "mono", title: task.id, text: short(task.id) }),
-      el("td", { text: task.model }),
-      el("td", { class: "mono", text: lane }),
-      el("td", {}, badge(task.state, task.from_cache ? " (cache)" : null)),
-      el("td", { "data-testid": "task-stage", text: stage }),
-      el("td", { class: "num", "data-testid": "task-attempt", text: `${task.attempt}/${task.max_attempts}` }),
-      el("td", { class: "num", "data-testid": "task-ahead", text: task.state === "pending" ? task.ahead : "" }),
-      el("td", { class: "num", "data-testid": "task-eta", text: running ? duration(task.eta_s) : "" }),
-      el("td", { class: "error", "data-testid": "task-error", title: error, text: error }),
-      el("td", { class: "actions" },
-        el("button", { type: "button", "data-testid": "task-cancel", class: "danger",
-          disabled: !running || task.cancel_requested, text: "cancel",
-          onclick: (e) => act(e.currentTarget, "POST", `/v1/tasks/${task.id}/cancel`, {},
-            (a) => `task ${short(a.id)}: ${a.state}`) }),
-        el("button", { type: "button", "data-testid": "task-retry", disabled: task.state !== "failed",
-          text: "retry",
-          onclick: (e) => act(e.currentTarget, "POST", `/v1/tasks/${task.id}/retry`, {},
-            (a) => `task ${short(a.id)}: attempt ${a.attempt} queued`) })));
+    $("jobs-body").replaceChildren(...view.jobs.map(jobRow));
   }
 
   function renderTasks() {
-    const job = view.jobs.find((j) => j.id === view.selectedJob);
-    $("tasks-title").textContent = view.selectedJob
-      ? `Tasks of job ${job ? job.name : short(view.selectedJob)}`
-      : "Active tasks";
-    $("show-active").hidden = !view.selectedJob;
     $("tasks-empty").hidden = view.tasks.length > 0;
     $("tasks-body").replaceChildren(...view.tasks.map(taskRow));
   }
 
+  function renderDeliveries() {
+    const log = view.deliveries;
+    $("webhooks").hidden = !log;
+    if (!log) return;
+    const urls = log.urls || [];
+    $("webhooks-summary").textContent = `${urls.length ? `to ${urls.join(", ")}` : "no URL configured"}`
+      + ` · ${log.queued || 0} queued · ${log.delivering || 0} in flight`
+      + (log.dropped ? ` · ${log.dropped} dropped` : "");
+    const items = itemsOf(log).slice(0, 15);
+    $("webhooks-empty").hidden = items.length > 0;
+    $("webhooks-body").replaceChildren(...items.map((d) => el("tr", {
+      "data-testid": "delivery-row", class: d.ok ? "" : "bad" },
+      el("td", { class: "muted", text: when(d.at) }),
+      el("td", { class: "mono", text: d.event || "" }),
+      el("td", { class: "mono", text: d.url || "" }),
+      el("td", { class: "num", text: d.attempt ?? "" }),
+      el("td", {}, el("span", { class: d.ok ? "switch on" : "switch off",
+        text: d.status ? `HTTP ${d.status}` : "no answer" }),
+        !d.ok && !d.final ? el("span", { class: "muted", text: " (will retry)" }) : null),
+      el("td", { class: "num", text: d.duration_ms !== undefined ? `${Math.round(d.duration_ms)} ms` : "" }),
+      el("td", { class: "error", text: d.error || "" }))));
+  }
+
+  // -- for dashboard-pages.js ---------------------------------------------------------------------
+  window.dispatcherDashboard = {
+    $, el, short, duration, clock, when, bytes, errorText, etaText, elapsed, itemsOf, toast,
+    api, SignedOut, act, badge, progressBar, laneOf, taskRow, taskLink, jobRow, jobActions,
+    cancelTask, retryTask, view, pages, scheduleRefresh, STATES, TERMINAL,
+  };
+
   // -- start ----------------------------------------------------------------------------------------
   document.addEventListener("DOMContentLoaded", () => {
-    $("show-active").addEventListener("click", () => selectJob(null));
-    refresh();
+    window.addEventListener("hashchange", showRoute);
+    showRoute();
   });
 })();
