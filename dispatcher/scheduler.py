@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -37,6 +37,13 @@ from dispatcher.runner import RunContext, Runner, RunResult
 log = logging.getLogger("dispatcher.scheduler")
 
 RECENT_RUNS = 20  # run times per model behind an ETA
+# Browser launches of one web account that failed in a row before the account
+# is taken out of service. One failure can be a hiccup (a busy machine, a port
+# taken); three, each after its retry delay, mean the browser itself is broken
+# (a bad executable, missing libraries, a full disk): relaunching cannot help,
+# and a lane that kept trying would launch a broken browser for every task.
+BROWSER_START_FAILURES_FOR_ATTENTION = 3
+BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
 
@@ -119,6 +126,7 @@ class Scheduler:
         # kept here, because every task answer needs them.
         self._durations: dict[str, deque[float]] = {}
         self.rounds = 0
+        self._browser_start_failures: dict[str, int] = {}  # web account -> in a row
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -368,6 +376,7 @@ class Scheduler:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
         if what == "success":
+            self._browser_start_failures.pop(running.lane.account, None)
             result = payload.to_json()
             done = self.ledger.succeed(task, result, durations)
             if done is not None and done.state is State.SUCCESS and done.started_at:
@@ -383,10 +392,25 @@ class Scheduler:
         else:
             error: RunError = payload
             ended = self.ledger.fail(task, error, durations)
+            if running.lane.kind is Kind.WEB:
+                self._count_browser_starts(running.lane.account, error)
             if ended is not None and ended.state is State.CANCELED:
                 return  # a cancel was asked for while it ran: that outcome wins
             if isinstance(error, AuthError) and running.lane.kind is Kind.WEB:
                 self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
+
+    def _count_browser_starts(self, account: str, error: RunError) -> None:
+        """A web account whose browser failed to start too often in a row needs an operator."""
+        if error.kind != BROWSER_START_KIND:
+            # The browser started (the attempt failed later): the launch works.
+            self._browser_start_failures.pop(account, None)
+            return
+        failures = self._browser_start_failures.get(account, 0) + 1
+        self._browser_start_failures[account] = failures
+        if failures >= BROWSER_START_FAILURES_FOR_ATTENTION:
+            self._browser_start_failures.pop(account, None)
+            reason = f"the browser failed to start {failures} times in a row; last: {error}"
+            self.accounts.needs_attention(account, reason[:MAX_REASON_CHARS])
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""
