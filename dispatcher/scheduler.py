@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,7 +28,7 @@ from dispatcher.decisions import (
     free_slots,
     plan_reclaims,
 )
-from dispatcher.errors import AuthError, RunError, TaskCanceled, TransientError
+from dispatcher.errors import AuthError, PermanentError, RunError, TaskCanceled, TransientError
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger, lane_prefix
 from dispatcher.models import JSON, Kind, Stage, State, Task
@@ -46,6 +47,32 @@ BROWSER_START_FAILURES_FOR_ATTENTION = 3
 BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
+
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | None:
+    """The attempt's failure as `disk_full` when a full disk is behind it, else None.
+
+    Looks through the chain of causes: a runner may have wrapped the OSError.
+    Permanent on purpose: the generation already ran (and may have been
+    paid for); another attempt would run it again only to meet the same
+    full disk. The operator frees space and retries the task.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            where = current.filename or result_dir
+            return PermanentError(
+                f"the results disk is full: cannot write the result under {where} "
+                f"({current.strerror}); free space there, then retry the task",
+                kind="disk_full",
+            )
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
@@ -349,8 +376,12 @@ class Scheduler:
         except TaskCanceled as exc:
             return ("canceled", exc)
         except RunError as exc:
-            return ("failed", exc)
+            return ("failed", disk_full_error(exc, running.ctx.result_dir) or exc)
         except Exception as exc:
+            full = disk_full_error(exc, running.ctx.result_dir)
+            if full is not None:
+                running.ctx.log.error("%s", full)
+                return ("failed", full)
             running.ctx.log.exception("%s runner crashed", running.lane.name)
             return ("failed", TransientError(f"runner crashed: {exc!r}", kind="internal"))
         return ("success", result)
