@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -70,14 +71,13 @@ class LoopLagProbe:
             self._task = None
 
     def max_lag_s(self) -> float:
-        return self.window.max_s(asyncio.get_running_loop().time())
+        return self.window.max_s(time.monotonic())
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            due = loop.time() + self.interval_s
+            due = time.monotonic() + self.interval_s
             await asyncio.sleep(self.interval_s)
-            now = loop.time()
+            now = time.monotonic()
             self.window.add(now, max(0.0, now - due))
 
 
