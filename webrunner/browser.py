@@ -44,6 +44,8 @@ _PORT_BUSY = "Cannot start http server for devtools"
 STARTUP_TIMEOUT_S = 30.0
 # How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
 SWEEP_S = 5.0
+# How long a SIGKILLed browser (and each known child) may take to be gone
+# before the sweep looks for what is left.
 KILL_WAIT_S = 2.0
 PORT_ATTEMPTS = 3
 
