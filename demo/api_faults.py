@@ -1,14 +1,17 @@
 """Misbehaviour on demand for the demo API provider.
 
-``POST /__mode`` asks for storms of 429/5xx, slow answers, dropped
-connections, failing jobs or foreign result URLs; a `FaultPlan` keeps what
-was asked for, and the `FrontDoor` middleware (which also counts requests and
-checks API keys) acts it out before any route runs.
+``POST /__mode`` asks for storms of 429/5xx, slow answers, dropped or reset
+connections, truncated or dripping bodies, failing jobs or foreign result
+URLs; a `FaultPlan` keeps what was asked for, and the `FrontDoor` middleware
+(which also counts requests and checks API keys) acts it out before any
+route runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +40,9 @@ class Fault:
     status: int | None = None
     retry_after_s: float = 1.0
     header: str = "seconds"  # seconds|ms|date|both
-    when: str = "before"  # before|after|mid (drop)
-    delay_s: float = 1.0  # slow, nominal
+    when: str = "before"  # before|after|mid|reset (drop)
+    delay_s: float = 1.0  # slow and drip (between chunks), nominal
+    chunk_bytes: int = 1024  # drip
 
 
 @dataclass
@@ -91,7 +95,12 @@ class FaultPlan:
         - ``5xx``: `status` (default 503); with `retry_after_s`, a Retry-After.
         - ``slow``: the answer starts `delay_s` nominal seconds late.
         - ``drop``: the connection is closed `when`: before the work, after it
-          (the job exists, the answer is lost), or mid-answer (half a body).
+          (the job exists, the answer is lost), mid-answer (half a body), or
+          reset (half a body, then a TCP RST).
+        - ``truncate``: half the body under the full Content-Length, then a
+          clean close (FIN).
+        - ``drip``: the body in `chunk_bytes` pieces (default 1024), `delay_s`
+          nominal seconds apart.
         - ``fail_jobs``: the next `count` jobs fail; `reason` permanent,
           transient (default) or any text.
         - ``foreign_urls``: the next fal submits hand back URLs on "localhost".
@@ -137,23 +146,39 @@ class FaultPlan:
             return Fault(mode, count, only, delay_s=float(body.get("delay_s", 1.0)))
         if mode == "drop":
             when = str(body.get("when", "before"))
-            if when not in ("before", "after", "mid"):
+            if when not in ("before", "after", "mid", "reset"):
                 raise ValueError(f"unknown `when` {when!r}")
             return Fault(mode, count, only, when=when)
+        if mode == "truncate":
+            return Fault(mode, count, only)
+        if mode == "drip":
+            chunk_bytes = int(body.get("chunk_bytes", 1024))
+            if chunk_bytes < 1:
+                raise ValueError("`chunk_bytes` must be at least 1")
+            delay_s = float(body.get("delay_s", 1.0))
+            return Fault(mode, count, only, delay_s=delay_s, chunk_bytes=chunk_bytes)
         raise ValueError(f"unknown mode {mode!r}")
 
 
-async def _drop(receive: Receive) -> None:
-    """Close the connection with no response, as a flaky network would.
+async def _drop(receive: Receive, *, how: str = "abort") -> None:
+    """End the connection without a (complete) response, as a flaky network would.
 
-    ASGI has no verb for this; uvicorn's receive is a method of the request
-    cycle, which holds the transport.
+    `how`: "abort" (close at once), "close" (flush what was sent, then FIN)
+    or "reset" (a TCP RST). ASGI has no verb for this; uvicorn's receive is
+    a method of the request cycle, which holds the transport.
     """
     cycle = getattr(receive, "__self__", None)
     transport = getattr(cycle, "transport", None)
     if transport is None:
         raise RuntimeError("dropping connections needs uvicorn's HTTP/1.1 server")
-    transport.abort()
+    if how == "close":
+        transport.close()
+    else:
+        if how == "reset":
+            # Linger on, zero seconds: close() sends RST instead of FIN.
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
     for _ in range(400):  # let uvicorn see the disconnect, so it logs no error
         if getattr(cycle, "disconnected", True):
             return
@@ -203,19 +228,27 @@ class FrontDoor:
             await missing(scope, receive, send)
             return
         if fault is not None and fault.mode == "drop":
-            await self._answer_then_drop(scope, receive, send, mid=fault.when == "mid")
+            await self._answer_then_drop(scope, receive, send, when=fault.when)
+            return
+        if fault is not None and fault.mode == "truncate":
+            await self._answer_then_drop(scope, receive, send, when="truncate")
+            return
+        if fault is not None and fault.mode == "drip":
+            await self._drip(scope, receive, send, fault)
             return
         await self.app(scope, receive, send)
 
     async def _answer_then_drop(
-        self, scope: Scope, receive: Receive, send: Send, *, mid: bool
+        self, scope: Scope, receive: Receive, send: Send, *, when: str
     ) -> None:
-        """Do the work (a job may be created), then lose the answer on the wire."""
+        """Do the work (a job may be created), then lose the answer on the wire:
+        all of it ("after"), or all but the first half of its body ("mid",
+        "reset", "truncate")."""
         body_sent = False
 
         async def lossy(message: Message) -> None:
             nonlocal body_sent
-            if not mid:
+            if when == "after":
                 return
             if message["type"] == "http.response.start":
                 await send(message)
@@ -231,4 +264,33 @@ class FrontDoor:
                 )
 
         await self.app(scope, receive, lossy)
-        await _drop(receive)
+        how = {"truncate": "close", "reset": "reset"}.get(when, "abort")
+        await _drop(receive, how=how)
+
+    async def _drip(self, scope: Scope, receive: Receive, send: Send, fault: Fault) -> None:
+        """The whole answer, a few bytes at a time."""
+        pause_s = fault.delay_s * self.provider.time_scale
+
+        async def dripping(message: Message) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            body = message.get("body", b"")
+            pieces = [
+                body[i : i + fault.chunk_bytes] for i in range(0, len(body), fault.chunk_bytes)
+            ]
+            for index, piece in enumerate(pieces):
+                if index:
+                    await asyncio.sleep(pause_s)
+                last = index == len(pieces) - 1
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": piece,
+                        "more_body": message.get("more_body", False) if last else True,
+                    }
+                )
+            if not pieces:
+                await send(message)
+
+        await self.app(scope, receive, dripping)

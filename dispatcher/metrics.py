@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -14,6 +18,67 @@ from dispatcher.events import Event
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TERMINAL = {"success", "failed", "canceled"}
 _DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+# Real seconds, never scaled: a stall of the event loop is the machine's time.
+LAG_PROBE_INTERVAL_S = 0.1
+LAG_WINDOW_S = 60.0
+
+
+class LagWindow:
+    """The largest event-loop lag seen over the last `window_s` seconds."""
+
+    def __init__(self, window_s: float = LAG_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()  # (when, lag), oldest first
+
+    def add(self, at: float, lag_s: float) -> None:
+        self._forget(at)
+        # A smaller lag after a larger one can never be the maximum while
+        # the larger one is in the window: it is not worth keeping.
+        while self._samples and self._samples[-1][1] <= lag_s:
+            self._samples.pop()
+        self._samples.append((at, lag_s))
+
+    def max_s(self, now: float) -> float:
+        self._forget(now)
+        return self._samples[0][1] if self._samples else 0.0
+
+    def _forget(self, now: float) -> None:
+        while self._samples and self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
+
+
+class LoopLagProbe:
+    """Measures how late the event loop runs a timer due every `interval_s`.
+
+    Anything that blocks the loop (a synchronous wait, a big file copy, an
+    image decoded in a handler) delays every lane and every request; here
+    it shows as lag, which `/metrics` reports as its maximum over a minute.
+    """
+
+    def __init__(self, interval_s: float = LAG_PROBE_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.window = LagWindow()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="event-loop lag probe")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def max_lag_s(self) -> float:
+        return self.window.max_s(time.monotonic())
+
+    async def _run(self) -> None:
+        while True:
+            due = time.monotonic() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            now = time.monotonic()
+            self.window.add(now, max(0.0, now - due))
 
 
 class _LiveCollector(Collector):
@@ -73,6 +138,13 @@ class _LiveCollector(Collector):
         for (provider, status), count in sorted(snap["remote_requests"].items()):
             remote.add_metric([provider, str(status)], count)
         yield remote
+        lag = GaugeMetricFamily(
+            "dispatcher_event_loop_lag_seconds",
+            "Largest delay of the event loop over the last minute (anything blocking it "
+            "delays every lane)",
+        )
+        lag.add_metric([], snap.get("event_loop_lag_s", 0.0))
+        yield lag
 
 
 class Metrics:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -28,7 +29,7 @@ from dispatcher.decisions import (
     overdue_s,
     plan_reclaims,
 )
-from dispatcher.errors import AuthError, RunError, TaskCanceled, TransientError
+from dispatcher.errors import AuthError, PermanentError, RunError, TaskCanceled, TransientError
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger, lane_prefix
 from dispatcher.models import JSON, Kind, Stage, State, Task
@@ -38,8 +39,41 @@ from dispatcher.runner import RunContext, Runner, RunResult
 log = logging.getLogger("dispatcher.scheduler")
 
 RECENT_RUNS = 20  # run times per model behind an ETA
+# Browser launches of one web account that failed in a row before the account
+# is taken out of service. One failure can be a hiccup (a busy machine, a port
+# taken); three, each after its retry delay, mean the browser itself is broken
+# (a bad executable, missing libraries, a full disk): relaunching cannot help,
+# and a lane that kept trying would launch a broken browser for every task.
+BROWSER_START_FAILURES_FOR_ATTENTION = 3
+BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
+
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | None:
+    """The attempt's failure as `disk_full` when a full disk is behind it, else None.
+
+    Looks through the chain of causes: a runner may have wrapped the OSError.
+    Permanent on purpose: the generation already ran (and may have been
+    paid for); another attempt would run it again only to meet the same
+    full disk. The operator frees space and retries the task.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            where = current.filename or result_dir
+            return PermanentError(
+                f"the results disk is full: cannot write the result under {where} "
+                f"({current.strerror}); free space there, then retry the task",
+                kind="disk_full",
+            )
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
@@ -120,6 +154,7 @@ class Scheduler:
         # kept here, because every task answer needs them.
         self._durations: dict[str, deque[float]] = {}
         self.rounds = 0
+        self._browser_start_failures: dict[str, int] = {}  # web account -> in a row
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -342,8 +377,12 @@ class Scheduler:
         except TaskCanceled as exc:
             return ("canceled", exc)
         except RunError as exc:
-            return ("failed", exc)
+            return ("failed", disk_full_error(exc, running.ctx.result_dir) or exc)
         except Exception as exc:
+            full = disk_full_error(exc, running.ctx.result_dir)
+            if full is not None:
+                running.ctx.log.error("%s", full)
+                return ("failed", full)
             running.ctx.log.exception("%s runner crashed", running.lane.name)
             return ("failed", TransientError(f"runner crashed: {exc!r}", kind="internal"))
         return ("success", result)
@@ -369,6 +408,7 @@ class Scheduler:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
         if what == "success":
+            self._browser_start_failures.pop(running.lane.account, None)
             result = payload.to_json()
             done = self.ledger.succeed(task, result, durations)
             if done is not None and done.state is State.SUCCESS and done.started_at:
@@ -384,10 +424,25 @@ class Scheduler:
         else:
             error: RunError = payload
             ended = self.ledger.fail(task, error, durations)
+            if running.lane.kind is Kind.WEB:
+                self._count_browser_starts(running.lane.account, error)
             if ended is not None and ended.state is State.CANCELED:
                 return  # a cancel was asked for while it ran: that outcome wins
             if isinstance(error, AuthError) and running.lane.kind is Kind.WEB:
                 self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
+
+    def _count_browser_starts(self, account: str, error: RunError) -> None:
+        """A web account whose browser failed to start too often in a row needs an operator."""
+        if error.kind != BROWSER_START_KIND:
+            # The browser started (the attempt failed later): the launch works.
+            self._browser_start_failures.pop(account, None)
+            return
+        failures = self._browser_start_failures.get(account, 0) + 1
+        self._browser_start_failures[account] = failures
+        if failures >= BROWSER_START_FAILURES_FOR_ATTENTION:
+            self._browser_start_failures.pop(account, None)
+            reason = f"the browser failed to start {failures} times in a row; last: {error}"
+            self.accounts.needs_attention(account, reason[:MAX_REASON_CHARS])
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""

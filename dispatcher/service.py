@@ -30,7 +30,7 @@ from dispatcher.http.security import Credentials
 from dispatcher.lanes import build_lanes
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
-from dispatcher.metrics import Metrics
+from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.profiles import load_profiles
 from dispatcher.runner import Runner
@@ -95,6 +95,7 @@ class Service:
         self._lock: filelock.BaseFileLock | None = None
         self._stopped = asyncio.Event()
         self.recovery_summary: dict[str, int] = {}
+        self.lag_probe = LoopLagProbe()
 
     @property
     def state_dir(self) -> Path:
@@ -159,6 +160,7 @@ class Service:
 
     async def _start_inner(self) -> None:
         settings = self.settings
+        self.lag_probe.start()
         if settings.demo:
             self.demo_urls = await self._start_demo()
         self.profiles = load_profiles(settings.profiles_dir, self.demo_urls)
@@ -306,6 +308,7 @@ class Service:
             "lanes": self.scheduler.lanes_view(),
             "counters": counters,
             "remote_requests": remote,
+            "event_loop_lag_s": self.lag_probe.max_lag_s(),
         }
 
     def metrics_payload(self) -> tuple[bytes, str]:
@@ -332,6 +335,7 @@ class Service:
         for server in self.demo_servers:
             await server.stop()
         self.demo_servers.clear()
+        await self.lag_probe.stop()
         store = getattr(self, "store", None)
         if store is not None:
             store.close()

@@ -31,8 +31,8 @@ from webrunner.selfcheck import (
     KILL_AFTER_S,
     SelfCheckReport,
     find_leftovers,
-    pid_alive,
     self_check,
+    wait_gone,
 )
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
@@ -44,6 +44,9 @@ _PORT_BUSY = "Cannot start http server for devtools"
 STARTUP_TIMEOUT_S = 30.0
 # How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
 SWEEP_S = 5.0
+# How long a SIGKILLed browser (and each known child) may take to be gone
+# before the sweep looks for what is left.
+KILL_WAIT_S = 2.0
 PORT_ATTEMPTS = 3
 
 # Features that phone home, nag, or change behaviour between runs; the
@@ -224,32 +227,14 @@ class BrowserSession:
         return pages[0] if pages else await self.context.new_page()
 
     def _group(self) -> list[psutil.Process]:
+        return _family(self.process)
+
+    async def _kill(self, family: list[psutil.Process]) -> None:
+        """Kill the browser and `family`, confirmed dead; the session is closed after it."""
         try:
-            main = psutil.Process(self.pid)
-            return [main, *main.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def kill_now(self) -> None:
-        """SIGKILL the browser, its children and its process group; reap it.
-
-        Synchronous and bounded, so it is safe in a `finally` of a cancelled
-        task and on a frozen page (nothing here talks to the browser).
-        """
-        # Until we reap it, the browser's PID (= its process group ID) cannot
-        # be reused, so the group is surely ours to kill.
-        unreaped = self.process.returncode is None
-        procs = self._group() if unreaped else []
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        if unreaped:
-            with contextlib.suppress(OSError):
-                # Children reparented after an earlier death are still in the group.
-                os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=2.0)
-        self.survivors = sweep_profile(self.user_data_dir, self.port)
+            self.survivors = await kill_tree(self.process, self.user_data_dir, self.port, family)
+        finally:
+            self._closed = True
 
     async def close(self, log: Log | None = None, *, grace_s: float = KILL_AFTER_S) -> bool:
         """Close gracefully, kill with children after `grace_s`; True if it exited by itself.
@@ -279,9 +264,7 @@ class BrowserSession:
                 )
         finally:
             # Also on cancellation: whatever happened above, nothing may survive.
-            self.kill_now()
-            self._closed = True
-            await asyncio.to_thread(reap_family, family)
+            await self._kill(family)
             await self._disconnect()
         self.timings_ms["close"] = (time.monotonic() - started) * 1000
         return graceful
@@ -316,10 +299,7 @@ class BrowserSession:
         """Kill at once (the task was cancelled or the page froze); confirmed dead."""
         if self._closed:
             return
-        family = self._group()
-        self.kill_now()
-        self._closed = True
-        await asyncio.to_thread(reap_family, family)
+        await self._kill(self._group())
         await self._disconnect()
 
     async def _disconnect(self) -> None:
@@ -370,7 +350,7 @@ async def _spawn(
                 )
             await asyncio.sleep(0.02)
     except BaseException:
-        _kill_process(proc, user_data_dir, port)
+        await kill_tree(proc, user_data_dir, port)
         raise
 
 
@@ -393,24 +373,15 @@ class _PortBusy(Exception):
         super().__init__(f"debugging port {port} is taken")
 
 
-def reap_family(procs: list[psutil.Process], timeout_s: float = 3.0) -> list[int]:
-    """Wait until every process of a closed browser is gone; kill stragglers.
-
-    Returns the PIDs still alive after that (none, in practice).
-    """
-    deadline = time.monotonic() + timeout_s
-    alive = [p for p in procs if pid_alive(p.pid)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [p for p in alive if pid_alive(p.pid)]
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    settle = time.monotonic() + 1.0
-    while alive and time.monotonic() < settle:
-        time.sleep(0.02)
-        alive = [p for p in alive if pid_alive(p.pid)]
-    return [p.pid for p in alive]
+def _family(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The browser process and its descendants, while it is ours to name."""
+    if process.returncode is not None:  # once reaped, its PID may be someone else's
+        return []
+    try:
+        main = psutil.Process(process.pid)
+        return [main, *main.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
@@ -418,6 +389,7 @@ def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
 
     Catches children that escaped the browser's process group, and one
     forked by a zygote while we were killing it (hence a few rounds).
+    Blocking: runs in a thread.
     """
     deadline = time.monotonic() + SWEEP_S
     alive: list[psutil.Process] = []
@@ -430,28 +402,70 @@ def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.02)
-            alive = [p for p in alive if pid_alive(p.pid)]
+        alive = wait_gone(alive, deadline - time.monotonic())
     BrowserRecord.clear(user_data_dir)
     return [p.pid for p in alive]
 
 
-def _kill_process(proc: subprocess.Popen[bytes], user_data_dir: Path, port: int) -> None:
-    procs: list[psutil.Process] = []
-    if proc.returncode is None:  # once reaped, its PID may be someone else's
+def _kill_tree_blocking(
+    process: subprocess.Popen[bytes],
+    user_data_dir: Path,
+    port: int | None,
+    family: list[psutil.Process],
+) -> list[int]:
+    unreaped = process.returncode is None
+    # Until we reap it, the browser's PID (= its process group ID) cannot be
+    # reused, so the group is surely ours to kill.
+    everyone = {p.pid: p for p in [*family, *_family(process)]}
+    for proc in everyone.values():
         with contextlib.suppress(psutil.Error):
-            main = psutil.Process(proc.pid)
-            procs = [main, *main.children(recursive=True)]
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    if proc.returncode is None:
+            proc.kill()
+    if unreaped:
         with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            # Children reparented after an earlier death are still in the group.
+            os.killpg(process.pid, signal.SIGKILL)
+    # The browser itself is reaped through Popen (psutil would reap it too,
+    # and its exit code, which the logs show, would be lost).
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=2.0)
-    sweep_profile(user_data_dir, port)
+        process.wait(timeout=KILL_WAIT_S)
+    everyone.pop(process.pid, None)
+    # Processes known before the kill, even once their command lines are
+    # blank, then anything else on the profile.
+    stragglers = wait_gone(list(everyone.values()), KILL_WAIT_S)
+    survivors = {p.pid for p in stragglers} | set(sweep_profile(user_data_dir, port))
+    if process.poll() is None:
+        survivors.add(process.pid)
+    return sorted(survivors)
+
+
+async def kill_tree(
+    process: subprocess.Popen[bytes],
+    user_data_dir: Path,
+    port: int | None,
+    family: list[psutil.Process] | None = None,
+) -> list[int]:
+    """SIGKILL a browser, its children, its process group and whatever else runs
+    on its profile; return once all of it is confirmed dead.
+
+    Returns the PIDs that survived SIGKILL (never seen in practice). The
+    waiting happens in a thread, so the event loop (every other lane) goes
+    on meanwhile; bounded by KILL_WAIT_S and SWEEP_S. A cancel, even a
+    second one during a cancelled task's cleanup, does not cut it short: the
+    kill runs to its end, then the cancel is passed on.
+    """
+    work = asyncio.ensure_future(
+        asyncio.to_thread(_kill_tree_blocking, process, user_data_dir, port, family or [])
+    )
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancelled = True
+    survivors = work.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return survivors
 
 
 async def start_browser(
@@ -509,7 +523,7 @@ async def start_browser(
             ws_url, timeout=STARTUP_TIMEOUT_S * 1000
         )
     except BaseException as exc:
-        _kill_process(proc, user_data_dir, port)
+        await kill_tree(proc, user_data_dir, port)
         if isinstance(exc, PlaywrightError):
             raise TransientError(
                 f"cannot connect to Chromium over CDP at {ws_url}: {exc.message}",

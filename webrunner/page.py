@@ -14,6 +14,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import inspect
 import mimetypes
 import re
 from collections.abc import Awaitable, Callable
@@ -104,7 +105,7 @@ async def guarded(
     not depend on the page (launching, connecting, downloading): the runner is
     provably alive while it waits for them. `discard` disposes of a result
     that arrived just as we gave up waiting for it (a browser nobody would
-    close otherwise).
+    close otherwise); it may be a coroutine function, awaited to its end.
     """
     task = asyncio.ensure_future(aw)
     delivered = False
@@ -135,7 +136,9 @@ async def guarded(
         if not delivered and task.done() and not task.cancelled():
             failed = task.exception()  # retrieved: no "never retrieved" noise
             if failed is None and discard is not None:
-                discard(task.result())
+                disposed = discard(task.result())
+                if inspect.isawaitable(disposed):
+                    await disposed
     ctx.beat()
     return result
 

@@ -223,7 +223,7 @@ class WebRunner:
             what="starting the browser",
             budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
             beat_while_waiting=True,
-            discard=BrowserSession.kill_now,
+            discard=BrowserSession.abort,
         )
         self._keeper.adopt(account, session)
         self.stats["browser_launches"] += 1

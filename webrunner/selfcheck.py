@@ -32,6 +32,9 @@ _SINGLETON_LOCK = "SingletonLock"
 USER_DATA_DIR_FLAG = "--user-data-dir="
 DEBUGGING_PORT_FLAG = "--remote-debugging-port="
 
+# How often a wait for processes to die looks for zombies (see `wait_gone`).
+_WAIT_SLICE_S = 0.05
+
 
 @dataclass(frozen=True)
 class FoundProcess:
@@ -207,12 +210,27 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
             proc.send_signal(sig)
 
 
-def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait until every process is gone; return those still alive."""
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait (blocking, at most `timeout_s`) until every process is gone; those still alive.
+
+    `psutil.wait_procs` wakes as soon as a process exits, but it waits for
+    a non-child zombie as for a live process, so it is called in short
+    slices between which zombies are counted as gone.
+    """
     deadline = time.monotonic() + timeout_s
     alive = [p for p in procs if not _is_gone(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while alive:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            break
+        slice_s = min(remaining_s, _WAIT_SLICE_S)
+        # psutil would reap a child of ours, and its Popen would lose the
+        # exit code: those are only looked at (a zombie counts as gone).
+        strangers = [p for p in alive if _parent_pid(p) != os.getpid()]
+        if strangers:
+            psutil.wait_procs(strangers, timeout=slice_s)
+        else:
+            time.sleep(slice_s)
         alive = [p for p in alive if not _is_gone(p)]
     return alive
 
@@ -230,10 +248,10 @@ def end_processes(
     main_pids = {p.pid for p in procs}
     # The browser process shuts its children down itself when asked nicely.
     _signal_all([p for p in everyone if p.pid in main_pids], signal.SIGTERM)
-    alive = _wait_gone(everyone, kill_after_s)
+    alive = wait_gone(everyone, kill_after_s)
     if alive:
         _signal_all(alive, signal.SIGKILL)
-    survivors = _wait_gone(alive, 2.0)
+    survivors = wait_gone(alive, 2.0)
     alive_pids = {p.pid for p in alive}
     terminated = [p.pid for p in everyone if p.pid in main_pids and p.pid not in alive_pids]
     killed = [p.pid for p in alive if p not in survivors]
