@@ -280,3 +280,16 @@ def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) ->
         culprit = next((k for k in chosen if not _is_json(chosen[k])), "params")
         raise InputError(f"{culprit}: not a plain JSON value ({exc})") from exc
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+def graph_fingerprint(model: str, graph: Mapping[str, Any], images: Mapping[str, Any]) -> str:
+    """sha256 hex of a filled-in ComfyUI graph: the whole request, so any change
+    to any node is a different generation. Reference images count by pixels,
+    under the parameter that names them (see the module doc)."""
+    hashes = {name: image_hash(ref, param=name) for name, ref in images.items() if ref is not None}
+    doc = {"model": model, "graph": graph, "images": hashes}
+    try:
+        encoded = canonical_json(doc)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"params: not plain JSON values ({exc})") from exc
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
