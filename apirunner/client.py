@@ -42,15 +42,20 @@ from dispatcher.runner import ResultFile
 T = TypeVar("T")
 
 _CHUNK = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class CallFailed(Exception):
-    """One request failed; `failure` says how (classified exactly once)."""
+    """One request failed; `failure` says how (classified exactly once).
 
-    def __init__(self, failure: Failure) -> None:
+    `body` keeps the start of an error answer for styles whose errors are
+    structured (ComfyUI's node_errors name the node and the input)."""
+
+    def __init__(self, failure: Failure, body: str = "") -> None:
         super().__init__(failure.message)
         self.failure = failure
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,7 @@ class ProviderClient:
         failure = classify_status(response.status_code, body, retry_after)
         if retry_after is not None and failure.retryable:
             self.gate.defer(retry_after)
-        return CallFailed(failure)
+        return CallFailed(failure, body[:_MAX_ERROR_BODY])
 
     async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
         """Send one request and decode its JSON answer."""

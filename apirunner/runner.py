@@ -1,6 +1,6 @@
 """`ApiRunner`: runs API-model tasks from their profiles alone.
 
-Two shapes (SPEC "API runner"):
+Two shapes (SPEC "API runner"), and ComfyUI servers (`apirunner.comfyui`):
 
 - ``chat``: one request; the answer's text is at ``[api.result] text``.
 - ``async-job``: submit (with ``Idempotency-Key: <task id>-<attempt>``),
@@ -41,6 +41,7 @@ from apirunner.client import (
     build_http_client,
     with_retries,
 )
+from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
 from apirunner.polling import Rand, poll_wait
 from apirunner.remote import RemoteRef, RemoteStatus, interpret_status, ref_from_submit
@@ -156,6 +157,17 @@ class ApiRunner:
         ctx.check_canceled()
         attempt = _Attempt(self, task, ctx, profile.api, self.client(profile.provider))
         try:
+            if profile.api.style == "comfyui":
+                return await run_comfyui(
+                    task,
+                    ctx,
+                    profile.api,
+                    attempt.client,
+                    clock=self._clock,
+                    rand=self._rand,
+                    allowlist=self.allowlist,
+                    http_timeout_s=self._settings.http_timeout_s,
+                )
             if profile.api.style == "chat":
                 return await attempt.chat()
             return await attempt.job()

@@ -73,8 +73,10 @@ def _jsonl(path: Path, raw: str) -> list[BatchLine]:
                 )
             task = item
         else:
-            task = {"model": item.get("model"),
-                    "params": {k: v for k, v in item.items() if k not in _CSV_TOP}}
+            task = {
+                "model": item.get("model"),
+                "params": {k: v for k, v in item.items() if k not in _CSV_TOP},
+            }
             if "force" in item:
                 task["force"] = item["force"]
         lines.append(BatchLine(number, _check(where, task)))
@@ -147,5 +149,5 @@ def locate(message: str, path: Path, lines: list[BatchLine]) -> str:
     if match is None or int(match.group(1)) >= len(lines):
         return message
     line = lines[int(match.group(1))].line
-    rest = message[match.end():].lstrip(": ")
+    rest = message[match.end() :].lstrip(": ")
     return f"{path}:{line}: {rest}"
