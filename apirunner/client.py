@@ -65,6 +65,10 @@ class Call:
     headers: Mapping[str, str] = field(default_factory=dict)
     json: Any = None
     read_timeout_s: float | None = None  # None: the client's default
+    # A multipart upload instead of JSON: {"field": (filename, bytes, type)}
+    # plus plain form fields (ComfyUI's /upload/image).
+    files: Mapping[str, tuple[str, bytes, str]] | None = None
+    form: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,8 @@ class ProviderClient:
                     _parsed_url(call.url),
                     headers=dict(call.headers),
                     json=call.json,
+                    files=call.files,
+                    data=call.form,
                     timeout=_timeout(self._http.timeout, call.read_timeout_s),
                 ),
                 cancel,

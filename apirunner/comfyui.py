@@ -17,6 +17,10 @@ One attempt (`run_comfyui`):
    for the position while the prompt waits on the server.
 5. Download every file of the chosen output nodes from ``/view``.
 
+Reference images (``images = { reference_image = "10.inputs.image" }``) are
+uploaded with ``POST /upload/image`` before step 2 and the name the server
+gives back is put where the profile says.
+
 A task that arrives with a remote id (a restart) skips 1-3 and polls: the
 prompt is never posted twice while the server knows it. Cancel deletes a
 queued prompt (``POST /queue {"delete": [id]}``) or interrupts a running one
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import uuid
@@ -60,6 +65,7 @@ from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
 from dispatcher.clock import Clock
 from dispatcher.errors import PermanentError, TaskCanceled, TransientError
+from dispatcher.fingerprint import read_image
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec
 from dispatcher.runner import ResultFile, RunContext, RunResult
@@ -163,6 +169,7 @@ class _ComfyAttempt:
             graph = fill(self.api.graph, self.api.inputs, self.task.params)
             await self.client.gate.wait(self.cancel)
             self.ctx.check_canceled()
+            graph = await self.upload_images(graph)
             client_id = uuid.uuid4().hex
             await self.open_socket(client_id)
             prompt_id = await self.submit(graph, client_id)
@@ -226,6 +233,43 @@ class _ComfyAttempt:
                 describe_rejection(json.dumps({"error": "", **data})), kind="node_errors"
             )
         return prompt_id
+
+    async def upload_images(self, graph: Graph) -> Graph:
+        """Upload each reference image and put the name ComfyUI gave it in its node.
+
+        The file is named by its content and uploaded with overwrite, so a
+        retried upload or a second attempt changes nothing on the server.
+        """
+        names: dict[str, str] = {}
+        for param in self.api.images:
+            ref = self.task.params.get(param)
+            if ref is None:
+                continue  # the workflow's own image stays
+            data = await asyncio.to_thread(read_image, ref, param)
+            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
+            url = self.url("/upload/image")
+            call = Call(
+                "POST",
+                url,
+                self.headers(url),
+                files={"image": (name, data, "application/octet-stream")},
+                form={"overwrite": "true", "type": "input"},
+            )
+            answer = await with_retries(
+                partial(self.client.json, call, self.cancel),
+                clock=self.clock,
+                rand=self.rand,
+                cancel=self.cancel,
+            )
+            stored = answer.data if isinstance(answer.data, dict) else {}
+            given, sub = stored.get("name"), stored.get("subfolder") or ""
+            if not isinstance(given, str) or not given or not isinstance(sub, str):
+                raise PermanentError(
+                    f"ComfyUI's /upload/image answer for {param} has no name", kind="bad_answer"
+                )
+            names[param] = f"{sub}/{given}" if sub else given
+            self.ctx.log.info("uploaded %s as %s", param, names[param])
+        return fill(graph, self.api.images, names) if names else graph
 
     # -- following the prompt ------------------------------------------------------
     async def follow(self, prompt_id: str, *, poll_first: bool) -> Any:
@@ -438,6 +482,15 @@ class _ComfyAttempt:
                 )
                 return
             await sleep_nominal(self.clock, CONFIRM_WAIT_S, None)
+
+
+def _image_suffix(data: bytes) -> str:
+    # ComfyUI opens any format Pillow knows; the suffix only helps a human.
+    if data.startswith(b"\xff\xd8"):
+        return ".jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return ".png"
 
 
 async def fetch_file(

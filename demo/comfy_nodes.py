@@ -73,22 +73,32 @@ NODES: dict[str, tuple[dict[str, list[Any]], list[str], bool]] = {
         False,
     ),
     "VAEDecode": ({"samples": ["LATENT"], "vae": ["VAE"]}, ["IMAGE"], False),
+    # The choices of `image` are the files in the input dir, listed when asked.
+    "LoadImage": ({"image": [[]]}, ["IMAGE", "MASK"], False),
+    "VAEEncode": ({"pixels": ["IMAGE"], "vae": ["VAE"]}, ["LATENT"], False),
     "SaveImage": ({"images": ["IMAGE"], "filename_prefix": ["STRING", {}]}, [], True),
     "PreviewImage": ({"images": ["IMAGE"]}, [], True),
 }
 
 
-def object_info() -> dict[str, Any]:
+def _required(class_type: str, input_files: list[str]) -> dict[str, list[Any]]:
+    required = NODES[class_type][0]
+    if class_type == "LoadImage":
+        return {**required, "image": [input_files]}
+    return required
+
+
+def object_info(input_files: list[str]) -> dict[str, Any]:
     return {
         name: {
-            "input": {"required": required},
+            "input": {"required": _required(name, input_files)},
             "output": outputs,
             "output_node": is_output,
             "name": name,
             "display_name": name,
             "category": "demo",
         }
-        for name, (required, outputs, is_output) in NODES.items()
+        for name, (_, outputs, is_output) in NODES.items()
     }
 
 
@@ -163,7 +173,9 @@ def _check_input(
     return None
 
 
-def validate(graph: Any) -> tuple[dict[str, Any] | None, dict[str, Any], list[str]]:
+def validate(
+    graph: Any, input_files: list[str]
+) -> tuple[dict[str, Any] | None, dict[str, Any], list[str]]:
     """(top-level error or None, node_errors, output node ids that will run)."""
     if not isinstance(graph, dict):
         return _top("invalid_prompt", "Invalid prompt: not an object of nodes", ""), {}, []
@@ -184,7 +196,7 @@ def validate(graph: Any) -> tuple[dict[str, Any] | None, dict[str, Any], list[st
     for node_id, node in graph.items():
         inputs = node.get("inputs") if isinstance(node.get("inputs"), dict) else {}
         errors = []
-        for name, spec in NODES[node["class_type"]][0].items():
+        for name, spec in _required(node["class_type"], input_files).items():
             if name not in inputs:
                 errors.append(
                     _node_error("required_input_missing", "Required input is missing", name, name)
@@ -235,9 +247,13 @@ def _upstream(graph: dict[str, Any], node_id: str) -> list[str]:
     return seen
 
 
-def render_png(text: str, negative: str, seed: int, width: int, height: int, index: int) -> bytes:
-    """A real PNG whose pixels depend on the prompt text and the seed."""
-    material = f"{text}\0{negative}\0{seed}\0{index}".encode()
+def render_png(
+    text: str, negative: str, seed: int, size: tuple[int, int], source: str, index: int
+) -> bytes:
+    """A real PNG whose pixels depend on the prompt text, the seed and the
+    reference image (`source`, its digest; "" for txt2img)."""
+    width, height = size
+    material = f"{text}\0{negative}\0{seed}\0{source}\0{index}".encode()
     pixels = b""
     block = hashlib.sha256(material).digest()
     while len(pixels) < 8 * 8 * 3:
@@ -371,23 +387,31 @@ async def _run_node(
         for step in range(1, steps + 1):
             await tick(STEP_S, nid, class_type)
             await send("progress", {"value": step, "max": steps, "node": nid})
-        width, height, batch = args["latent_image"]
-        latent = (text, str(args["negative"]), int(args["seed"]), width, height, batch)
-        return [latent], None
+        width, height, batch, source = args["latent_image"]
+        sampled = (text, str(args["negative"]), int(args["seed"]), (width, height), source, batch)
+        return [sampled], None
     await tick(NODE_S, nid, class_type)
     if class_type == "CheckpointLoaderSimple":
         return ["model", "clip", "vae"], None
     if class_type == "CLIPTextEncode":
         return [str(args["text"])], None
     if class_type == "EmptyLatentImage":
-        return [(int(args["width"]), int(args["height"]), int(args["batch_size"]))], None
+        return [(int(args["width"]), int(args["height"]), int(args["batch_size"]), "")], None
+    if class_type == "LoadImage":
+        data = (store.root / "input" / str(args["image"])).read_bytes()
+        with Image.open(io.BytesIO(data)) as img:
+            size = img.size
+        return [(size, hashlib.sha256(data).hexdigest()), "mask"], None
+    if class_type == "VAEEncode":
+        (width, height), source = args["pixels"]
+        return [(width, height, 1, source)], None
     if class_type == "VAEDecode":
         return [args["samples"]], None
-    text, negative, seed, width, height, batch = args["images"]
+    text, negative, seed, size, source, batch = args["images"]
     kind = "output" if class_type == "SaveImage" else "temp"
     prefix = str(args.get("filename_prefix", "ComfyUI")) if kind == "output" else "ComfyUI_temp"
     images = [
-        store.save(prefix, render_png(text, negative, seed, width, height, i), kind)
+        store.save(prefix, render_png(text, negative, seed, size, source, i), kind)
         for i in range(batch)
     ]
     return [], {"images": images}

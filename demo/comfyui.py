@@ -82,6 +82,13 @@ class DemoComfy:
         self.wake = asyncio.Event()
         self.worker: asyncio.Task[None] | None = None
 
+    def input_files(self) -> list[str]:
+        """What LoadImage may name: files under input/, as "sub/name"."""
+        base = self.root / "input"
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+
     # -- messages ------------------------------------------------------------
     async def send(self, client_id: str | None, kind: str, data: dict[str, Any]) -> None:
         ws = self.sockets.get(client_id) if client_id else None
@@ -205,7 +212,7 @@ class DemoComfy:
         self.stats.prompts.append(graph)
         self.number += 1  # every POST takes a number, rejected ones too
         number = self.number
-        error, node_errors, outputs = validate(graph)
+        error, node_errors, outputs = validate(graph, self.input_files())
         if error is not None:
             return JSONResponse({"error": error, "node_errors": node_errors}, 400)
         prompt_id = str(uuid.uuid4())
@@ -286,7 +293,7 @@ class DemoComfy:
         return JSONResponse({"name": name, "subfolder": subfolder, "type": "input"})
 
     async def get_object_info(self, request: Request) -> Response:
-        return JSONResponse(object_info())
+        return JSONResponse(object_info(self.input_files()))
 
     async def websocket(self, ws: WebSocket) -> None:
         await ws.accept()

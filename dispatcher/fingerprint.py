@@ -145,6 +145,11 @@ def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
     return _decode_base64(text, param, problem), "the value (no such file; read as base64)"
 
 
+def read_image(ref: str | bytes, param: str) -> bytes:
+    """The encoded image a reference names (path, data: URL, base64), to upload."""
+    return _image_bytes(ref, param)[0]
+
+
 def _normalized_frame(frame: Image.Image) -> Image.Image:
     """RGB, or RGBA when some pixel is not fully opaque, scaled to 512 px on the long edge."""
     has_alpha = "A" in frame.getbands() or "transparency" in frame.info

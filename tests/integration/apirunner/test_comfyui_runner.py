@@ -268,3 +268,59 @@ async def test_a_dropped_websocket_falls_back_to_polling_history(comfy: Comfy) -
     assert dropped == 1
     result = await running
     assert len(result.files) == 1 and result.meta["polls"] >= 1
+
+
+IMG2IMG_PROFILE = """
+name = "comfy-img2img"
+kind = "api"
+provider = "comfy-img2img"
+[api]
+base_url = "{url}"
+style = "comfyui"
+workflow = "img2img.json"
+inputs = {{ prompt = "6.inputs.text", seed = "3.inputs.seed" }}
+images = {{ reference_image = "10.inputs.image" }}
+"""
+
+
+def _png(path: Path, colour: tuple[int, int, int]) -> str:
+    Image.new("RGB", (64, 48), colour).save(path, format="PNG")
+    return str(path)
+
+
+async def test_a_reference_image_is_uploaded_and_its_name_put_in_the_node(
+    comfy: Comfy, tmp_path: Path
+) -> None:
+    graph = json.loads(json.dumps(WORKFLOW))
+    graph["10"] = {"class_type": "LoadImage", "inputs": {"image": "example.png"}}
+    graph["11"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["10", 0], "vae": ["4", 2]}}
+    graph["3"]["inputs"]["latent_image"] = ["11", 0]
+    del graph["5"]
+    (tmp_path / "img2img.json").write_text(json.dumps(graph))
+    (tmp_path / "img2img.toml").write_text(IMG2IMG_PROFILE.format(url=comfy.url))
+    profile = load_profiles(tmp_path)["comfy-img2img"]
+    settings = Settings(state_dir=tmp_path / "state", http_timeout_s=10.0, time_scale=SCALE)
+    runner = ApiRunner(settings, {profile.name: profile}, SystemClock(time_scale=SCALE), {})
+    await runner.start()
+    comfy.runner, comfy.profile = runner, profile
+    try:
+        red = _png(tmp_path / "red.png", (200, 0, 0))
+        task = comfy.task(prompt="the same scene", reference_image=red)
+        first, _ = await comfy.run(task.replace(model=profile.name))
+        again, _ = await comfy.run(task.replace(id=new_id(), model=profile.name))
+        blue = _png(tmp_path / "blue.png", (0, 0, 200))
+        other, _ = await comfy.run(
+            comfy.task(prompt="the same scene", reference_image=blue).replace(model=profile.name)
+        )
+    finally:
+        await runner.aclose()
+    prompts = (await comfy.stats())["prompts"]
+    names = [p["10"]["inputs"]["image"] for p in prompts]
+    assert names[0] == names[1] != names[2] and names[0].startswith("dispatcher-")
+    uploaded = await comfy.http.get(
+        f"{comfy.url}/view", params={"filename": names[0], "type": "input"}
+    )
+    assert uploaded.content == Path(red).read_bytes()
+    with Image.open(first.files[0].path) as img:
+        assert img.size == (64, 48)  # the render follows the reference's size
+    assert first.files[0].sha256 == again.files[0].sha256 != other.files[0].sha256
