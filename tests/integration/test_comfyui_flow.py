@@ -99,6 +99,21 @@ async def test_identical_shots_deduplicate_and_later_ones_hit_the_cache(
         assert len((await _comfy_stats(h))["prompts"]) == 2
 
 
+async def test_a_graph_the_server_refuses_fails_the_task_at_once_naming_node_and_input(
+    tmp_path: Path,
+) -> None:
+    async with running_service(tmp_path, profiles=PROFILES) as h:
+        task = await h.submit("demo-comfy", "zero steps", steps=0)
+        failed = await h.wait_task(task["id"])
+        assert failed["state"] == "failed" and failed["attempt"] == 1  # permanent: no retry
+        assert failed["error"]["kind"] == "node_errors"
+        assert (
+            "node 3 (KSampler) input steps: Value 0 smaller than min of 1"
+            in (failed["error"]["message"])
+        )
+        assert failed["remote_id"] is None
+
+
 async def test_unknown_parameters_are_refused_at_submit_with_the_known_ones(
     tmp_path: Path,
 ) -> None:
