@@ -64,7 +64,7 @@ from apirunner.gate import race_cancel, sleep_nominal
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
 from dispatcher.clock import Clock
-from dispatcher.errors import PermanentError, TaskCanceled, TransientError
+from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
 from dispatcher.fingerprint import read_image
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec
@@ -103,6 +103,10 @@ async def run_comfyui(
     attempt = _ComfyAttempt(task, ctx, api, client, clock, rand, allowlist, http_timeout_s)
     try:
         return await attempt.run()
+    except InputError as exc:
+        # Params the ledger accepted but this attempt cannot use (a reference
+        # image file gone since, a profile changed under a queued task).
+        raise PermanentError(str(exc), kind="input") from exc
     finally:
         await attempt.close_socket()
 

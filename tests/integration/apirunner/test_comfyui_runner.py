@@ -312,6 +312,10 @@ async def test_a_reference_image_is_uploaded_and_its_name_put_in_the_node(
         other, _ = await comfy.run(
             comfy.task(prompt="the same scene", reference_image=blue).replace(model=profile.name)
         )
+        gone = comfy.task(prompt="x", reference_image=str(tmp_path / "gone.png"))
+        with pytest.raises(PermanentError) as caught:
+            await comfy.run(gone.replace(model=profile.name))
+        assert caught.value.kind == "input" and "reference_image" in str(caught.value)
     finally:
         await runner.aclose()
     prompts = (await comfy.stats())["prompts"]
