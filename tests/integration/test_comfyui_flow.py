@@ -149,7 +149,7 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
         await service.start()
         try:
             spec = parse_spec(
-                {"model": "demo-comfy", "params": {"prompt": "outlives", "steps": 200}}
+                {"model": "demo-comfy", "params": {"prompt": "outlives", "steps": 500}}
             )
             task = service.ledger.submit(spec).task
             service.scheduler.wake()
