@@ -118,7 +118,7 @@ def check_params(
             f"workflow; known: {', '.join(known_params(inputs, images)) or 'none'}"
         )
     for name, value in params.items():
-        if name in inputs and (isinstance(value, dict | list) or value is None):
+        if name in inputs and isinstance(value, dict | list):
             raise InputError(f"{name}: expected a string or a number, got {type(value).__name__}")
 
 
@@ -144,8 +144,8 @@ def fill(graph: Graph, places: Mapping[str, str], values: Mapping[str, Any]) -> 
     """
     filled = copy.deepcopy(graph)
     for name, value in values.items():
-        if name not in places:
-            continue
+        if name not in places or value is None:
+            continue  # null leaves the workflow's own value
         slot = parse_slot(places[name])
         parent = filled[slot.node]
         for key in slot.path[:-1]:

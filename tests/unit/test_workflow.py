@@ -114,4 +114,5 @@ def test_a_missing_seed_is_drawn_once_and_a_given_one_is_kept() -> None:
     drawn = with_seed({"prompt": "x"}, INPUTS, rng)
     assert isinstance(drawn["seed"], int) and 0 <= drawn["seed"] < 2**53
     assert with_seed({"prompt": "x", "seed": 9}, INPUTS, rng)["seed"] == 9
+    assert isinstance(with_seed({"seed": None}, INPUTS, rng)["seed"], int)  # null is "not given"
     assert "seed" not in with_seed({"prompt": "x"}, {"prompt": "6.inputs.text"}, rng)
