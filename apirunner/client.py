@@ -42,6 +42,7 @@ from dispatcher.runner import ResultFile
 T = TypeVar("T")
 
 _CHUNK = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -64,6 +65,10 @@ class Call:
     headers: Mapping[str, str] = field(default_factory=dict)
     json: Any = None
     read_timeout_s: float | None = None  # None: the client's default
+    # A multipart upload instead of JSON: {"field": (filename, bytes, type)}
+    # plus plain form fields (ComfyUI's /upload/image).
+    files: Mapping[str, tuple[str, bytes, str]] | None = None
+    form: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ class ProviderClient:
         failure = classify_status(response.status_code, body, retry_after)
         if retry_after is not None and failure.retryable:
             self.gate.defer(retry_after)
-        return CallFailed(failure, body)
+        return CallFailed(failure, body[:_MAX_ERROR_BODY])
 
     async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
         """Send one request and decode its JSON answer."""
@@ -209,6 +214,8 @@ class ProviderClient:
                     _parsed_url(call.url),
                     headers=dict(call.headers),
                     json=call.json,
+                    files=call.files,
+                    data=call.form,
                     timeout=_timeout(self._http.timeout, call.read_timeout_s),
                 ),
                 cancel,

@@ -12,6 +12,8 @@ resubmitting:
   ``{"id": "<id>", "submit": <the submit answer>}``; every `url = "..."`
   dotted path of the profile resolves against that stored answer after a
   restart exactly as it did before.
+- ComfyUI servers (style ``comfyui``, `apirunner.comfyui`) store the bare
+  ``prompt_id``: every later call (/history, /queue, /interrupt) names it.
 """
 
 from __future__ import annotations

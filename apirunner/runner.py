@@ -1,6 +1,6 @@
 """`ApiRunner`: runs API-model tasks from their profiles alone.
 
-Two shapes (SPEC "API runner"):
+Two shapes (SPEC "API runner"), and ComfyUI servers (`apirunner.comfyui`):
 
 - ``chat``: one request; the answer's text is at ``[api.result] text``.
 - ``async-job``: submit (with ``Idempotency-Key: <task id>-<attempt>``),
@@ -41,6 +41,7 @@ from apirunner.client import (
     build_http_client,
     with_retries,
 )
+from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
 from apirunner.polling import Rand, poll_wait
 from apirunner.remote import RemoteRef, RemoteStatus, interpret_status, ref_from_submit
@@ -157,16 +158,28 @@ class ApiRunner:
         ctx.check_canceled()
         attempt = _Attempt(self, task, ctx, profile.api, self.client(profile.provider))
         try:
-            return await self._attempt(attempt, profile.api)
+            return await self._attempt(task, ctx, attempt, profile.api)
         except (RunError, TaskCanceled):
             # What the provider said last is what a person wants to read.
             retention = self._settings.artifacts_retention
             await asyncio.to_thread(keep_answer, ctx.result_dir, attempt.last_answer, retention)
             raise
 
-    @staticmethod
-    async def _attempt(attempt: _Attempt, api: ApiSpec) -> RunResult:
+    async def _attempt(
+        self, task: Task, ctx: RunContext, attempt: _Attempt, api: ApiSpec
+    ) -> RunResult:
         try:
+            if api.style == "comfyui":
+                return await run_comfyui(
+                    task,
+                    ctx,
+                    api,
+                    attempt.client,
+                    clock=self._clock,
+                    rand=self._rand,
+                    allowlist=self.allowlist,
+                    http_timeout_s=self._settings.http_timeout_s,
+                )
             if api.style == "chat":
                 return await attempt.chat()
             return await attempt.job()

@@ -1,4 +1,4 @@
-"""Run a bundled demo backend on its own: `python -m demo api|web [--port N] [--time-scale S]`.
+"""Run a bundled demo backend on its own: `python -m demo api|web|comfyui [--port N]`.
 
 Useful to keep a "vendor" alive across dispatcher restarts (the kill -9 tests
 do exactly that) or to point your own profiles at a stand-in.
@@ -17,6 +17,10 @@ async def _serve(kind: str, port: int | None, time_scale: float, quota: int) -> 
         from demo.api_provider import start_demo_api
 
         server = await start_demo_api(port=port, time_scale=time_scale, quota=quota)
+    elif kind == "comfyui":
+        from demo.comfyui import start_demo_comfy
+
+        server = await start_demo_comfy(port=port, time_scale=time_scale)
     else:
         from demo.web_model import start_demo_web
 
@@ -32,7 +36,7 @@ async def _serve(kind: str, port: int | None, time_scale: float, quota: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
-    parser.add_argument("kind", choices=["api", "web"])
+    parser.add_argument("kind", choices=["api", "web", "comfyui"])
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--quota", type=int, default=3, help="API concurrency quota per key")

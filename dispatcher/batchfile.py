@@ -170,5 +170,5 @@ def locate(message: str, path: Path, lines: list[BatchLine]) -> str:
     if match is None or int(match.group(1)) >= len(lines):
         return message
     line = lines[int(match.group(1))].line
-    rest = message[match.end():].lstrip(": ")
+    rest = message[match.end() :].lstrip(": ")
     return f"{path}:{line}: {rest}"

@@ -145,6 +145,11 @@ def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
     return _decode_base64(text, param, problem), "the value (no such file; read as base64)"
 
 
+def read_image(ref: str | bytes, param: str) -> bytes:
+    """The encoded image a reference names (path, data: URL, base64), to upload."""
+    return _image_bytes(ref, param)[0]
+
+
 def _normalized_frame(frame: Image.Image) -> Image.Image:
     """RGB, or RGBA when some pixel is not fully opaque, scaled to 512 px on the long edge."""
     has_alpha = "A" in frame.getbands() or "transparency" in frame.info
@@ -279,4 +284,17 @@ def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) ->
         # Name the culprit: the message goes back to whoever sent the task.
         culprit = next((k for k in chosen if not _is_json(chosen[k])), "params")
         raise InputError(f"{culprit}: not a plain JSON value ({exc})") from exc
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+def graph_fingerprint(model: str, graph: Mapping[str, Any], images: Mapping[str, Any]) -> str:
+    """sha256 hex of a filled-in ComfyUI graph: the whole request, so any change
+    to any node is a different generation. Reference images count by pixels,
+    under the parameter that names them (see the module doc)."""
+    hashes = {name: image_hash(ref, param=name) for name, ref in images.items() if ref is not None}
+    doc = {"model": model, "graph": graph, "images": hashes}
+    try:
+        encoded = canonical_json(doc)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"params: not plain JSON values ({exc})") from exc
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

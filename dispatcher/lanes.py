@@ -14,6 +14,10 @@ from dispatcher.settings import Settings
 # 7 % to 34 % when more workers were thrown at one account). This is a fact
 # about the sites, not a tuning knob, so it is deliberately not a setting.
 WEB_ACCOUNT_CONCURRENCY = 1
+# A ComfyUI server executes one prompt at a time on its GPU; more in flight
+# only wait in its queue, where our cancel and progress see less of them.
+# The operator's per-provider setting still wins.
+COMFYUI_CONCURRENCY = 1
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
     """Lanes for the loaded profiles; a provider quota outside 1..5 raises ConfigError."""
     web_models: dict[str, list[str]] = {}
     api_models: dict[str, list[str]] = {}
+    comfyui_only: dict[str, bool] = {}
     for profile in profiles.values():
         if profile.kind is Kind.WEB:
             for account in profile.accounts:
@@ -37,6 +42,8 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
         else:
             assert profile.provider is not None
             api_models.setdefault(profile.provider, []).append(profile.name)
+            is_comfyui = profile.api is not None and profile.api.style == "comfyui"
+            comfyui_only[profile.provider] = comfyui_only.get(profile.provider, True) and is_comfyui
     lanes: dict[str, LaneSpec] = {}
     for account, models in sorted(web_models.items()):
         lanes[f"web:{account}"] = LaneSpec(
@@ -54,6 +61,8 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
             account=provider,
             lane_groups=(f"api:{provider}",),
             models=tuple(sorted(models)),
-            concurrency=settings.provider_concurrency(provider),
+            concurrency=settings.provider_concurrency(
+                provider, COMFYUI_CONCURRENCY if comfyui_only[provider] else None
+            ),
         )
     return lanes

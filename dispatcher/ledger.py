@@ -9,6 +9,7 @@ rejected by the store, logged, and dropped.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from dispatcher.clock import Clock
 from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
 from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
-from dispatcher.fingerprint import fingerprint
+from dispatcher.fingerprint import PROMPT_FIELDS, fingerprint, graph_fingerprint, normalize_prompt
 from dispatcher.models import (
     JSON,
     Attempt,
@@ -34,6 +35,7 @@ from dispatcher.models import (
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
+from dispatcher.workflow import check_params, fill, with_seed
 
 log = logging.getLogger("dispatcher.tasks")
 
@@ -56,6 +58,33 @@ def lane_prefix(task: Task) -> str:
     if task.kind is Kind.WEB:
         return f"[web:{task.account or task.model}]"
     return f"[{task.lane_group}]"
+
+
+def _comfyui_params(profile: Profile, params: JSON) -> tuple[JSON, str]:
+    """A ComfyUI task's stored params and fingerprint.
+
+    Unknown parameters are refused here, at submit, with the known ones
+    listed. The fingerprint covers the workflow filled in with what was
+    asked (prompts normalised), *before* a missing seed is drawn: two
+    identical shots that left the seed open are the same request and
+    de-duplicate. The drawn seed is then stored in the params, so every
+    attempt and every retry renders the same image.
+    """
+    api = profile.api
+    assert api is not None
+    check_params(params, api.inputs, api.images)
+    asked = {
+        name: normalize_prompt(value) if name in PROMPT_FIELDS and isinstance(value, str) else value
+        for name, value in params.items()
+    }
+    graph = fill(api.graph, api.inputs, asked)
+    images = {name: params.get(name) for name in api.images}
+    task_fingerprint = graph_fingerprint(profile.name, graph, images)
+    return with_seed(params, api.inputs, _SEEDS), task_fingerprint
+
+
+# Seeds only need to differ between tasks, not to be secret.
+_SEEDS = random.Random()
 
 
 class Ledger:
@@ -93,6 +122,11 @@ class Ledger:
     def _new_task(self, spec: TaskSpec, job_id: str | None) -> Task:
         profile = self._profile(spec.model)
         now = self.clock.now()
+        params = spec.params
+        if profile.api is not None and profile.api.style == "comfyui":
+            params, task_fingerprint = _comfyui_params(profile, spec.params)
+        else:
+            task_fingerprint = fingerprint(spec.model, spec.params, profile.fingerprint_fields)
         return Task(
             id=new_id(),
             job_id=job_id,
@@ -100,8 +134,8 @@ class Ledger:
             model=spec.model,
             kind=profile.kind,
             lane_group=profile.lane_group,
-            params=spec.params,
-            fingerprint=fingerprint(spec.model, spec.params, profile.fingerprint_fields),
+            params=params,
+            fingerprint=task_fingerprint,
             created_at=now,
             max_attempts=profile.max_attempts,
             force=spec.force,

@@ -99,40 +99,59 @@ class _LiveCollector(Collector):
         for (model, state), count in sorted(snap["state_counts"].items()):
             tasks.add_metric([model, state], count)
         yield tasks
-        queued = GaugeMetricFamily("dispatcher_lane_queued", "Pending tasks a lane may take",
-                                   labels=["lane"])
-        running = GaugeMetricFamily("dispatcher_lane_running", "Tasks running in a lane",
-                                    labels=["lane"])
-        enabled = GaugeMetricFamily("dispatcher_lane_enabled", "1 when the lane takes new tasks",
-                                    labels=["lane"])
+        queued = GaugeMetricFamily(
+            "dispatcher_lane_queued", "Pending tasks a lane may take", labels=["lane"]
+        )
+        running = GaugeMetricFamily(
+            "dispatcher_lane_running", "Tasks running in a lane", labels=["lane"]
+        )
+        enabled = GaugeMetricFamily(
+            "dispatcher_lane_enabled", "1 when the lane takes new tasks", labels=["lane"]
+        )
         for lane in snap["lanes"]:
             queued.add_metric([lane["name"]], lane["queued"])
             running.add_metric([lane["name"]], len(lane["running"]))
-            enabled.add_metric([lane["name"]],
-                               1 if lane["enabled"] and not lane["needs_attention"] else 0)
+            enabled.add_metric(
+                [lane["name"]], 1 if lane["enabled"] and not lane["needs_attention"] else 0
+            )
         yield queued
         yield running
         yield enabled
         for name, help_text, value in (
             ("dispatcher_dedup_hits", "Submissions answered with an existing task", "dedup_hits"),
             ("dispatcher_cache_hits", "Tasks completed from the result cache", "cache_hits"),
-            ("dispatcher_retries", "Attempts re-queued after a failure or by an operator",
-             "retries"),
-            ("dispatcher_stale_reclaims", "Running tasks reclaimed for lack of heartbeat",
-             "stale_reclaims"),
-            ("dispatcher_browser_launches", "Browsers started by the web runner",
-             "browser_launches"),
-            ("dispatcher_browser_reuses",
-             "Web tasks run in the browser kept open from the account's previous task",
-             "browser_reuses"),
-            ("dispatcher_leftover_processes_ended",
-             "Leftover browser processes ended by the self-check", "leftovers_ended"),
+            (
+                "dispatcher_retries",
+                "Attempts re-queued after a failure or by an operator",
+                "retries",
+            ),
+            (
+                "dispatcher_stale_reclaims",
+                "Running tasks reclaimed for lack of heartbeat",
+                "stale_reclaims",
+            ),
+            (
+                "dispatcher_browser_launches",
+                "Browsers started by the web runner",
+                "browser_launches",
+            ),
+            (
+                "dispatcher_browser_reuses",
+                "Web tasks run in the browser kept open from the account's previous task",
+                "browser_reuses",
+            ),
+            (
+                "dispatcher_leftover_processes_ended",
+                "Leftover browser processes ended by the self-check",
+                "leftovers_ended",
+            ),
         ):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], snap["counters"].get(value, 0))
             yield family
         remote = CounterMetricFamily(
-            "dispatcher_remote_requests", "HTTP requests to API providers",
+            "dispatcher_remote_requests",
+            "HTTP requests to API providers",
             labels=["provider", "status"],
         )
         for (provider, status), count in sorted(snap["remote_requests"].items()):
@@ -166,8 +185,10 @@ class Metrics:
             registry=self.registry,
         )
         self.finished = Counter(
-            "dispatcher_tasks_finished", "Tasks that reached a terminal state",
-            ["model", "state"], registry=self.registry,
+            "dispatcher_tasks_finished",
+            "Tasks that reached a terminal state",
+            ["model", "state"],
+            registry=self.registry,
         )
 
     def on_event(self, event: Event) -> None:

@@ -17,10 +17,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from dispatcher.errors import ConfigError
 from dispatcher.models import Kind
+from dispatcher.workflow import Graph, WorkflowError, check_mapping, load_workflow
 
 log = logging.getLogger("dispatcher.profiles")
 
@@ -95,24 +104,69 @@ class ResultSpec(_Strict):
     text: str | None = None  # text found at this dotted path
 
 
+# A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
+# only the workflow and where parameters go.
+_COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
+_COMFYUI_ONLY = ("workflow", "inputs", "outputs", "images")
+
+
 class ApiSpec(_Strict):
     base_url: str
     auth_header: str = "Authorization"
     auth_env: str | None = None
     auth_prefix: str = "Bearer "
-    style: Literal["chat", "async-job"] = "chat"
+    style: Literal["chat", "async-job", "comfyui"] = "chat"
     timeout_s: float = 600.0
-    submit: HttpCall
+    submit: HttpCall = _COMFYUI_SUBMIT
     status: StatusSpec | None = None
     result: ResultSpec | None = None
     cancel: HttpCall | None = None
+    # style "comfyui": the workflow file (API format, relative to the
+    # profile), where each task parameter goes ("<node>.inputs.<name>"),
+    # which output nodes' files to collect (default: all), and which
+    # parameters are images to upload first.
+    workflow: str | None = None
+    inputs: dict[str, str] = Field(default_factory=dict)
+    outputs: tuple[str, ...] | None = None
+    images: dict[str, str] = Field(default_factory=dict)
+    _graph: Graph | None = PrivateAttr(default=None)
+
+    @property
+    def graph(self) -> Graph:
+        """The loaded workflow (style "comfyui" only)."""
+        if self._graph is None:
+            raise ConfigError("this profile has no ComfyUI workflow")
+        return self._graph
 
     @model_validator(mode="after")
-    def _async_needs_status(self) -> ApiSpec:
+    def _style_needs(self, info: ValidationInfo) -> ApiSpec:
+        if self.style == "comfyui":
+            return self._load_workflow(info)
+        if "submit" not in self.model_fields_set:
+            raise ValueError(f"style {self.style!r} needs an [api.submit] table")
+        given = [key for key in _COMFYUI_ONLY if key in self.model_fields_set]
+        if given:
+            raise ValueError(f"`{given[0]}` is only for style 'comfyui'")
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
         if self.style == "chat" and (self.result is None or not self.result.text):
             raise ValueError("style 'chat' needs [api.result] text = '<path of the answer>'")
+        return self
+
+    def _load_workflow(self, info: ValidationInfo) -> ApiSpec:
+        others = [k for k in ("submit", "status", "result", "cancel") if k in self.model_fields_set]
+        if others:
+            raise ValueError(f"style 'comfyui' takes no [api.{others[0]}]: ComfyUI fixes its calls")
+        if not self.workflow:
+            raise ValueError("style 'comfyui' needs `workflow = '<file>.json'` (API format)")
+        base = (info.context or {}).get("profile_dir")
+        path = Path(base, self.workflow) if base else Path(self.workflow)
+        try:
+            graph = load_workflow(path)
+            check_mapping(graph, {**self.inputs, **self.images}, self.outputs, "[api]")
+        except WorkflowError as exc:
+            raise ValueError(str(exc)) from None
+        self._graph = graph
         return self
 
 
@@ -186,7 +240,9 @@ def parse_profile(path: Path, variables: Mapping[str, str] | None = None) -> Pro
     missing: set[str] = set()
     expanded = _expand(raw, variables or {}, missing)
     try:
-        profile = Profile.model_validate({**expanded, "source": str(path)})
+        profile = Profile.model_validate(
+            {**expanded, "source": str(path)}, context={"profile_dir": str(path.parent)}
+        )
     except ValidationError as exc:
         raise ConfigError(f"profile {path}: {_describe(exc)}") from exc
     if missing:

@@ -122,6 +122,7 @@ class Service:
 
     async def _start_demo(self) -> dict[str, str]:
         from demo.api_provider import start_demo_api
+        from demo.comfyui import start_demo_comfy
         from demo.web_model import start_demo_web
 
         api = await start_demo_api(time_scale=self.settings.time_scale)
@@ -130,6 +131,9 @@ class Service:
         web = await start_demo_web(time_scale=self.settings.time_scale)
         self.demo_servers.append(web)
         urls["DEMO_WEB_URL"] = web.url
+        comfy = await start_demo_comfy(time_scale=self.settings.time_scale)
+        self.demo_servers.append(comfy)
+        urls["DEMO_COMFY_URL"] = comfy.url
         if not os.environ.get(DEMO_API_KEY_ENV):
             os.environ[DEMO_API_KEY_ENV] = "demo-" + secrets.token_hex(12)
         redact(os.environ[DEMO_API_KEY_ENV])

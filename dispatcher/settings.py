@@ -125,9 +125,14 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.state_dir / 'dispatcher.db'}"
 
-    def provider_concurrency(self, provider: str) -> int:
-        """The provider's quota, refused at start-up when outside 1..5."""
-        value = self.concurrency.get(provider, self.default_concurrency)
+    def provider_concurrency(self, provider: str, default: int | None = None) -> int:
+        """The provider's quota, refused at start-up when outside 1..5.
+
+        `default` (when given) replaces `default_concurrency` for a provider
+        the operator did not name: a ComfyUI server is one GPU.
+        """
+        fallback = self.default_concurrency if default is None else default
+        value = self.concurrency.get(provider, fallback)
         if not MIN_PROVIDER_CONCURRENCY <= value <= MAX_PROVIDER_CONCURRENCY:
             raise ConfigError(
                 f"concurrency for API provider {provider!r} is {value}; it must be "

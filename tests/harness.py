@@ -35,6 +35,10 @@ class Harness:
     def demo_web(self) -> str:
         return self.service.demo_urls["DEMO_WEB_URL"]
 
+    @property
+    def demo_comfy(self) -> str:
+        return self.service.demo_urls["DEMO_COMFY_URL"]
+
     async def submit(self, model: str, prompt: str, **params: Any) -> dict[str, Any]:
         force = params.pop("force", False)
         response = await self.http.post(
@@ -94,6 +98,8 @@ def profiles_dir(tmp_path: Path, names: Iterable[str]) -> Path:
     target.mkdir(exist_ok=True)
     for name in names:
         shutil.copy(REPO / "profiles" / f"{name}.toml", target / f"{name}.toml")
+    # ComfyUI profiles name their workflow relative to the profile file.
+    shutil.copytree(REPO / "profiles" / "workflows", target / "workflows", dirs_exist_ok=True)
     return target
 
 

@@ -326,8 +326,12 @@ class Api:
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse(
-            {"ok": True, "service": "dispatcher", "pid": self.service.pid,
-             "lanes": len(self.service.scheduler.lanes)}
+            {
+                "ok": True,
+                "service": "dispatcher",
+                "pid": self.service.pid,
+                "lanes": len(self.service.scheduler.lanes),
+            }
         )
 
     async def openapi(self, request: Request) -> Response:
@@ -342,22 +346,30 @@ class Api:
         code = request.query_params.get("code", "")
         session = self.service.credentials.redeem_code(code) if code else None
         if session is None:
-            message = ("the dashboard code is unknown, used or expired; "
-                       "run `python -m dispatcher dashboard` for a new one")
+            message = (
+                "the dashboard code is unknown, used or expired; "
+                "run `python -m dispatcher dashboard` for a new one"
+            )
             if "text/html" in request.headers.get("accept", ""):
                 return HTMLResponse(
                     f"<!doctype html><title>dispatcher</title><p>{message}</p>",
-                    status_code=403, headers=PAGE_HEADERS,
+                    status_code=403,
+                    headers=PAGE_HEADERS,
                 )
             return _error(403, "forbidden", message)
         # The code leaves the address bar at once; the cookie is out of scripts' reach.
         response = RedirectResponse(
-            "/", status_code=303,
+            "/",
+            status_code=303,
             headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store"},
         )
         response.set_cookie(
-            SESSION_COOKIE, session, max_age=int(SESSION_TTL_S), httponly=True,
-            samesite="strict", path="/",
+            SESSION_COOKIE,
+            session,
+            max_age=int(SESSION_TTL_S),
+            httponly=True,
+            samesite="strict",
+            path="/",
         )
         return response
 
@@ -365,16 +377,18 @@ class Api:
         return JSONResponse({"code": self.service.credentials.issue_code()})
 
     async def dashboard(self, request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html",
-                            headers=PAGE_HEADERS)
+        return FileResponse(
+            STATIC_DIR / "dashboard.html", media_type="text/html", headers=PAGE_HEADERS
+        )
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         path = STATIC_DIR / name
         if name not in STATIC_FILES or not path.is_file():
             raise NotFound(f"no static file {name!r}")
-        return FileResponse(path, headers={"Cache-Control": "no-cache",
-                                           "X-Content-Type-Options": "nosniff"})
+        return FileResponse(
+            path, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        )
 
 
 class Liveness:

@@ -160,27 +160,43 @@ class SecurityMiddleware:
         if scope["path"] not in PUBLIC_PATHS:
             verdict, how = self._authorized(scope)
             if verdict is None:
-                await _reject(send, 401, "unauthorized",
-                              "missing token: send Authorization: Bearer <token> or X-Local-Token")
+                await _reject(
+                    send,
+                    401,
+                    "unauthorized",
+                    "missing token: send Authorization: Bearer <token> or X-Local-Token",
+                )
                 return
             if verdict is False and how == "session":
-                await _reject(send, 403, "forbidden",
-                              "the dashboard session is unknown or expired (the service "
-                              "restarts forget sessions); run `python -m dispatcher dashboard` "
-                              "for a new link")
+                await _reject(
+                    send,
+                    403,
+                    "forbidden",
+                    "the dashboard session is unknown or expired (the service "
+                    "restarts forget sessions); run `python -m dispatcher dashboard` "
+                    "for a new link",
+                )
                 return
             if verdict is False:
-                await _reject(send, 403, "forbidden",
-                              "wrong or stale token (it changes at every start)")
+                await _reject(
+                    send, 403, "forbidden", "wrong or stale token (it changes at every start)"
+                )
                 return
             if how == "session" and scope["path"] in TOKEN_ONLY_PATHS:
                 await _reject(send, 403, "forbidden", "this endpoint needs the token")
                 return
-            if (how == "session" and scope.get("method", "GET") not in _SAFE_METHODS
-                    and _header(scope, CSRF_HEADER) != CSRF_VALUE):
-                await _reject(send, 403, "forbidden",
-                              f"a write with the dashboard session needs the header "
-                              f"X-Requested-With: {CSRF_VALUE}")
+            if (
+                how == "session"
+                and scope.get("method", "GET") not in _SAFE_METHODS
+                and _header(scope, CSRF_HEADER) != CSRF_VALUE
+            ):
+                await _reject(
+                    send,
+                    403,
+                    "forbidden",
+                    f"a write with the dashboard session needs the header "
+                    f"X-Requested-With: {CSRF_VALUE}",
+                )
                 return
 
         # Buffer the body here (it is at most 1 MiB) so that an oversized chunked

@@ -1,0 +1,519 @@
+"""ComfyUI as an API style: a workflow graph in, its output files out.
+
+One attempt (`run_comfyui`):
+
+1. Fill the task's params into the profile's workflow (the seed was already
+   fixed when the task was created, see `dispatcher.workflow`).
+2. Open the websocket ``/ws?clientId=<fresh id>`` *first*: ComfyUI sends a
+   prompt's messages only to the socket named by the POST's client_id, and
+   drops them when that socket is not connected yet.
+3. ``POST /prompt``; store the ``prompt_id`` as the remote id before
+   anything else. A 400 (or ``node_errors`` touching our outputs) is a
+   permanent error naming the node and the input.
+4. Follow the prompt: websocket messages give the stage and percentage; the
+   end is ``executing`` with ``node: null`` (written after the history
+   entry). While nothing arrives, and always once the socket drops, poll
+   ``GET /history/{id}`` on the usual backoff schedule, and ``GET /queue``
+   for the position while the prompt waits on the server.
+5. Download every file of the chosen output nodes from ``/view``.
+
+Reference images (``images = { reference_image = "10.inputs.image" }``) are
+uploaded with ``POST /upload/image`` before step 2 and the name the server
+gives back is put where the profile says.
+
+A task that arrives with a remote id (a restart) skips 1-3 and polls: the
+prompt is never posted twice while the server knows it. Cancel deletes a
+queued prompt (``POST /queue {"delete": [id]}``) or interrupts a running one
+(``POST /interrupt {"prompt_id": id}``, sent only when the queue shows ours
+running, since older servers interrupt whatever runs) and returns only once
+the server confirms: the prompt left the queue or its history is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+
+from apirunner.allowlist import Allowlist, same_origin
+from apirunner.classify import decide_retry
+from apirunner.client import Call, CallFailed, ProviderClient, with_retries
+from apirunner.comfy_protocol import (
+    Event,
+    OutputFile,
+    QueueSpot,
+    describe_rejection,
+    execution_failure,
+    failing_outputs,
+    output_files,
+    queue_spot,
+    read_message,
+    read_outcome,
+)
+from apirunner.gate import race_cancel, sleep_nominal
+from apirunner.polling import Rand, poll_wait
+from apirunner.templates import join_url
+from dispatcher.clock import Clock
+from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
+from dispatcher.fingerprint import read_image
+from dispatcher.models import Stage, Task
+from dispatcher.profiles import ApiSpec
+from dispatcher.runner import ResultFile, RunContext, RunResult
+from dispatcher.workflow import Graph, fill
+
+# A message larger than this is not one we read (binary previews can be big;
+# they are skipped anyway).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Consecutive failed polls before the attempt gives up (as for async jobs).
+MAX_POLL_ERRORS = 10
+# Nominal seconds between checks while waiting for a cancel to be confirmed.
+CONFIRM_WAIT_S = 0.5
+_SOCKET_CLOSED = object()
+
+
+class _NoRedirects(connect):
+    """The websocket client; a redirect could lead off the allowlist, so none
+    is followed (ComfyUI's /ws never redirects)."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+async def run_comfyui(
+    task: Task,
+    ctx: RunContext,
+    api: ApiSpec,
+    client: ProviderClient,
+    *,
+    clock: Clock,
+    rand: Rand,
+    allowlist: Allowlist,
+    http_timeout_s: float,
+) -> RunResult:
+    attempt = _ComfyAttempt(task, ctx, api, client, clock, rand, allowlist, http_timeout_s)
+    try:
+        return await attempt.run()
+    except InputError as exc:
+        # Params the ledger accepted but this attempt cannot use (a reference
+        # image file gone since, a profile changed under a queued task).
+        raise PermanentError(str(exc), kind="input") from exc
+    finally:
+        await attempt.close_socket()
+
+
+class _ComfyAttempt:
+    def __init__(
+        self,
+        task: Task,
+        ctx: RunContext,
+        api: ApiSpec,
+        client: ProviderClient,
+        clock: Clock,
+        rand: Rand,
+        allowlist: Allowlist,
+        http_timeout_s: float,
+    ) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.api = api
+        self.client = client
+        self.clock = clock
+        self.rand = rand
+        self.allowlist = allowlist
+        self.http_timeout_s = http_timeout_s
+        self.cancel = ctx.cancel_event
+        self.socket: ClientConnection | None = None
+        self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
+        self.reader: asyncio.Task[None] | None = None
+        self.polls = 0
+
+    # -- plumbing ----------------------------------------------------------------
+    def url(self, path: str, query: dict[str, str] | None = None) -> str:
+        url = join_url(self.api.base_url, path)
+        return f"{url}?{urlencode(query)}" if query else url
+
+    def headers(self, url: str) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
+        if token and same_origin(url, self.api.base_url):
+            headers[self.api.auth_header] = f"{self.api.auth_prefix}{token}"
+        return headers
+
+    def call(self, method: str, path: str, body: Any = None) -> Call:
+        url = self.url(path)
+        return Call(method, url, self.headers(url), body)
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """A request that changes nothing twice (reads, delete, interrupt): retried in place."""
+        answer = await with_retries(
+            partial(self.client.json, self.call(method, path, body), None),
+            clock=self.clock,
+            rand=self.rand,
+            cancel=None,
+        )
+        return answer.data
+
+    # -- the attempt -------------------------------------------------------------
+    async def run(self) -> RunResult:
+        prompt_id = self.task.remote_id
+        resumed = bool(prompt_id)
+        if prompt_id:
+            self.ctx.log.info("resuming ComfyUI prompt %s without posting it again", prompt_id)
+        else:
+            graph = fill(self.api.graph, self.api.inputs, self.task.params)
+            await self.client.gate.wait(self.cancel)
+            self.ctx.check_canceled()
+            graph = await self.upload_images(graph)
+            client_id = uuid.uuid4().hex
+            await self.open_socket(client_id)
+            prompt_id = await self.submit(graph, client_id)
+        finished = False
+        try:
+            entry = await self.follow(prompt_id, poll_first=resumed)
+            finished = True
+            outcome = read_outcome(entry)
+            if outcome.ending == "interrupted":
+                self.ctx.check_canceled()
+                raise PermanentError(
+                    f"ComfyUI prompt {prompt_id} was interrupted on the server",
+                    kind="remote_canceled",
+                )
+            if outcome.failure is not None:
+                raise outcome.failure.to_error()
+            return await self.collect(prompt_id, entry)
+        except TaskCanceled:
+            if not finished:
+                await self.cancel_remote(prompt_id, confirm=True)
+            raise
+        except (TransientError, CallFailed):
+            # Given up on (timeout, a server that stopped answering): free
+            # the GPU. Not on CancelledError: that is a shutdown, and restart
+            # recovery resumes this very prompt.
+            if not finished:
+                await self.cancel_remote(prompt_id, confirm=False)
+            raise
+
+    async def submit(self, graph: Graph, client_id: str) -> str:
+        call = self.call("POST", "/prompt", {"prompt": graph, "client_id": client_id})
+        errors = rate_limits = 0
+        while True:
+            try:
+                answer = await self.client.json(call, None)
+                break
+            except CallFailed as exc:
+                failure = exc.failure
+                if failure.status == 400:
+                    raise PermanentError(
+                        describe_rejection(exc.body or ""), kind="node_errors"
+                    ) from exc
+                # POST /prompt is not idempotent: repeat it only when the
+                # server cannot have queued it (no connection, or it said so).
+                if not (failure.kind == "connect" or failure.status in (429, 503)):
+                    raise
+                decision = decide_retry(failure, errors, rate_limits, self.rand)
+                if not decision.retry:
+                    raise
+                rate_limits += decision.rate_limited
+                errors += not decision.rate_limited
+                await sleep_nominal(self.clock, decision.wait_s, self.cancel)
+        data = answer.data if isinstance(answer.data, dict) else {}
+        prompt_id = data.get("prompt_id")
+        if not isinstance(prompt_id, str) or not prompt_id or len(prompt_id) > 200:
+            raise PermanentError("ComfyUI's /prompt answer has no prompt_id", kind="bad_answer")
+        await self.ctx.set_remote_id(prompt_id)
+        self.ctx.log.info("submitted: ComfyUI prompt %s", prompt_id)
+        broken = failing_outputs(data.get("node_errors"))
+        if broken and (self.api.outputs is None or broken & set(self.api.outputs)):
+            await self.cancel_remote(prompt_id, confirm=False)
+            raise PermanentError(
+                describe_rejection(json.dumps({"error": "", **data})), kind="node_errors"
+            )
+        return prompt_id
+
+    async def upload_images(self, graph: Graph) -> Graph:
+        """Upload each reference image and put the name ComfyUI gave it in its node.
+
+        The file is named by its content and uploaded with overwrite, so a
+        retried upload or a second attempt changes nothing on the server.
+        """
+        names: dict[str, str] = {}
+        for param in self.api.images:
+            ref = self.task.params.get(param)
+            if ref is None:
+                continue  # the workflow's own image stays
+            data = await asyncio.to_thread(read_image, ref, param)
+            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
+            url = self.url("/upload/image")
+            call = Call(
+                "POST",
+                url,
+                self.headers(url),
+                files={"image": (name, data, "application/octet-stream")},
+                form={"overwrite": "true", "type": "input"},
+            )
+            answer = await with_retries(
+                partial(self.client.json, call, self.cancel),
+                clock=self.clock,
+                rand=self.rand,
+                cancel=self.cancel,
+            )
+            stored = answer.data if isinstance(answer.data, dict) else {}
+            given, sub = stored.get("name"), stored.get("subfolder") or ""
+            if not isinstance(given, str) or not given or not isinstance(sub, str):
+                raise PermanentError(
+                    f"ComfyUI's /upload/image answer for {param} has no name", kind="bad_answer"
+                )
+            names[param] = f"{sub}/{given}" if sub else given
+            self.ctx.log.info("uploaded %s as %s", param, names[param])
+        return fill(graph, self.api.images, names) if names else graph
+
+    # -- following the prompt ------------------------------------------------------
+    async def follow(self, prompt_id: str, *, poll_first: bool) -> Any:
+        await self.ctx.set_stage(Stage.GENERATING)
+        deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
+        step = 0
+        errors = 0
+        check = poll_first
+        while True:
+            self.ctx.check_canceled()
+            if self.clock.monotonic() >= deadline:
+                raise TransientError(
+                    f"ComfyUI prompt {prompt_id} not done after {self.api.timeout_s:g} s",
+                    kind="timeout",
+                )
+            if check:
+                check = False
+                try:
+                    entry = await self.where(prompt_id)
+                except CallFailed as exc:
+                    errors += 1
+                    if not exc.failure.retryable or errors >= MAX_POLL_ERRORS:
+                        raise
+                    self.ctx.log.debug("poll failed, polling on: %s", exc.failure.message)
+                else:
+                    errors = 0
+                    if entry is not None:
+                        return entry
+            wait_s = poll_wait(step, self.rand)
+            step += 1
+            if self.reader is None:
+                await sleep_nominal(self.clock, wait_s, self.cancel)
+                check = True
+                continue
+            event = await self.next_event(prompt_id, wait_s)
+            if event is None:  # quiet for a while: look, and get the queue position
+                check = True
+            elif event is _SOCKET_CLOSED:
+                self.ctx.log.info("websocket closed; following prompt %s by polling", prompt_id)
+                self.reader = None
+                step = 0
+                check = True
+            else:
+                assert isinstance(event, Event)
+                step = 0  # the socket is alive: the safety poll waits from the start
+                check = await self.on_event(event)
+
+    async def on_event(self, event: Event) -> bool:
+        """Report what a message says; True when the prompt has ended."""
+        if event.kind in ("started", "progress"):
+            await self.ctx.set_stage(Stage.GENERATING, event.progress)
+            return False
+        if event.kind == "node":
+            self.ctx.beat()
+            return False
+        if event.kind == "error":
+            self.ctx.log.info("%s", execution_failure(event.data).message)
+        return True
+
+    async def where(self, prompt_id: str) -> Any:
+        """The history entry once the prompt ended; else None, with the stage set."""
+        self.polls += 1
+        entry = await self.history(prompt_id)
+        if entry is not None:
+            return entry
+        spot = queue_spot(await self.request("GET", "/queue"), prompt_id)
+        if spot.place == "absent":
+            # It may have ended between the two reads: history is written
+            # before a prompt leaves the queue, so a second look settles it.
+            entry = await self.history(prompt_id)
+            if entry is not None:
+                return entry
+            raise TransientError(
+                f"ComfyUI no longer knows prompt {prompt_id} (was the server restarted?)",
+                kind="remote_lost",
+            )
+        position = spot.ahead if spot.place == "pending" else None
+        await self.ctx.set_stage(Stage.GENERATING, None, position)
+        return None
+
+    async def history(self, prompt_id: str) -> Any:
+        data = await self.request("GET", f"/history/{prompt_id}")
+        entry = data.get(prompt_id) if isinstance(data, dict) else None
+        return entry if isinstance(entry, dict) else None
+
+    # -- the websocket -----------------------------------------------------------
+    async def open_socket(self, client_id: str) -> None:
+        http_url = self.url("/ws", {"clientId": client_id})
+        self.allowlist.check(http_url)
+        ws_url = "ws" + http_url.removeprefix("http")
+        try:
+            self.socket = await _NoRedirects(
+                ws_url,
+                additional_headers=self.headers(http_url),
+                open_timeout=self.http_timeout_s,
+                max_size=MAX_MESSAGE_BYTES,
+            )
+        except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+            # Progress is a nicety: without the socket, polling still works.
+            self.ctx.log.warning("no websocket (%s); following the prompt by polling", exc)
+            return
+        self.reader = asyncio.create_task(self._read(self.socket))
+
+    async def _read(self, socket: ClientConnection) -> None:
+        try:
+            async for raw in socket:
+                await self.messages.put(raw)
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                self.messages.put_nowait(_SOCKET_CLOSED)
+
+    async def next_event(self, prompt_id: str, nominal_s: float) -> object:
+        """Our next event, `_SOCKET_CLOSED`, or None after `nominal_s` of quiet."""
+        timeout_s = self.clock.scaled(nominal_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    raw = await race_cancel(self.messages.get(), self.cancel)
+                    if raw is _SOCKET_CLOSED:
+                        return raw
+                    event = read_message(raw, prompt_id)
+                    if event is not None:
+                        return event
+        except TimeoutError:
+            return None
+
+    async def close_socket(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        socket, self.socket = self.socket, None
+        if socket is not None:
+            with contextlib.suppress(Exception):
+                await socket.close()
+
+    # -- results -------------------------------------------------------------------
+    async def collect(self, prompt_id: str, entry: Any) -> RunResult:
+        files = output_files(entry, self.api.outputs)
+        if not files:
+            raise PermanentError(
+                f"ComfyUI prompt {prompt_id} ended without files from "
+                f"{'nodes ' + ', '.join(self.api.outputs) if self.api.outputs else 'any node'}",
+                kind="no_output",
+            )
+        await self.ctx.set_stage(Stage.DOWNLOADING)
+        results = [await self.download(item) for item in files]
+        meta = {
+            "provider": self.client.provider,
+            "remote_id": prompt_id,
+            "polls": self.polls,
+            "seed": self.task.params.get("seed"),
+            "outputs": [
+                {"node": f.node, "filename": f.filename, "subfolder": f.subfolder, "type": f.type}
+                for f in files
+            ],
+        }
+        return RunResult(files=results, meta=meta)
+
+    async def download(self, item: OutputFile) -> ResultFile:
+        query = {"filename": item.filename, "subfolder": item.subfolder, "type": item.type}
+        url = self.url("/view", query)
+        return await fetch_file(
+            self.client,
+            Call("GET", url, self.headers(url)),
+            self.ctx.result_dir,
+            self.clock,
+            self.rand,
+            self.cancel,
+            stem=f"{self.task.id}-{item.node}",
+        )
+
+    # -- cancel ------------------------------------------------------------------
+    async def cancel_remote(self, prompt_id: str, *, confirm: bool) -> None:
+        """Take our prompt off the server; with `confirm`, return once it is gone.
+
+        The confirmation is bounded by the task's timeout: a server that
+        stops answering must not hold the lane forever.
+        """
+        deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
+        asked: str | None = None
+        while True:
+            try:
+                if await self.history(prompt_id) is not None:
+                    self.ctx.log.info("ComfyUI prompt %s is over (%s)", prompt_id, asked or "ended")
+                    return
+                spot: QueueSpot = queue_spot(await self.request("GET", "/queue"), prompt_id)
+                if spot.place == "absent":
+                    self.ctx.log.info("ComfyUI prompt %s left the queue", prompt_id)
+                    return
+                if spot.place != asked:
+                    if spot.place == "pending":
+                        await self.request("POST", "/queue", {"delete": [prompt_id]})
+                    else:
+                        await self.request("POST", "/interrupt", {"prompt_id": prompt_id})
+                    asked = spot.place
+                    self.ctx.log.info("ComfyUI prompt %s %s: asked to stop it", prompt_id, asked)
+            except CallFailed as exc:
+                self.ctx.log.warning("cancel of ComfyUI prompt %s: %s", prompt_id, exc)
+                if not confirm:
+                    return
+            if not confirm:
+                return
+            if self.clock.monotonic() >= deadline:
+                self.ctx.log.error(
+                    "ComfyUI never confirmed the cancel of prompt %s; giving up on it", prompt_id
+                )
+                return
+            await sleep_nominal(self.clock, CONFIRM_WAIT_S, None)
+
+
+def _image_suffix(data: bytes) -> str:
+    # ComfyUI opens any format Pillow knows; the suffix only helps a human.
+    if data.startswith(b"\xff\xd8"):
+        return ".jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return ".png"
+
+
+async def fetch_file(
+    client: ProviderClient,
+    call: Call,
+    dest_dir: Path,
+    clock: Clock,
+    rand: Rand,
+    cancel: asyncio.Event | None,
+    *,
+    stem: str,
+) -> ResultFile:
+    """The one place this style downloads a result file (the shared download
+    path, allowlisted and streamed, retried in place)."""
+    return await with_retries(
+        partial(client.download, call, dest_dir, stem, cancel),
+        clock=clock,
+        rand=rand,
+        cancel=cancel,
+    )
