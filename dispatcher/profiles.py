@@ -59,6 +59,7 @@ class WebSpec(_Strict):
     error: str | None = None
     media: str | None = None
     timeout_s: float = 600.0
+    max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
@@ -100,6 +101,7 @@ class ApiSpec(_Strict):
     auth_prefix: str = "Bearer "
     style: Literal["chat", "async-job"] = "chat"
     timeout_s: float = 600.0
+    max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
     submit: HttpCall
     status: StatusSpec | None = None
     result: ResultSpec | None = None
