@@ -1,5 +1,8 @@
 """The one place that changes tasks: checks the guard, writes CAS, tells the world.
 
+It is also the one place where secrets are taken out of what runners report
+(errors, result meta) before anything is stored or sent; see `_redacted`.
+
 Every state change goes through here: it is checked by `states`, applied by
 the store as a compare-and-set, logged as one line with the lane prefix, and
 published on the event bus. A write against a row that has moved on is
@@ -20,6 +23,7 @@ from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
 from dispatcher.errors import InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import fingerprint
+from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import (
     JSON,
     Job,
@@ -53,6 +57,32 @@ def lane_prefix(task: Task) -> str:
     if task.kind is Kind.WEB:
         return f"[web:{task.account or task.model}]"
     return f"[{task.lane_group}]"
+
+
+def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Secrets out of what a runner reports, before it is stored, served or published.
+
+    A vendor may echo the API key in an error ("Incorrect API key provided:
+    Bearer sk-..."); every error and every result's meta pass here, so
+    nothing a runner produces is stored in clear. A result's text is the
+    generation itself: only the registered secrets are masked there, since a
+    generated answer may rightly hold text shaped like `api_key = ...`.
+    """
+    error = changes.get("error")
+    result = changes.get("result")
+    if error is None and result is None:
+        return changes
+    out = dict(changes)
+    if isinstance(error, TaskError):
+        out["error"] = TaskError(kind=scrub(error.kind), message=scrub(error.message))
+    if isinstance(result, dict):
+        cleaned = dict(result)
+        if "meta" in cleaned:
+            cleaned["meta"] = scrub_json(cleaned["meta"])
+        if isinstance(cleaned.get("text"), str):
+            cleaned["text"] = mask_secrets(cleaned["text"])
+        out["result"] = cleaned
+    return out
 
 
 class Ledger:
@@ -184,7 +214,7 @@ class Ledger:
             task.id,
             expect_state=task.state,
             expect_attempt=task.attempt,
-            changes={**changes, "state": new_state},
+            changes={**_redacted(changes), "state": new_state},
             unless_cancel_requested=unless_cancel_requested,
         )
         if updated is None:
