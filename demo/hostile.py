@@ -16,8 +16,8 @@ The vendor API, per shape (``/{shape}/...``, see `SHAPES`):
 - ``GET /{shape}/jobs/{id}/content`` answers the result file.
 
 The page: ``GET /page`` sets a session cookie and shows a composer; sending a
-prompt shows an answer and the media listed by ``POST /__config``
-(``{"media": [...]}``). ``POST /__config`` also names ``elsewhere`` and
+prompt shows an answer and, as ``<video class="result">``, the media listed by
+``POST /__config`` (``{"media": [...]}``). ``POST /__config`` also names ``elsewhere`` and
 ``other``: the base URLs redirects point at.
 """
 
@@ -210,11 +210,10 @@ class Hostile:
 
     async def page(self, request: Request) -> Response:
         self._record(request)
+        # <video preload="none">: the browser itself fetches nothing, so every
+        # request a host sees for a medium came from the dispatcher.
         media = "".join(
-            f'<img class="result" src="{src}">'
-            if not src.endswith(".mp4")
-            else f'<video class="result" src="{src}"></video>'
-            for src in self.state.media
+            f'<video class="result" preload="none" src="{src}"></video>' for src in self.state.media
         )
         html = _PAGE.replace("__MEDIA__", json.dumps(media))
         response = HTMLResponse(html)
