@@ -180,7 +180,7 @@ class ProviderClient:
     def _outbound(self, call: Call) -> fetch.Outbound:
         return fetch.Outbound(
             method=call.method,
-            url=str(_parsed_url(call.url)),
+            url=_parsed_url(call.url),
             headers=call.headers,
             credentials=call.credentials,
             credentials_origin=call.credentials_origin,

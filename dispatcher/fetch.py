@@ -140,7 +140,7 @@ class Outbound:
     """One request as the caller means it, before any redirect."""
 
     method: str
-    url: str
+    url: str | httpx.URL  # parsed already, when the caller keeps parsed URLs
     headers: Mapping[str, str] = field(default_factory=dict)  # sent to every hop
     # Sent only to `credentials_origin`: an API key, a site's cookies.
     credentials: Mapping[str, str] = field(default_factory=dict)
@@ -169,7 +169,7 @@ async def open_stream(
     max_hops: int = MAX_HOPS,
 ) -> AsyncIterator[httpx.Response]:
     """The final answer of `out`, its body not read yet; redirects followed here."""
-    url = httpx.URL(out.url)
+    url = out.url if isinstance(out.url, httpx.URL) else httpx.URL(out.url)
     method = out.method.upper()
     body = out.json
     for _ in range(max_hops + 1):

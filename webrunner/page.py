@@ -422,7 +422,7 @@ class PageDriver:
         max_bytes: int,
         deadline_s: float,
     ) -> ResultFile:
-        url = out.url
+        url = str(out.url)
         try:
             async with (
                 fetch.deadline(deadline_s, f"downloading {url}", self.budget.label),
