@@ -1,9 +1,10 @@
 """One pooled HTTP client per provider, and the only way requests leave.
 
 Every request passes, in order: the outbound allowlist (refused before a
-connection is opened), the provider's Retry-After gate, the send, and the
-translation of whatever went wrong into a classified `Failure` (raised as
-`CallFailed`). A Retry-After on a 429/503 pushes the gate for the whole lane.
+connection is opened), the provider's Retry-After gate, the send through
+`dispatcher.fetch` (redirects hop by hop, the API key only on the profile's
+own origin, answers bounded in size and time), and the translation of
+whatever went wrong into a classified `Failure` (raised as `CallFailed`). A Retry-After on a 429/503 pushes the gate for the whole lane.
 In-place retries (`with_retries`) sit on top, decided by `decide_retry`.
 """
 
@@ -96,9 +97,10 @@ def build_http_client(
 
     async def last_check(request: httpx.Request) -> None:
         # Runs for every request, redirect hops included, just before a
-        # connection is chosen. The checks in `ProviderClient` ran first;
-        # repeating them here covers redirects, and a Retry-After another
-        # task received in the instant since this one passed the gate.
+        # connection is chosen. `ProviderClient` and the hop loop in
+        # `dispatcher.fetch` checked first; this is the last line, and it
+        # catches a Retry-After another task received in the instant since
+        # this one passed the gate.
         allowlist.check(request.url)
         await gate.wait(None)
 
