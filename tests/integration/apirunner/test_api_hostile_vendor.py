@@ -141,14 +141,14 @@ class Hostile:
     clock: SystemClock
     result_dir: Path
 
-    def task(self, shape: str) -> Task:
-        profile = self.profiles[f"hostile-{shape}"]
+    def task(self, model: str) -> Task:
+        profile = self.profiles[model]
         return Task(
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
             lane_group=profile.lane_group,
-            params={"prompt": f"shape {shape}"},
+            params={"prompt": f"model {model}"},
             fingerprint=new_id(),
             created_at=0.0,
             account=profile.provider,
@@ -167,8 +167,8 @@ class Hostile:
         return RunContext(
             task=task,
             profile=profile,
-            lane="api:hostile",
-            account="hostile",
+            lane=profile.lane_group,
+            account=profile.provider or "",
             clock=self.clock,
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.hostile"), {}),
@@ -176,9 +176,9 @@ class Hostile:
             record_remote_id=record_remote_id,
         )
 
-    async def run_like_the_scheduler(self, shape: str) -> Outcome:
+    async def run_like_the_scheduler(self, shape: str, model: str | None = None) -> Outcome:
         """Attempts while the error is retryable, as `Scheduler` and `states.after_failure` do."""
-        task = self.task(shape)
+        task = self.task(model or f"hostile-{shape}")
         outcome = Outcome(None)
         for attempt in range(1, task.max_attempts + 1):
             current = task.replace(attempt=attempt, remote_id=None)
@@ -317,3 +317,12 @@ async def test_a_cross_origin_redirect_does_not_carry_the_api_key(hostile: Hosti
     assert KEY not in repr(headers)
     assert await _submits(hostile.vendor, "crossorigin") == 1
     assert os.environ["HOSTILE_API_KEY"] == KEY
+
+
+async def test_a_chat_answer_that_is_not_json_is_not_asked_for_again(hostile: Hostile) -> None:
+    # The chat answer is the generation: a 2xx we cannot read was still paid for.
+    outcome = await hostile.run_like_the_scheduler("chat", model="other-chat")
+    assert outcome.result is None
+    (error,) = outcome.errors
+    assert isinstance(error, RunError) and (error.kind, error.retryable) == ("bad_answer", False)
+    assert [r["path"] for r in (await hostile.other.stats())["requests"]] == ["/chat"]
