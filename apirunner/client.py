@@ -4,8 +4,9 @@ Every request passes, in order: the outbound allowlist (refused before a
 connection is opened), the provider's Retry-After gate, the send through
 `dispatcher.fetch` (redirects hop by hop, the API key only on the profile's
 own origin, answers bounded in size and time), and the translation of
-whatever went wrong into a classified `Failure` (raised as `CallFailed`). A Retry-After on a 429/503 pushes the gate for the whole lane.
-In-place retries (`with_retries`) sit on top, decided by `decide_retry`.
+whatever went wrong into a classified `Failure` (raised as `CallFailed`).
+A Retry-After on a 429/503 pushes the gate for the whole lane. In-place
+retries (`with_retries`) sit on top, decided by `decide_retry`.
 """
 
 from __future__ import annotations

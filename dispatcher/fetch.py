@@ -380,7 +380,10 @@ async def save_stream(
                 digest.update(chunk)
                 if on_chunk is not None:
                     on_chunk()
-        if declared is not None and declared != size:
+        # Content-Length counts the bytes on the wire, before any Content-Encoding
+        # is undone; a compressed body is checked by its decoder instead.
+        encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
+        if declared is not None and not encoded and declared != size:
             raise TransientError(f"download ended at {size} of {declared} bytes", kind="dropped")
         partial.replace(final)
     except BaseException:

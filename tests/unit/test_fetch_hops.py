@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from dispatcher.errors import HostNotAllowed, PermanentError
+from dispatcher.errors import HostNotAllowed, PermanentError, TransientError
 from dispatcher.fetch import (
     ERROR_BODY_BYTES,
     MAX_HOPS,
@@ -16,6 +19,7 @@ from dispatcher.fetch import (
     origin_of,
     read_capped,
     read_error_text,
+    save_stream,
 )
 
 HOME = "http://127.0.0.1:5000"
@@ -126,3 +130,35 @@ async def test_a_declared_length_over_the_cap_is_refused_unread() -> None:
     async with client(handler) as http, open_stream(http, Allow(HOME), secret_call(HOME)) as r:
         with pytest.raises(PermanentError, match="larger than the limit of 100 bytes"):
             await read_capped(r, 100, "the answer")
+
+
+async def test_a_compressed_file_is_checked_against_its_length_on_the_wire(
+    tmp_path: Path,
+) -> None:
+    body = b"\x89PNG" + b"\x00" * 50_000
+    packed = gzip.compress(body)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"content-encoding": "gzip", "content-type": "image/png"}
+        return httpx.Response(200, headers=headers, content=packed)
+
+    async with client(handler) as http, open_stream(http, Allow(HOME), secret_call(HOME)) as r:
+        saved = await save_stream(r, tmp_path, stem="t", max_bytes=10**6)
+    assert Path(saved.path).read_bytes() == body
+    assert saved.sha256 == hashlib.sha256(body).hexdigest()
+
+
+async def test_a_short_body_or_one_over_the_cap_leaves_no_file(tmp_path: Path) -> None:
+    def short(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-length": "100"}, content=b"x" * 10)
+
+    def endless(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_endless())
+
+    async with client(short) as http, open_stream(http, Allow(HOME), secret_call(HOME)) as r:
+        with pytest.raises(TransientError, match="10 of 100"):
+            await save_stream(r, tmp_path, stem="t", max_bytes=10**6)
+    async with client(endless) as http, open_stream(http, Allow(HOME), secret_call(HOME)) as r:
+        with pytest.raises(PermanentError, match="larger than the limit"):
+            await save_stream(r, tmp_path, stem="t", max_bytes=10_000)
+    assert list(tmp_path.iterdir()) == []
