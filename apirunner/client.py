@@ -1,26 +1,23 @@
 """One pooled HTTP client per provider, and the only way requests leave.
 
 Every request passes, in order: the outbound allowlist (refused before a
-connection is opened), the provider's Retry-After gate, the send, and the
-translation of whatever went wrong into a classified `Failure` (raised as
-`CallFailed`). A Retry-After on a 429/503 pushes the gate for the whole lane.
-In-place retries (`with_retries`) sit on top, decided by `decide_retry`.
+connection is opened), the provider's Retry-After gate, the send through
+`dispatcher.fetch` (redirects hop by hop, the API key only on the profile's
+own origin, answers bounded in size and time), and the translation of
+whatever went wrong into a classified `Failure` (raised as `CallFailed`).
+A Retry-After on a 429/503 pushes the gate for the whole lane. In-place
+retries (`with_retries`) sit on top, decided by `decide_retry`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
-import mimetypes
-import os
-import re
 import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from email.message import Message
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,14 +33,24 @@ from apirunner.classify import (
 )
 from apirunner.gate import RetryGate, race_cancel, sleep_nominal
 from apirunner.polling import Rand, parse_retry_after
+from dispatcher import fetch
 from dispatcher.clock import Clock
+from dispatcher.errors import TransientError
+from dispatcher.fetch import Origin, OriginJars, result_file_name
 from dispatcher.runner import ResultFile
 
-T = TypeVar("T")
+__all__ = [
+    "Answer",
+    "Call",
+    "CallFailed",
+    "ProviderClient",
+    "build_http_client",
+    "result_file_name",
+    "with_retries",
+]
 
-_CHUNK = 64 * 1024
 _MAX_ERROR_BODY = 64 * 1024
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+T = TypeVar("T")
 
 
 class CallFailed(Exception):
@@ -69,6 +76,13 @@ class Call:
     # plus plain form fields (ComfyUI's /upload/image).
     files: Mapping[str, tuple[str, bytes, str]] | None = None
     form: Mapping[str, str] | None = None
+    # Sent only to `credentials_origin` (the profile's own host): a redirect
+    # elsewhere, even to another allowlisted host, goes without them.
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    credentials_origin: Origin | None = None
+    # Real seconds for the whole request (every hop, the whole body); None: unbounded.
+    deadline_s: float | None = None
+    deadline_label: str = "its deadline"
 
 
 @dataclass(frozen=True)
@@ -93,9 +107,10 @@ def build_http_client(
 
     async def last_check(request: httpx.Request) -> None:
         # Runs for every request, redirect hops included, just before a
-        # connection is chosen. The checks in `ProviderClient` ran first;
-        # repeating them here covers redirects, and a Retry-After another
-        # task received in the instant since this one passed the gate.
+        # connection is chosen. `ProviderClient` and the hop loop in
+        # `dispatcher.fetch` checked first; this is the last line, and it
+        # catches a Retry-After another task received in the instant since
+        # this one passed the gate.
         allowlist.check(request.url)
         await gate.wait(None)
 
@@ -104,27 +119,12 @@ def build_http_client(
         verify=ssl_context,
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         timeout=httpx.Timeout(timeout_s),
-        follow_redirects=True,
+        # Redirects are followed hop by hop in `dispatcher.fetch`, which drops
+        # credentials off their origin; cookies live there too, per origin.
+        follow_redirects=False,
         event_hooks={"request": [last_check]},
     )
-    # httpx offers no way to pass its own Cookies subclass; the setter copies.
-    client._cookies = _ProviderCookies()
-    return client
-
-
-class _ProviderCookies(httpx.Cookies):
-    """The client's cookie jar; answers that set no cookie skip it.
-
-    httpx hands every response to the jar, which first rebuilds it as a urllib
-    request (parsing the URL once more): a good share of a request's CPU for
-    provider APIs, which authenticate with headers and set no cookies. The
-    jar's default policy reads only Set-Cookie (Set-Cookie2 is off), so
-    skipping answers without one changes nothing it would have stored.
-    """
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        if "set-cookie" in response.headers:
-            super().extract_cookies(response)
+    return fetch.without_cookie_jar(client)
 
 
 @functools.lru_cache(maxsize=256)
@@ -142,25 +142,6 @@ def _timeout(default: httpx.Timeout, read_s: float | None) -> httpx.Timeout:
     )
 
 
-def result_file_name(
-    url: str, content_disposition: str | None, content_type: str, stem: str
-) -> str:
-    """A safe file name: the server's, else the URL's last segment, else stem+ext."""
-    name = ""
-    if content_disposition:
-        msg = Message()
-        msg["content-disposition"] = content_disposition
-        name = msg.get_filename() or ""
-    if not name:
-        last = httpx.URL(url).path.rstrip("/").rsplit("/", 1)[-1]
-        name = last if "." in last else ""
-    name = _SAFE_NAME.sub("_", os.path.basename(name)).strip("._")
-    if not name:
-        ext = mimetypes.guess_extension(content_type.split(";")[0].strip()) or ".bin"
-        name = f"{stem}{ext}"
-    return name
-
-
 class ProviderClient:
     """The lane's connection pool, gate and allowlist, behind two calls."""
 
@@ -172,6 +153,8 @@ class ProviderClient:
         gate: RetryGate,
         clock: Clock,
         log: logging.Logger,
+        *,
+        max_json_bytes: int = 16 * 1024**2,
     ) -> None:
         self.provider = provider
         self.gate = gate
@@ -182,6 +165,8 @@ class ProviderClient:
         self._allowlist = allowlist
         self._clock = clock
         self._log = log
+        self._max_json_bytes = max_json_bytes
+        self._jars = OriginJars()
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -204,91 +189,78 @@ class ProviderClient:
             self.gate.defer(retry_after)
         return CallFailed(failure, body[:_MAX_ERROR_BODY])
 
-    async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
-        """Send one request and decode its JSON answer."""
-        await self._before_send(call.url, cancel)
+    def _outbound(self, call: Call) -> fetch.Outbound:
+        return fetch.Outbound(
+            method=call.method,
+            url=_parsed_url(call.url),
+            headers=call.headers,
+            credentials=call.credentials,
+            credentials_origin=call.credentials_origin,
+            json=call.json,
+            files=call.files,
+            form=call.form,
+            timeout=_timeout(self._http.timeout, call.read_timeout_s),
+        )
+
+    async def _guarded(self, work: Awaitable[T], cancel: asyncio.Event | None) -> T:
+        """Translate what the network did into a `CallFailed` (permanent errors pass)."""
         try:
-            response = await race_cancel(
-                self._http.request(
-                    call.method,
-                    _parsed_url(call.url),
-                    headers=dict(call.headers),
-                    json=call.json,
-                    files=call.files,
-                    data=call.form,
-                    timeout=_timeout(self._http.timeout, call.read_timeout_s),
-                ),
-                cancel,
-            )
+            return await race_cancel(work, cancel)
         except httpx.HTTPError as exc:
             self.requests["error"] += 1
             raise CallFailed(classify_exception(exc)) from exc
-        if response.status_code >= 300:
-            raise self._failed(response, response.text)
-        if not response.content:
+        except TransientError as exc:  # a truncated body: worth the same request again
+            raise CallFailed(Failure(True, exc.kind, exc.message)) from exc
+
+    async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
+        """Send one request and decode its JSON answer (bounded in size and depth)."""
+        await self._before_send(call.url, cancel)
+        return await self._guarded(self._json(call), cancel)
+
+    async def _json(self, call: Call) -> Answer:
+        what = f"the answer of {call.method} {call.url}"
+        async with (
+            fetch.deadline(call.deadline_s, what, call.deadline_label),
+            fetch.open_stream(
+                self._http, self._allowlist, self._outbound(call), jars=self._jars
+            ) as response,
+        ):
+            if response.status_code >= 300:
+                raise self._failed(response, await fetch.read_error_text(response))
+            body = await fetch.read_capped(response, self._max_json_bytes, what)
+        if not body:
             return Answer(None, response.status_code, response.http_version)
         try:
-            data = response.json()
-        except ValueError as exc:
+            data = fetch.decode_json(body)
+        except fetch.BadJson as exc:
             raise CallFailed(
-                bad_answer(f"HTTP {response.status_code} answer is not JSON", retryable=True)
+                bad_answer(f"HTTP {response.status_code} answer: {exc}", retryable=True)
             ) from exc
         return Answer(data, response.status_code, response.http_version)
 
     async def download(
-        self, call: Call, dest_dir: Path, stem: str, cancel: asyncio.Event | None
+        self,
+        call: Call,
+        dest_dir: Path,
+        stem: str,
+        cancel: asyncio.Event | None,
+        *,
+        max_bytes: int,
     ) -> ResultFile:
         """Stream the answer to a file, hashing as it goes; nothing is held in memory."""
         await self._before_send(call.url, cancel)
-        try:
-            return await race_cancel(self._stream(call, dest_dir, stem), cancel)
-        except httpx.HTTPError as exc:
-            self.requests["error"] += 1
-            raise CallFailed(classify_exception(exc)) from exc
+        return await self._guarded(self._download(call, dest_dir, stem, max_bytes), cancel)
 
-    async def _stream(self, call: Call, dest_dir: Path, stem: str) -> ResultFile:
-        async with self._http.stream(
-            call.method,
-            _parsed_url(call.url),
-            headers=dict(call.headers),
-            timeout=_timeout(self._http.timeout, call.read_timeout_s),
-        ) as response:
+    async def _download(self, call: Call, dest_dir: Path, stem: str, max_bytes: int) -> ResultFile:
+        async with (
+            fetch.deadline(call.deadline_s, f"downloading {call.url}", call.deadline_label),
+            fetch.open_stream(
+                self._http, self._allowlist, self._outbound(call), jars=self._jars
+            ) as response,
+        ):
             if response.status_code >= 300:
-                body = (await response.aread()).decode("utf-8", "replace")
-                raise self._failed(response, body)
-            content_type = response.headers.get("content-type", "application/octet-stream")
-            name = result_file_name(
-                call.url, response.headers.get("content-disposition"), content_type, stem
-            )
-            await asyncio.to_thread(dest_dir.mkdir, parents=True, exist_ok=True)
-            final = dest_dir / name
-            partial = dest_dir / f".{name}.part"
-            digest = hashlib.sha256()
-            size = 0
-            try:
-                # Writes are synchronous on purpose: a 64 KiB chunk to local disk
-                # takes microseconds, less than a thread hop would.
-                with partial.open("wb") as out:
-                    async for chunk in response.aiter_bytes(_CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-                expected = response.headers.get("content-length")
-                if expected is not None and expected.isdigit() and int(expected) != size:
-                    raise CallFailed(
-                        Failure(True, "dropped", f"download ended at {size} of {expected} bytes")
-                    )
-                partial.replace(final)
-            except BaseException:
-                partial.unlink(missing_ok=True)
-                raise
-        return ResultFile(
-            path=str(final.resolve()),
-            name=name,
-            size=size,
-            content_type=content_type.split(";")[0].strip(),
-            sha256=digest.hexdigest(),
-        )
+                raise self._failed(response, await fetch.read_error_text(response))
+            return await fetch.save_stream(response, dest_dir, stem=stem, max_bytes=max_bytes)
 
 
 async def with_retries(

@@ -19,11 +19,40 @@ resubmitting:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apirunner.templates import MISSING, lookup
 from dispatcher.profiles import ApiSpec, StatusSpec
+
+# A remote id names one job and becomes one path segment: bounded, printable,
+# no separators, not "." or "..".
+MAX_REMOTE_ID_CHARS = 256
+_BAD_ID_CHARS = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+
+
+class RemoteIdRefused(ValueError):
+    """A submit answer named its job with an id we will not put in a URL."""
+
+
+def check_remote_id(value: str) -> str:
+    """The id, or RemoteIdRefused saying why it could change which endpoint is called."""
+    shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if not value or not value.strip():
+        raise RemoteIdRefused("the submit answer names the job with an empty id")
+    if len(value) > MAX_REMOTE_ID_CHARS:
+        raise RemoteIdRefused(
+            f"the submit answer's job id is longer than {MAX_REMOTE_ID_CHARS} characters"
+        )
+    if set(value) == {"."}:
+        raise RemoteIdRefused(f"the submit answer's job id {shown} is only dots")
+    if _BAD_ID_CHARS.search(value):
+        raise RemoteIdRefused(
+            f"the submit answer's job id {shown} holds a slash, a backslash or a control character"
+        )
+    return value
+
 
 RemoteState = Literal["pending", "running", "success", "failed", "canceled"]
 TERMINAL: frozenset[RemoteState] = frozenset({"success", "failed", "canceled"})
@@ -87,13 +116,16 @@ def uses_returned_urls(api: ApiSpec) -> bool:
 
 
 def ref_from_submit(api: ApiSpec, answer: Any) -> RemoteRef | None:
-    """The remote job named by a submit answer; None when the answer names none."""
+    """The remote job named by a submit answer; None when the answer names none.
+
+    Raises RemoteIdRefused for an id that could change a URL's path.
+    """
     keep = answer if isinstance(answer, dict) and uses_returned_urls(api) else None
     if api.submit.id:
         value = lookup(answer, api.submit.id)
         if value is MISSING or value is None or isinstance(value, dict | list) or value == "":
             return None
-        return RemoteRef(str(value), keep)
+        return RemoteRef(check_remote_id(str(value)), keep)
     if keep is None:
         return None
     # No id field but URLs to follow: the status URL itself identifies the job.

@@ -25,13 +25,14 @@ import json
 import logging
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from apirunner.allowlist import Allowlist, same_origin
+from apirunner.allowlist import Allowlist, origin_of
 from apirunner.classify import Failure, bad_answer, classify_remote_failure
 from apirunner.client import (
     Answer,
@@ -44,7 +45,13 @@ from apirunner.client import (
 from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
 from apirunner.polling import Rand, poll_wait
-from apirunner.remote import RemoteRef, RemoteStatus, interpret_status, ref_from_submit
+from apirunner.remote import (
+    RemoteIdRefused,
+    RemoteRef,
+    RemoteStatus,
+    interpret_status,
+    ref_from_submit,
+)
 from apirunner.templates import (
     MISSING,
     TemplateError,
@@ -58,13 +65,22 @@ from apirunner.templates import (
 )
 from dispatcher.artifacts import keep_answer
 from dispatcher.clock import Clock
-from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.errors import (
+    ConfigError,
+    DispatcherError,
+    PermanentError,
+    RunError,
+    TaskCanceled,
+    TransientError,
+)
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec, Profile
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
+
+T = TypeVar("T")
 
 # Consecutive failed polls (5xx, dropped connections) before the attempt gives
 # up; rate limits do not count, a provider saying "later" is healthy.
@@ -143,7 +159,13 @@ class ApiRunner:
                 limit, self._settings.http_timeout_s, self.allowlist, ssl_context, gate
             )
             self._clients[provider] = ProviderClient(
-                provider, http, self.allowlist, gate, self._clock, log
+                provider,
+                http,
+                self.allowlist,
+                gate,
+                self._clock,
+                log,
+                max_json_bytes=self._settings.max_json_bytes,
             )
 
     async def aclose(self) -> None:
@@ -186,9 +208,26 @@ class ApiRunner:
         except CallFailed as exc:
             if exc.body is not None:
                 attempt.last_answer = exc.body
-            raise exc.failure.to_error() from exc
+            failure = exc.failure
+            if failure.kind == "bad_answer":
+                # Only a 2xx answer is ever "bad", and a 2xx means the submit
+                # was made: not understanding what came after it is no reason
+                # to submit again (another paid generation).
+                failure = replace(failure, retryable=False)
+            raise failure.to_error() from exc
         except TemplateError as exc:
             raise PermanentError(str(exc), kind="template") from exc
+        except DispatcherError:
+            raise
+        except Exception as exc:
+            # Whatever a vendor sends must not crash us into a retry (the
+            # scheduler takes a crash for a transient error, and the retry
+            # submits again): a bug met here ends the attempt for good.
+            ctx.log.exception("the API runner failed on an unexpected error")
+            raise PermanentError(
+                f"internal error handling the provider's answer: {type(exc).__name__}: {exc}"[:300],
+                kind="internal",
+            ) from exc
 
 
 class _Attempt:
@@ -204,6 +243,10 @@ class _Attempt:
         self.clock = runner._clock
         self.rand = runner._rand
         self.http_timeout_s = runner._settings.http_timeout_s
+        self.max_download_bytes = api.max_download_bytes or runner._settings.max_download_bytes
+        # Every request, hops and body included, ends within the profile's timeout.
+        self.deadline_s = self.clock.scaled(api.timeout_s)
+        self.deadline_label = f"the profile's timeout_s ({api.timeout_s:g} s)"
         self.params: dict[str, Any] = dict(task.params)
         self.cancel = ctx.cancel_event
         self.polls = 0
@@ -211,16 +254,34 @@ class _Attempt:
         self.last_answer: Any = None  # the provider's, kept as evidence if the attempt fails
 
     # -- shared helpers ------------------------------------------------------
-    def headers(self, url: str, *, idempotency_key: str | None = None) -> dict[str, str]:
+    def call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        read_timeout_s: float | None = None,
+    ) -> Call:
         headers = {"Accept": "application/json"}
-        # The key goes only to the profile's own host, never to a URL the
-        # provider handed back that points elsewhere (a CDN, another tenant).
-        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
-        if token and same_origin(url, self.api.base_url):
-            headers[self.api.auth_header] = f"{self.api.auth_prefix}{token}"
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
-        return headers
+        # The key goes only to the profile's own host, on every hop: never to
+        # a URL the provider handed back that points elsewhere (a CDN, another
+        # tenant), nor across a redirect that leaves the host.
+        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
+        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
+        return Call(
+            method,
+            url,
+            headers,
+            body,
+            read_timeout_s,
+            credentials=credentials,
+            credentials_origin=origin_of(self.api.base_url),
+            deadline_s=self.deadline_s,
+            deadline_label=self.deadline_label,
+        )
 
     def url_for(
         self, path: str | None, url_path: str | None, ref: RemoteRef | None, what: str
@@ -243,9 +304,12 @@ class _Attempt:
             values["id"] = ref.id
         return join_url(self.api.base_url, format_path(path, values))
 
-    async def retrying(self, call: Call, *, cancelable: bool = True) -> Answer:
+    async def retrying(
+        self, call: Call, *, cancelable: bool = True, creates_job: bool = False
+    ) -> Answer:
+        op = partial(self.client.json, call, self.cancel if cancelable else None)
         answer = await with_retries(
-            partial(self.client.json, call, self.cancel if cancelable else None),
+            partial(_understood_or_final, op) if creates_job else op,
             clock=self.clock,
             rand=self.rand,
             cancel=self.cancel if cancelable else None,
@@ -273,7 +337,7 @@ class _Attempt:
                         bad_answer(f"{what}: too many URLs on {path!r}", retryable=False)
                     )
                 url = str(found.value)
-                answer = await self.retrying(Call("GET", url, self.headers(url)))
+                answer = await self.retrying(self.call("GET", url))
                 found = walk(answer.data, found.rest)
                 if found.value is MISSING:
                     raise CallFailed(
@@ -305,8 +369,8 @@ class _Attempt:
         url = join_url(self.api.base_url, format_path(submit.path or "", self.params))
         body = render_body(submit.body, self.params) if submit.body is not None else None
         key = f"{self.task.id}-{self.task.attempt}"
-        return Call(
-            submit.method.upper(), url, self.headers(url, idempotency_key=key), body, read_timeout_s
+        return self.call(
+            submit.method.upper(), url, body, idempotency_key=key, read_timeout_s=read_timeout_s
         )
 
     # -- chat ------------------------------------------------------------------
@@ -316,7 +380,7 @@ class _Attempt:
         # generation timeout, never shorter than a plain HTTP read.
         read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
         await self.ctx.set_stage(Stage.GENERATING)
-        answer = await self.retrying(self.submit_call(read_s))
+        answer = await self.retrying(self.submit_call(read_s), creates_job=True)
         value = await self.resolve([answer.data], self.api.result.text, "chat answer")
         return RunResult(
             text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
@@ -359,8 +423,11 @@ class _Attempt:
         # since a job created behind a torn-down request could not be named.
         await self.client.gate.wait(self.cancel)
         self.ctx.check_canceled()
-        answer = await self.retrying(self.submit_call(), cancelable=False)
-        ref = ref_from_submit(self.api, answer.data)
+        answer = await self.retrying(self.submit_call(), cancelable=False, creates_job=True)
+        try:
+            ref = ref_from_submit(self.api, answer.data)
+        except RemoteIdRefused as exc:
+            raise CallFailed(bad_answer(str(exc), retryable=False)) from exc
         if ref is None:
             where = self.api.submit.id or "(status url)"
             raise CallFailed(
@@ -372,7 +439,7 @@ class _Attempt:
         spec = self.api.status
         assert spec is not None  # the profile validator requires it for async jobs
         url = self.url_for(spec.path, spec.url, ref, "[api.status]")
-        call = Call("GET", url, self.headers(url))
+        call = self.call("GET", url)
         deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
         step = 0
         errors = 0
@@ -399,6 +466,8 @@ class _Attempt:
                     errors += 1
                     if errors >= MAX_POLL_ERRORS:
                         raise
+                    # An answer we cannot read is a failed poll, retried like
+                    # a 5xx; it never brings the submit back (see `run`).
                 # With a Retry-After the gate already holds the next poll back
                 # exactly as long as asked; adding the schedule would overshoot.
                 wait = failure.retry_after_s is None
@@ -437,10 +506,17 @@ class _Attempt:
             url = str(found)
         else:
             url = self.url_for(spec.path, None, ref, "[api.result]")
-        call = Call("GET", url, self.headers(url))
+        call = self.call("GET", url)
         stem = f"{self.task.id}"
         result_file = await with_retries(
-            partial(self.client.download, call, self.ctx.result_dir, stem, self.cancel),
+            partial(
+                self.client.download,
+                call,
+                self.ctx.result_dir,
+                stem,
+                self.cancel,
+                max_bytes=self.max_download_bytes,
+            ),
             clock=self.clock,
             rand=self.rand,
             cancel=self.cancel,
@@ -455,9 +531,23 @@ class _Attempt:
         try:
             url = self.url_for(spec.path, spec.url, ref, "[api.cancel]")
             body = render_body(spec.body, self.params) if spec.body is not None else None
-            call = Call(spec.method.upper(), url, self.headers(url), body)
+            call = self.call(spec.method.upper(), url, body)
             # No cancel event here: we are the ones canceling.
             await asyncio.wait_for(self.client.json(call, None), timeout=CANCEL_BUDGET_S)
             self.ctx.log.info("remote job %s canceled at the provider", ref.id)
         except (CallFailed, RunError, TemplateError, TimeoutError) as exc:
             self.ctx.log.warning("could not cancel remote job %s: %s", ref.id, exc)
+
+
+async def _understood_or_final(op: Callable[[], Awaitable[T]]) -> T:
+    """Run a request that creates a job; a 2xx we cannot read is not retried.
+
+    The provider answered 2xx, so the job exists: sending the request again,
+    even with the same Idempotency-Key, would ask it for another.
+    """
+    try:
+        return await op()
+    except CallFailed as exc:
+        if exc.failure.kind == "bad_answer" and exc.failure.retryable:
+            raise CallFailed(replace(exc.failure, retryable=False)) from exc
+        raise

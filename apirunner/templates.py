@@ -118,7 +118,13 @@ def format_path(template: str, values: Mapping[str, Any]) -> str:
         name = match.group(1)
         if name not in values or values[name] is None:
             raise TemplateError(f"path {template!r} needs {{{name}}}, which the task lacks")
-        return quote(_as_text(values[name]), safe="")
+        segment = quote(_as_text(values[name]), safe="")
+        if not segment:
+            raise TemplateError(f"path {template!r}: {{{name}}} is empty")
+        if set(segment) == {"."}:
+            # quote() leaves dots alone, and "." or ".." is a step in the path.
+            segment = segment.replace(".", "%2E")
+        return segment
 
     return _TOKEN.sub(sub, template)
 

@@ -1,5 +1,8 @@
 """The one place that changes tasks: checks the guard, writes CAS, tells the world.
 
+It is also the one place where secrets are taken out of what runners report
+(errors, result meta) before anything is stored or sent; see `_redacted`.
+
 Every state change goes through here: it is checked by `states`, applied by
 the store as a compare-and-set, logged as one line with the lane prefix, and
 published on the event bus. A write against a row that has moved on is
@@ -21,6 +24,7 @@ from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
 from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import PROMPT_FIELDS, fingerprint, graph_fingerprint, normalize_prompt
+from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import (
     JSON,
     Attempt,
@@ -85,6 +89,32 @@ def _comfyui_params(profile: Profile, params: JSON) -> tuple[JSON, str]:
 
 # Seeds only need to differ between tasks, not to be secret.
 _SEEDS = random.Random()
+
+
+def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Secrets out of what a runner reports, before it is stored, served or published.
+
+    A vendor may echo the API key in an error ("Incorrect API key provided:
+    Bearer sk-..."); every error and every result's meta pass here, so
+    nothing a runner produces is stored in clear. A result's text is the
+    generation itself: only the registered secrets are masked there, since a
+    generated answer may rightly hold text shaped like `api_key = ...`.
+    """
+    error = changes.get("error")
+    result = changes.get("result")
+    if error is None and result is None:
+        return changes
+    out = dict(changes)
+    if isinstance(error, TaskError):
+        out["error"] = TaskError(kind=scrub(error.kind), message=scrub(error.message))
+    if isinstance(result, dict):
+        cleaned = dict(result)
+        if "meta" in cleaned:
+            cleaned["meta"] = scrub_json(cleaned["meta"])
+        if isinstance(cleaned.get("text"), str):
+            cleaned["text"] = mask_secrets(cleaned["text"])
+        out["result"] = cleaned
+    return out
 
 
 class Ledger:
@@ -247,6 +277,8 @@ class Ledger:
         unless_cancel_requested: bool = False,
     ) -> Task | None:
         states.check_transition(task.state, new_state)
+        changes = _redacted(changes)
+        why = scrub(why)
         updated = self.store.update_task(
             task.id,
             expect_state=task.state,

@@ -1,6 +1,7 @@
 """Log set-up: one line per event, lane prefix in the message, optional JSON.
 
-Secrets never reach a log line. The service registers every secret it knows
+Secrets never reach a log line, nor a stored task (`dispatcher.ledger` scrubs
+every error and result meta it writes). The service registers every secret it knows
 (the local token, API keys from the environment, dashboard sessions) with
 `redact`, and a filter on the handler masks them in whatever is logged,
 including exception text. On top of that, anything shaped like a credential
@@ -72,14 +73,32 @@ def forget(secret: str | None) -> None:
         _SECRETS.discard(secret)
 
 
-def scrub(text: str) -> str:
+def mask_secrets(text: str) -> str:
+    """Mask the registered secrets only (for text whose shape is content, not a log)."""
     for secret in list(_SECRETS):
         if secret in text:
             text = text.replace(secret, MASK)
+    return text
+
+
+def scrub(text: str) -> str:
+    """Mask the registered secrets and anything shaped like a credential."""
+    text = mask_secrets(text)
     if _may_have_shape(text):
         for shape in _SHAPES:
             text = shape.sub(lambda m: m.group(1) + MASK, text)
     return text
+
+
+def scrub_json(value: Any) -> Any:
+    """`scrub` applied to every string (keys included) of a JSON-like value."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(str(k)): scrub_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_json(v) for v in value]
+    return value
 
 
 class RedactingFilter(logging.Filter):

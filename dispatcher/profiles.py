@@ -70,6 +70,7 @@ class WebSpec(_Strict):
     timeout_s: float = 600.0
     # Record a Playwright trace of every attempt; kept only when one goes wrong.
     trace: bool = False
+    max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
@@ -117,6 +118,7 @@ class ApiSpec(_Strict):
     auth_prefix: str = "Bearer "
     style: Literal["chat", "async-job", "comfyui"] = "chat"
     timeout_s: float = 600.0
+    max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
     submit: HttpCall = _COMFYUI_SUBMIT
     status: StatusSpec | None = None
     result: ResultSpec | None = None

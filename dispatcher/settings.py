@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     artifacts_max_count: int = Field(default=200, ge=1)
     time_scale: float = Field(default=1.0, gt=0)
     http_timeout_s: float = 30.0
+    # Bounds on what a vendor or a page may send us (per profile:
+    # `max_download_bytes` in [api] or [web] overrides the first).
+    max_download_bytes: int = Field(default=2 * 1024**3, gt=0)
+    max_json_bytes: int = Field(default=16 * 1024**2, gt=0)
     retry_delay_s: float = 5.0
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"

@@ -20,6 +20,7 @@ from typing import Any
 
 from playwright.async_api import Playwright, async_playwright
 
+from apirunner.allowlist import Allowlist
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
 from dispatcher.models import Kind, Stage, Task
@@ -71,6 +72,9 @@ class WebRunner:
         self._settings = settings
         self._clock = clock
         self._profiles = {n: p for n, p in profiles.items() if p.kind is Kind.WEB}
+        # Media a page shows may live on any host the profiles name (the
+        # site, an API vendor's CDN), and nowhere else: the API runner's list.
+        self.allowlist = Allowlist.from_profiles(profiles)
         accounts: set[str] = set()
         for profile in self._profiles.values():
             for account in profile.accounts:
@@ -279,7 +283,12 @@ class WebRunner:
             text = await driver.wait_answer(before)
             t_answer = time.monotonic()
             driver.budget = self._generation_budget(spec)
-            files = await driver.download_media(await driver.media_sources(), ctx.result_dir)
+            files = await driver.download_media(
+                await driver.media_sources(),
+                ctx.result_dir,
+                allowlist=self.allowlist,
+                max_bytes=spec.max_download_bytes or self._settings.max_download_bytes,
+            )
             timings = {
                 **({} if reused else session.timings_ms),
                 "ready": (t_ready - t0) * 1000,

@@ -54,3 +54,14 @@ def test_origins() -> None:
     assert origin_of("mailto:x@y") is None
     assert same_origin("http://127.0.0.1:1/a", "http://127.0.0.1:1")
     assert not same_origin("http://127.0.0.1:2/a", "http://127.0.0.1:1")
+
+
+def test_web_pages_are_allowlisted_too() -> None:
+    profiles = load_profiles(
+        PROFILES,
+        {"DEMO_API_URL": "http://127.0.0.1:50001", "DEMO_WEB_URL": "http://127.0.0.1:50003"},
+    )
+    allowlist = Allowlist.from_profiles(profiles)
+    assert allowlist.allows("http://127.0.0.1:50003/media/a.png")
+    assert allowlist.allows("http://127.0.0.1:50001/v1/videos")
+    assert not allowlist.allows("http://127.0.0.1:50002/media/a.png")

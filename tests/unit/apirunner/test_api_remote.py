@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apirunner.remote import RemoteRef, interpret_status, ref_from_submit
+import pytest
+
+from apirunner.remote import RemoteIdRefused, RemoteRef, interpret_status, ref_from_submit
 from dispatcher.profiles import StatusSpec, load_profiles
 
 PROFILES = Path(__file__).resolve().parents[3] / "profiles"
@@ -63,3 +65,23 @@ def test_unknown_states_mean_still_running() -> None:
     assert interpret_status(spec, {"status": "warming_up"}).state == "running"
     assert interpret_status(spec, {}).state == "running"
     assert interpret_status(spec, {"status": "cancelled"}).state == "canceled"
+
+
+@pytest.mark.parametrize(
+    "bad", ["..", ".", "...", "a/b", "/", "a\\b", "x\x00y", "line\nbreak", " ", "x" * 257]
+)
+def test_a_job_id_that_could_change_the_path_is_refused(bad: str) -> None:
+    profiles = load_profiles(PROFILES, {"DEMO_API_URL": "http://127.0.0.1:50001"})
+    api = profiles["demo-video"].api
+    assert api is not None
+    with pytest.raises(RemoteIdRefused):
+        ref_from_submit(api, {"id": bad})
+
+
+@pytest.mark.parametrize("good", ["video_1", "a.b", "..a", "x" * 256, "\u00e9t\u00e9", 42])
+def test_ordinary_job_ids_are_kept(good: object) -> None:
+    profiles = load_profiles(PROFILES, {"DEMO_API_URL": "http://127.0.0.1:50001"})
+    api = profiles["demo-video"].api
+    assert api is not None
+    ref = ref_from_submit(api, {"id": good})
+    assert ref is not None and ref.id == str(good)

@@ -91,11 +91,16 @@ def test_only_bare_identifiers_are_placeholders() -> None:
 def test_paths_quote_each_value_as_one_segment() -> None:
     assert format_path("/v1/videos/{id}/content", {"id": "video_1"}) == "/v1/videos/video_1/content"
     assert format_path("/v1/videos/{id}", {"id": "../admin?x=1"}) == "/v1/videos/..%2Fadmin%3Fx%3D1"
+    # "." and ".." are steps in a path: encoded, they stay one segment.
+    assert format_path("/h/jobs/{id}/status", {"id": ".."}) == "/h/jobs/%2E%2E/status"
+    assert format_path("/h/jobs/{id}/status", {"id": "."}) == "/h/jobs/%2E/status"
 
 
 def test_a_path_missing_a_value_is_an_error() -> None:
     with pytest.raises(TemplateError, match="id"):
         format_path("/v1/videos/{id}", {})
+    with pytest.raises(TemplateError, match="empty"):
+        format_path("/v1/videos/{id}/content", {"id": ""})  # would call /v1/videos//content
 
 
 def test_join_url() -> None:

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from dispatcher.clock import SystemClock
-from dispatcher.errors import TaskCanceled, TransientError
+from dispatcher.errors import PermanentError, TaskCanceled, TransientError
+from dispatcher.fetch import result_file_name
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import RunContext
 from webrunner.page import (
     CHECK_S,
     Budget,
-    _file_name,
     _save_data_url,
     compose_message,
     guarded,
@@ -127,13 +127,25 @@ async def test_a_cancel_is_noticed_within_a_second_even_on_a_frozen_call(tmp_pat
 
 
 def test_media_file_names_are_safe() -> None:
-    assert _file_name("http://h/media/a%20b.png?x=1", 0) == "a_b.png"
-    assert _file_name("http://h/media/../../etc/passwd", 1) == "passwd"
-    assert _file_name("http://h/", 2) == "media-2"
-    assert _file_name("data:image/png;base64,AAAA", 3) == "media-3"
+    # Web media are named by the same function as API results (dispatcher.fetch).
+    def name(url: str, index: int) -> str:
+        return result_file_name(url, None, "image/png", f"media-{index}")
+
+    assert name("http://h/media/a%20b.png?x=1", 0) == "a_b.png"
+    assert name("http://h/media/../../etc/passwd.txt", 1) == "passwd.txt"
+    assert name("http://h/media/../../etc/passwd", 1) == "media-1.png"  # no extension: ours
+    assert name("http://h/", 2) == "media-2.png"
+    assert len(name("http://h/" + "n" * 300 + ".png", 3)) <= 120
 
 
 def test_data_urls_are_saved_with_their_type(tmp_path: Path) -> None:
-    saved = _save_data_url("data:text/plain;base64,aGVsbG8=", tmp_path / "x")
+    saved = _save_data_url("data:text/plain;base64,aGVsbG8=", tmp_path / "x", 1024)
     assert (saved.size, saved.content_type) == (5, "text/plain")
     assert (tmp_path / "x").read_bytes() == b"hello"
+
+
+def test_a_data_url_over_the_cap_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PermanentError) as caught:
+        _save_data_url("data:text/plain;base64," + "aGVsbG8=" * 100, tmp_path / "x", 64)
+    assert caught.value.kind == "too_large"
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,171 @@
+"""The web runner against a hostile page (`demo.hostile`), with a real Chromium.
+
+The page sets a session cookie and answers with media it chooses: on a host
+no profile names, on an allowlisted host at another port, behind a redirect
+off the allowlist, or never ending. Three hostile servers play the page's
+site (A), an allowlisted vendor (B, named by an API profile) and a foreign
+host (C, named by nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from demo.hostile import SESSION_COOKIE, start_hostile
+from dispatcher.errors import HostNotAllowed, PermanentError
+from dispatcher.models import Kind, Task, new_id
+from dispatcher.profiles import Profile
+from dispatcher.serving import RunningServer
+from webrunner.runner import WebRunner
+
+if TYPE_CHECKING:
+    from conftest import WebEnv
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
+
+MAX_DOWNLOAD_BYTES = 256 * 1024
+
+
+@dataclass
+class Sites:
+    page: RunningServer  # A: the hostile page's own site
+    other: RunningServer  # B: allowlisted (an API profile names it), another port
+    foreign: RunningServer  # C: named by no profile
+
+    async def stats(self, server: RunningServer) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            data: dict[str, Any] = (await http.get(f"{server.url}/__stats")).json()
+        return data
+
+    async def show(self, *media: str) -> None:
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                f"{self.page.url}/__config",
+                json={"media": list(media), "elsewhere": self.foreign.url},
+            )
+            answer.raise_for_status()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def sites() -> AsyncIterator[Sites]:
+    servers = [await start_hostile() for _ in range(3)]
+    try:
+        yield Sites(*servers)
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+def _profiles(sites: Sites) -> dict[str, Profile]:
+    page = Profile.model_validate(
+        {
+            "name": "hostile-page",
+            "kind": "web",
+            "accounts": ["demo-1"],
+            "web": {
+                "url": f"{sites.page.url}/page",
+                "logged_in": "#composer",
+                "input": "#composer textarea",
+                "submit": "#send",
+                "answer": ".msg.assistant >> nth=-1",
+                "done": ".msg.assistant[data-done] >> nth=-1",
+                "stable_ms": 500,
+                "media": "img.result, video.result",
+                "max_download_bytes": MAX_DOWNLOAD_BYTES,
+            },
+        }
+    )
+    vendor = Profile.model_validate(
+        {
+            "name": "other-api",
+            "kind": "api",
+            "provider": "other",
+            "api": {
+                "base_url": sites.other.url,
+                "submit": {"method": "POST", "path": "/chat"},
+                "result": {"text": "text"},
+            },
+        }
+    )
+    return {page.name: page, vendor.name: vendor}
+
+
+async def _runner(web: WebEnv, sites: Sites) -> WebRunner:
+    web.profiles = _profiles(sites)  # what `web.context` hands the runner, too
+    runner = WebRunner(web.settings, web.profiles, web.clock, playwright=web.driver)
+    web.runners.append(runner)
+    await runner.start()
+    return runner
+
+
+def _task() -> Task:
+    task_id = new_id()
+    return Task(
+        id=task_id,
+        model="hostile-page",
+        kind=Kind.WEB,
+        lane_group="web:hostile-page",
+        params={"prompt": "show me"},
+        fingerprint=f"fp-{task_id}",
+        created_at=0.0,
+    )
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+
+
+async def test_cookies_go_to_the_page_origin_only_not_to_another_port(
+    web: WebEnv, sites: Sites
+) -> None:
+    await sites.show("/media/ok.png", f"{sites.other.url}/there.png")
+    runner = await _runner(web, sites)
+    task = _task()
+    result = await runner.run(task, web.context(task)[0])
+
+    assert result.text == "here you go"
+    assert [f.name for f in result.files] == ["00-ok.png", "01-there.png"]
+    assert all(Path(f.path).read_bytes().startswith(b"\x89PNG") for f in result.files)
+    (own,) = [
+        r for r in (await sites.stats(sites.page))["requests"] if r["path"] == "/media/ok.png"
+    ]
+    assert SESSION_COOKIE in own["headers"].get("cookie", "")  # the control
+    (there,) = (await sites.stats(sites.other))["requests"]
+    # Same host, another port: cookies do not isolate ports, so we must.
+    assert "cookie" not in there["headers"]
+    assert there["headers"]["referer"] == f"{sites.page.url}/"
+
+
+@pytest.mark.parametrize("where", ["on the foreign host", "behind a redirect to it"])
+async def test_media_off_the_allowlist_is_refused_and_nothing_reaches_it(
+    web: WebEnv, sites: Sites, where: str
+) -> None:
+    src = f"{sites.foreign.url}/steal.png" if where == "on the foreign host" else "/media/hop.png"
+    await sites.show(src)
+    runner = await _runner(web, sites)
+    task = _task()
+    ctx = web.context(task)[0]
+    with pytest.raises(HostNotAllowed) as caught:
+        await runner.run(task, ctx)
+    assert caught.value.kind == "allowlist"
+    assert f"127.0.0.1:{sites.foreign.port}" in str(caught.value)
+    assert (await sites.stats(sites.foreign))["request_count"] == 0
+    assert _files(ctx.result_dir) == []
+
+
+async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites) -> None:
+    await sites.show("/endless/jobs/x/content")
+    runner = await _runner(web, sites)
+    task = _task()
+    ctx = web.context(task)[0]
+    with pytest.raises(PermanentError) as caught:
+        await runner.run(task, ctx)
+    assert caught.value.kind == "too_large"
+    assert _files(ctx.result_dir) == []  # the partial file is gone

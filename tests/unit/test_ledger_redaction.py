@@ -1,0 +1,70 @@
+"""Secrets a runner reports (a vendor echoing the key) are masked before they are stored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.clock import FakeClock
+from dispatcher.errors import PermanentError
+from dispatcher.events import EventBus
+from dispatcher.ledger import Ledger
+from dispatcher.logs import redact
+from dispatcher.models import Task
+from dispatcher.store.sqlite import SqliteStore
+from dispatcher.taskspec import TaskSpec
+from tests.helpers import api_profile
+
+SECRET = "sk-ledger-test-" + "9" * 24
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    redact(SECRET)
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    profile = api_profile()
+    events = EventBus()
+    yield Ledger(store, FakeClock(), {profile.name: profile}, events, retry_delay_s=0.0)
+    store.close()
+
+
+def _running(ledger: Ledger) -> Task:
+    ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+    task = ledger.claim(["api:prov"], "prov")
+    assert task is not None
+    return task
+
+
+def _file_bytes(tmp_path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in tmp_path.glob("d.db*"))
+
+
+def test_an_error_echoing_a_secret_is_stored_masked(ledger: Ledger, tmp_path: Path) -> None:
+    task = _running(ledger)
+    echoed = f"HTTP 401: Incorrect API key provided: {SECRET}; also Bearer abcdefghijkl"
+    ended = ledger.fail(task, PermanentError(echoed, kind="http_401"))
+    assert ended is not None and ended.error is not None
+    stored = ledger.get(task.id).error
+    assert stored is not None
+    for message in (ended.error.message, stored.message):
+        assert SECRET not in message and "abcdefghijkl" not in message
+        assert message.startswith("HTTP 401: Incorrect API key provided: ***")
+    assert SECRET.encode() not in _file_bytes(tmp_path)
+
+
+def test_result_meta_is_scrubbed_and_generated_text_keeps_its_shape(ledger: Ledger) -> None:
+    task = _running(ledger)
+    result = {
+        "text": f'api_key = "{SECRET}" and api_key = os.environ["KEY"]',
+        "files": [],
+        "meta": {"status": {"echo": f"Authorization: Bearer {SECRET}", "n": [1, SECRET]}},
+    }
+    ended = ledger.succeed(task, result, {})
+    assert ended is not None and ended.result is not None
+    assert SECRET not in repr(ended.result) and SECRET not in repr(ledger.get(task.id).result)
+    # Only the registered secret left the generated text; its code-like shape stays.
+    assert ended.result["text"] == 'api_key = "***" and api_key = os.environ["KEY"]'
+    assert ended.result["meta"]["status"]["n"] == [1, "***"]
