@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import pytest
 from playwright.async_api import Dialog, Page, Route, expect
@@ -283,9 +283,18 @@ async def test_pages_read_the_paged_answers_and_the_attempt_history(
             if route.request.method != "GET":
                 await route.continue_()
                 return
-            response = await route.fetch()
-            items = sorted(await response.json(), key=lambda t: -t["created_at"])
-            start = int(parse_qs(urlsplit(route.request.url).query).get("after", ["0"])[0])
+            # Re-paged by two, with our own cursor: the whole list is fetched
+            # without it (the service's own answer may be a page already).
+            parts = urlsplit(route.request.url)
+            query = parse_qs(parts.query)
+            start = int(query.pop("after", ["0"])[0])
+            query["limit"] = ["500"]
+            response = await route.fetch(
+                url=urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+            )
+            data = await response.json()
+            items = data["items"] if isinstance(data, dict) else data
+            items = sorted(items, key=lambda t: -t["created_at"])
             more = start + 2 < len(items)
             body = {"items": items[start : start + 2], "next": str(start + 2) if more else None}
             await route.fulfill(response=response, json=body)
