@@ -42,7 +42,7 @@ from apirunner.client import (
     with_retries,
 )
 from apirunner.gate import RetryGate, sleep_nominal
-from apirunner.polling import Rand, poll_wait
+from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
 from apirunner.remote import RemoteRef, RemoteStatus, interpret_status, ref_from_submit
 from apirunner.templates import (
     MISSING,
@@ -350,9 +350,14 @@ class _Attempt:
         errors = 0
         wait = first_wait
         last = "submitted"
+        # A resumed job was submitted when its task started, not now.
+        submitted = self.clock.now() if first_wait else self.task.started_at or self.clock.now()
+        progress, position = ProgressTrack(), None
         while True:
             if wait:
-                await sleep_nominal(self.clock, poll_wait(step, self.rand), self.cancel)
+                elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
+                evidence = PollEvidence(step, elapsed_s, self.ctx.history_s, progress, position)
+                await sleep_nominal(self.clock, next_poll_wait(evidence, self.rand), self.cancel)
                 step += 1
             wait = True
             self.ctx.check_canceled()
@@ -381,6 +386,8 @@ class _Attempt:
             self.http_version = answer.http_version
             status = interpret_status(spec, answer.data)
             last = status.raw_state or last
+            elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
+            progress, position = progress.observe(elapsed_s, status.progress), status.queue_position
             await self.ctx.set_stage(Stage.GENERATING, status.progress, status.queue_position)
             if status.terminal:
                 return status, answer.data
