@@ -61,7 +61,7 @@ TASKS = 2000
 QUOTA = 5
 REDIS_URL = "redis://127.0.0.1:6379/11"
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-PEER_BUDGET_S = 40.0
+PEER_BUDGET_S = 30.0
 WARM_UP_BUDGET_S = 60.0
 BIN = Path(sys.executable).parent
 
