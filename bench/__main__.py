@@ -1,6 +1,6 @@
 """`python -m bench` (or `make bench`): run the five benchmarks, print the table.
 
-    python -m bench                      # all four, in the order of the issue
+    python -m bench                      # all five, in the order of the issue
     python -m bench polling dispatch     # some of them
     python -m bench --keep               # keep the work dir (logs, databases)
 

@@ -342,7 +342,7 @@ def _fmt(value: Any, unit: str = " s", digits: int = 1) -> str:
 
 
 # Each baseline stops at this multiple of LB (`make bench` has ten minutes for all
-# four benchmarks): `lock` needs about LB plus its per-task page time; `shared`
+# five benchmarks): `lock` needs about LB plus its per-task page time; `shared`
 # has lost every web task to collisions well before its cap.
 BASELINE_CAPS = {"lock": 1.4, "shared": 0.67}
 

@@ -7,7 +7,12 @@ between the remote job finishing and the task showing success.
 - Ours: the real service (`bench.service_child`, i.e. the service as
   `python -m dispatcher` runs it) running copies of `demo-video`, one per
   duration, each its own provider lane (quota 5), so all 15 jobs run at
-  once. apirunner's schedule is 2 s, x1.5, capped at 15 s, +/-20 % jitter.
+  once, in two lanes one after the other on the same service: *cold* (a
+  fresh service: no run history, only the vendor's progress percent) and
+  *warm* (the cold batch's run times are its history for each shape).
+  apirunner's `next_poll_wait` polls sparsely until the earliest expected
+  end and densely around it; with nothing known it is the fixed schedule
+  (2 s, x1.5, capped at 15 s, +/-20 % jitter).
   Requests per job = submit + the task's own poll count (`result.meta.polls`)
   + download; the vendor's total is checked against their sum
   (`ours_requests_unaccounted` is 0 when no 429 or retry was hidden). The
@@ -21,7 +26,8 @@ between the remote job finishing and the task showing success.
   when done. Its delay is measured the same way, from its own submit time.
 
 The model's expectation (no network, no jitter luck) is printed beside each,
-from `apirunner.polling.poll_wait` simulated over many draws.
+from `apirunner.polling.next_poll_wait` simulated over many draws: the fixed
+schedule alone, cold with progress, warm with history.
 """
 
 from __future__ import annotations
