@@ -1,6 +1,6 @@
 """`python -m bench` (or `make bench`): run the five benchmarks, print the table.
 
-    python -m bench                      # all five, in the order of the issue
+    python -m bench                      # all five (5 right after 3)
     python -m bench polling dispatch     # some of them
     python -m bench --keep               # keep the work dir (logs, databases)
 
@@ -44,8 +44,10 @@ def _runners() -> dict[str, tuple[str, Runner]]:
         "mixed": ("1. mixed batch", mixed.run),
         "polling": ("2. polling cost", polling.run),
         "dispatch": ("3. dispatch overhead", dispatch.run),
-        "memory": ("4. memory and writes", memory.run),
+        # Right after 3, whose dispatcher lane it reuses: the closer in time,
+        # the closer the other tenants' load.
         "peers": ("5. peers, same work", peers.run),
+        "memory": ("4. memory and writes", memory.run),
     }
 
 
