@@ -28,6 +28,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 bench: venv
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:

@@ -44,7 +44,7 @@ from apirunner.client import (
 )
 from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
-from apirunner.polling import Rand, poll_wait
+from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
 from apirunner.remote import (
     RemoteIdRefused,
     RemoteRef,
@@ -445,9 +445,14 @@ class _Attempt:
         errors = 0
         wait = first_wait
         last = "submitted"
+        # A resumed job was submitted when its task started, not now.
+        submitted = self.clock.now() if first_wait else self.task.started_at or self.clock.now()
+        progress, position = ProgressTrack(), None
         while True:
             if wait:
-                await sleep_nominal(self.clock, poll_wait(step, self.rand), self.cancel)
+                elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
+                evidence = PollEvidence(step, elapsed_s, self.ctx.history_s, progress, position)
+                await sleep_nominal(self.clock, next_poll_wait(evidence, self.rand), self.cancel)
                 step += 1
             wait = True
             self.ctx.check_canceled()
@@ -479,6 +484,8 @@ class _Attempt:
             self.last_answer = answer.data
             status = interpret_status(spec, answer.data)
             last = status.raw_state or last
+            elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
+            progress, position = progress.observe(elapsed_s, status.progress), status.queue_position
             await self.ctx.set_stage(Stage.GENERATING, status.progress, status.queue_position)
             if status.terminal:
                 return status, answer.data

@@ -19,6 +19,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -366,3 +367,62 @@ def fresh_dir(path: Path) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
+
+
+# -- process trees -------------------------------------------------------------
+def process_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cpu_of(procs: Iterable[psutil.Process]) -> float:
+    """User + system CPU of these processes and of their children already reaped."""
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def rss_mb_of(procs: Iterable[psutil.Process]) -> float:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 1024**2
+
+
+class PeakRss:
+    """Samples the summed RSS of a process tree from a thread (so that a
+    client blocking its event loop cannot starve it); `peak_mb` at the end."""
+
+    def __init__(self, pid: int, period_s: float = 0.1) -> None:
+        self.pid = pid
+        self.peak_mb = 0.0
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, self.sample())
+            self._stop.wait(self._period_s)
+
+    def sample(self) -> float:
+        return rss_mb_of(process_tree(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -73,8 +73,12 @@ class RunContext:
         log: logging.LoggerAdapter[Any],
         report_stage: StageReporter,
         record_remote_id: RemoteIdRecorder,
+        history_s: tuple[float, ...] = (),
     ) -> None:
         self.task = task
+        # Nominal run times of recent jobs of the same model and shape
+        # (`dispatcher.history`): where an async job's poll expects its end.
+        self.history_s = history_s
         self.profile = profile
         self.lane = lane
         self.account = account

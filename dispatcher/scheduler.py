@@ -30,6 +30,7 @@ from dispatcher.decisions import (
     plan_reclaims,
 )
 from dispatcher.errors import AuthError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger, lane_prefix
 from dispatcher.models import JSON, Kind, Stage, State, Task
@@ -123,6 +124,11 @@ class Running:
     started_monotonic: float = 0.0  # the context's last beat when the run began
 
 
+def polls(profile: Profile) -> bool:
+    """Only async jobs are polled; only they need a run history by shape."""
+    return profile.api is not None and profile.api.style == "async-job"
+
+
 class Scheduler:
     def __init__(
         self,
@@ -153,6 +159,7 @@ class Scheduler:
         # Recent run times per model for ETAs: read from the store once, then
         # kept here, because every task answer needs them.
         self._durations: dict[str, deque[float]] = {}
+        self.run_history = RunHistory()
         self.rounds = 0
         self._browser_start_failures: dict[str, int] = {}  # web account -> in a row
 
@@ -316,6 +323,7 @@ class Scheduler:
             log=adapter,
             report_stage=report_stage,
             record_remote_id=record_remote_id,
+            history_s=self.run_history.durations(task.model, task.params) if polls(profile) else (),
         )
         running = Running(
             task=task, lane=lane, ctx=ctx, live=live, started_monotonic=ctx.last_beat_monotonic
@@ -412,9 +420,10 @@ class Scheduler:
             result = payload.to_json()
             done = self.ledger.succeed(task, result, durations)
             if done is not None and done.state is State.SUCCESS and done.started_at:
-                self.recent_durations(done.model).appendleft(
-                    (done.finished_at or self.clock.now()) - done.started_at
-                )
+                run_s = (done.finished_at or self.clock.now()) - done.started_at
+                self.recent_durations(done.model).appendleft(run_s)
+                if polls(running.ctx.profile):
+                    self.run_history.record(done.model, done.params, run_s / self.clock.time_scale)
             if done is not None and done.state is State.SUCCESS and self.on_success:
                 maybe = self.on_success(done, result)
                 if maybe is not None:
