@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from urllib.parse import urlencode
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from apirunner.allowlist import Allowlist, same_origin
+from apirunner.allowlist import Allowlist, origin_of, same_origin
 from apirunner.classify import decide_retry
 from apirunner.client import Call, CallFailed, ProviderClient, with_retries
 from apirunner.comfy_protocol import (
@@ -99,8 +100,10 @@ async def run_comfyui(
     rand: Rand,
     allowlist: Allowlist,
     http_timeout_s: float,
+    max_download_bytes: int,
 ) -> RunResult:
     attempt = _ComfyAttempt(task, ctx, api, client, clock, rand, allowlist, http_timeout_s)
+    attempt.max_download_bytes = max_download_bytes
     try:
         return await attempt.run()
     except InputError as exc:
@@ -131,6 +134,8 @@ class _ComfyAttempt:
         self.rand = rand
         self.allowlist = allowlist
         self.http_timeout_s = http_timeout_s
+        # Set by `run_comfyui`: the profile's cap, else the service's setting.
+        self.max_download_bytes = 0
         self.cancel = ctx.cancel_event
         self.socket: ClientConnection | None = None
         self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
@@ -143,15 +148,42 @@ class _ComfyAttempt:
         return f"{url}?{urlencode(query)}" if query else url
 
     def headers(self, url: str) -> dict[str, str]:
+        """Headers for the websocket handshake (one hop, no redirects): the
+        key only when it goes to the profile's own host."""
         headers = {"Accept": "application/json"}
         token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
         if token and same_origin(url, self.api.base_url):
             headers[self.api.auth_header] = f"{self.api.auth_prefix}{token}"
         return headers
 
+    def make_call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        files: Mapping[str, tuple[str, bytes, str]] | None = None,
+        form: Mapping[str, str] | None = None,
+    ) -> Call:
+        """A request through the one fetch path: the key only to the profile's
+        own origin (never across a redirect), bounded by the profile's timeout."""
+        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
+        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
+        return Call(
+            method,
+            url,
+            {"Accept": "application/json"},
+            body,
+            files=files,
+            form=form,
+            credentials=credentials,
+            credentials_origin=origin_of(self.api.base_url),
+            deadline_s=self.clock.scaled(self.api.timeout_s),
+            deadline_label=f"the profile's timeout_s ({self.api.timeout_s:g} s)",
+        )
+
     def call(self, method: str, path: str, body: Any = None) -> Call:
-        url = self.url(path)
-        return Call(method, url, self.headers(url), body)
+        return self.make_call(method, self.url(path), body)
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """A request that changes nothing twice (reads, delete, interrupt): retried in place."""
@@ -254,10 +286,9 @@ class _ComfyAttempt:
             data = await asyncio.to_thread(read_image, ref, param)
             name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
             url = self.url("/upload/image")
-            call = Call(
+            call = self.make_call(
                 "POST",
                 url,
-                self.headers(url),
                 files={"image": (name, data, "application/octet-stream")},
                 form={"overwrite": "true", "type": "input"},
             )
@@ -443,12 +474,13 @@ class _ComfyAttempt:
         url = self.url("/view", query)
         return await fetch_file(
             self.client,
-            Call("GET", url, self.headers(url)),
+            self.make_call("GET", url),
             self.ctx.result_dir,
             self.clock,
             self.rand,
             self.cancel,
             stem=f"{self.task.id}-{item.node}",
+            max_bytes=self.max_download_bytes,
         )
 
     # -- cancel ------------------------------------------------------------------
@@ -508,11 +540,12 @@ async def fetch_file(
     cancel: asyncio.Event | None,
     *,
     stem: str,
+    max_bytes: int,
 ) -> ResultFile:
     """The one place this style downloads a result file (the shared download
     path, allowlisted and streamed, retried in place)."""
     return await with_retries(
-        partial(client.download, call, dest_dir, stem, cancel),
+        partial(client.download, call, dest_dir, stem, cancel, max_bytes=max_bytes),
         clock=clock,
         rand=rand,
         cancel=cancel,

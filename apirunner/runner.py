@@ -201,6 +201,8 @@ class ApiRunner:
                     rand=self._rand,
                     allowlist=self.allowlist,
                     http_timeout_s=self._settings.http_timeout_s,
+                    max_download_bytes=api.max_download_bytes
+                    or self._settings.max_download_bytes,
                 )
             if api.style == "chat":
                 return await attempt.chat()
