@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dispatcher.logs import forget, redact
 
 MAX_BODY_BYTES = 1024 * 1024
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 SESSION_COOKIE = "dispatcher_session"
 ONE_TIME_CODE_TTL_S = 120.0
 SESSION_TTL_S = 12 * 3600.0
@@ -38,13 +38,19 @@ CSRF_VALUE = "dispatcher-dashboard"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+# name, then optionally ":" and ASCII digits; a bracketed IPv6 literal ends at "]".
+_HOST_SHAPE = re.compile(r"(?P<name>\[[^\]]*\]|[^:\[\]]*)(?::[0-9]+)?")
+
+
 def host_is_loopback(host_header: str) -> bool:
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        name = host.split("]", 1)[0] + "]"
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name in LOOPBACK_HOSTS
+    """True only for exactly 127.0.0.1, localhost or [::1], with an optional :port.
+
+    Parsed whole, not split on ":" or "]": ``[::1]evil.com`` or
+    ``localhost:80evil`` are other names, and a name matches exactly.
+    """
+    match = _HOST_SHAPE.fullmatch(host_header)
+    return match is not None and match["name"].lower() in _LOOPBACK_NAMES
 
 
 @dataclass
@@ -159,27 +165,43 @@ class SecurityMiddleware:
         if scope["path"] not in PUBLIC_PATHS:
             verdict, how = self._authorized(scope)
             if verdict is None:
-                await _reject(send, 401, "unauthorized",
-                              "missing token: send Authorization: Bearer <token> or X-Local-Token")
+                await _reject(
+                    send,
+                    401,
+                    "unauthorized",
+                    "missing token: send Authorization: Bearer <token> or X-Local-Token",
+                )
                 return
             if verdict is False and how == "session":
-                await _reject(send, 403, "forbidden",
-                              "the dashboard session is unknown or expired (the service "
-                              "restarts forget sessions); run `python -m dispatcher dashboard` "
-                              "for a new link")
+                await _reject(
+                    send,
+                    403,
+                    "forbidden",
+                    "the dashboard session is unknown or expired (the service "
+                    "restarts forget sessions); run `python -m dispatcher dashboard` "
+                    "for a new link",
+                )
                 return
             if verdict is False:
-                await _reject(send, 403, "forbidden",
-                              "wrong or stale token (it changes at every start)")
+                await _reject(
+                    send, 403, "forbidden", "wrong or stale token (it changes at every start)"
+                )
                 return
             if how == "session" and scope["path"] in TOKEN_ONLY_PATHS:
                 await _reject(send, 403, "forbidden", "this endpoint needs the token")
                 return
-            if (how == "session" and scope.get("method", "GET") not in _SAFE_METHODS
-                    and _header(scope, CSRF_HEADER) != CSRF_VALUE):
-                await _reject(send, 403, "forbidden",
-                              f"a write with the dashboard session needs the header "
-                              f"X-Requested-With: {CSRF_VALUE}")
+            if (
+                how == "session"
+                and scope.get("method", "GET") not in _SAFE_METHODS
+                and _header(scope, CSRF_HEADER) != CSRF_VALUE
+            ):
+                await _reject(
+                    send,
+                    403,
+                    "forbidden",
+                    f"a write with the dashboard session needs the header "
+                    f"X-Requested-With: {CSRF_VALUE}",
+                )
                 return
 
         # Buffer the body here (it is at most 1 MiB) so that an oversized chunked
