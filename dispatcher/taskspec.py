@@ -11,6 +11,7 @@ from typing import Any
 
 from dispatcher.errors import InputError
 from dispatcher.models import JSON
+from dispatcher.strictjson import check_value
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
         raise InputError(f"{where}.params must be a JSON object")
     if "prompt" in params and not isinstance(params["prompt"], str):
         raise InputError(f"{where}.params.prompt must be a string")
+    check_value(params, f"{where}.params")
     force = raw.get("force", False)
     if not isinstance(force, bool):
         raise InputError(f"{where}.force must be true or false")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,13 +14,16 @@ from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
     HTMLResponse,
-    JSONResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
 )
+from starlette.responses import (
+    JSONResponse as StarletteJSONResponse,
+)
 from starlette.routing import Route
 
+from dispatcher import strictjson
 from dispatcher.errors import DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
@@ -51,6 +53,13 @@ PAGE_HEADERS = {
 }
 
 
+class JSONResponse(StarletteJSONResponse):
+    """Always strict JSON, even for a row an older version stored with NaN in it."""
+
+    def render(self, content: Any) -> bytes:
+        return strictjson.dump_bytes(content)
+
+
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
 
@@ -66,10 +75,7 @@ async def _json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw:
         raise InputError("request body is empty; send JSON")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON: {exc}") from exc
+    return strictjson.loads(raw)
 
 
 class Api:
@@ -222,7 +228,7 @@ class Api:
                         continue
                     if event is None:
                         return
-                    yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                    yield f"event: {event['type']}\ndata: {strictjson.dumps(event)}\n\n".encode()
 
         return StreamingResponse(
             stream(),
