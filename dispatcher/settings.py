@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -72,6 +73,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     demo: bool = False
+    # Local reference images are read only from under these dirs (default:
+    # <state dir>/inputs); the variable takes paths separated by ":".
+    input_dirs: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    # Checked before a byte is read: a reference image is a picture, not a video.
+    max_reference_image_bytes: int = Field(default=50 * 1024**2, gt=0)
 
     @classmethod
     def settings_customise_sources(
@@ -95,6 +101,17 @@ class Settings(BaseSettings):
         if value is not None and not 1 <= value <= 65535:
             raise ValueError("port must be within 1..65535")
         return value
+
+    @field_validator("input_dirs", mode="before")
+    @classmethod
+    def _split_dirs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @property
+    def resolved_input_dirs(self) -> list[Path]:
+        return list(self.input_dirs) or [self.state_dir / "inputs"]
 
     @property
     def resolved_database_url(self) -> str:
