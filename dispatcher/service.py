@@ -26,6 +26,7 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.decisions import EXPIRE_AFTER_S, RecoveryAction, plan_reclaims, plan_recovery
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.events import EventBus
+from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
 from dispatcher.lanes import build_lanes
@@ -240,6 +241,9 @@ class Service:
             retry_delay_s=settings.retry_delay_s,
             cache=self.cache,
             results_dir=self.state_dir / "results",
+            reference_files=LocalFiles.under(
+                settings.resolved_input_dirs, settings.max_reference_image_bytes
+            ),
         )
         concurrency = {
             lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
@@ -288,9 +292,11 @@ class Service:
                 "demo accounts logged in: %s", ", ".join(a for a, new in logged_in.items() if new)
             )
 
-    def _remember_result(self, task: Task, result: JSON) -> None:
+    async def _remember_result(self, task: Task, result: JSON) -> None:
+        # Linking or copying a video into the cache is file work: a thread
+        # does it while the loop serves every other lane.
         if not task.from_cache:
-            self.cache.store_result(task.fingerprint, task.model, result)
+            await asyncio.to_thread(self.cache.store_result, task.fingerprint, task.model, result)
 
     def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""

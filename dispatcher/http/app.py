@@ -108,7 +108,7 @@ class Api:
     # -- tasks -------------------------------------------------------------------
     async def create_task(self, request: Request) -> Response:
         spec = parse_spec(await _json_body(request))
-        submitted = self.service.ledger.submit(spec)
+        submitted = await self.service.ledger.submit(spec)
         self.service.scheduler.wake()
         status = 200 if submitted.deduped else 201
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
@@ -171,7 +171,7 @@ class Api:
         if not isinstance(raw_tasks, list):
             raise InputError("job.tasks must be a list of tasks")
         specs: list[TaskSpec] = [parse_spec(raw, f"tasks[{i}]") for i, raw in enumerate(raw_tasks)]
-        job, _ = self.service.ledger.create_job(name.strip(), specs)
+        job, _ = await self.service.ledger.create_job(name.strip(), specs)
         self.service.scheduler.wake()
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
