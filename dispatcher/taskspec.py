@@ -1,7 +1,10 @@
 """A task as a client states it, checked before anything is stored.
 
 Kept free of heavy imports: the CLI checks batch files with it too, so a bad
-line is reported with its line number before anything is sent.
+line is reported with its line number before anything is sent. The rules
+are the pydantic models in `dispatcher.http.bodies` (also the schemas of
+/openapi.json); they are imported on first use, so a CLI command that checks
+no batch file never pays for pydantic.
 """
 
 from __future__ import annotations
@@ -21,23 +24,32 @@ class TaskSpec:
     force: bool = False
 
 
+def _validated(model_name: str, raw: Any, where: str) -> None:
+    from dispatcher.http import bodies
+
+    bodies.validate(getattr(bodies, model_name), raw, where)
+
+
+def _spec(raw: dict[str, Any], where: str) -> TaskSpec:
+    # The client's own values, not the model's copies: params keep every key.
+    params = raw.get("params", {})
+    check_value(params, f"{where}.params")
+    return TaskSpec(model=raw["model"], params=params, force=raw.get("force", False))
+
+
 def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
     """A task body from JSON into a TaskSpec, or an InputError saying what is wrong."""
-    if not isinstance(raw, dict):
-        raise InputError(f"{where} must be a JSON object")
-    unknown = set(raw) - {"model", "params", "force"}
-    if unknown:
-        raise InputError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
-    model = raw.get("model")
-    if not isinstance(model, str) or not model:
-        raise InputError(f"{where}.model must be a non-empty string")
-    params = raw.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{where}.params must be a JSON object")
-    if "prompt" in params and not isinstance(params["prompt"], str):
-        raise InputError(f"{where}.params.prompt must be a string")
-    check_value(params, f"{where}.params")
-    force = raw.get("force", False)
-    if not isinstance(force, bool):
-        raise InputError(f"{where}.force must be true or false")
-    return TaskSpec(model=model, params=params, force=force)
+    _validated("TaskBody", raw, where)
+    return _spec(raw, where)
+
+
+def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
+    """A job body into its name and tasks, or an InputError naming the field
+    (``tasks[3].model``)."""
+    try:
+        _validated("JobBody", raw, "job")
+    except InputError as exc:
+        # A task's field is named as in batch files and ledger errors: tasks[3].model
+        raise InputError(str(exc).replace("job.tasks[", "tasks[", 1)) from None
+    tasks = raw["tasks"]
+    return raw["name"].strip(), [_spec(task, f"tasks[{i}]") for i, task in enumerate(tasks)]
