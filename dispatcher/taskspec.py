@@ -51,5 +51,8 @@ def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
     except InputError as exc:
         # A task's field is named as in batch files and ledger errors: tasks[3].model
         raise InputError(str(exc).replace("job.tasks[", "tasks[", 1)) from None
+    name = raw["name"].strip()
+    if not name:  # str.strip() knows a few more spaces than the schema's \S
+        raise InputError("job.name must be a non-empty string")
     tasks = raw["tasks"]
-    return raw["name"].strip(), [_spec(task, f"tasks[{i}]") for i, task in enumerate(tasks)]
+    return name, [_spec(task, f"tasks[{i}]") for i, task in enumerate(tasks)]
