@@ -156,6 +156,7 @@ class Op:
     answer: Any = None  # a pydantic model or type; None: no JSON schema
     body: type[BaseModel] | None = None
     ok: int = 200
+    also_ok: tuple[tuple[int, str], ...] = ()  # more success statuses, same body
     media: str = "application/json"
     query: tuple[Query, ...] = ()
     errors: tuple[int, ...] = ()  # beyond the ones every route shares
@@ -176,6 +177,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         answer=TaskAnswer,
         body=TaskBody,
         ok=201,
+        also_ok=((200, "an identical recent task, returned instead (deduped: true)"),),
     ),
     ("/v1/tasks", "get"): Op(
         "Tasks in some states, oldest first", answer=list[TaskAnswer], query=(_STATE, _LIMIT)
@@ -203,7 +205,9 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ),
     ("/v1/jobs/{id}", "get"): Op("A job with counts, state and tasks", answer=JobAnswer),
     ("/v1/jobs/{id}/cancel", "post"): Op("Cancel pending and running tasks", answer=JobAnswer),
-    ("/v1/jobs/{id}/retry", "post"): Op("Retry the failed tasks only", answer=JobAnswer),
+    ("/v1/jobs/{id}/retry", "post"): Op(
+        "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
+    ),
     ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
     ("/v1/accounts", "get"): Op("Web accounts and API providers", answer=list[AccountAnswer]),
     ("/v1/accounts/{name}/disable", "post"): Op(
@@ -261,6 +265,8 @@ def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str
     elif op.media:
         ok["content"] = {op.media: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(op.ok): ok}
+    for status, description in op.also_ok:
+        responses[str(status)] = {**ok, "description": description}
     if op.body is not None or op.query:
         responses["400"] = _error("bad input: the message names the field")
     if not op.public:

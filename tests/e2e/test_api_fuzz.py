@@ -49,7 +49,32 @@ CHECKS = [
     response_schema_conformance,
 ]
 TALLY: Counter[str] = Counter()
+PER_OPERATION: Counter[str] = Counter()
+# What exists, per collection ("tasks", "jobs", "accounts", "codes"), from answers.
+KNOWN: dict[str, set[str]] = {"tasks": set(), "jobs": set(), "accounts": set(), "codes": set()}
 MODELS = ("demo-chat-api", "demo-video")
+
+
+def _remember(path: str, response: Any) -> None:
+    """Ids, names and codes that exist, for later path and query parameters."""
+    if response.status_code not in (200, 201):
+        return
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        return  # a result file or metrics text
+    collection = path.split("/")[2] if path.startswith("/v1/") else ""
+    for item in body if isinstance(body, list) else [body]:
+        if not isinstance(item, dict):
+            continue
+        if collection == "dashboard-code" and isinstance(item.get("code"), str):
+            KNOWN["codes"].add(item["code"])
+        key = "name" if collection == "accounts" else "id"
+        if collection in KNOWN and isinstance(item.get(key), str):
+            KNOWN[collection].add(item[key])
+        for task in item.get("tasks") or []:
+            if isinstance(task, dict) and isinstance(task.get("id"), str):
+                KNOWN["tasks"].add(task["id"])
 
 
 def _use_model(body: Any, model: str) -> None:
@@ -82,7 +107,7 @@ def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     finally:
         stop_proc(vendor)
     summary = Path(tmp / "fuzz-summary.json")
-    summary.write_text(json.dumps(dict(TALLY)))
+    summary.write_text(json.dumps({"total": TALLY, "per_operation": PER_OPERATION}, indent=1))
     print(f"\nfuzz: {dict(TALLY)} ({summary})")
 
 
@@ -119,7 +144,7 @@ def test_every_operation_answers_within_its_schema(
         GenerationMode.NEGATIVE
     )
 
-    @given(case=cases, model=st.sampled_from([None, *MODELS]))
+    @given(case=cases, model=st.sampled_from([None, *MODELS]), data=st.data())
     @settings(
         max_examples=EXAMPLES_PER_OPERATION,
         deadline=None,
@@ -127,12 +152,26 @@ def test_every_operation_answers_within_its_schema(
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    def exchange(case: Any, model: str | None) -> None:
+    def exchange(case: Any, model: str | None, data: st.DataObject) -> None:
         if model is not None:
             _use_model(case.body, model)
-        response = case.call(base_url=live_service["url"], headers=headers, timeout=30)
+        collection = operation.path.split("/")[2] if operation.path.startswith("/v1/") else ""
+        for name, value in (case.path_parameters or {}).items():
+            # Half the time an id or name that exists, so that cancel, retry
+            # and result meet real tasks and jobs, not only 404s.
+            known = sorted(KNOWN.get(collection, ()))
+            if isinstance(value, str) and known and data.draw(st.booleans()):
+                case.path_parameters[name] = data.draw(st.sampled_from(known))
+        codes = sorted(KNOWN["codes"])
+        if collection == "session" and codes and data.draw(st.booleans()):
+            case.query = {**(case.query or {}), "code": data.draw(st.sampled_from(codes))}
+        response = case.call(
+            base_url=live_service["url"], headers=headers, timeout=30, allow_redirects=False
+        )
+        _remember(operation.path, response)
         TALLY["requests"] += 1
         TALLY[f"status {response.status_code}"] += 1
+        PER_OPERATION[f"{operation.label} -> {response.status_code}"] += 1
         if response.status_code >= 500:
             TALLY["5xx"] += 1
         try:

@@ -33,7 +33,7 @@ async def test_served_document_lists_errors_and_bounds(tmp_path: Path) -> None:
     async with running_service(tmp_path) as h:
         doc = (await h.http.get("/openapi.json")).json()
         post = doc["paths"]["/v1/tasks"]["post"]
-        assert {"201", "400", "401", "403", "413"} <= set(post["responses"])
+        assert {"200", "201", "400", "401", "403", "413"} <= set(post["responses"])
         job = doc["components"]["schemas"]["JobBody"]
         assert job["properties"]["tasks"]["maxItems"] == 10_000
         too_many = await h.http.get("/v1/tasks?limit=501")
