@@ -11,6 +11,9 @@ from dispatcher.models import Account, CacheEntry, Kind, Stage, State, Task, Tas
 from dispatcher.strictjson import dumps
 
 log = logging.getLogger("dispatcher.store")
+# Rows already reported unreadable: a listing reads them again and again.
+_REPORTED: set[str] = set()
+_REPORTED_MAX = 10_000
 
 
 class RowLike(Protocol):
@@ -62,6 +65,9 @@ def _loads(text: str | bytes | None, default: Any, what: str, row_id: str) -> An
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
+        if f"{row_id}:{what}" in _REPORTED or len(_REPORTED) >= _REPORTED_MAX:
+            return default
+        _REPORTED.add(f"{row_id}:{what}")
         log.warning(
             "task %s: stored %s is not readable JSON (%s); shown as empty",
             row_id,
