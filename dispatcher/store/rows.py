@@ -164,6 +164,18 @@ def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _stage(value: str | None, row_id: str) -> Stage | None:
+    """The stored stage; one this version does not know (a newer one wrote it) is
+    shown as none rather than failing every listing that includes the task."""
+    if not value:
+        return None
+    try:
+        return Stage(value)
+    except ValueError:
+        log.warning("task %s: unknown stored stage %r; shown as none", row_id, value[:40])
+        return None
+
+
 def row_to_task(row: RowLike) -> Task:
     error = (
         TaskError(kind=row["error_kind"], message=row["error_message"] or "")
@@ -181,7 +193,7 @@ def row_to_task(row: RowLike) -> Task:
         params=_dict(_loads(row["params"], {}, "params", row["id"])),
         fingerprint=row["fingerprint"],
         state=State(row["state"]),
-        stage=Stage(row["stage"]) if row["stage"] else None,
+        stage=_stage(row["stage"], row["id"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         cancel_requested=bool(row["cancel_requested"]),

@@ -94,7 +94,7 @@ async def test_rows_with_bad_json_still_list_and_answer(tmp_path: Path) -> None:
             result='{"text": "broken',
         )
         await _corrupt(h, failed, params='{"prompt": ', stage_durations="nope")
-        await _corrupt(h, deep, params=DEEP, result="[" * 100_000)
+        await _corrupt(h, deep, params=DEEP, result="[" * 100_000, stage="from-the-future")
 
         for path in (
             "/v1/tasks?state=success,failed",
