@@ -66,7 +66,7 @@ from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
-from dispatcher.fingerprint import read_image
+from dispatcher.fingerprint import LocalFiles, read_image
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec
 from dispatcher.runner import ResultFile, RunContext, RunResult
@@ -101,9 +101,11 @@ async def run_comfyui(
     allowlist: Allowlist,
     http_timeout_s: float,
     max_download_bytes: int,
+    reference_files: LocalFiles,
 ) -> RunResult:
     attempt = _ComfyAttempt(task, ctx, api, client, clock, rand, allowlist, http_timeout_s)
     attempt.max_download_bytes = max_download_bytes
+    attempt.reference_files = reference_files
     try:
         return await attempt.run()
     except InputError as exc:
@@ -136,6 +138,8 @@ class _ComfyAttempt:
         self.http_timeout_s = http_timeout_s
         # Set by `run_comfyui`: the profile's cap, else the service's setting.
         self.max_download_bytes = 0
+        # Set by `run_comfyui`: local reference images only from the input dirs.
+        self.reference_files = LocalFiles((), 0)
         self.cancel = ctx.cancel_event
         self.socket: ClientConnection | None = None
         self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
@@ -283,7 +287,7 @@ class _ComfyAttempt:
             ref = self.task.params.get(param)
             if ref is None:
                 continue  # the workflow's own image stays
-            data = await asyncio.to_thread(read_image, ref, param)
+            data = await asyncio.to_thread(read_image, ref, param, self.reference_files)
             name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
             url = self.url("/upload/image")
             call = self.make_call(

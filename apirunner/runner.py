@@ -73,6 +73,7 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
+from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec, Profile
 from dispatcher.runner import RunContext, RunResult
@@ -203,6 +204,10 @@ class ApiRunner:
                     http_timeout_s=self._settings.http_timeout_s,
                     max_download_bytes=api.max_download_bytes
                     or self._settings.max_download_bytes,
+                    reference_files=LocalFiles.under(
+                        self._settings.resolved_input_dirs,
+                        self._settings.max_reference_image_bytes,
+                    ),
                 )
             if api.style == "chat":
                 return await attempt.chat()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dispatcher import strictjson
 from dispatcher.errors import InputError
 from dispatcher.taskspec import parse_spec
 
@@ -62,10 +63,7 @@ def _jsonl(path: Path, raw: str) -> list[BatchLine]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from exc
+        item = strictjson.loads(line, where)
         if not isinstance(item, dict):
             raise InputError(f"{where}: each line must be a JSON object")
         if "params" in item:

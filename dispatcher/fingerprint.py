@@ -36,9 +36,11 @@ import io
 import json
 import os
 import re
+import stat
 import unicodedata
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +105,80 @@ def _decode_data_url(url: str, param: str) -> bytes:
     return urllib.parse.unquote_to_bytes(payload)
 
 
-def _read_path(path: str, param: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"{param}: cannot read image file {path!r}: {exc.strerror}") from exc
+@dataclass(frozen=True)
+class LocalFiles:
+    """Where local reference images may be read from, and how large they may be.
+
+    A path is honoured only when the file it resolves to (symlinks followed)
+    lies under one of `dirs`; relative paths are looked up in each dir in turn.
+    Everything else that fails (outside the dirs, missing, a symlink leading
+    out, a directory, unreadable) gets one and the same message, so the
+    answers cannot be used to map the machine's files.
+    """
+
+    dirs: tuple[Path, ...]
+    max_bytes: int
+
+    @classmethod
+    def under(cls, dirs: Sequence[Path], max_bytes: int) -> LocalFiles:
+        return cls(tuple(Path(d).resolve() for d in dirs), max_bytes)
+
+    def find(self, text: str) -> Path | None:
+        """The regular file `text` names inside the dirs, or None."""
+        candidate = Path(text)
+        tries = [candidate] if candidate.is_absolute() else [d / candidate for d in self.dirs]
+        for path in tries:
+            try:
+                real = path.resolve(strict=True)
+                inside = any(real.is_relative_to(d) for d in self.dirs)
+                if inside and stat.S_ISREG(real.stat().st_mode):
+                    return real
+            except (OSError, RuntimeError, ValueError):
+                continue  # missing, a symlink loop, a NUL in the name
+        return None
+
+    def read(self, path: Path, param: str) -> bytes:
+        """The file's bytes, refused by size before anything is read."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise InputError(_not_available(param)) from exc
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InputError(_not_available(param))
+            if info.st_size > self.max_bytes:
+                raise InputError(_too_large(param, info.st_size, self.max_bytes))
+            try:
+                data = handle.read(self.max_bytes + 1)
+            except OSError as exc:
+                raise InputError(_not_available(param)) from exc
+        if len(data) > self.max_bytes:  # it grew while we looked
+            raise InputError(_too_large(param, len(data), self.max_bytes))
+        return data
 
 
-def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
+def _not_available(param: str) -> str:
+    return (
+        f"{param}: no readable image file at that path in the input dirs "
+        "(DISPATCHER_INPUT_DIRS); put the file there, or send a data: URL or base64 data"
+    )
+
+
+def _too_large(param: str, size: int, cap: int) -> str:
+    return (
+        f"{param}: image file is {size:,} bytes "
+        f"(at most {cap:,}; see DISPATCHER_MAX_REFERENCE_IMAGE_BYTES)"
+    )
+
+
+def _looks_like_path(text: str) -> bool:
+    """Whether a failed reference was meant as a path (base64 has no "." and no "~")."""
+    last = text.rsplit("/", 1)[-1]
+    return text.startswith(("/", ".", "~")) or "." in last
+
+
+def _image_bytes(ref: str | bytes, param: str, files: LocalFiles | None) -> tuple[bytes, str]:
     """The encoded image, and what it was (for error messages)."""
     if isinstance(ref, bytes | bytearray | memoryview):
         return bytes(ref), "the image data"
@@ -126,7 +194,10 @@ def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
         return _decode_data_url(text, param), "the data: URL"
     if lowered.startswith("file://"):
         path = urllib.parse.unquote(urllib.parse.urlparse(text).path)
-        return _read_path(path, param), f"file {path!r}"
+        found = files.find(path) if files else None
+        if files is None or found is None:
+            raise InputError(_not_available(param))
+        return files.read(found, param), "the file"
     if lowered.startswith(("http://", "https://")):
         # Hashing a URL's string would make a changed picture at the same URL a
         # false cache hit; downloading it here would be a remote request at
@@ -135,19 +206,36 @@ def _image_bytes(ref: str | bytes, param: str) -> tuple[bytes, str]:
             f"{param}: remote URLs are not accepted as reference images; "
             "send a file path, a data: URL or base64 data"
         )
-    # os.path.isfile swallows "name too long" and NUL errors, which a long
-    # base64 string would otherwise raise from stat().
-    if len(text) <= _MAX_PATH_CHARS and "\n" not in text and os.path.isfile(text):
-        return _read_path(text, param), f"file {text!r}"
-    # Not a file: the only reading left is base64, so a typo'd path also ends
-    # here and the message has to mention both.
-    problem = "not an existing file path, a data: URL or base64 image data"
-    return _decode_base64(text, param, problem), "the value (no such file; read as base64)"
+    single_line = len(text) <= _MAX_PATH_CHARS and "\n" not in text
+    found = files.find(text) if files and single_line else None
+    if files is not None and found is not None:
+        return files.read(found, param), "the file"
+    # Not a file we may read: the only reading left is base64. A path that is
+    # not allowed (or not there) gets the one message for both.
+    if single_line and _looks_like_path(text):
+        try:
+            data = _decode_base64(text, param, "")
+        except InputError:
+            raise InputError(_not_available(param)) from None
+        if not _is_image(data):
+            raise InputError(_not_available(param))
+        return data, "the value (read as base64)"
+    problem = "not a file in the input dirs, a data: URL or base64 image data"
+    return _decode_base64(text, param, problem), "the value (read as base64)"
 
 
-def read_image(ref: str | bytes, param: str) -> bytes:
-    """The encoded image a reference names (path, data: URL, base64), to upload."""
-    return _image_bytes(ref, param)[0]
+def _is_image(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data), formats=_usable_formats()):
+            return True
+    except Exception:
+        return False
+
+
+def read_image(ref: str | bytes, param: str, files: LocalFiles | None) -> bytes:
+    """The encoded image a reference names (path within `files`, data: URL,
+    base64), to upload. Reads: call it off the event loop."""
+    return _image_bytes(ref, param, files)[0]
 
 
 def _normalized_frame(frame: Image.Image) -> Image.Image:
@@ -188,15 +276,19 @@ def _frames(img: Image.Image, param: str) -> Iterator[Image.Image]:
     yield from ImageSequence.Iterator(img)
 
 
-def image_hash(ref: str | bytes, *, param: str = REFERENCE_IMAGE) -> str:
+def image_hash(
+    ref: str | bytes, *, param: str = REFERENCE_IMAGE, files: LocalFiles | None = None
+) -> str:
     """sha256 hex of an image's pixels, insensitive to metadata and lossless re-encoding.
 
-    `ref` is raw image bytes, a file path, a ``data:`` URL or base64 data.
+    `ref` is raw image bytes, a file path (read only within `files`; without
+    it no local file is read), a ``data:`` URL or base64 data. This reads and
+    decodes: call it off the event loop.
     Pixels are taken as stored (EXIF orientation is metadata and is ignored),
     converted to RGB(A) and scaled so the long edge is 512 px. Anything that
     is not a readable image raises `InputError` naming `param`.
     """
-    data, source = _image_bytes(ref, param)
+    data, source = _image_bytes(ref, param, files)
     digest = hashlib.sha256()
     try:
         with Image.open(io.BytesIO(data), formats=_usable_formats()) as img:
@@ -234,10 +326,18 @@ def _usable_formats() -> list[str]:
     return [name for name in _ALLOWED_FORMATS if name in Image.OPEN]
 
 
-def _reference_hashes(params: Mapping[str, Any]) -> dict[str, Any]:
+def has_references(params: Mapping[str, Any]) -> bool:
+    """Whether `params` name any reference image (so hashing them means work)."""
+    return any(params.get(key) is not None for key in IMAGE_PARAMS)
+
+
+def reference_hashes(params: Mapping[str, Any], files: LocalFiles | None = None) -> dict[str, Any]:
+    """The pixel hashes of the reference images in `params` (reads files: off the loop)."""
     images: dict[str, Any] = {}
     if params.get(REFERENCE_IMAGE) is not None:
-        images[REFERENCE_IMAGE] = image_hash(params[REFERENCE_IMAGE], param=REFERENCE_IMAGE)
+        images[REFERENCE_IMAGE] = image_hash(
+            params[REFERENCE_IMAGE], param=REFERENCE_IMAGE, files=files
+        )
     refs = params.get(REFERENCE_IMAGES)
     if refs is None:
         return images
@@ -247,7 +347,8 @@ def _reference_hashes(params: Mapping[str, Any]) -> dict[str, Any]:
         )
     if refs:  # an empty list asks for no images, like an absent key
         images[REFERENCE_IMAGES] = [
-            image_hash(ref, param=f"{REFERENCE_IMAGES}[{i}]") for i, ref in enumerate(refs)
+            image_hash(ref, param=f"{REFERENCE_IMAGES}[{i}]", files=files)
+            for i, ref in enumerate(refs)
         ]
     return images
 
@@ -267,8 +368,20 @@ def _is_json(value: Any) -> bool:
     return True
 
 
-def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) -> str:
-    """sha256 hex identifying the generation `params` ask of `model` (see module doc)."""
+def fingerprint(
+    model: str,
+    params: Mapping[str, Any],
+    fields: Sequence[str],
+    *,
+    images: Mapping[str, Any] | None = None,
+    files: LocalFiles | None = None,
+) -> str:
+    """sha256 hex identifying the generation `params` ask of `model` (see module doc).
+
+    `images` are the `reference_hashes` of `params`, computed beforehand (off
+    the event loop); without them they are computed here, reading local
+    files only within `files`.
+    """
     chosen: dict[str, Any] = {}
     for name in fields:
         if name in IMAGE_PARAMS or name not in params:
@@ -277,7 +390,9 @@ def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) ->
         if name in PROMPT_FIELDS and isinstance(value, str):
             value = normalize_prompt(value)
         chosen[name] = value
-    doc = {"model": model, "fields": chosen, "images": _reference_hashes(params)}
+    if images is None:
+        images = reference_hashes(params, files)
+    doc = {"model": model, "fields": chosen, "images": dict(images)}
     try:
         encoded = canonical_json(doc)
     except (TypeError, ValueError) as exc:
@@ -287,12 +402,12 @@ def fingerprint(model: str, params: Mapping[str, Any], fields: Sequence[str]) ->
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
 
-def graph_fingerprint(model: str, graph: Mapping[str, Any], images: Mapping[str, Any]) -> str:
+def graph_fingerprint(model: str, graph: Mapping[str, Any], image_hashes: Mapping[str, Any]) -> str:
     """sha256 hex of a filled-in ComfyUI graph: the whole request, so any change
-    to any node is a different generation. Reference images count by pixels,
-    under the parameter that names them (see the module doc)."""
-    hashes = {name: image_hash(ref, param=name) for name, ref in images.items() if ref is not None}
-    doc = {"model": model, "graph": graph, "images": hashes}
+    to any node is a different generation. Reference images count by their
+    pixel hashes (computed beforehand, off the loop), under the parameter that
+    names them (see the module doc)."""
+    doc = {"model": model, "graph": graph, "images": dict(image_hashes)}
     try:
         encoded = canonical_json(doc)
     except (TypeError, ValueError) as exc:

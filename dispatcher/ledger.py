@@ -11,8 +11,10 @@ rejected by the store, logged, and dropped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,17 @@ from dispatcher.clock import Clock
 from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
 from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
-from dispatcher.fingerprint import PROMPT_FIELDS, fingerprint, graph_fingerprint, normalize_prompt
+from dispatcher.fingerprint import (
+    IMAGE_PARAMS,
+    PROMPT_FIELDS,
+    LocalFiles,
+    fingerprint,
+    graph_fingerprint,
+    has_references,
+    image_hash,
+    normalize_prompt,
+    reference_hashes,
+)
 from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import (
     JSON,
@@ -64,7 +76,7 @@ def lane_prefix(task: Task) -> str:
     return f"[{task.lane_group}]"
 
 
-def _comfyui_params(profile: Profile, params: JSON) -> tuple[JSON, str]:
+def _comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
     """A ComfyUI task's stored params and fingerprint.
 
     Unknown parameters are refused here, at submit, with the known ones
@@ -82,7 +94,7 @@ def _comfyui_params(profile: Profile, params: JSON) -> tuple[JSON, str]:
         for name, value in params.items()
     }
     graph = fill(api.graph, api.inputs, asked)
-    images = {name: params.get(name) for name in api.images}
+    images = {name: image_hashes[name] for name in api.images if name in image_hashes}
     task_fingerprint = graph_fingerprint(profile.name, graph, images)
     return with_seed(params, api.inputs, _SEEDS), task_fingerprint
 
@@ -128,6 +140,7 @@ class Ledger:
         retry_delay_s: float,
         cache: ResultLookup | None = None,
         results_dir: Path | None = None,
+        reference_files: LocalFiles | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -136,6 +149,7 @@ class Ledger:
         self.retry_delay_s = retry_delay_s
         self.cache = cache
         self.results_dir = results_dir
+        self.reference_files = reference_files
         self.dedup_hits = 0
         self.cache_hits = 0
         self.retries = 0
@@ -149,14 +163,15 @@ class Ledger:
             raise InputError(f"unknown model {model!r}; known models: {known}")
         return profile
 
-    def _new_task(self, spec: TaskSpec, job_id: str | None) -> Task:
+    def _new_task(self, spec: TaskSpec, job_id: str | None, images: JSON | None) -> Task:
         profile = self._profile(spec.model)
         now = self.clock.now()
         params = spec.params
         if profile.api is not None and profile.api.style == "comfyui":
-            params, task_fingerprint = _comfyui_params(profile, spec.params)
+            params, task_fingerprint = _comfyui_params(profile, spec.params, images or {})
         else:
-            task_fingerprint = fingerprint(spec.model, spec.params, profile.fingerprint_fields)
+            fields = profile.fingerprint_fields
+            task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
         return Task(
             id=new_id(),
             job_id=job_id,
@@ -171,14 +186,65 @@ class Ledger:
             force=spec.force,
         )
 
-    def _from_cache(self, task: Task) -> Task:
-        """Complete the task at once from an earlier identical result, if any."""
-        if task.force or self.cache is None:
-            return task
-        # Copied into the task's own folder: a later eviction must not take
-        # the files out from under a finished task.
-        copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
-        cached = self.cache.lookup(task.fingerprint, copy_to=copy_to)
+    async def _image_hashes(self, specs: Sequence[TaskSpec], *, in_job: bool) -> list[JSON | None]:
+        """Reference image hashes per spec, read and decoded in a worker thread.
+
+        Files and pixels can take seconds; the event loop serves every lane
+        meanwhile. Specs without images cost nothing (no thread hop).
+        """
+        extra = [self._extra_image_params(spec) for spec in specs]
+        if not any(
+            has_references(spec.params) or names for spec, names in zip(specs, extra, strict=True)
+        ):
+            return [None] * len(specs)
+
+        def hash_all() -> list[JSON | None]:
+            hashes: list[JSON | None] = []
+            for index, (spec, names) in enumerate(zip(specs, extra, strict=True)):
+                try:
+                    found = reference_hashes(spec.params, self.reference_files)
+                    for name in names:
+                        found[name] = image_hash(
+                            spec.params[name], param=name, files=self.reference_files
+                        )
+                    hashes.append(found)
+                except InputError as exc:
+                    if not in_job:
+                        raise
+                    raise InputError(f"tasks[{index}]: {exc}") from exc
+            return hashes
+
+        return await asyncio.to_thread(hash_all)
+
+    def _extra_image_params(self, spec: TaskSpec) -> list[str]:
+        """Image params a profile names beyond the standard two (ComfyUI's
+        `images`), present in this spec: hashed by pixels like the others."""
+        profile = self.profiles.get(spec.model)
+        if profile is None or profile.api is None or profile.api.style != "comfyui":
+            return []
+        return [
+            name
+            for name in profile.api.images
+            if spec.params.get(name) is not None and name not in IMAGE_PARAMS
+        ]
+
+    def _cache_lookups(self, tasks: Sequence[Task]) -> list[JSON | None]:
+        """Earlier identical results, copied into each task's own folder (file work).
+
+        Copied rather than pointed at: a later eviction must not take the
+        files out from under a finished task.
+        """
+        found: list[JSON | None] = []
+        for task in tasks:
+            if task.force or self.cache is None:
+                found.append(None)
+                continue
+            copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
+            found.append(self.cache.lookup(task.fingerprint, copy_to=copy_to))
+        return found
+
+    def _completed(self, task: Task, cached: JSON | None) -> Task:
+        """The task as it is stored: done at once when an earlier result exists."""
         if cached is None:
             return task
         self.cache_hits += 1
@@ -191,21 +257,45 @@ class Ledger:
             finished_at=now,
         )
 
-    def submit(self, spec: TaskSpec) -> Submitted:
-        task = self._new_task(spec, job_id=None)
-        if not spec.force:
-            window_s = self.clock.scaled(DEDUP_WINDOW_S)
-            existing = self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
+    def _twin(self, task: Task) -> Task | None:
+        """An identical task submitted within the de-duplication window."""
+        if task.force:
+            return None
+        window_s = self.clock.scaled(DEDUP_WINDOW_S)
+        return self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
+
+    def _deduped(self, task: Task, existing: Task) -> Submitted:
+        self.dedup_hits += 1
+        log.info("%s task %s deduped onto %s", lane_prefix(existing), task.id, existing.id)
+        return Submitted(existing, deduped=True)
+
+    async def submit(self, spec: TaskSpec) -> Submitted:
+        """Store a task, or answer with its twin, or complete it from the cache.
+
+        Image hashing and cache file copies run in worker threads. The twin
+        check is repeated after them, with no await between it and the
+        insert: two identical submits racing through the threads still make
+        one task, because the loop runs one of them to its insert first.
+        """
+        (images,) = await self._image_hashes([spec], in_job=False)
+        task = self._new_task(spec, None, images)
+        existing = self._twin(task)
+        if existing is not None:
+            return self._deduped(task, existing)
+        cached: JSON | None = None
+        if self.cache is not None and not task.force:
+            (cached,) = await asyncio.to_thread(self._cache_lookups, [task])
+            existing = self._twin(task)
             if existing is not None:
-                self.dedup_hits += 1
-                log.info("%s task %s deduped onto %s", lane_prefix(existing), task.id, existing.id)
-                return Submitted(existing, deduped=True)
-        task = self._from_cache(task)
-        (stored,) = self.store.insert_tasks([task])
+                if cached is not None and self.results_dir is not None:
+                    folder = self.results_dir / task.id
+                    await asyncio.to_thread(shutil.rmtree, folder, True)
+                return self._deduped(task, existing)
+        (stored,) = self.store.insert_tasks([self._completed(task, cached)])
         self._announce(stored, None)
         return Submitted(stored)
 
-    def create_job(self, name: str, specs: Sequence[TaskSpec]) -> tuple[Job, list[Task]]:
+    async def create_job(self, name: str, specs: Sequence[TaskSpec]) -> tuple[Job, list[Task]]:
         if not specs:
             raise InputError("a job needs at least one task")
         if len(specs) > MAX_JOB_TASKS:
@@ -213,9 +303,10 @@ class Ledger:
         job = Job(id=new_id(), name=name, created_at=self.clock.now())
         # Validate everything before writing anything: a bad line rejects the whole
         # job rather than leaving half of it queued.
+        hashes = await self._image_hashes(specs, in_job=True)
         tasks = []
         refs: dict[str, int] = {}
-        for index, spec in enumerate(specs):
+        for index, (spec, images) in enumerate(zip(specs, hashes, strict=True)):
             if spec.ref is not None:
                 if spec.ref in refs:
                     raise InputError(
@@ -224,9 +315,12 @@ class Ledger:
                     )
                 refs[spec.ref] = index
             try:
-                tasks.append(self._from_cache(self._new_task(spec, job.id)))
+                tasks.append(self._new_task(spec, job.id, images))
             except InputError as exc:
                 raise InputError(f"tasks[{index}]: {exc}") from exc
+        if self.cache is not None:
+            found = await asyncio.to_thread(self._cache_lookups, tasks)
+            tasks = [self._completed(t, c) for t, c in zip(tasks, found, strict=True)]
         stored = self.store.insert_tasks(tasks, job)
         for task in stored:
             self._announce(task, None)

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.decisions import EXPIRE_AFTER_S, RecoveryAction, plan_reclaims, plan_recovery
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.events import EventBus
+from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
 from dispatcher.lanes import build_lanes
@@ -66,6 +68,41 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _sqlite_files(url: str) -> list[Path]:
+    """The database file and its WAL companions, for a SQLite URL."""
+    if not url.startswith("sqlite:///"):
+        return []
+    main = Path(url.removeprefix("sqlite:///"))
+    return [main, main.with_name(main.name + "-wal"), main.with_name(main.name + "-shm")]
+
+
+def _make_private_dir(path: Path, what: str) -> None:
+    """Create `path` 0700, or tighten it to 0700; refuse one another user owns.
+
+    Another user's dir cannot be made private by us (they can always chmod
+    it back), so the service refuses it rather than writing prompts there.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{what} {path} is owned by uid {info.st_uid}, not by this user (uid "
+            f"{os.getuid()}); it holds prompts, results and the token, so it must be "
+            "this user's own: use another DISPATCHER_STATE_DIR or chown it"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        os.chmod(path, 0o700)
+        log.warning("%s %s was mode %o; tightened to 700", what, path, mode)
+
+
+def _make_private_files(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(path.stat().st_mode) != 0o600:
+                os.chmod(path, 0o600)
+
+
 async def probe_running(state_dir: Path) -> int | None:
     """The port of a dispatcher still answering for this state dir, if any."""
     port = read_state_file(state_dir, PORT_FILE)
@@ -93,6 +130,7 @@ class Service:
         self.runners: dict[Kind, Runner] = {}
         self.http: RunningServer | None = None
         self._lock: filelock.BaseFileLock | None = None
+        self._umask: int | None = None
         self._stopped = asyncio.Event()
         self.recovery_summary: dict[str, int] = {}
         self.lag_probe = LoopLagProbe()
@@ -108,7 +146,10 @@ class Service:
 
     # -- start ---------------------------------------------------------------
     async def _claim_state_dir(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Everything the service writes (database, results, logs of prompts)
+        # is for this user only; restored at stop for in-process callers.
+        self._umask = os.umask(0o077)
+        _make_private_dir(self.state_dir, "state dir")
         self._lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
         try:
             self._lock.acquire()
@@ -155,7 +196,11 @@ class Service:
             self.runners[Kind.WEB] = web
 
     async def start(self) -> None:
-        await self._claim_state_dir()
+        try:
+            await self._claim_state_dir()
+        except BaseException:
+            self._restore_umask()
+            raise
         try:
             await self._start_inner()
         except BaseException:
@@ -177,7 +222,14 @@ class Service:
             if profile.api and profile.api.auth_env:
                 redact(os.environ.get(profile.api.auth_env))
         lanes = build_lanes(self.profiles, settings)
+        for name in ("results", "cache"):
+            _make_private_dir(self.state_dir / name, f"{name} dir")
+        if not settings.input_dirs:
+            _make_private_dir(self.state_dir / "inputs", "inputs dir")
+        database = _sqlite_files(settings.resolved_database_url)
+        _make_private_files(database)  # one an older version made 0644
         self.store: Store = open_store(settings.resolved_database_url)
+        _make_private_files(database)
         self.cache = ResultCache(
             self.store,
             self.state_dir / "cache",
@@ -196,6 +248,9 @@ class Service:
             retry_delay_s=settings.retry_delay_s,
             cache=self.cache,
             results_dir=self.state_dir / "results",
+            reference_files=LocalFiles.under(
+                settings.resolved_input_dirs, settings.max_reference_image_bytes
+            ),
         )
         concurrency = {
             lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
@@ -255,9 +310,11 @@ class Service:
                 "demo accounts logged in: %s", ", ".join(a for a, new in logged_in.items() if new)
             )
 
-    def _remember_result(self, task: Task, result: JSON) -> None:
+    async def _remember_result(self, task: Task, result: JSON) -> None:
+        # Linking or copying a video into the cache is file work: a thread
+        # does it while the loop serves every other lane.
         if not task.from_cache:
-            self.cache.store_result(task.fingerprint, task.model, result)
+            await asyncio.to_thread(self.cache.store_result, task.fingerprint, task.model, result)
 
     def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""
@@ -347,7 +404,13 @@ class Service:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        self._restore_umask()
         self._stopped.set()
+
+    def _restore_umask(self) -> None:
+        if self._umask is not None:
+            os.umask(self._umask)
+            self._umask = None
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down gracefully."""

@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     # space-separated, or a JSON list); every POST is signed with the secret.
     webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str | None = None
+    # Local reference images are read only from under these dirs (default:
+    # <state dir>/inputs); the variable takes paths separated by ":".
+    input_dirs: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    # Checked before a byte is read: a reference image is a picture, not a video.
+    max_reference_image_bytes: int = Field(default=50 * 1024**2, gt=0)
 
     @classmethod
     def settings_customise_sources(
@@ -120,6 +125,17 @@ class Settings(BaseSettings):
         if value is not None and not 1 <= value <= 65535:
             raise ValueError("port must be within 1..65535")
         return value
+
+    @field_validator("input_dirs", mode="before")
+    @classmethod
+    def _split_dirs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @property
+    def resolved_input_dirs(self) -> list[Path]:
+        return list(self.input_dirs) or [self.state_dir / "inputs"]
 
     @property
     def artifacts_retention(self) -> Retention:

@@ -1,7 +1,10 @@
 """A task as a client states it, checked before anything is stored.
 
 Kept free of heavy imports: the CLI checks batch files with it too, so a bad
-line is reported with its line number before anything is sent.
+line is reported with its line number before anything is sent. The rules
+are the pydantic models in `dispatcher.http.bodies` (also the schemas of
+/openapi.json); they are imported on first use, so a CLI command that checks
+no batch file never pays for pydantic.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from dispatcher.errors import InputError
 from dispatcher.models import JSON
+from dispatcher.strictjson import check_value
 
 
 @dataclass(frozen=True)
@@ -27,27 +31,37 @@ class TaskSpec:
 REF_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
+def _validated(model_name: str, raw: Any, where: str) -> None:
+    from dispatcher.http import bodies
+
+    bodies.validate(getattr(bodies, model_name), raw, where)
+
+
+def _spec(raw: dict[str, Any], where: str) -> TaskSpec:
+    # The client's own values, not the model's copies: params keep every key.
+    params = raw.get("params", {})
+    check_value(params, f"{where}.params")
+    return TaskSpec(
+        model=raw["model"], params=params, force=raw.get("force", False), ref=raw.get("ref")
+    )
+
+
 def parse_spec(raw: Any, where: str = "task") -> TaskSpec:
     """A task body from JSON into a TaskSpec, or an InputError saying what is wrong."""
-    if not isinstance(raw, dict):
-        raise InputError(f"{where} must be a JSON object")
-    unknown = set(raw) - {"model", "params", "force", "ref"}
-    if unknown:
-        raise InputError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
-    model = raw.get("model")
-    if not isinstance(model, str) or not model:
-        raise InputError(f"{where}.model must be a non-empty string")
-    params = raw.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError(f"{where}.params must be a JSON object")
-    if "prompt" in params and not isinstance(params["prompt"], str):
-        raise InputError(f"{where}.params.prompt must be a string")
-    force = raw.get("force", False)
-    if not isinstance(force, bool):
-        raise InputError(f"{where}.force must be true or false")
-    ref = raw.get("ref")
-    if ref is not None and not (isinstance(ref, str) and REF_PATTERN.fullmatch(ref)):
-        raise InputError(
-            f"{where}.ref must be 1-100 characters of A-Z a-z 0-9 . _ - (not starting with .)"
-        )
-    return TaskSpec(model=model, params=params, force=force, ref=ref)
+    _validated("TaskBody", raw, where)
+    return _spec(raw, where)
+
+
+def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
+    """A job body into its name and tasks, or an InputError naming the field
+    (``tasks[3].model``)."""
+    try:
+        _validated("JobBody", raw, "job")
+    except InputError as exc:
+        # A task's field is named as in batch files and ledger errors: tasks[3].model
+        raise InputError(str(exc).replace("job.tasks[", "tasks[", 1)) from None
+    name = raw["name"].strip()
+    if not name:  # str.strip() knows a few more spaces than the schema's \S
+        raise InputError("job.name must be a non-empty string")
+    tasks = raw["tasks"]
+    return name, [_spec(task, f"tasks[{i}]") for i, task in enumerate(tasks)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,21 +14,25 @@ from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
     HTMLResponse,
-    JSONResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
 )
-from starlette.routing import Route
+from starlette.responses import (
+    JSONResponse as StarletteJSONResponse,
+)
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
 from dispatcher.errors import AmbiguousId, DispatcherError, InputError, NotFound, StateConflict
-from dispatcher.http.openapi import OPENAPI
+from dispatcher.http import bodies
+from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.states import job_state
-from dispatcher.taskspec import TaskSpec, parse_spec
+from dispatcher.taskspec import parse_job, parse_spec
 
 if TYPE_CHECKING:
     from dispatcher.service import Service
@@ -41,7 +44,6 @@ STATIC_FILES = frozenset({"dashboard.js", "dashboard-pages.js", "dashboard.css"}
 SSE_KEEPALIVE_S = 15.0
 LIVEZ_PATH = "/livez"
 NO_STORE = {"Cache-Control": "no-store"}
-MAX_LIST = 500
 MAX_QUERY_CHARS = 200
 # The dashboard runs only its own script and talks only to this origin.
 PAGE_HEADERS = {
@@ -64,13 +66,25 @@ ARTIFACT_HEADERS = {
 }
 
 
+class JSONResponse(StarletteJSONResponse):
+    """Always strict JSON, even for a row an older version stored with NaN in it."""
+
+    def render(self, content: Any) -> bytes:
+        return strictjson.dump_bytes(content)
+
+
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
 
 
+def _is_count(raw: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes "²", which int() refuses."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 9
+
+
 def _limit(request: Request, default: int) -> int:
     raw = request.query_params.get("limit", str(default))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
+    if not _is_count(raw) or not 1 <= int(raw) <= MAX_LIST:
         raise InputError(f"limit must be a whole number within 1..{MAX_LIST}")
     return int(raw)
 
@@ -115,10 +129,7 @@ async def _json_body(request: Request) -> Any:
     raw = await request.body()
     if not raw:
         raise InputError("request body is empty; send JSON")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON: {exc}") from exc
+    return strictjson.loads(raw)
 
 
 class Api:
@@ -171,7 +182,7 @@ class Api:
     # -- tasks -------------------------------------------------------------------
     async def create_task(self, request: Request) -> Response:
         spec = parse_spec(await _json_body(request))
-        submitted = self.service.ledger.submit(spec)
+        submitted = await self.service.ledger.submit(spec)
         self.service.scheduler.wake()
         status = 200 if submitted.deduped else 201
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
@@ -214,7 +225,7 @@ class Api:
         index_raw = request.query_params.get("file", "0")
         if not files:
             return JSONResponse({"text": task.result.get("text")})
-        if not index_raw.isdigit() or int(index_raw) >= len(files):
+        if not _is_count(index_raw) or int(index_raw) >= len(files):
             raise InputError(f"file must be an index below {len(files)}")
         meta = files[int(index_raw)]
         path = Path(meta["path"])
@@ -239,17 +250,8 @@ class Api:
 
     # -- jobs --------------------------------------------------------------------
     async def create_job(self, request: Request) -> Response:
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            raise InputError("a job must be a JSON object with `name` and `tasks`")
-        name = body.get("name", "")
-        if not isinstance(name, str) or not name.strip():
-            raise InputError("job.name must be a non-empty string")
-        raw_tasks = body.get("tasks")
-        if not isinstance(raw_tasks, list):
-            raise InputError("job.tasks must be a list of tasks")
-        specs: list[TaskSpec] = [parse_spec(raw, f"tasks[{i}]") for i, raw in enumerate(raw_tasks)]
-        job, _ = self.service.ledger.create_job(name.strip(), specs)
+        name, specs = parse_job(await _json_body(request))
+        job, _ = await self.service.ledger.create_job(name, specs)
         self.service.scheduler.wake()
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
@@ -287,10 +289,8 @@ class Api:
 
     async def disable_account(self, request: Request) -> Response:
         body = await _json_body(request)
-        reason = body.get("reason") if isinstance(body, dict) else None
-        if not isinstance(reason, str):
-            raise InputError('send {"reason": "..."} to disable an account')
-        account = self.service.accounts.disable(request.path_params["name"], reason)
+        bodies.validate(bodies.DisableBody, body, "body")
+        account = self.service.accounts.disable(request.path_params["name"], body["reason"])
         return JSONResponse(account.to_json())
 
     async def enable_account(self, request: Request) -> Response:
@@ -313,7 +313,7 @@ class Api:
                         continue
                     if event is None:
                         return
-                    yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                    yield f"event: {event['type']}\ndata: {strictjson.dumps(event)}\n\n".encode()
 
         return StreamingResponse(
             stream(),
@@ -404,9 +404,20 @@ class Liveness:
                 response: Response = JSONResponse({"ok": True}, headers=NO_STORE)
             else:
                 response = _error(405, "http", "Method Not Allowed")
+                response.headers["Allow"] = "GET, HEAD"
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _allowed_methods(routes: list[Route], scope: Scope) -> str:
+    probe = {**scope, "method": ""}
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches(probe)
+        if match is not Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
 
 
 def create_app(service: Service, credentials: Credentials) -> Liveness:
@@ -435,7 +446,13 @@ def create_app(service: Service, credentials: Credentials) -> Liveness:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, "http", str(exc.detail))
+        response = _error(exc.status_code, "http", str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the methods of the one Route it tried; a
+            # path served by several Routes (GET and POST /v1/tasks) has more.
+            response.headers["Allow"] = _allowed_methods(routes, request.scope)
+        return response
 
     routes = [
         Route("/v1/tasks", api.create_task, methods=["POST"]),

@@ -1,200 +1,439 @@
-"""The OpenAPI document of the local API, written out rather than generated."""
+"""The OpenAPI document of the local API, generated from pydantic models.
+
+Request schemas are the models that validate requests
+(`dispatcher.http.bodies`), so the document states the bounds the server
+enforces; answer schemas are the models below, which mirror what `Api`
+returns. Every operation documents each error it can answer with: 403 for a
+Host that is not loopback, 413 for a body over 1 MiB, 401/403 for a missing
+or wrong token, 400 for bad input, 404 for an unknown id, 409 for a state
+conflict. A wrong method gets 405 with an ``Allow`` header (not per
+operation).
+
+Adding a route: add the `Route` in `create_app`, then one entry to
+`OPERATIONS` keyed by (path, method), for instance::
+
+    ("/v1/things/{id}", "get"): Op("A thing", answer=Thing, errors=(409,)),
+
+`answer` is a pydantic model or type (None for no JSON body); `body` a model
+from `dispatcher.http.bodies`; `query` the query parameters. Path parameters
+and the errors every route shares (400 with a body or query, 404 with a path
+parameter, 401/403/413) are added by `build_document`. A unit test fails
+for a route without an entry and for an entry without a route; routes that
+are not API (the dashboard page and its files) are listed in
+`UNDOCUMENTED`.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
-_TASK_BODY = {
-    "type": "object",
-    "required": ["model"],
-    "additionalProperties": False,
-    "properties": {
-        "model": {"type": "string", "description": "a model name from profiles/"},
-        "params": {"type": "object", "description": "prompt and the model's parameters"},
-        "force": {"type": "boolean", "description": "bypass de-duplication and the cache"},
-        "ref": {
-            "type": "string",
-            "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$",
-            "description": "your name for the task, unique within its job; names its files",
-        },
-    },
-}
-_JOB_BODY = {
-    "type": "object",
-    "required": ["name", "tasks"],
-    "properties": {"name": {"type": "string"}, "tasks": {"type": "array", "items": _TASK_BODY}},
-}
-_ERROR = {
-    "description": "error",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "error": {
-                        "type": "object",
-                        "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
-                    }
-                },
-            }
-        }
-    },
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from dispatcher.http.bodies import DisableBody, JobBody, TaskBody
+from dispatcher.models import JobState, Kind, Stage, State
+
+MAX_LIST = 500
+UNDOCUMENTED = frozenset({("/", "get"), ("/static/{name}", "get")})
+
+# -- answers ----------------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    # Answers may gain fields; clients must ignore the ones they do not know.
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Answer):
+    kind: str = Field(description="not_found, invalid, conflict, unauthorized, forbidden, ...")
+    message: str = Field(description="what is wrong, for a person")
+
+
+class ErrorAnswer(_Answer):
+    error: ErrorDetail
+
+
+class TaskError(_Answer):
+    kind: str
+    message: str
+
+
+class ArtifactInfo(_Answer):
+    name: str
+    kind: str = Field(description="screenshot, html, trace or answer")
+    size: int
+
+
+class AttemptAnswer(_Answer):
+    attempt: int
+    lane: str | None
+    account: str | None
+    outcome: State
+    started_at: float | None
+    ended_at: float | None
+    error: TaskError | None
+    stage_durations: dict[str, float]
+
+
+class TaskAnswer(_Answer):
+    id: str
+    job_id: str | None
+    model: str
+    kind: Kind
+    account: str | None
+    params: dict[str, Any]
+    fingerprint: str
+    state: State
+    stage: Stage | None
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    force: bool
+    remote_id: str | None
+    result: dict[str, Any] | None = Field(description='{"text": ...} and/or {"files": [...]}')
+    error: TaskError | None
+    from_cache: bool
+    created_at: float
+    started_at: float | None
+    heartbeat_at: float | None
+    finished_at: float | None
+    stage_durations: dict[str, float]
+    deduped: bool = Field(description="true when an identical recent task was returned")
+    ahead: int = Field(description="pending tasks before this one in its lanes")
+    eta_s: float | None
+    progress: float | None
+    queue_position: float | None = Field(description="the vendor's queue position, if told")
+    ref: str | None = Field(default=None, description="the task's name in its job")
+    overdue_s: float | None = Field(
+        default=None, description="how far a running task is past its estimate"
+    )
+    artifacts: dict[str, list[ArtifactInfo]] = Field(
+        default_factory=dict,
+        description="per attempt: what a failed, stalled or canceled attempt left",
+    )
+    attempts: list[AttemptAnswer] | None = Field(
+        default=None, description="the attempt history (GET /v1/tasks/{id} only)"
+    )
+
+
+class TaskPage(_Answer):
+    items: list[TaskAnswer]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class JobSummary(_Answer):
+    id: str
+    name: str
+    created_at: float
+    state: JobState
+    counts: dict[str, int]
+    total: int
+    from_cache: int = Field(default=0, description="tasks completed from the result cache")
+    finished_at: float | None = None
+    elapsed_s: float | None = None
+
+
+class JobAnswer(JobSummary):
+    tasks: list[TaskAnswer]
+
+
+class JobPage(_Answer):
+    items: list[JobSummary]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class Deliveries(_Answer):
+    urls: list[str]
+    items: list[dict[str, Any]] = Field(description="recent delivery attempts, newest first")
+
+
+class Live(_Answer):
+    ok: bool
+
+
+class Lane(_Answer):
+    name: str
+    kind: Kind
+    account: str
+    models: list[str]
+    concurrency: int
+    enabled: bool
+    needs_attention: bool
+    reason: str | None
+    queued: int
+    running: list[str]
+
+
+class AccountAnswer(_Answer):
+    name: str
+    kind: Kind
+    enabled: bool
+    reason: str | None
+    needs_attention: bool
+    updated_at: float
+
+
+class TextResult(_Answer):
+    text: str | None
+
+
+class Health(_Answer):
+    ok: bool
+    service: str
+    pid: int
+    lanes: int
+
+
+class DashboardCode(_Answer):
+    code: str = Field(description="one-time, valid for 2 minutes: /v1/session?code=...")
+
+
+# -- operations ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Op:
+    summary: str
+    answer: Any = None  # a pydantic model or type; None: no JSON schema
+    body: type[BaseModel] | None = None
+    ok: int = 200
+    also_ok: tuple[tuple[int, str], ...] = ()  # more success statuses, same body
+    media: str = "application/json"
+    query: tuple[Query, ...] = ()
+    errors: tuple[int, ...] = ()  # beyond the ones every route shares
+    public: bool = False  # reachable without the token
+
+
+_LIMIT = Query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST}, "how many, at most")
+_STATES = "|".join(s.value for s in State)
+_STATE = Query(
+    "state",
+    {"type": "string", "pattern": rf"^\s*({_STATES})?\s*(,\s*({_STATES})?\s*)*$"},
+    "comma-separated task states (default: all)",
+)
+_AFTER = Query("after", {"type": "string", "maxLength": 200}, "the `next` of the previous page")
+_JOB_STATES = "|".join(s.value for s in JobState)
+_JOB_STATE = Query(
+    "state",
+    {"type": "string", "pattern": rf"^\s*({_JOB_STATES})?\s*(,\s*({_JOB_STATES})?\s*)*$"},
+    "comma-separated job states",
+)
+_TEXT = {"type": "string", "maxLength": 200}
+
+OPERATIONS: dict[tuple[str, str], Op] = {
+    ("/v1/tasks", "post"): Op(
+        "Create a task (an identical recent one is returned instead, unless force)",
+        answer=TaskAnswer,
+        body=TaskBody,
+        ok=201,
+        also_ok=((200, "an identical recent task, returned instead (deduped: true)"),),
+    ),
+    ("/v1/tasks", "get"): Op(
+        "Tasks, newest first, filtered and paged",
+        answer=TaskPage,
+        query=(
+            _STATE,
+            Query("model", _TEXT, "a model name"),
+            Query("job", _TEXT, "a job id or unique prefix"),
+            Query("q", _TEXT, "text found in the prompt/params or the ref"),
+            _LIMIT,
+            _AFTER,
+        ),
+    ),
+    ("/v1/tasks/{id}", "get"): Op(
+        "A task (id or unique prefix) with ahead, eta_s, progress and its attempts",
+        answer=TaskAnswer,
+        errors=(409,),
+    ),
+    ("/v1/tasks/{id}/artifacts/{attempt}/{name}", "get"): Op(
+        "What a failed, stalled or canceled attempt left (listed as `artifacts`)",
+        media="image/png, text/plain or application/zip",
+        errors=(409,),
+    ),
+    ("/v1/tasks/{id}/cancel", "post"): Op(
+        "Cancel a pending or running task", answer=TaskAnswer, errors=(409,)
+    ),
+    ("/v1/tasks/{id}/retry", "post"): Op("Retry a failed task", answer=TaskAnswer, errors=(409,)),
+    ("/v1/tasks/{id}/result", "get"): Op(
+        "A result file (?file=index) or the result text",
+        answer=TextResult,
+        media="application/json, or the file's own type",
+        query=(Query("file", {"type": "integer", "minimum": 0}, "which file, from 0"),),
+        errors=(409,),
+    ),
+    ("/v1/jobs", "post"): Op(
+        "Create a job from a list of tasks (all or nothing)",
+        answer=JobAnswer,
+        body=JobBody,
+        ok=201,
+    ),
+    ("/v1/jobs", "get"): Op(
+        "Jobs with their counts, newest first, filtered and paged",
+        answer=JobPage,
+        query=(_JOB_STATE, Query("q", _TEXT, "text found in the job's name"), _LIMIT, _AFTER),
+    ),
+    ("/v1/jobs/{id}", "get"): Op(
+        "A job (id or unique prefix) with counts, state and tasks", answer=JobAnswer, errors=(409,)
+    ),
+    ("/v1/jobs/{id}/cancel", "post"): Op(
+        "Cancel pending and running tasks", answer=JobAnswer, errors=(409,)
+    ),
+    ("/v1/jobs/{id}/retry", "post"): Op(
+        "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
+    ),
+    ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
+    ("/v1/accounts", "get"): Op("Web accounts and API providers", answer=list[AccountAnswer]),
+    ("/v1/accounts/{name}/disable", "post"): Op(
+        "Disable a lane", answer=AccountAnswer, body=DisableBody
+    ),
+    ("/v1/accounts/{name}/enable", "post"): Op("Enable a lane", answer=AccountAnswer),
+    ("/v1/events", "get"): Op(
+        "Server-sent events for every state change", media="text/event-stream"
+    ),
+    ("/v1/dashboard-code", "post"): Op(
+        "A one-time code for a dashboard session (token only)", answer=DashboardCode
+    ),
+    ("/v1/session", "get"): Op(
+        "Trade a one-time code for a session cookie; redirects to the dashboard",
+        ok=303,
+        media="",
+        query=(Query("code", {"type": "string"}, "from POST /v1/dashboard-code"),),
+        public=True,
+    ),
+    ("/v1/webhooks/deliveries", "get"): Op(
+        "Recent webhook delivery attempts, newest first, with the configured URLs",
+        answer=Deliveries,
+    ),
+    ("/healthz", "get"): Op("Health, with the token", answer=Health),
+    ("/livez", "get"): Op("Liveness for process monitors: no token, no data", Live, public=True),
+    ("/metrics", "get"): Op("Prometheus metrics", media="text/plain"),
+    ("/openapi.json", "get"): Op("This document", answer=dict[str, Any]),
 }
 
 
-def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200") -> dict[str, Any]:
-    op: dict[str, Any] = {
-        "summary": summary,
-        "responses": {
-            ok: {"description": "ok"},
-            "400": _ERROR,
-            "401": _ERROR,
-            "403": _ERROR,
-            "404": _ERROR,
-            "409": _ERROR,
-        },
+# -- the document -------------------------------------------------------------------
+
+_REF = "#/components/schemas/{model}"
+_PATH_PARAM = re.compile(r"{(\w+)}")
+
+
+def _error(description: str, *, html: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "application/json": {"schema": {"$ref": _REF.format(model="ErrorAnswer")}}
     }
-    if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
-    return op
+    if html:
+        content["text/html"] = {"schema": {"type": "string"}}
+    return {"description": description, "content": content}
 
 
-_ID = [
-    {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string"},
-        "description": "the id, or a unique prefix of 4+ characters (409 `ambiguous` with "
-        "`error.candidates` when several match)",
+def _schema(answer: Any, models: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if isinstance(answer, type) and issubclass(answer, BaseModel):
+        return {"$ref": _REF.format(model=answer.__name__)}
+    schema = TypeAdapter(answer).json_schema(ref_template=_REF, mode="serialization")
+    models.update(schema.pop("$defs", {}))
+    return schema
+
+
+def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "ok"}
+    if op.answer is not None:
+        ok["content"] = {"application/json": {"schema": _schema(op.answer, models)}}
+        if op.media != "application/json":
+            ok["content"]["*/*"] = {"schema": {}}
+    elif op.media:
+        ok["content"] = {op.media: {"schema": {"type": "string"}}}
+    responses: dict[str, Any] = {str(op.ok): ok}
+    for status, description in op.also_ok:
+        responses[str(status)] = {**ok, "description": description}
+    if op.body is not None or op.query:
+        responses["400"] = _error("bad input: the message names the field")
+    if not op.public:
+        responses["401"] = _error("no token: send Authorization: Bearer <token>")
+    responses["403"] = _error(
+        "Host is not a loopback name" + ("" if op.public else ", or the token or session is wrong"),
+        html=op.public,
+    )
+    if _PATH_PARAM.search(path):
+        responses["404"] = _error("no such id")
+    if 409 in op.errors:
+        responses["409"] = _error("not possible in the current state, or an ambiguous id prefix")
+    responses["413"] = _error("request body over 1 MiB")
+    doc: dict[str, Any] = {"summary": op.summary, "responses": dict(sorted(responses.items()))}
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PATH_PARAM.findall(path)
+    ]
+    parameters += [
+        {
+            "name": q.name,
+            "in": "query",
+            "required": False,
+            "schema": q.schema,
+            "description": q.description,
+        }
+        for q in op.query
+    ]
+    if parameters:
+        doc["parameters"] = parameters
+    if op.body is not None:
+        doc["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": _REF.format(model=op.body.__name__)}}
+            },
+        }
+    if op.public:
+        doc["security"] = []
+    return doc
+
+
+def build_document(operations: dict[tuple[str, str], Op] = OPERATIONS) -> dict[str, Any]:
+    """The OpenAPI 3.1 document for `operations`."""
+    named: list[type[BaseModel]] = [ErrorAnswer]
+    for op in operations.values():
+        for model in (op.body, op.answer):
+            if isinstance(model, type) and issubclass(model, BaseModel) and model not in named:
+                named.append(model)
+    keyed: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (m, "validation" if m in (TaskBody, JobBody, DisableBody) else "serialization")
+        for m in named
+    ]
+    _, top = models_json_schema(keyed, ref_template=_REF)
+    models: dict[str, dict[str, Any]] = dict(top.get("$defs", {}))
+    paths: dict[str, dict[str, Any]] = {}
+    for (path, method), op in operations.items():
+        paths.setdefault(path, {})[method] = _operation(path, op, models)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "dispatcher local API",
+            "version": "1",
+            "description": (
+                "Loopback only. Bodies are strict JSON (no NaN/Infinity, integers within "
+                "64 bits, text without lone surrogates, at most 64 levels deep) of at "
+                "most 1 MiB. A wrong method gets 405 with an Allow header."
+            ),
+        },
+        "components": {
+            "schemas": dict(sorted(models.items())),
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "localToken": {"type": "apiKey", "in": "header", "name": "X-Local-Token"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "dispatcher_session"},
+            },
+        },
+        "security": [{"bearer": []}, {"localToken": []}, {"session": []}],
+        "paths": paths,
     }
-]
 
 
-def _query(name: str, description: str, kind: str = "string") -> dict[str, Any]:
-    return {"name": name, "in": "query", "schema": {"type": kind}, "description": description}
-
-
-_PAGING = [
-    _query("limit", "items per page, 1..500 (default 50)", "integer"),
-    _query("after", "the `next` of the previous page"),
-]
-_PAGE = {
-    "description": "one page, newest first",
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "items": {"type": "array", "items": {"type": "object"}},
-                    "next": {"type": ["string", "null"], "description": "cursor for `after`"},
-                },
-            }
-        }
-    },
-}
-
-
-def _listing(summary: str, filters: list[dict[str, Any]]) -> dict[str, Any]:
-    op = _op(summary)
-    op["responses"]["200"] = _PAGE
-    op["parameters"] = [*filters, *_PAGING]
-    return op
-
-_NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "dispatcher local API", "version": "1"},
-    "components": {
-        "securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer"},
-            "localToken": {"type": "apiKey", "in": "header", "name": "X-Local-Token"},
-        }
-    },
-    "security": [{"bearer": []}, {"localToken": []}],
-    "paths": {
-        "/v1/tasks": {
-            "post": _op("Create a task (de-duplicated unless force)", _TASK_BODY, "201"),
-            "get": _listing(
-                "Tasks, newest first, paged",
-                [
-                    _query("state", "comma-separated task states"),
-                    _query("model", "a model name"),
-                    _query("job", "a job id or unique prefix"),
-                    _query("q", "text found in the prompt/params or the ref"),
-                ],
-            ),
-        },
-        "/v1/tasks/{id}": {
-            "parameters": _ID,
-            "get": _op("A task with ahead, eta_s, progress and its `attempts` history"),
-        },
-        "/v1/tasks/{id}/cancel": {
-            "parameters": _ID,
-            "post": _op("Cancel a pending or running task"),
-        },
-        "/v1/tasks/{id}/retry": {"parameters": _ID, "post": _op("Retry a failed task")},
-        "/v1/tasks/{id}/result": {
-            "parameters": [*_ID, _query("file", "index of the result file (default 0)", "integer")],
-            "get": _op("Download a result file, or the text answer as JSON"),
-        },
-        "/v1/tasks/{id}/artifacts/{attempt}/{name}": {
-            "parameters": [
-                *_ID,
-                {"name": "attempt", "in": "path", "required": True, "schema": {"type": "integer"}},
-                {
-                    "name": "name",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"enum": ["screenshot.png", "page.html", "trace.zip", "answer.txt"]},
-                },
-            ],
-            "get": _op("What a failed, stalled or canceled attempt left (listed as `artifacts`)"),
-        },
-        "/v1/jobs": {
-            "post": _op("Create a job from a list of tasks", _JOB_BODY, "201"),
-            "get": _listing(
-                "Jobs with counts, from_cache, finished_at and elapsed_s, newest first, paged",
-                [
-                    _query("state", "comma-separated: running, success, failed, canceled, partial"),
-                    _query("q", "text found in the job's name"),
-                ],
-            ),
-        },
-        "/v1/jobs/{id}": {"parameters": _ID, "get": _op("A job with counts, state and tasks")},
-        "/v1/jobs/{id}/cancel": {
-            "parameters": _ID,
-            "post": _op("Cancel pending and running tasks"),
-        },
-        "/v1/jobs/{id}/retry": {"parameters": _ID, "post": _op("Retry the failed tasks only")},
-        "/v1/lanes": {"get": _op("Lanes with concurrency, queue depth and running tasks")},
-        "/v1/accounts": {"get": _op("Web accounts and API providers with their switches")},
-        "/v1/accounts/{name}/disable": {
-            "parameters": _NAME,
-            "post": _op(
-                "Disable a lane",
-                {
-                    "type": "object",
-                    "required": ["reason"],
-                    "properties": {"reason": {"type": "string"}},
-                },
-            ),
-        },
-        "/v1/accounts/{name}/enable": {"parameters": _NAME, "post": _op("Enable a lane")},
-        "/v1/events": {"get": _op("Server-sent events for every state change")},
-        "/v1/webhooks/deliveries": {
-            "get": _op("Recent webhook delivery attempts, newest first, with the configured URLs")
-        },
-        "/v1/dashboard-code": {"post": _op("A one-time code for the dashboard session")},
-        "/healthz": {"get": _op("Health, with the process id and the number of lanes")},
-        "/livez": {
-            "get": {
-                "summary": "Liveness for process monitors: no token needed, no data shown",
-                "security": [],
-                "responses": {"200": {"description": '{"ok": true}'}},
-            }
-        },
-        "/metrics": {"get": _op("Prometheus metrics")},
-    },
-}
+OPENAPI: dict[str, Any] = build_document()

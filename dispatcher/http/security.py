@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dispatcher.logs import forget, redact
 
 MAX_BODY_BYTES = 1024 * 1024
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 SESSION_COOKIE = "dispatcher_session"
 ONE_TIME_CODE_TTL_S = 120.0
 SESSION_TTL_S = 12 * 3600.0
@@ -39,13 +39,19 @@ CSRF_VALUE = "dispatcher-dashboard"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+# name, then optionally ":" and ASCII digits; a bracketed IPv6 literal ends at "]".
+_HOST_SHAPE = re.compile(r"(?P<name>\[[^\]]*\]|[^:\[\]]*)(?::[0-9]+)?")
+
+
 def host_is_loopback(host_header: str) -> bool:
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        name = host.split("]", 1)[0] + "]"
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name in LOOPBACK_HOSTS
+    """True only for exactly 127.0.0.1, localhost or [::1], with an optional :port.
+
+    Parsed whole, not split on ":" or "]": ``[::1]evil.com`` or
+    ``localhost:80evil`` are other names, and a name matches exactly.
+    """
+    match = _HOST_SHAPE.fullmatch(host_header)
+    return match is not None and match["name"].lower() in _LOOPBACK_NAMES
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -16,6 +17,12 @@ from dispatcher.models import (
     Task,
     TaskError,
 )
+from dispatcher.strictjson import dumps
+
+log = logging.getLogger("dispatcher.store")
+# Rows already reported unreadable: a listing reads them again and again.
+_REPORTED: set[str] = set()
+_REPORTED_MAX = 10_000
 
 
 class RowLike(Protocol):
@@ -55,13 +62,38 @@ TASK_COLUMNS = (
     "ref",
 )
 
+
+def _loads(text: str | bytes | None, default: Any, what: str, row_id: str) -> Any:
+    """A stored JSON column, or `default` when it cannot be read.
+
+    Rows outlive versions: one written before the strict-JSON checks (or
+    damaged on disk) must not make every listing that includes it fail. Its
+    other columns are still good, so the task shows, with this field empty.
+    """
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        if f"{row_id}:{what}" in _REPORTED or len(_REPORTED) >= _REPORTED_MAX:
+            return default
+        _REPORTED.add(f"{row_id}:{what}")
+        log.warning(
+            "task %s: stored %s is not readable JSON (%s); shown as empty",
+            row_id,
+            what,
+            str(exc)[:80],
+        )
+        return default
+
+
 # Fields a caller may change through update_task/claim_next, with their encoders.
 _ENCODERS: dict[str, Any] = {
     "state": lambda v: State(v).value,
     "stage": lambda v: Stage(v).value if v is not None else None,
-    "params": json.dumps,
-    "result": lambda v: json.dumps(v) if v is not None else None,
-    "stage_durations": json.dumps,
+    "params": dumps,
+    "result": lambda v: dumps(v) if v is not None else None,
+    "stage_durations": dumps,
     "cancel_requested": int,
     "force": int,
     "from_cache": int,
@@ -111,7 +143,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "kind": task.kind.value,
         "lane_group": task.lane_group,
         "account": task.account,
-        "params": json.dumps(task.params),
+        "params": dumps(task.params),
         "fingerprint": task.fingerprint,
         "state": task.state.value,
         "stage": task.stage.value if task.stage else None,
@@ -120,7 +152,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "cancel_requested": int(task.cancel_requested),
         "force": int(task.force),
         "remote_id": task.remote_id,
-        "result": json.dumps(task.result) if task.result is not None else None,
+        "result": dumps(task.result) if task.result is not None else None,
         "error_kind": task.error.kind if task.error else None,
         "error_message": task.error.message if task.error else None,
         "from_cache": int(task.from_cache),
@@ -130,9 +162,29 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "finished_at": task.finished_at,
         "not_before": task.not_before,
         "stage_started_at": task.stage_started_at,
-        "stage_durations": json.dumps(task.stage_durations),
+        "stage_durations": dumps(task.stage_durations),
         "ref": task.ref,
     }
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dict_or_none(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _stage(value: str | None, row_id: str) -> Stage | None:
+    """The stored stage; one this version does not know (a newer one wrote it) is
+    shown as none rather than failing every listing that includes the task."""
+    if not value:
+        return None
+    try:
+        return Stage(value)
+    except ValueError:
+        log.warning("task %s: unknown stored stage %r; shown as none", row_id, value[:40])
+        return None
 
 
 def row_to_task(row: RowLike) -> Task:
@@ -149,16 +201,16 @@ def row_to_task(row: RowLike) -> Task:
         kind=Kind(row["kind"]),
         lane_group=row["lane_group"],
         account=row["account"],
-        params=json.loads(row["params"]),
+        params=_dict(_loads(row["params"], {}, "params", row["id"])),
         fingerprint=row["fingerprint"],
         state=State(row["state"]),
-        stage=Stage(row["stage"]) if row["stage"] else None,
+        stage=_stage(row["stage"], row["id"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         cancel_requested=bool(row["cancel_requested"]),
         force=bool(row["force"]),
         remote_id=row["remote_id"],
-        result=json.loads(row["result"]) if row["result"] else None,
+        result=_dict_or_none(_loads(row["result"], None, "result", row["id"])),
         error=error,
         from_cache=bool(row["from_cache"]),
         created_at=row["created_at"],
@@ -167,7 +219,7 @@ def row_to_task(row: RowLike) -> Task:
         finished_at=row["finished_at"],
         not_before=row["not_before"],
         stage_started_at=row["stage_started_at"],
-        stage_durations=json.loads(row["stage_durations"] or "{}"),
+        stage_durations=_dict(_loads(row["stage_durations"], {}, "stage_durations", row["id"])),
         ref=row["ref"],
     )
 
@@ -183,7 +235,7 @@ def attempt_to_row(attempt: Attempt) -> dict[str, Any]:
         "ended_at": attempt.ended_at,
         "error_kind": attempt.error.kind if attempt.error else None,
         "error_message": attempt.error.message if attempt.error else None,
-        "stage_durations": json.dumps(attempt.stage_durations),
+        "stage_durations": dumps(attempt.stage_durations),
     }
 
 
@@ -202,7 +254,9 @@ def row_to_attempt(row: RowLike) -> Attempt:
         started_at=row["started_at"],
         ended_at=row["ended_at"],
         error=error,
-        stage_durations=json.loads(row["stage_durations"] or "{}"),
+        stage_durations=_dict(
+            _loads(row["stage_durations"], {}, "stage_durations", row["task_id"])
+        ),
     )
 
 

@@ -16,7 +16,13 @@ from PIL import Image, PngImagePlugin
 
 import dispatcher.fingerprint as fingerprint_module
 from dispatcher.errors import InputError
-from dispatcher.fingerprint import canonical_json, fingerprint, image_hash, normalize_prompt
+from dispatcher.fingerprint import (
+    LocalFiles,
+    canonical_json,
+    fingerprint,
+    image_hash,
+    normalize_prompt,
+)
 from dispatcher.profiles import DEFAULT_FINGERPRINT_FIELDS
 
 FIELDS = DEFAULT_FINGERPRINT_FIELDS
@@ -319,7 +325,8 @@ def test_every_reference_form_gives_the_same_hash(tmp_path: Path) -> None:
         "\n".join(b64[i : i + 60] for i in range(0, len(b64), 60)),
         f"data:image/png;base64,{b64}",
     ]
-    assert len({image_hash(form) for form in forms}) == 1
+    files = LocalFiles.under([tmp_path], 1024**2)
+    assert len({image_hash(form, files=files) for form in forms}) == 1
 
 
 def test_images_count_even_when_unlisted(tmp_path: Path) -> None:
@@ -330,8 +337,9 @@ def test_images_count_even_when_unlisted(tmp_path: Path) -> None:
         img.save(r_bmp)
     base = {"prompt": "cat"}
     fields = ("prompt",)
+    files = LocalFiles.under([tmp_path], 1024**2)
     fp_red = fingerprint("m", {**base, "reference_image": base64.b64encode(r).decode()}, fields)
-    assert fp_red == fingerprint("m", {**base, "reference_image": str(r_bmp)}, fields)
+    assert fp_red == fingerprint("m", {**base, "reference_image": str(r_bmp)}, fields, files=files)
     fp_blue = fingerprint("m", {**base, "reference_image": base64.b64encode(b).decode()}, fields)
     assert fp_red != fp_blue
     assert fp_red != fingerprint("m", base, fields)
@@ -345,19 +353,19 @@ def test_images_count_even_when_unlisted(tmp_path: Path) -> None:
     )
     assert fingerprint("m", {"reference_images": []}, fields) == fingerprint("m", {}, fields)
     # Listing an image key does not make its raw string count.
-    assert fingerprint("m", {"reference_image": str(r_bmp)}, ("reference_image",)) == fingerprint(
-        "m", {"reference_image": r64}, ("reference_image",)
-    )
+    assert fingerprint(
+        "m", {"reference_image": str(r_bmp)}, ("reference_image",), files=files
+    ) == fingerprint("m", {"reference_image": r64}, ("reference_image",))
 
 
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("cat picture, please!", "not an existing file path"),
+        ("cat picture, please!", "not a file in the input dirs, a data: URL or base64"),
         (base64.b64encode(b"plain text, valid base64").decode(), "not an image in a supported"),
         ("data:image/png;base64,@@@", "not valid base64"),
         ("http://example.com/cat.png", "remote URLs"),
-        ("/definitely/missing/picture.png", "not an existing file path"),
+        ("/definitely/missing/picture.png", "no readable image file at that path"),
         ("   ", "empty"),
     ],
 )
@@ -385,7 +393,7 @@ def test_unreadable_file_names_the_param(tmp_path: Path) -> None:
     folder = tmp_path / "dir.png"
     folder.mkdir()
     with pytest.raises(InputError, match="reference_image"):
-        image_hash(str(folder))
+        image_hash(str(folder), files=LocalFiles.under([tmp_path], 1024))
 
 
 def test_animation_frames_all_count() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 
 def _running_with_cancel_asked(ledger: Ledger) -> Task:
-    ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+    asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
     task = ledger.claim(["api:prov"], "prov")
     assert task is not None
     assert ledger.request_cancel(task.id).cancel_requested

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 from pathlib import Path
@@ -48,13 +49,15 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def submit(self) -> None:
-        task = self.ledger.submit(TaskSpec("m-api", {"prompt": self._prompt()})).task
+        task = asyncio.run(self.ledger.submit(TaskSpec("m-api", {"prompt": self._prompt()}))).task
         self.ids.append(task.id)
 
     @rule(n=st.integers(min_value=1, max_value=4))
     def create_job(self, n: int) -> None:
-        job, tasks = self.ledger.create_job(
-            "j", [TaskSpec("m-api", {"prompt": self._prompt()}) for _ in range(n)]
+        job, tasks = asyncio.run(
+            self.ledger.create_job(
+                "j", [TaskSpec("m-api", {"prompt": self._prompt()}) for _ in range(n)]
+            )
         )
         self.job_ids.append(job.id)
         self.ids.extend(t.id for t in tasks)

@@ -1,0 +1,129 @@
+"""Request bodies of the local API as pydantic models: one source of truth.
+
+They validate every task and job body (through `dispatcher.taskspec`, which
+the CLI's batch-file check shares) and their JSON schemas are the request
+schemas of /openapi.json, so the document states exactly the bounds the
+server enforces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, with_config
+from typing_extensions import TypedDict
+
+from dispatcher.errors import InputError
+from dispatcher.taskspec import REF_PATTERN
+
+MAX_MODEL_CHARS = 200
+MAX_JOB_NAME_CHARS = 500
+MAX_JOB_TASKS = 10_000
+# AccountBook.disable's bound; dispatcher.accounts itself is too heavy to
+# import here (a unit test keeps the two equal).
+MAX_REASON_CHARS = 500
+
+
+@with_config(ConfigDict(extra="allow", strict=True))
+class Params(TypedDict, total=False):
+    """The prompt and the model's parameters; keys the profile does not use are kept
+    but do not count for de-duplication. Values are strict JSON: finite numbers,
+    64-bit integers, text without lone surrogates, at most 64 levels deep."""
+
+    prompt: str
+    negative_prompt: str
+    reference_image: str | None
+    reference_images: list[str] | None
+
+
+class TaskBody(BaseModel):
+    """One task: a model and what to ask of it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="TaskBody")
+
+    model: str = Field(
+        min_length=1, max_length=MAX_MODEL_CHARS, description="a model name from profiles/"
+    )
+    params: Params = Field(default_factory=lambda: Params())
+    force: bool = Field(default=False, description="bypass de-duplication and the cache")
+    ref: str | None = Field(
+        default=None,
+        pattern=f"^{REF_PATTERN.pattern}$",
+        description="the task's name in its job (unique there); names its result files",
+    )
+
+
+class JobBody(BaseModel):
+    """A named batch of tasks, accepted whole or not at all."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="JobBody")
+
+    name: str = Field(min_length=1, max_length=MAX_JOB_NAME_CHARS, pattern=r"\S")
+    tasks: list[TaskBody] = Field(min_length=1, max_length=MAX_JOB_TASKS)
+
+
+class DisableBody(BaseModel):
+    """Why a lane is switched off (shown on the dashboard)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="DisableBody")
+
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, pattern=r"\S")
+
+
+def validate(model: type[BaseModel], raw: Any, where: str) -> None:
+    """Check `raw` against `model`, or raise `InputError` with one clear sentence."""
+    try:
+        model.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(message(exc.errors(), where)) from None
+
+
+def _where(prefix: str, loc: tuple[int | str, ...]) -> str:
+    return prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+
+
+def message(errors: list[Any], where: str) -> str:
+    """One clear sentence for pydantic's first error, naming the field as the
+    client wrote it (``tasks[3].params.prompt``)."""
+    first = errors[0]
+    loc = tuple(first["loc"])
+    kind = first["type"]
+    ctx = first.get("ctx") or {}
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        unknown = sorted(
+            str(e["loc"][-1])
+            for e in errors
+            if e["type"] == "extra_forbidden" and tuple(e["loc"][:-1]) == parent
+        )
+        return f"{_where(where, parent)} has unknown field(s): {', '.join(unknown)}"
+    field = _where(where, loc)
+    if kind in ("model_type", "dict_type", "typed_dict_type", "model_attributes_type"):
+        return f"{field} must be a JSON object"
+    if (
+        loc
+        and loc[-1] in ("model", "name", "reason")
+        and kind
+        in (
+            "string_type",
+            "string_too_short",
+            "string_pattern_mismatch",
+            "missing",
+        )
+    ):
+        return f"{field} must be a non-empty string"
+    if kind == "missing":
+        return f"{field} is required"
+    if kind == "string_type":
+        return f"{field} must be a string"
+    if kind == "bool_type":
+        return f"{field} must be true or false"
+    if kind == "list_type":
+        return f"{field} must be a list"
+    if kind == "string_too_long":
+        return f"{field} must be at most {ctx.get('max_length')} characters"
+    if kind == "too_short":
+        return f"{field} must not be empty"
+    if kind == "too_long":
+        return f"{field} takes at most {ctx.get('max_length')} items"
+    return f"{field}: {first['msg']}"

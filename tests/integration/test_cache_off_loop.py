@@ -1,0 +1,63 @@
+"""The result cache copies files in worker threads, never on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+import dispatcher.cache as cache_module
+from dispatcher.decisions import DEDUP_WINDOW_S
+from tests.harness import running_service
+
+
+async def test_cache_file_copies_run_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied_on: list[int] = []
+    original = cache_module._link_or_copy
+
+    def recording(src: Path, dst: Path) -> None:
+        copied_on.append(threading.get_ident())
+        original(src, dst)
+
+    monkeypatch.setattr(cache_module, "_link_or_copy", recording)
+    task = {"model": "demo-video", "params": {"prompt": "cache me off the loop", "gen_s": 1}}
+    async with running_service(tmp_path) as h:
+        first = await h.job("first", [task])
+        done = await h.wait_job(first["id"])
+        assert done["tasks"][0]["state"] == "success", done
+        deadline = asyncio.get_running_loop().time() + 10
+        while h.service.cache.stored < 1:  # stored just after the task is marked done
+            assert asyncio.get_running_loop().time() < deadline, "never cached"
+            await asyncio.sleep(0.01)
+        stored_copies = len(copied_on)  # into the cache, when the task finished
+        again = await h.job("again", [task])  # a job never de-duplicates: a cache hit
+        assert again["tasks"][0]["from_cache"], again
+        (file,) = again["tasks"][0]["result"]["files"]
+        assert Path(file["path"]).is_file()
+    assert stored_copies >= 1 and len(copied_on) > stored_copies
+    assert threading.get_ident() not in copied_on
+
+
+async def test_identical_submits_racing_through_the_cache_make_one_task(tmp_path: Path) -> None:
+    time_scale = 0.005
+    async with running_service(tmp_path, time_scale=time_scale) as h:
+        first = await h.submit("demo-video", "race me", gen_s=1)
+        assert (await h.wait_task(first["id"]))["state"] == "success"
+        deadline = asyncio.get_running_loop().time() + 10
+        while h.service.cache.stored < 1:
+            assert asyncio.get_running_loop().time() < deadline, "never cached"
+            await asyncio.sleep(0.01)
+        # Past the de-duplication window, so the next ones are cache hits.
+        await asyncio.sleep(DEDUP_WINDOW_S * time_scale + 0.05)
+        answers = await asyncio.gather(
+            *(h.submit("demo-video", "race me", gen_s=1) for _ in range(4))
+        )
+        assert len({a["id"] for a in answers}) == 1, answers
+        assert sum(not a["deduped"] for a in answers) == 1
+        assert answers[0]["from_cache"]
+        results = h.state_dir / "results"
+        assert {p.name for p in results.iterdir()} == {first["id"], answers[0]["id"]}
