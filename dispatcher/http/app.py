@@ -22,7 +22,7 @@ from starlette.responses import (
     JSONResponse as StarletteJSONResponse,
 )
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
@@ -42,7 +42,6 @@ log = logging.getLogger("dispatcher.http")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = frozenset({"dashboard.js", "dashboard-pages.js", "dashboard.css"})
 SSE_KEEPALIVE_S = 15.0
-LIVEZ_PATH = "/livez"
 NO_STORE = {"Cache-Control": "no-store"}
 MAX_QUERY_CHARS = 200
 # The dashboard runs only its own script and talks only to this origin.
@@ -334,6 +333,10 @@ class Api:
             }
         )
 
+    async def livez(self, request: Request) -> Response:
+        """For process monitors: no token, and nothing to read but "alive"."""
+        return JSONResponse({"ok": True}, headers=NO_STORE)
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(OPENAPI)
 
@@ -391,25 +394,6 @@ class Api:
         )
 
 
-class Liveness:
-    """`GET /livez` for process monitors: no token, no data, answered before the
-    security layer (which asks every other path for a token)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == LIVEZ_PATH:
-            if scope["method"] in ("GET", "HEAD"):
-                response: Response = JSONResponse({"ok": True}, headers=NO_STORE)
-            else:
-                response = _error(405, "http", "Method Not Allowed")
-                response.headers["Allow"] = "GET, HEAD"
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def _allowed_methods(routes: list[Route], scope: Scope) -> str:
     probe = {**scope, "method": ""}
     methods: set[str] = set()
@@ -420,7 +404,7 @@ def _allowed_methods(routes: list[Route], scope: Scope) -> str:
     return ", ".join(sorted(methods))
 
 
-def create_app(service: Service, credentials: Credentials) -> Liveness:
+def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:
     api = Api(service)
 
     async def on_dispatcher_error(request: Request, exc: Exception) -> Response:
@@ -477,6 +461,7 @@ def create_app(service: Service, credentials: Credentials) -> Liveness:
         Route("/v1/session", api.session, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/livez", api.livez, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
         Route("/", api.dashboard, methods=["GET"]),
         Route("/static/{name}", api.static, methods=["GET"]),
@@ -485,4 +470,4 @@ def create_app(service: Service, credentials: Credentials) -> Liveness:
         routes=routes,
         exception_handlers={DispatcherError: on_dispatcher_error, HTTPException: on_http_error},
     )
-    return Liveness(SecurityMiddleware(app, credentials))
+    return SecurityMiddleware(app, credentials)

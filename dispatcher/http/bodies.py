@@ -112,6 +112,8 @@ def message(errors: list[Any], where: str) -> str:
         )
     ):
         return f"{field} must be a non-empty string"
+    if loc and loc[-1] == "ref" and kind in ("string_type", "string_pattern_mismatch"):
+        return f"{field} must be 1-100 characters of A-Z a-z 0-9 . _ - (not starting with .)"
     if kind == "missing":
         return f"{field} is required"
     if kind == "string_type":

@@ -248,6 +248,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
             _LIMIT,
             _AFTER,
         ),
+        errors=(404, 409),  # `job` names no job, or is an ambiguous prefix
     ),
     ("/v1/tasks/{id}", "get"): Op(
         "A task (id or unique prefix) with ahead, eta_s, progress and its attempts",
@@ -257,7 +258,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("/v1/tasks/{id}/artifacts/{attempt}/{name}", "get"): Op(
         "What a failed, stalled or canceled attempt left (listed as `artifacts`)",
         media="image/png, text/plain or application/zip",
-        errors=(409,),
+        errors=(400, 409),  # an attempt that is not a number, a name that is no artifact
     ),
     ("/v1/tasks/{id}/cancel", "post"): Op(
         "Cancel a pending or running task", answer=TaskAnswer, errors=(409,)
@@ -354,7 +355,7 @@ def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str
     responses: dict[str, Any] = {str(op.ok): ok}
     for status, description in op.also_ok:
         responses[str(status)] = {**ok, "description": description}
-    if op.body is not None or op.query:
+    if op.body is not None or op.query or 400 in op.errors:
         responses["400"] = _error("bad input: the message names the field")
     if not op.public:
         responses["401"] = _error("no token: send Authorization: Bearer <token>")
@@ -362,7 +363,7 @@ def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str
         "Host is not a loopback name" + ("" if op.public else ", or the token or session is wrong"),
         html=op.public,
     )
-    if _PATH_PARAM.search(path):
+    if _PATH_PARAM.search(path) or 404 in op.errors:
         responses["404"] = _error("no such id")
     if 409 in op.errors:
         responses["409"] = _error("not possible in the current state, or an ambiguous id prefix")

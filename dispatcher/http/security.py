@@ -25,8 +25,9 @@ ONE_TIME_CODE_TTL_S = 120.0
 SESSION_TTL_S = 12 * 3600.0
 
 # Reachable without the token: the dashboard shell (it shows no data by
-# itself) and the one-time-code exchange that gives it a session.
-PUBLIC_PATHS = frozenset({"/", "/v1/session", "/static/dashboard.js",
+# itself), the one-time-code exchange that gives it a session, and `/livez`
+# for process monitors (it says "alive" and nothing else).
+PUBLIC_PATHS = frozenset({"/", "/v1/session", "/livez", "/static/dashboard.js",
                           "/static/dashboard-pages.js", "/static/dashboard.css"})
 # Only the token opens these: a dashboard session must not mint more sessions.
 TOKEN_ONLY_PATHS = frozenset({"/v1/dashboard-code"})
