@@ -197,13 +197,14 @@ def next_poll_wait(evidence: PollEvidence, rand: Rand) -> float:
     MIN_POLL_WAIT_S. A provider's Retry-After is not seen here: the gate
     holds every request back for it, so it stays a floor whatever this says.
     """
+    drawn = rand()
+    # A jitter source outside [0, 1] (or NaN) must not turn into a NaN wait.
+    r = min(max(drawn, 0.0), 1.0) if math.isfinite(drawn) else 0.5
     window = end_window(evidence)
     queued = evidence.queue_position is not None and evidence.queue_position > 0
     if window is None or (queued and window.source == "history"):
-        return poll_wait(evidence.step, rand)
+        return poll_wait(evidence.step, lambda: r)
     elapsed = max(0.0, evidence.elapsed_s) if math.isfinite(evidence.elapsed_s) else 0.0
-    drawn = rand()
-    r = min(max(drawn, 0.0), 1.0) if math.isfinite(drawn) else 0.5
     to_earliest = window.earliest_s - elapsed
     if to_earliest > DENSE_POLL_WAIT_S:
         far_cap = min(MAX_FAR_WAIT_S, max(MAX_POLL_WAIT_S, FAR_SHARE * window.earliest_s))

@@ -67,10 +67,13 @@ _JOB_COUNTS_SQL = """SELECT job_id, COUNT(*) AS total,
 _ID_TABLES = frozenset({"tasks", "jobs"})
 
 
-def like_pattern(text: str, *, in_json: bool = False) -> str:
-    """A LIKE pattern finding `text` anywhere; `in_json` for a column of JSON text."""
-    # Params are stored as ASCII JSON: a prompt's "é" is there as "\u00e9".
-    needle = json.dumps(text)[1:-1] if in_json else text
+def like_pattern(text: str, *, in_json: bool = False, ascii_json: bool = False) -> str:
+    """A LIKE pattern finding `text` anywhere; `in_json` for a column of JSON text.
+
+    Params are stored as UTF-8 JSON; rows written by earlier versions hold
+    ASCII JSON, where a prompt's "é" is "\u00e9" (`ascii_json` finds those).
+    """
+    needle = json.dumps(text, ensure_ascii=ascii_json)[1:-1] if in_json else text
     needle = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{needle}%"
 
@@ -340,8 +343,14 @@ class SqliteStore:
             where.append("job_id = ?")
             args.append(job_id)
         if text:
-            where.append("(params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')")
-            args += [like_pattern(text, in_json=True), like_pattern(text)]
+            where.append(
+                "(params LIKE ? ESCAPE '\\' OR params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')"
+            )
+            args += [
+                like_pattern(text, in_json=True),
+                like_pattern(text, in_json=True, ascii_json=True),
+                like_pattern(text),
+            ]
         if before_seq is not None:
             where.append("seq < ?")
             args.append(before_seq)

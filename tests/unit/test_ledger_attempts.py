@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def _claimed(ledger: Ledger, clock_s: float = 5.0) -> Task:
 
 
 def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
-    first = ledger.submit(TaskSpec("m-api", {"prompt": "p"}, ref="r-1")).task
+    first = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}, ref="r-1"))).task
     assert first.ref == "r-1"
     running = _claimed(ledger)
     ledger.requeue(running, "recovered at start-up: never reached the provider")
@@ -75,13 +76,13 @@ def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
 
 
 def test_a_canceled_pending_task_never_ran_and_has_no_row(ledger: Ledger) -> None:
-    task = ledger.submit(TaskSpec("m-api", {"prompt": "p"})).task
+    task = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
     assert ledger.request_cancel(task.id[:6]).state is State.CANCELED
     assert ledger.attempts(task) == []
 
 
 def test_prefixes_resolve_once_unique(ledger: Ledger) -> None:
-    task = ledger.submit(TaskSpec("m-api", {"prompt": "p"})).task
+    task = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
     assert ledger.get(task.id[:4]).id == task.id
     with pytest.raises(NotFound, match="4\\+ characters"):
         ledger.get(task.id[:3])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 
 def _running(ledger: Ledger) -> Task:
-    ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+    asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
     task = ledger.claim(["api:prov"], "prov")
     assert task is not None
     return task
