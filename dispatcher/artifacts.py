@@ -127,8 +127,13 @@ def save_artifact(result_dir: Path, name: str, data: bytes) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     path = target / name
     partial = target / f".{name}.part"
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except BaseException:
+        # A full disk must not leave half an artifact behind.
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -151,7 +151,7 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
             spec = parse_spec(
                 {"model": "demo-comfy", "params": {"prompt": "outlives", "steps": 500}}
             )
-            task = service.ledger.submit(spec).task
+            task = (await service.ledger.submit(spec)).task
             service.scheduler.wake()
             for _ in range(500):
                 current = service.ledger.get(task.id)

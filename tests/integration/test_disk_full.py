@@ -79,7 +79,7 @@ async def test_a_full_results_disk_fails_the_task_clearly_and_the_service_carrie
             assert (await h.wait_task(chat["id"]))["state"] == "success"
             listing = await h.http.get("/v1/tasks", params={"state": "failed"})
             assert listing.status_code == 200
-            assert [t["id"] for t in listing.json()] == [video["id"]]
+            assert [t["id"] for t in listing.json()["items"]] == [video["id"]]
             assert not [p for p in results.rglob("*") if p.name.endswith(".part")]
 
             # Space is back: the next task succeeds, and so does a retry.

@@ -59,7 +59,7 @@ async def test_lone_surrogate_in_a_job_name_is_refused(tmp_path: Path) -> None:
         response = await h.http.post("/v1/jobs", content=body)
         assert response.status_code == 400
         assert "surrogate" in response.json()["error"]["message"]
-        assert (await h.http.get("/v1/jobs")).json() == []
+        assert (await h.http.get("/v1/jobs")).json()["items"] == []
 
 
 async def _corrupt(h: Harness, task_id: str, **columns: str) -> None:
@@ -106,7 +106,7 @@ async def test_rows_with_bad_json_still_list_and_answer(tmp_path: Path) -> None:
             response = await h.http.get(path)
             assert response.status_code == 200, (path, response.text)
             strict(response.text)
-        listed = strict((await h.http.get("/v1/tasks?state=success,failed")).text)
+        listed = strict((await h.http.get("/v1/tasks?state=success,failed")).text)["items"]
         assert {t["id"] for t in listed} == {ok, failed, deep}
         shown = strict((await h.http.get(f"/v1/tasks/{ok}")).text)
         assert shown["params"]["seed"] is None  # NaN cannot be JSON; it is shown as null

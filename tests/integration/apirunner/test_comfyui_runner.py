@@ -304,15 +304,18 @@ async def test_a_reference_image_is_uploaded_and_its_name_put_in_the_node(
     await runner.start()
     comfy.runner, comfy.profile = runner, profile
     try:
-        red = _png(tmp_path / "red.png", (200, 0, 0))
+        # Local reference images are read only from the input dirs.
+        inputs = settings.resolved_input_dirs[0]
+        inputs.mkdir(parents=True)
+        red = _png(inputs / "red.png", (200, 0, 0))
         task = comfy.task(prompt="the same scene", reference_image=red)
         first, _ = await comfy.run(task.replace(model=profile.name))
         again, _ = await comfy.run(task.replace(id=new_id(), model=profile.name))
-        blue = _png(tmp_path / "blue.png", (0, 0, 200))
+        blue = _png(inputs / "blue.png", (0, 0, 200))
         other, _ = await comfy.run(
             comfy.task(prompt="the same scene", reference_image=blue).replace(model=profile.name)
         )
-        gone = comfy.task(prompt="x", reference_image=str(tmp_path / "gone.png"))
+        gone = comfy.task(prompt="x", reference_image=str(inputs / "gone.png"))
         with pytest.raises(PermanentError) as caught:
             await comfy.run(gone.replace(model=profile.name))
         assert caught.value.kind == "input" and "reference_image" in str(caught.value)

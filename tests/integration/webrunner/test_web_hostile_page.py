@@ -119,7 +119,15 @@ def _task() -> Task:
 
 
 def _files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.rglob("*") if p.is_file()) if directory.exists() else []
+    """Result files in an attempt's dir; the failure's evidence (screenshot,
+    page HTML under `artifacts/`) is kept there on purpose."""
+    if not directory.exists():
+        return []
+    return sorted(
+        p.name
+        for p in directory.rglob("*")
+        if p.is_file() and "artifacts" not in p.relative_to(directory).parts
+    )
 
 
 async def test_cookies_go_to_the_page_origin_only_not_to_another_port(
