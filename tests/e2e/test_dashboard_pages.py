@@ -175,7 +175,10 @@ async def test_job_gallery_fills_in_live_and_a_failure_is_shown(
 
 
 async def test_history_filters_pages_and_remembers(tmp_path: Path, browser: Browser) -> None:
-    async with running_service(tmp_path, concurrency={"demo": 3}) as h:
+    # At 0.2 the slow task's chat request has 24 real seconds (the profile's
+    # 120 s timeout) to stay running while the page is driven, even on a
+    # loaded machine; the other tasks still take a fraction of a second.
+    async with running_service(tmp_path, concurrency={"demo": 3}, time_scale=0.2) as h:
         page = browser.page
         job = await h.job(
             "nightly posters",
