@@ -71,6 +71,17 @@ class Harness:
                 raise AssertionError(f"task {task_id} stuck in {task['state']}: {task}")
             await asyncio.sleep(0.02)
 
+    async def wait_remote_id(self, task_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The task once its remote job exists (its id is stored before anything else)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            task = await self.task(task_id)
+            if task["remote_id"]:
+                return task
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"task {task_id} never got a remote id: {task}")
+            await asyncio.sleep(0.02)
+
     async def wait_job(self, job_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

@@ -40,7 +40,9 @@ async def test_cancel_pending_and_running_tasks(tmp_path: Path) -> None:
     async with running_service(tmp_path, concurrency={"demo": 1}) as h:
         long = await h.submit("demo-video", "long one", gen_s=400)
         queued = await h.submit("demo-video", "queued behind it", gen_s=1)
-        await h.wait_task(long["id"], {"running"})
+        # Canceled once the provider has the job, so there is a job to cancel
+        # there (a cancel before the submit is sent stops it from being sent).
+        await h.wait_remote_id(long["id"])
         assert (await h.task(queued["id"]))["ahead"] == 0
         third = await h.submit("demo-video", "third", gen_s=1)
         assert (await h.task(third["id"]))["ahead"] == 1
