@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.api_provider import start_demo_api
+from demo.comfyui import start_demo_comfy
 from dispatcher.models import Kind, Task
 from dispatcher.store.sqlite import SqliteStore
 from tests.harness import REPO, Harness, running_service
@@ -143,3 +144,34 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         done = await h.wait_task("legacy0001")
         assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
         assert h.service.store.schema_version() == 4
+
+
+async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: Path) -> None:
+    a = await start_demo_comfy(time_scale=0.02)
+    b = await start_demo_comfy(time_scale=0.02)
+    try:
+        text = (REPO / "profiles" / "demo-comfy.toml").read_text(encoding="utf-8")
+        text = text.replace('name = "demo-comfy"', 'name = "two-gpus"')
+        text = text.replace('provider = "demo-comfy"', 'providers = ["gpu-a", "gpu-b"]')
+        text = text.replace("${DEMO_COMFY_URL}", a.url)
+        text += f'\n[api.providers.gpu-b]\nbase_url = "{b.url}"\n'
+        (tmp_path / "profiles").mkdir()
+        (tmp_path / "profiles" / "two-gpus.toml").write_text(text, encoding="utf-8")
+        async with running_service(tmp_path, profiles=("demo-comfy",)) as h:
+            lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
+            assert lanes["api:gpu-a"]["concurrency"] == lanes["api:gpu-b"]["concurrency"] == 1
+            shots = [
+                {"model": "two-gpus", "params": {"prompt": f"shot {i}", "steps": 40}}
+                for i in range(6)
+            ]
+            done = await h.wait_job((await h.job("story", shots))["id"])
+            assert done["counts"]["success"] == 6
+            stats = [await h.demo_stats(server.url) for server in (a, b)]
+            # Each server rendered exactly the shots recorded as run there, one at a time.
+            assert [len(s["prompts"]) for s in stats] == [
+                sum(t["account"] == name for t in done["tasks"]) for name in ("gpu-a", "gpu-b")
+            ]
+            assert all(s["prompts"] and s["max_running"] == 1 for s in stats)
+    finally:
+        await a.stop()
+        await b.stop()
