@@ -6,6 +6,7 @@ a task queued by a version without per-model queues still runs."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from demo.api_provider import start_demo_api
 from demo.comfyui import start_demo_comfy
-from dispatcher.models import Kind, Task
+from dispatcher.models import Kind, State, Task
 from dispatcher.store.sqlite import SqliteStore
 from tests.harness import REPO, Harness, running_service
 
@@ -175,3 +176,36 @@ async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: 
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_elsewhere(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    store = SqliteStore(state / "dispatcher.db")
+    store.migrate()
+    now = time.time()
+    orphan = Task(
+        id="orphan0001",
+        model="multi-video",
+        kind=Kind.API,
+        lane_group="api-model:multi-video",
+        params={"prompt": "its provider was taken out", "gen_s": 1},
+        fingerprint="orphan-fp",
+        created_at=now - 10,
+        state=State.RUNNING,
+        started_at=now - 10,
+        heartbeat_at=now - 5,
+        account="vid-gone",
+        remote_id="video_on_gone",
+    )
+    store.insert_tasks([orphan])
+    store.close()
+    async with _two_providers(tmp_path) as (url_a, url_b), _service(tmp_path, state) as h:
+        done = await h.wait_task("orphan0001")
+        assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
+        assert done["remote_id"] != "video_on_gone" and done["attempt"] == 1
+        stats = [await _stats(h, url) for url in (url_a, url_b)]
+        # Submitted once, on one provider; nobody was asked about the foreign id.
+        assert sum(s["jobs_created"] for s in stats) == 1
