@@ -43,8 +43,8 @@ class Allowlist:
 
     @classmethod
     def from_profiles(cls, profiles: Mapping[str, Profile]) -> Allowlist:
-        """Every API `base_url` and every web page's `url`: the hosts profiles name."""
-        urls = [p.api.base_url for p in profiles.values() if p.api is not None]
+        """Every provider's API `base_url` and every web page's `url`: the hosts profiles name."""
+        urls = [p.api_for(name).base_url for p in profiles.values() for name in p.provider_names]
         urls += [p.web.url for p in profiles.values() if p.web is not None]
         return cls.from_base_urls(urls)
 

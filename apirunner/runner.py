@@ -122,7 +122,7 @@ class ApiRunner:
 
     @property
     def providers(self) -> list[str]:
-        return sorted({p.provider for p in self._profiles.values() if p.provider})
+        return sorted({name for p in self._profiles.values() for name in p.provider_names})
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -176,12 +176,18 @@ class ApiRunner:
 
     async def run(self, task: Task, ctx: RunContext) -> RunResult:
         profile = ctx.profile
-        if profile.api is None or not profile.provider:
+        if profile.api is None:
             raise _config_error(f"model {profile.name!r} is not an API model")
         ctx.check_canceled()
-        attempt = _Attempt(self, task, ctx, profile.api, self.client(profile.provider))
+        # The lane's provider: its base URL, its key, its pooled client. A
+        # resumed task's lane is the provider that accepted its remote id.
         try:
-            return await self._attempt(task, ctx, attempt, profile.api)
+            api = profile.api_for(ctx.account)
+        except ConfigError as exc:
+            raise _config_error(str(exc)) from None
+        attempt = _Attempt(self, task, ctx, api, self.client(ctx.account))
+        try:
+            return await self._attempt(task, ctx, attempt, api)
         except (RunError, TaskCanceled):
             # What the provider said last is what a person wants to read.
             retention = self._settings.artifacts_retention
@@ -202,8 +208,7 @@ class ApiRunner:
                     rand=self._rand,
                     allowlist=self.allowlist,
                     http_timeout_s=self._settings.http_timeout_s,
-                    max_download_bytes=api.max_download_bytes
-                    or self._settings.max_download_bytes,
+                    max_download_bytes=api.max_download_bytes or self._settings.max_download_bytes,
                     reference_files=LocalFiles.under(
                         self._settings.resolved_input_dirs,
                         self._settings.max_reference_image_bytes,

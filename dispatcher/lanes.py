@@ -1,8 +1,13 @@
-"""Lanes: one per web account, one per API provider, built from the profiles."""
+"""Lanes: one per web account, one per API provider, built from the profiles.
+
+A lane takes the queued tasks of every model it serves (one lane group per
+model); a model with several accounts or providers is served by several
+lanes, and the first free one takes its oldest task.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dispatcher.models import Kind
@@ -32,37 +37,55 @@ class LaneSpec:
 
 def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str, LaneSpec]:
     """Lanes for the loaded profiles; a provider quota outside 1..5 raises ConfigError."""
-    web_models: dict[str, list[str]] = {}
-    api_models: dict[str, list[str]] = {}
-    comfyui_only: dict[str, bool] = {}
-    for profile in profiles.values():
-        if profile.kind is Kind.WEB:
-            for account in profile.accounts:
-                web_models.setdefault(account, []).append(profile.name)
-        else:
-            assert profile.provider is not None
-            api_models.setdefault(profile.provider, []).append(profile.name)
-            is_comfyui = profile.api is not None and profile.api.style == "comfyui"
-            comfyui_only[profile.provider] = comfyui_only.get(profile.provider, True) and is_comfyui
     lanes: dict[str, LaneSpec] = {}
-    for account, models in sorted(web_models.items()):
+    for account, models in sorted(web_models_by_account(profiles).items()):
         lanes[f"web:{account}"] = LaneSpec(
             name=f"web:{account}",
             kind=Kind.WEB,
             account=account,
-            lane_groups=tuple(sorted(f"web:{m}" for m in models)),
-            models=tuple(sorted(models)),
+            lane_groups=lane_groups_of(models),
+            models=tuple(sorted(m.name for m in models)),
             concurrency=WEB_ACCOUNT_CONCURRENCY,
         )
-    for provider, models in sorted(api_models.items()):
+    for provider, models in sorted(api_models_by_provider(profiles).items()):
+        comfyui_only = all(m.api is not None and m.api.style == "comfyui" for m in models)
         lanes[f"api:{provider}"] = LaneSpec(
             name=f"api:{provider}",
             kind=Kind.API,
             account=provider,
-            lane_groups=(f"api:{provider}",),
-            models=tuple(sorted(models)),
+            lane_groups=lane_groups_of(models),
+            models=tuple(sorted(m.name for m in models)),
             concurrency=settings.provider_concurrency(
-                provider, COMFYUI_CONCURRENCY if comfyui_only[provider] else None
+                provider, COMFYUI_CONCURRENCY if comfyui_only else None
             ),
         )
     return lanes
+
+
+def web_models_by_account(profiles: Mapping[str, Profile]) -> dict[str, list[Profile]]:
+    """Each web account with the models it logs into."""
+    by_account: dict[str, list[Profile]] = {}
+    for profile in profiles.values():
+        if profile.kind is Kind.WEB:
+            for account in profile.accounts:
+                by_account.setdefault(account, []).append(profile)
+    return by_account
+
+
+def api_models_by_provider(profiles: Mapping[str, Profile]) -> dict[str, list[Profile]]:
+    """Each API provider with the models it serves (a model may list several)."""
+    by_provider: dict[str, list[Profile]] = {}
+    for profile in profiles.values():
+        for provider in profile.provider_names:
+            by_provider.setdefault(provider, []).append(profile)
+    return by_provider
+
+
+def lane_groups_of(models: Iterable[Profile]) -> tuple[str, ...]:
+    """The queues a lane takes from: one per model it serves (`Profile.lane_group`).
+
+    Tasks stored before a model could have several providers sat in a
+    per-provider group ("api:<provider>"); store migration 4 moved them to
+    their model's group, so no lane needs to take the old name.
+    """
+    return tuple(sorted({m.lane_group for m in models}))

@@ -73,7 +73,8 @@ class Submitted:
 def lane_prefix(task: Task) -> str:
     if task.kind is Kind.WEB:
         return f"[web:{task.account or task.model}]"
-    return f"[{task.lane_group}]"
+    # The provider once claimed (its lane's name); the model's queue before.
+    return f"[api:{task.account}]" if task.account else f"[{task.lane_group}]"
 
 
 def _comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
@@ -546,14 +547,17 @@ class Ledger:
             changes["stage_durations"] = dict(stage_durations)
         return self._write(task, State.CANCELED, changes)
 
-    def requeue(self, task: Task, why: str) -> Task | None:
-        """Back to pending on the same attempt: it never got far enough to count."""
-        return self._write(
-            task,
-            State.PENDING,
-            {"stage": None, "heartbeat_at": None, "account": None},
-            why=why,
-        )
+    def requeue(self, task: Task, why: str, *, forget_remote: bool = False) -> Task | None:
+        """Back to pending on the same attempt: it never got far enough to count.
+
+        `forget_remote`: its remote job lives on a provider that no longer
+        serves it; a remote id is only ever resumed where it was accepted,
+        so the next lane submits afresh.
+        """
+        changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "account": None}
+        if forget_remote:
+            changes["remote_id"] = None
+        return self._write(task, State.PENDING, changes, why=why)
 
     def expire(self, task: Task) -> Task | None:
         return self._write(

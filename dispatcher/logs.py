@@ -117,7 +117,7 @@ class RedactingFilter(logging.Filter):
 
 # What a task line looks like (see dispatcher.ledger): the lane prefix, the
 # task id, "attempt N/M", "old->new" or "new state", "stage=...".
-_LANE = re.compile(r"^\[((?:web|api):[^\]\s]+)\]")
+_LANE = re.compile(r"^\[((?:web|api|api-model):[^\]\s]+)\]")
 _TASK = re.compile(r"\btask ([0-9a-f]{8,64})\b")
 _ATTEMPT = re.compile(r"\battempt (\d+)(?:/(\d+))?")
 _TRANSITION = re.compile(

@@ -61,7 +61,7 @@ class Task:
     id: str
     model: str
     kind: Kind
-    lane_group: str  # which lanes may take it: "api:<provider>" or "web:<model>"
+    lane_group: str  # which lanes may take it: "api-model:<model>" or "web:<model>"
     params: JSON
     fingerprint: str
     created_at: float
@@ -142,7 +142,11 @@ class Attempt:
     def to_json(self) -> JSON:
         return {
             "attempt": self.attempt,
-            "lane": self.lane_group,
+            # An API attempt ran on its provider's lane; a web one names
+            # the model's queue (its account is beside it).
+            "lane": f"api:{self.account}"
+            if self.account and self.lane_group.startswith("api")
+            else self.lane_group,
             "account": self.account,
             "outcome": self.outcome.value,
             "started_at": self.started_at,

@@ -111,6 +111,15 @@ _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
 _COMFYUI_ONLY = ("workflow", "inputs", "outputs", "images")
 
 
+class ProviderSpec(_Strict):
+    """`[api.providers.<name>]`: where one of several providers differs from `[api]`."""
+
+    base_url: str | None = None
+    auth_header: str | None = None
+    auth_env: str | None = None
+    auth_prefix: str | None = None
+
+
 class ApiSpec(_Strict):
     base_url: str
     auth_header: str = "Authorization"
@@ -131,6 +140,8 @@ class ApiSpec(_Strict):
     inputs: dict[str, str] = Field(default_factory=dict)
     outputs: tuple[str, ...] | None = None
     images: dict[str, str] = Field(default_factory=dict)
+    # A model served by several providers: what differs per provider.
+    providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     _graph: Graph | None = PrivateAttr(default=None)
 
     @property
@@ -176,7 +187,10 @@ class Profile(_Strict):
     name: str
     kind: Kind
     accounts: tuple[str, ...] = ()
+    # An API model names one provider, or several (each one lane, like the
+    # accounts of a web model): exactly one of the two keys.
     provider: str | None = None
+    providers: tuple[str, ...] = ()
     fingerprint_fields: tuple[str, ...] = DEFAULT_FINGERPRINT_FIELDS
     max_attempts: int = Field(default=3, ge=1, le=10)
     web: WebSpec | None = None
@@ -188,18 +202,55 @@ class Profile(_Strict):
         if self.kind is Kind.WEB:
             if self.web is None or not self.accounts:
                 raise ValueError("a web profile needs `accounts` and a [web] table")
-            if self.api is not None or self.provider:
-                raise ValueError("a web profile has no `provider` or [api] table")
+            if self.api is not None or self.provider or self.providers:
+                raise ValueError("a web profile has no `provider`, `providers` or [api] table")
         else:
-            if self.api is None or not self.provider:
+            if self.api is None:
                 raise ValueError("an api profile needs `provider` and an [api] table")
             if self.web is not None or self.accounts:
                 raise ValueError("an api profile has no `accounts` or [web] table")
+            _check_providers(self.provider, self.providers, self.api)
         return self
 
     @property
+    def provider_names(self) -> tuple[str, ...]:
+        """The providers that serve this API model, one lane each; () for a web model."""
+        return (self.provider,) if self.provider else self.providers
+
+    def api_for(self, provider: str) -> ApiSpec:
+        """The `[api]` table as `provider` sees it: its own base URL and key, if it has any."""
+        if self.api is None or provider not in self.provider_names:
+            raise ConfigError(
+                f"model {self.name!r} is not served by provider {provider!r} "
+                f"(its providers: {', '.join(self.provider_names) or 'none'})"
+            )
+        spec = self.api.providers.get(provider)
+        changes = spec.model_dump(exclude_none=True) if spec is not None else {}
+        # model_copy keeps the loaded workflow (a private attribute).
+        return self.api.model_copy(update=changes) if changes else self.api
+
+    @property
     def lane_group(self) -> str:
-        return f"api:{self.provider}" if self.kind is Kind.API else f"web:{self.name}"
+        # Per model, not per provider: every lane of a provider that serves
+        # the model takes from it, as every account of a web model does.
+        return f"api-model:{self.name}" if self.kind is Kind.API else f"web:{self.name}"
+
+
+def _check_providers(provider: str | None, providers: tuple[str, ...], api: ApiSpec) -> None:
+    if provider and providers:
+        raise ValueError("give `provider` (one) or `providers` (a list), not both")
+    names = (provider,) if provider else providers
+    if not names or not all(name.strip() for name in names):
+        raise ValueError("an api profile needs `provider` (or `providers`) and an [api] table")
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"`providers` names {twice!r} twice")
+    for extra in api.providers:
+        if extra not in names:
+            raise ValueError(
+                f"[api.providers.{extra}] names no provider of this model "
+                f"(its providers: {', '.join(names)})"
+            )
 
 
 def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:

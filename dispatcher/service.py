@@ -219,8 +219,10 @@ class Service:
                 "(start with --demo for the bundled ones)"
             )
         for profile in self.profiles.values():
-            if profile.api and profile.api.auth_env:
-                redact(os.environ.get(profile.api.auth_env))
+            for provider in profile.provider_names:
+                auth_env = profile.api_for(provider).auth_env
+                if auth_env:
+                    redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
         for name in ("results", "cache"):
             _make_private_dir(self.state_dir / name, f"{name} dir")
@@ -338,7 +340,10 @@ class Service:
                 )
                 self.ledger.reclaim(task, plan)
             elif not self.scheduler.adopt(task):
-                self.ledger.requeue(task, "recovered at start-up: its lane is gone")
+                # Its provider no longer serves the model: the job it holds
+                # there is out of reach, and no other provider may poll it.
+                why = f"recovered at start-up: its lane api:{task.account} is gone"
+                self.ledger.requeue(task, why, forget_remote=True)
         self.recovery_summary = summary
         log.info(
             "start-up reconciliation: %d resumed polling, %d re-queued, %d web stale, %d expired",

@@ -84,7 +84,7 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
 def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
     base = dict(
         kind=Kind.API,
-        lane_group="api:demo",
+        lane_group="api-model:demo-video",
         params={"prompt": "x", "gen_s": 1},
         created_at=now - 10,
         state=State.RUNNING,

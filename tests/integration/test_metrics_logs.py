@@ -197,7 +197,11 @@ def test_logs_of_a_full_run_hold_no_secret_and_json_lines_carry_the_task(tmp_pat
     assert having(lines, message=lines[0]["message"])  # parsed, not empty
     ours = {t["id"] for t in done["tasks"]}
     changes = [line for line in lines if line.get("task_id") in ours and "state" in line]
-    assert {line["lane"] for line in changes} == {"api:demo", "api:demo-queue"}
+    # A queued task waits in its model's queue; once claimed, it is on a provider's lane.
+    claimed = [line for line in changes if line["state"] != "pending"]
+    assert {line["lane"] for line in claimed} == {"api:demo", "api:demo-queue"}
+    new = [line for line in changes if line["state"] == "pending" and "from_state" not in line]
+    assert new and all(line["lane"].startswith("api-model:") for line in new)
     assert all(isinstance(line["attempt"], int) for line in changes)
     (flaky,) = [t for t in done["tasks"] if "flaky" in t["params"]["prompt"]]
     attempts = {line["attempt"] for line in changes if line["task_id"] == flaky["id"]}

@@ -31,7 +31,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 def _claimed(ledger: Ledger, clock_s: float = 5.0) -> Task:
     assert isinstance(ledger.clock, FakeClock)
     ledger.clock.advance(clock_s)
-    task = ledger.claim(["api:prov"], "prov")
+    task = ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     ledger.clock.advance(2.0)
     return task

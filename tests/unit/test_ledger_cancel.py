@@ -29,7 +29,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 def _running_with_cancel_asked(ledger: Ledger) -> Task:
     asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
-    task = ledger.claim(["api:prov"], "prov")
+    task = ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     assert ledger.request_cancel(task.id).cancel_requested
     return task  # the runner's view: taken before the cancel

@@ -34,7 +34,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 def _running(ledger: Ledger) -> Task:
     asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
-    task = ledger.claim(["api:prov"], "prov")
+    task = ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     return task
 

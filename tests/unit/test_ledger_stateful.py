@@ -65,7 +65,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def claim(self) -> None:
         self.clock.advance(1000.0)  # any retry delay has passed
-        task = self.ledger.claim(["api:prov"], "prov")
+        task = self.ledger.claim(["api-model:m-api"], "prov")
         if task is not None:
             self.snapshots.append(task)
 

@@ -88,8 +88,8 @@ class Comfy:
         ctx = RunContext(
             task=task,
             profile=self.profile,
-            lane="api:demo-comfy",
-            account="demo-comfy",
+            lane=f"api:{self.profile.provider}",
+            account=self.profile.provider or "",
             clock=SystemClock(time_scale=SCALE),
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.comfyui"), {"task": task.id}),
