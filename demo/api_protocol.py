@@ -55,6 +55,8 @@ def operation(method: str, path: str) -> tuple[str, str] | None:
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["v1", "chat"]:
         return OPENAI, "chat"
+    if parts[:2] == ["v1", "files"]:
+        return OPENAI, "upload"
     if parts[:2] == ["v1", "videos"]:
         if len(parts) == 2:
             return OPENAI, "submit"

@@ -105,6 +105,35 @@ class ResultSpec(_Strict):
     text: str | None = None  # text found at this dotted path
 
 
+# -- reference images (issue 15): how a vendor wants them -------------------
+class UploadSpec(_Strict):
+    """Upload first: each reference image goes to this endpoint once, and the
+    id (or URL) its answer gives replaces ``{reference_image:upload}``."""
+
+    method: str = "POST"
+    path: str  # appended to base_url
+    field: str = "file"  # the multipart file part's name
+    form: dict[str, str] = Field(default_factory=dict)  # plain fields sent along
+    id: str = "id"  # dotted path of the file's id or URL in the answer
+
+
+class ReferenceSpec(_Strict):
+    """How reference images are prepared and sent (``[api.references]``).
+
+    Preparation (each optional) is done once per image and cached: scale the
+    long edge down to `max_edge_px`, re-encode as `format`, and shrink until
+    the encoded image is at most `max_bytes`. `multipart_field` makes the
+    submit ``multipart/form-data`` with the image as that file part (the
+    body template's other values become form fields). `upload_ttl_s`: how
+    long an uploaded image's id is reused before it is uploaded again."""
+
+    max_edge_px: int | None = Field(default=None, ge=16)
+    format: Literal["png", "jpeg", "webp"] | None = None
+    max_bytes: int | None = Field(default=None, ge=1024)
+    multipart_field: str | None = None
+    upload_ttl_s: float = Field(default=3600.0, gt=0)
+
+
 # A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
 # only the workflow and where parameters go.
 _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
@@ -123,6 +152,10 @@ class ApiSpec(_Strict):
     status: StatusSpec | None = None
     result: ResultSpec | None = None
     cancel: HttpCall | None = None
+    # Reference images (issue 15): preparation and the multipart submit, and
+    # the upload-first endpoint.
+    references: ReferenceSpec = ReferenceSpec()
+    upload: UploadSpec | None = None
     # style "comfyui": the workflow file (API format, relative to the
     # profile), where each task parameter goes ("<node>.inputs.<name>"),
     # which output nodes' files to collect (default: all), and which
