@@ -71,6 +71,10 @@ class WebSpec(_Strict):
     # Record a Playwright trace of every attempt; kept only when one goes wrong.
     trace: bool = False
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # Reference images (issue 15): a file input, or a button that opens a
+    # file chooser; and what shows the attachment is ready.
+    upload: str | None = None
+    upload_done: str | None = None
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
