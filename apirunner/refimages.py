@@ -169,6 +169,10 @@ class PreparedImages:
     async def get(self, ref: Any, param: str, files: LocalFiles, spec: ReferenceSpec) -> Prepared:
         """`ref` (path in the input dirs, data: URL, base64) read and prepared, off the loop."""
         source = await asyncio.to_thread(read_image, ref, param, files)
+        return await self.from_bytes(source, param, spec)
+
+    async def from_bytes(self, source: bytes, param: str, spec: ReferenceSpec) -> Prepared:
+        """An image already in hand (fetched from a URL) prepared, off the loop."""
         key = (hashlib.sha256(source).hexdigest(), *_spec_key(spec))
         hit = self._cache.get(key)
         if hit is not None:

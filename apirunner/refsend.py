@@ -16,9 +16,12 @@ parts; the runner renders and sends the submit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from apirunner.classify import bad_answer
@@ -28,6 +31,7 @@ from apirunner.templates import format_path, is_url, join_url, lookup, placehold
 from dispatcher.errors import InputError, PermanentError
 from dispatcher.fingerprint import IMAGE_PARAMS, REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles
 from dispatcher.profiles import ApiSpec
+from dispatcher.runner import ResultFile
 
 FORMS = ("data_url", "base64", "url", "upload")
 
@@ -69,6 +73,7 @@ class ReferenceSender:
         uploads: UploadCache,
         upload: Callable[[Prepared], Awaitable[Any]],
         on_upload: Callable[[], Awaitable[None]],
+        fetch: Callable[[str], Awaitable[bytes]],
     ) -> None:
         self._api = api
         self._params = params
@@ -77,14 +82,21 @@ class ReferenceSender:
         self._uploads = uploads
         self._upload = upload
         self._on_upload = on_upload
+        self._fetch = fetch
 
     @property
     def _endpoint(self) -> str:
         return self._api.upload.path if self._api.upload else ""
 
     async def _image(self, ref: Any, param: str) -> Prepared:
+        spec = self._api.references
         try:
-            return await self._prepared.get(ref, param, self._files, self._api.references)
+            if is_url(ref):
+                # Fetched only now that a shape needs its bytes, through the
+                # lane's client: allowlisted hosts only, capped in size.
+                source = await self._fetch(str(ref))
+                return await self._prepared.from_bytes(source, param, spec)
+            return await self._prepared.get(ref, param, self._files, spec)
         except InputError as exc:
             raise _input_error(str(exc)) from exc
 
@@ -175,3 +187,15 @@ async def upload_image(
         )
     log.info("uploaded reference image %s: %s", image.sha256[:12], value)
     return value
+
+
+async def fetch_image(
+    make_call: Callable[[str, str], Call],
+    download: Callable[[Call, Path], Awaitable[ResultFile]],
+    url: str,
+) -> bytes:
+    """The bytes at an http(s) reference URL, via a throwaway file (downloads
+    stream to disk, hashed and capped, like every result)."""
+    with tempfile.TemporaryDirectory(prefix="dispatcher-ref-") as folder:
+        saved = await download(make_call("GET", url), Path(folder))
+        return await asyncio.to_thread(Path(saved.path).read_bytes)

@@ -28,6 +28,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -46,7 +47,7 @@ from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
 from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
 from apirunner.refimages import PreparedImages, UploadCache
-from apirunner.refsend import ReferenceSender, SubmitImages, upload_image
+from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
 from apirunner.remote import (
     RemoteIdRefused,
     RemoteRef,
@@ -78,7 +79,7 @@ from dispatcher.errors import (
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec, Profile
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.runner import ResultFile, RunContext, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
@@ -274,7 +275,9 @@ class _Attempt:
             runner.uploads.setdefault(client.provider, UploadCache(runner._clock)),
             partial(upload_image, api, self.params, self.call, self.retrying, ctx.log),
             partial(ctx.set_stage, Stage.UPLOADING),
+            partial(fetch_image, self.call, self._download_reference),
         )
+        self.max_reference_bytes = runner._settings.max_reference_image_bytes
 
     # -- shared helpers ------------------------------------------------------
     def call(
@@ -341,6 +344,19 @@ class _Attempt:
         self.http_version = answer.http_version
         self.last_answer = answer.data
         return answer
+
+    async def _download_reference(self, call: Call, folder: Path) -> ResultFile:
+        download = partial(
+            self.client.download,
+            call,
+            folder,
+            "ref",
+            self.cancel,
+            max_bytes=self.max_reference_bytes,
+        )
+        return await with_retries(
+            download, clock=self.clock, rand=self.rand, cancel=self.cancel, on_retry=self._log_retry
+        )
 
     def _log_retry(self, failure: Failure, tries: int) -> None:
         self.ctx.log.info("retrying in place (%d): %s [%s]", tries, failure.message, failure.kind)

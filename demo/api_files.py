@@ -1,7 +1,8 @@
 """The demo provider's reference images: uploads and what submits carry.
 
 - ``POST /v1/files`` (multipart, the image in any file part) answers
-  ``{"id": "file_…", "bytes": n}``; ids expire after ``upload_ttl_s`` real
+  ``{"id": "file_…", "bytes": n}`` (``GET /v1/files/{id}/content`` gives the
+  bytes back, a URL to pass as a reference); ids expire after ``upload_ttl_s`` real
   seconds (``POST /__mode {"upload_ttl_s": …}``; ``{"expire_uploads": true}``
   expires every id now), after which a submit naming one gets a 404, as
   vendors do.
@@ -39,7 +40,7 @@ IMAGE_KEYS = ("image_url", "image_urls", "input_reference")
 @dataclass
 class Uploaded:
     sha256: str
-    size: int
+    data: bytes
     expires: float  # time.monotonic()
 
 
@@ -74,11 +75,18 @@ class Files:
             return error_response(400, "send the image as a multipart file part")
         file_id = f"file_{uuid.uuid4().hex}"
         self.files[file_id] = Uploaded(
-            hashlib.sha256(data).hexdigest(), len(data), time.monotonic() + self.ttl_s
+            hashlib.sha256(data).hexdigest(), data, time.monotonic() + self.ttl_s
         )
         self.uploads += 1
         self.upload_bytes += len(data)
         return JSONResponse({"id": file_id, "object": "file", "bytes": len(data)})
+
+    async def content(self, request: Request) -> Response:
+        """``GET /v1/files/{id}/content``: an uploaded file's bytes (a URL to reference)."""
+        found = self.files.get(request.path_params["fid"])
+        if found is None or time.monotonic() >= found.expires:
+            return error_response(404, "no such file", "not_found")
+        return Response(found.data, media_type="application/octet-stream")
 
     def _image(self, value: Any, key: str) -> str | Response:
         """The sha256 of the image `value` names, or an error answer."""

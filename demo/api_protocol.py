@@ -56,7 +56,7 @@ def operation(method: str, path: str) -> tuple[str, str] | None:
     if parts[:2] == ["v1", "chat"]:
         return OPENAI, "chat"
     if parts[:2] == ["v1", "files"]:
-        return OPENAI, "upload"
+        return OPENAI, "upload" if method == "POST" else "content"
     if parts[:2] == ["v1", "videos"]:
         if len(parts) == 2:
             return OPENAI, "submit"

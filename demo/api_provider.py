@@ -515,6 +515,9 @@ class DemoProvider:
     async def upload_file(self, request: Request) -> Response:
         return await self.files.upload(request)  # self.files is replaced on reset
 
+    async def file_content(self, request: Request) -> Response:
+        return await self.files.content(request)
+
     # -- control (no auth) -----------------------------------------------------------
     async def get_stats(self, request: Request) -> Response:
         now = time.monotonic()
@@ -551,6 +554,7 @@ class DemoProvider:
             Route("/__mode", self.post_mode, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/files", self.upload_file, methods=["POST"]),
+            Route("/v1/files/{fid}/content", self.file_content, methods=["GET"]),
             Route("/v1/videos", self.video_create, methods=["POST"]),
             Route("/v1/videos/{vid}", self.video_get, methods=["GET"]),
             Route("/v1/videos/{vid}/content", self.video_content, methods=["GET"]),

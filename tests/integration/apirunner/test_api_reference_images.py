@@ -146,3 +146,31 @@ async def test_a_path_outside_the_input_dirs_is_refused_like_a_missing_one(
         messages.add(str(caught.value))
     assert len(messages) == 1 and "input dirs" in messages.pop()
     assert (await kit.demo.stats())["uploads"] == 0
+
+
+async def test_an_http_reference_is_passed_through_or_fetched_from_allowlisted_hosts(
+    kit: Kit,
+) -> None:
+    source = _png("olive", side=1600)
+    uploaded = await kit.demo.http.post(
+        f"{kit.demo.url}/v1/files",
+        files={"file": ("still.png", source, "image/png")},
+        headers={"Authorization": "Bearer test-key"},
+    )
+    url = f"{kit.demo.url}/v1/files/{uploaded.json()['id']}/content"
+    # {reference_image:url}: the vendor gets the URL itself.
+    profile = _with_body(kit.profiles["demo-queue"], image_url="{reference_image:url}")
+    await _run(kit, "demo-queue", {"prompt": "as is", "reference_image": url}, profile)
+    # Multipart needs the bytes: fetched through the lane's client, then prepared.
+    await _run(kit, "demo-video", {"prompt": "fetched", "reference_image": url})
+    api = kit.profiles["demo-video"].api
+    assert api is not None
+    prepared = prepare(source, api.references, "reference_image")
+    assert sorted((await kit.demo.stats())["reference_hashes"].values()) == sorted(
+        [["url:" + url], [prepared.sha256]]
+    )
+    # A host no profile names is never contacted.
+    foreign = url.replace("127.0.0.1", "localhost")
+    with pytest.raises(PermanentError, match="not the host of any loaded profile"):
+        await _run(kit, "demo-video", {"prompt": "foreign", "reference_image": foreign})
+    assert (await kit.demo.stats())["submits"] == 2
