@@ -151,6 +151,27 @@ class ReferenceSender:
                 out.files[part] = (image.filename, image.data, image.mime)
         return out
 
+    async def send(
+        self,
+        submit: Callable[[SubmitImages, bool], Awaitable[Answer]],
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    ) -> Answer:
+        """`submit` with this attempt's images; if the vendor no longer knows
+        an uploaded id (404/410), the images are uploaded again once and the
+        submit sent again (flagged, for its own Idempotency-Key), never in a loop."""
+        images = await self.build()
+        try:
+            return await submit(images, False)
+        except CallFailed as exc:
+            if exc.failure.status not in (404, 410) or not images.uploaded:
+                raise
+            log.info(
+                "the provider refused an uploaded reference image (HTTP %s); uploading it again",
+                exc.failure.status,
+            )
+            self.forget(images)
+            return await submit(await self.build(), True)
+
     def _has_images(self) -> bool:
         return any(self._params.get(name) for name in IMAGE_PARAMS)
 

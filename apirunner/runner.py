@@ -425,24 +425,13 @@ class _Attempt:
     async def send_submit(
         self, read_timeout_s: float | None = None, *, cancelable: bool = True
     ) -> Answer:
-        """The submit, with its reference images; an upload id the vendor no
-        longer knows (404/410) is uploaded again once, never in a loop."""
-        images = await self.refs.build()
-        try:
-            return await self.retrying(
-                self.submit_call(images, read_timeout_s), cancelable=cancelable, creates_job=True
-            )
-        except CallFailed as exc:
-            if exc.failure.status not in (404, 410) or not images.uploaded:
-                raise
-            self.ctx.log.info(
-                "the provider refused an uploaded reference image (HTTP %s); uploading it again",
-                exc.failure.status,
-            )
-            self.refs.forget(images)
-            images = await self.refs.build()
-            call = self.submit_call(images, read_timeout_s, again=True)
+        """The submit, with its reference images (see `ReferenceSender.send`)."""
+
+        async def send(images: SubmitImages, again: bool) -> Answer:
+            call = self.submit_call(images, read_timeout_s, again=again)
             return await self.retrying(call, cancelable=cancelable, creates_job=True)
+
+        return await self.refs.send(send, self.ctx.log)
 
     # -- chat ------------------------------------------------------------------
     async def chat(self) -> RunResult:

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 OPENAI, FAL = "openai", "fal"
-OPERATIONS = ("chat", "submit", "poll", "result", "content", "cancel")
+OPERATIONS = ("chat", "submit", "poll", "result", "content", "cancel", "upload")
 DIRECTIVE = re.compile(r"\[(\w+)=([^\]]*)\]")
 PERMANENT_REASON = "moderation_blocked: the prompt was refused by the safety system"
 TRANSIENT_REASON = "internal_error: the worker crashed, please try again"

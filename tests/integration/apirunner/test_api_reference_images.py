@@ -174,3 +174,17 @@ async def test_an_http_reference_is_passed_through_or_fetched_from_allowlisted_h
     with pytest.raises(PermanentError, match="not the host of any loaded profile"):
         await _run(kit, "demo-video", {"prompt": "foreign", "reference_image": foreign})
     assert (await kit.demo.stats())["submits"] == 2
+
+
+async def test_a_failed_upload_is_retried_in_place_and_the_submit_sent_once(
+    kit: Kit, inputs: Path
+) -> None:
+    (inputs / "hero.png").write_bytes(_png("navy"))
+    await kit.demo.mode(mode="5xx", status=503, only="upload", count=2)
+    result, _, _ = await _run(
+        kit, "demo-queue", {"prompt": "p", "reference_image": "hero.png"}
+    )
+    assert result.files
+    stats = await kit.demo.stats()
+    assert stats["faults"] == 2 and stats["uploads"] == 1
+    assert stats["submits"] == 1 and stats["jobs_created"] == 1
