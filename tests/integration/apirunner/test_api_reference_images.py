@@ -181,9 +181,7 @@ async def test_a_failed_upload_is_retried_in_place_and_the_submit_sent_once(
 ) -> None:
     (inputs / "hero.png").write_bytes(_png("navy"))
     await kit.demo.mode(mode="5xx", status=503, only="upload", count=2)
-    result, _, _ = await _run(
-        kit, "demo-queue", {"prompt": "p", "reference_image": "hero.png"}
-    )
+    result, _, _ = await _run(kit, "demo-queue", {"prompt": "p", "reference_image": "hero.png"})
     assert result.files
     stats = await kit.demo.stats()
     assert stats["faults"] == 2 and stats["uploads"] == 1
