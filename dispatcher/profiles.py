@@ -138,6 +138,34 @@ class ReferenceSpec(_Strict):
     upload_ttl_s: float = Field(default=3600.0, gt=0)
 
 
+_IMAGE_FORM = re.compile(r"\{(reference_images?):([A-Za-z_][A-Za-z0-9_]*)\}")
+IMAGE_FORMS = ("data_url", "base64", "url", "upload")
+
+
+def _check_image_forms(body: Any, has_upload: bool) -> None:
+    """Image placeholders in a submit body name a known form, and
+    ``:upload`` has an [api.upload] to come from (refused at load, not per task)."""
+    for text in _strings(body):
+        for match in _IMAGE_FORM.finditer(text):
+            name, form = match.groups()
+            if form not in IMAGE_FORMS:
+                raise ValueError(
+                    f"{{{name}:{form}}}: unknown form; use one of {', '.join(IMAGE_FORMS)}"
+                )
+            if form == "upload" and not has_upload:
+                raise ValueError(f"{{{name}:upload}} needs an [api.upload] table")
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
 # A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
 # only the workflow and where parameters go.
 _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
@@ -186,6 +214,7 @@ class ApiSpec(_Strict):
         given = [key for key in _COMFYUI_ONLY if key in self.model_fields_set]
         if given:
             raise ValueError(f"`{given[0]}` is only for style 'comfyui'")
+        _check_image_forms(self.submit.body, self.upload is not None)
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
         if self.style == "chat" and (self.result is None or not self.result.text):
