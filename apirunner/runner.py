@@ -28,6 +28,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -45,6 +46,8 @@ from apirunner.client import (
 from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, sleep_nominal
 from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
+from apirunner.refimages import PreparedImages, UploadCache
+from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
 from apirunner.remote import (
     RemoteIdRefused,
     RemoteRef,
@@ -76,7 +79,7 @@ from dispatcher.errors import (
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import ApiSpec, Profile
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.runner import ResultFile, RunContext, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
@@ -119,6 +122,9 @@ class ApiRunner:
         self._rand: Rand = rand or random.Random().random
         self.allowlist = Allowlist.from_profiles(self._profiles)
         self._clients: dict[str, ProviderClient] = {}
+        # Reference images: prepared once for every profile, uploaded once per provider.
+        self.prepared_images = PreparedImages()
+        self.uploads: dict[str, UploadCache] = {}
 
     @property
     def providers(self) -> list[str]:
@@ -159,6 +165,7 @@ class ApiRunner:
             http = build_http_client(
                 limit, self._settings.http_timeout_s, self.allowlist, ssl_context, gate
             )
+            self.uploads[provider] = UploadCache(self._clock)
             self._clients[provider] = ProviderClient(
                 provider,
                 http,
@@ -264,6 +271,19 @@ class _Attempt:
         self.polls = 0
         self.http_version = ""
         self.last_answer: Any = None  # the provider's, kept as evidence if the attempt fails
+        self.refs = ReferenceSender(
+            api,
+            self.params,
+            LocalFiles.under(
+                runner._settings.resolved_input_dirs, runner._settings.max_reference_image_bytes
+            ),
+            runner.prepared_images,
+            runner.uploads.setdefault(client.provider, UploadCache(runner._clock)),
+            partial(upload_image, api, self.params, self.call, self.retrying, ctx.log),
+            partial(ctx.set_stage, Stage.UPLOADING),
+            partial(fetch_image, self.call, self._download_reference),
+        )
+        self.max_reference_bytes = runner._settings.max_reference_image_bytes
 
     # -- shared helpers ------------------------------------------------------
     def call(
@@ -331,6 +351,19 @@ class _Attempt:
         self.last_answer = answer.data
         return answer
 
+    async def _download_reference(self, call: Call, folder: Path) -> ResultFile:
+        download = partial(
+            self.client.download,
+            call,
+            folder,
+            "ref",
+            self.cancel,
+            max_bytes=self.max_reference_bytes,
+        )
+        return await with_retries(
+            download, clock=self.clock, rand=self.rand, cancel=self.cancel, on_retry=self._log_retry
+        )
+
     def _log_retry(self, failure: Failure, tries: int) -> None:
         self.ctx.log.info("retrying in place (%d): %s [%s]", tries, failure.message, failure.kind)
 
@@ -374,16 +407,37 @@ class _Attempt:
             meta["remote_state"] = status.raw_state
         return meta
 
-    def submit_call(self, read_timeout_s: float | None = None) -> Call:
+    def submit_call(
+        self, images: SubmitImages, read_timeout_s: float | None = None, *, again: bool = False
+    ) -> Call:
         submit = self.api.submit
         if submit.url:
             raise _config_error("[api.submit] takes a `path`; `url` is only for later calls")
         url = join_url(self.api.base_url, format_path(submit.path or "", self.params))
-        body = render_body(submit.body, self.params) if submit.body is not None else None
-        key = f"{self.task.id}-{self.task.attempt}"
-        return self.call(
+        values = {**self.params, **images.values}
+        body = render_body(submit.body, values) if submit.body is not None else None
+        # A submit sent again after its images were uploaded again is a new
+        # request (the first one made no job): a key of its own, so a vendor
+        # that replays answers by key does not replay the refusal.
+        key = f"{self.task.id}-{self.task.attempt}" + ("-reupload" if again else "")
+        call = self.call(
             submit.method.upper(), url, body, idempotency_key=key, read_timeout_s=read_timeout_s
         )
+        if not images.files:
+            return call  # a multipart profile's task without an image: plain JSON
+        form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (body or {}).items()}
+        return replace(call, json=None, files=images.files, form=form)
+
+    async def send_submit(
+        self, read_timeout_s: float | None = None, *, cancelable: bool = True
+    ) -> Answer:
+        """The submit, with its reference images (see `ReferenceSender.send`)."""
+
+        async def send(images: SubmitImages, again: bool) -> Answer:
+            call = self.submit_call(images, read_timeout_s, again=again)
+            return await self.retrying(call, cancelable=cancelable, creates_job=True)
+
+        return await self.refs.send(send, self.ctx.log)
 
     # -- chat ------------------------------------------------------------------
     async def chat(self) -> RunResult:
@@ -392,7 +446,7 @@ class _Attempt:
         # generation timeout, never shorter than a plain HTTP read.
         read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
         await self.ctx.set_stage(Stage.GENERATING)
-        answer = await self.retrying(self.submit_call(read_s), creates_job=True)
+        answer = await self.send_submit(read_s)
         value = await self.resolve([answer.data], self.api.result.text, "chat answer")
         return RunResult(
             text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
@@ -435,7 +489,7 @@ class _Attempt:
         # since a job created behind a torn-down request could not be named.
         await self.client.gate.wait(self.cancel)
         self.ctx.check_canceled()
-        answer = await self.retrying(self.submit_call(), cancelable=False, creates_job=True)
+        answer = await self.send_submit(cancelable=False)
         try:
             ref = ref_from_submit(self.api, answer.data)
         except RemoteIdRefused as exc:

@@ -8,6 +8,10 @@ other text around placeholders are formatted; a missing parameter there
 removes the key too, for the same reason. ``{{`` and ``}}`` are literal braces.
 Only bare identifiers are placeholders: no attribute or index access, so a
 profile can never reach into Python objects the way ``str.format`` could.
+A placeholder may carry a form, ``{reference_image:data_url}``: it reads the
+value the caller prepared under ``"reference_image:data_url"`` (the runner
+turns images into data URLs, base64 or upload ids before rendering; see
+`placeholders` for finding which forms a template needs).
 
 Dotted paths (``choices.0.message.content``) walk dicts by key and lists by
 integer index. `walk` stops early at a URL string when segments remain, so the
@@ -42,8 +46,12 @@ class _Missing:
 
 MISSING: Final = _Missing()
 
-_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_WHOLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# A placeholder is a bare identifier, optionally with a form after a colon
+# (``{reference_image:data_url}``): the form names a rendering of the
+# parameter that the caller supplies under the key ``"name:form"``.
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?::[A-Za-z_][A-Za-z0-9_]*)?"
+_TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r")\}")
+_WHOLE = re.compile(r"\{(" + _NAME + r")\}")
 
 
 class TemplateError(ValueError):
@@ -103,6 +111,23 @@ def render_body(template: Mapping[str, Any], params: Mapping[str, Any]) -> dict[
         if rendered is not MISSING:
             out[key] = rendered
     return out
+
+
+def placeholders(template: Any) -> set[tuple[str, str]]:
+    """Every ``(name, form)`` a body template mentions; form is "" when bare."""
+    found: set[tuple[str, str]] = set()
+    if isinstance(template, str):
+        for match in _TOKEN.finditer(template):
+            if match.group(1):
+                name, _, form = match.group(1).partition(":")
+                found.add((name, form))
+    elif isinstance(template, Mapping):
+        for value in template.values():
+            found |= placeholders(value)
+    elif isinstance(template, list | tuple):
+        for item in template:
+            found |= placeholders(item)
+    return found
 
 
 def format_path(template: str, values: Mapping[str, Any]) -> str:

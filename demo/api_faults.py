@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class Fault:
     mode: str
     remaining: int
-    only: str | None = None  # chat|submit|poll|result|content|cancel
+    only: str | None = None  # chat|submit|poll|result|content|cancel|upload
     status: int | None = None
     retry_after_s: float = 1.0
     header: str = "seconds"  # seconds|ms|date|both
@@ -87,7 +87,7 @@ class FaultPlan:
 
     def parse_mode(self, body: Any) -> Fault | None:
         """One ``POST /__mode`` body. Each fault hits the next `count` requests
-        (only those of operation `only` when given: chat, submit, poll, result,
+        (only those of operation `only` when given: chat, submit, poll, result, upload,
         content, cancel):
 
         - ``429_storm``: 429 with Retry-After `retry_after_s` (default 1) sent

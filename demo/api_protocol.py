@@ -14,7 +14,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 OPENAI, FAL = "openai", "fal"
-OPERATIONS = ("chat", "submit", "poll", "result", "content", "cancel")
+OPERATIONS = ("chat", "submit", "poll", "result", "content", "cancel", "upload")
 DIRECTIVE = re.compile(r"\[(\w+)=([^\]]*)\]")
 PERMANENT_REASON = "moderation_blocked: the prompt was refused by the safety system"
 TRANSIENT_REASON = "internal_error: the worker crashed, please try again"
@@ -55,6 +55,8 @@ def operation(method: str, path: str) -> tuple[str, str] | None:
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["v1", "chat"]:
         return OPENAI, "chat"
+    if parts[:2] == ["v1", "files"]:
+        return OPENAI, "upload" if method == "POST" else "content"
     if parts[:2] == ["v1", "videos"]:
         if len(parts) == 2:
             return OPENAI, "submit"

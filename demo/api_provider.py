@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from demo.api_faults import Fault, FaultPlan, FrontDoor
+from demo.api_files import Files
 from demo.api_media import png_bytes, video_bytes
 from demo.api_protocol import (
     DIRECTIVE,
@@ -84,6 +85,8 @@ class Stats:
     max_concurrent: int = 0
     max_concurrent_by_vendor: dict[str, int] = field(default_factory=dict)
     early_log: list[dict[str, float]] = field(default_factory=list)  # the last early ones
+    # sha256 of every reference image each job received (demo.api_files)
+    reference_hashes: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -133,6 +136,7 @@ class DemoProvider:
 
     def reset(self) -> None:
         self.stats = Stats()
+        self.files = Files()
         self.jobs: dict[str, Job] = {}
         self.idempotency: dict[tuple[str, str, str], str] = {}
         self.chat_answers: dict[tuple[str, str], dict[str, Any]] = {}
@@ -272,10 +276,9 @@ class DemoProvider:
     async def submit(self, request: Request, vendor: str) -> tuple[Job | None, Response | None]:
         key = api_key(request.headers) or ""
         self.stats.submits += 1
-        try:
-            body = await request.json()
-        except ValueError:
-            return None, error_response(400, "the body is not JSON")
+        body, images, refusal = await self.files.read_submit(request)
+        if refusal is not None:
+            return None, refusal
         if not isinstance(body, dict):
             return None, error_response(400, "the body must be a JSON object")
         prompt = body.get("prompt")
@@ -294,6 +297,8 @@ class DemoProvider:
         if refusal is not None:
             return None, refusal
         job = self.new_job(vendor, key, body, prompt)
+        if images:
+            self.stats.reference_hashes[job.id] = images
         if idem:
             self.idempotency[(key, vendor, idem)] = job.id
         return job, None
@@ -507,11 +512,24 @@ class DemoProvider:
             return JSONResponse({"detail": "no such file"}, 404)
         return Response(png_bytes(found.prompt), media_type="image/png")
 
+    async def upload_file(self, request: Request) -> Response:
+        return await self.files.upload(request)  # self.files is replaced on reset
+
+    async def file_content(self, request: Request) -> Response:
+        return await self.files.content(request)
+
     # -- control (no auth) -----------------------------------------------------------
     async def get_stats(self, request: Request) -> Response:
         now = time.monotonic()
         active = sum(1 for j in self.jobs.values() if j.phase(now) in ("queued", "in_progress"))
-        return JSONResponse({**asdict(self.stats), "active_jobs": active, "jobs": len(self.jobs)})
+        return JSONResponse(
+            {
+                **asdict(self.stats),
+                **self.files.stats(),
+                "active_jobs": active,
+                "jobs": len(self.jobs),
+            }
+        )
 
     async def post_reset(self, request: Request) -> Response:
         self.reset()
@@ -520,6 +538,10 @@ class DemoProvider:
     async def post_mode(self, request: Request) -> Response:
         try:
             body = await request.json()
+            if isinstance(body, dict) and body.keys() & {"upload_ttl_s", "expire_uploads"}:
+                self.files.apply_mode(body)
+                if not body:
+                    return JSONResponse({"ok": True, "upload_ttl_s": self.files.ttl_s})
             self.plan.apply(body)
         except (ValueError, TypeError, KeyError) as exc:
             return error_response(400, f"bad mode: {exc}")
@@ -531,6 +553,8 @@ class DemoProvider:
             Route("/__reset", self.post_reset, methods=["POST"]),
             Route("/__mode", self.post_mode, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/files", self.upload_file, methods=["POST"]),
+            Route("/v1/files/{fid}/content", self.file_content, methods=["GET"]),
             Route("/v1/videos", self.video_create, methods=["POST"]),
             Route("/v1/videos/{vid}", self.video_get, methods=["GET"]),
             Route("/v1/videos/{vid}/content", self.video_content, methods=["GET"]),

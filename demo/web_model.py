@@ -52,6 +52,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from demo.web_attach import ATTACH_HTML, ATTACH_JS, image_hashes
 from dispatcher.errors import AuthError
 from dispatcher.serving import RunningServer, start_server
 from webrunner.browser import start_browser
@@ -99,9 +100,11 @@ class DemoState:
     collisions: int = 0
     logins: int = 0
     stops: int = 0
+    reference_hashes: list[str] = field(default_factory=list)  # attached images (web_attach)
 
     def stats(self) -> dict[str, Any]:
         return {
+            "reference_hashes": list(self.reference_hashes),
             "generations": self.generations,
             "collisions": self.collisions,
             "logins": self.logins,
@@ -119,6 +122,7 @@ class DemoState:
         self.expired.clear()
         self.mode, self.message, self.duration = "normal", None, None
         self.generations = self.collisions = self.logins = self.stops = 0
+        self.reference_hashes.clear()
 
 
 # -- the answer ------------------------------------------------------------
@@ -218,7 +222,8 @@ def create_app(time_scale: float = 1.0) -> Starlette:
         if token is None:
             return HTMLResponse(_LOGIN_PAGE.replace("{error}", ""))
         user = html.escape(state.sessions[token])
-        return HTMLResponse(_CHAT_PAGE.replace("{user}", user).replace("{script}", _CHAT_JS))
+        page = _CHAT_PAGE.replace("{user}", user).replace("{attach}", ATTACH_HTML)
+        return HTMLResponse(page.replace("{script}", ATTACH_JS + _CHAT_JS))
 
     async def login(request: Request) -> Response:
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
@@ -243,9 +248,16 @@ def create_app(time_scale: float = 1.0) -> Starlette:
         if token is None:
             return JSONResponse({"error": "session expired"}, status_code=401)
         try:
-            text = str((await request.json())["text"])
-        except (ValueError, KeyError, TypeError):
-            return JSONResponse({"error": 'send JSON {"text": ...}'}, status_code=400)
+            sent = await request.json()
+            text = str(sent["text"])
+            images = image_hashes(sent.get("images"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            images = None
+        if images is None:
+            return JSONResponse(
+                {"error": 'send JSON {"text": ..., "images": [data URLs]}'}, status_code=400
+            )
+        state.reference_hashes.extend(images)
         state.generations += 1
         gen = Generation(id=secrets.token_hex(6))
         running = state.active.get(token)
@@ -477,6 +489,7 @@ _CHAT_PAGE = (
 <div id="messages"></div>
 <form id="composer" onsubmit="return false">
 <textarea name="prompt" rows="3" placeholder="Message the demo model"></textarea>
+{attach}
 <button id="send" type="button">Send</button>
 <button id="stop" type="button" hidden>Stop</button>
 </form><script>{script}</script></body></html>"""
@@ -502,13 +515,13 @@ async function go() {
   const text = box.value;
   if (!text.trim() || generating) return;
   generating = true; send.disabled = true; stop.hidden = false;
-  add('user', text); box.value = '';
+  const images = takeAttachments(add('user', text)); box.value = '';
   const answer = add('assistant', '');
   const body = document.createElement('span'); answer.appendChild(body);
   let res;
   try {
     res = await fetch('/api/generate', {method: 'POST',
-      headers: {'content-type': 'application/json'}, body: JSON.stringify({text})});
+      headers: {'content-type': 'application/json'}, body: JSON.stringify({text, images})});
   } catch (e) { banner('network error: ' + e); finish(); return; }
   if (res.status === 401) { location.href = '/chat'; return; }
   if (!res.ok) { banner('error ' + res.status); finish(); return; }

@@ -14,7 +14,8 @@ Conventions (the one place they are decided):
   joiners, doubled spaces) does not defeat de-duplication and the cache.
 * Reference images come from ``params["reference_image"]`` (one image) and
   ``params["reference_images"]`` (a list). Each is a file path, a ``data:``
-  URL or a base64 string. Their pixel hashes always count, whether or not
+  URL, a base64 string or an http(s) URL (counted by the URL's text, see
+  `image_hash`). Their pixel hashes always count, whether or not
   the profile lists them, because a different picture is a different
   generation; their raw strings never count, because a re-encoded copy of
   the same picture must match. The two keys are kept apart (and lists keep
@@ -199,11 +200,11 @@ def _image_bytes(ref: str | bytes, param: str, files: LocalFiles | None) -> tupl
             raise InputError(_not_available(param))
         return files.read(found, param), "the file"
     if lowered.startswith(("http://", "https://")):
-        # Hashing a URL's string would make a changed picture at the same URL a
-        # false cache hit; downloading it here would be a remote request at
-        # submit time. Neither is acceptable, so say what to send instead.
+        # The bytes behind a URL are fetched only by a runner that needs them,
+        # through the fetch path (`apirunner.refsend`); reading one here
+        # would be a remote request from wherever this is called.
         raise InputError(
-            f"{param}: remote URLs are not accepted as reference images; "
+            f"{param}: a remote URL cannot be read here; "
             "send a file path, a data: URL or base64 data"
         )
     single_line = len(text) <= _MAX_PATH_CHARS and "\n" not in text
@@ -222,6 +223,11 @@ def _image_bytes(ref: str | bytes, param: str, files: LocalFiles | None) -> tupl
         return data, "the value (read as base64)"
     problem = "not a file in the input dirs, a data: URL or base64 image data"
     return _decode_base64(text, param, problem), "the value (read as base64)"
+
+
+def is_remote(ref: Any) -> bool:
+    """Whether a reference is an http(s) URL (identified by its text, fetched only by runners)."""
+    return isinstance(ref, str) and ref.strip()[:8].lower().startswith(("http://", "https://"))
 
 
 def _is_image(data: bytes) -> bool:
@@ -288,6 +294,12 @@ def image_hash(
     converted to RGB(A) and scaled so the long edge is 512 px. Anything that
     is not a readable image raises `InputError` naming `param`.
     """
+    if is_remote(ref):
+        # Identified by the URL itself: fetching it at submit time would be a
+        # remote request before the task even runs. The cost: a picture
+        # replaced behind the same URL is a cache hit; vendors' and CDNs'
+        # URLs change with their content, and `force` skips the cache.
+        return "url:" + hashlib.sha256(str(ref).strip().encode("utf-8")).hexdigest()
     data, source = _image_bytes(ref, param, files)
     digest = hashlib.sha256()
     try:

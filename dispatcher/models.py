@@ -28,6 +28,7 @@ TERMINAL_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
 
 class Stage(StrEnum):
     DISPATCHED = "dispatched"
+    UPLOADING = "uploading"  # reference images on their way to the vendor
     GENERATING = "generating"
     DOWNLOADING = "downloading"
     PERSISTING = "persisting"

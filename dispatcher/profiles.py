@@ -71,6 +71,10 @@ class WebSpec(_Strict):
     # Record a Playwright trace of every attempt; kept only when one goes wrong.
     trace: bool = False
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # Reference images (issue 15): a file input, or a button that opens a
+    # file chooser; and what shows the attachment is ready.
+    upload: str | None = None
+    upload_done: str | None = None
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
@@ -105,6 +109,63 @@ class ResultSpec(_Strict):
     text: str | None = None  # text found at this dotted path
 
 
+# -- reference images (issue 15): how a vendor wants them -------------------
+class UploadSpec(_Strict):
+    """Upload first: each reference image goes to this endpoint once, and the
+    id (or URL) its answer gives replaces ``{reference_image:upload}``."""
+
+    method: str = "POST"
+    path: str  # appended to base_url
+    field: str = "file"  # the multipart file part's name
+    form: dict[str, str] = Field(default_factory=dict)  # plain fields sent along
+    id: str = "id"  # dotted path of the file's id or URL in the answer
+
+
+class ReferenceSpec(_Strict):
+    """How reference images are prepared and sent (``[api.references]``).
+
+    Preparation (each optional) is done once per image and cached: scale the
+    long edge down to `max_edge_px`, re-encode as `format`, and shrink until
+    the encoded image is at most `max_bytes`. `multipart_field` makes the
+    submit ``multipart/form-data`` with the image as that file part (the
+    body template's other values become form fields). `upload_ttl_s`: how
+    long an uploaded image's id is reused before it is uploaded again."""
+
+    max_edge_px: int | None = Field(default=None, ge=16)
+    format: Literal["png", "jpeg", "webp"] | None = None
+    max_bytes: int | None = Field(default=None, ge=1024)
+    multipart_field: str | None = None
+    upload_ttl_s: float = Field(default=3600.0, gt=0)
+
+
+_IMAGE_FORM = re.compile(r"\{(reference_images?):([A-Za-z_][A-Za-z0-9_]*)\}")
+IMAGE_FORMS = ("data_url", "base64", "url", "upload")
+
+
+def _check_image_forms(body: Any, has_upload: bool) -> None:
+    """Image placeholders in a submit body name a known form, and
+    ``:upload`` has an [api.upload] to come from (refused at load, not per task)."""
+    for text in _strings(body):
+        for match in _IMAGE_FORM.finditer(text):
+            name, form = match.groups()
+            if form not in IMAGE_FORMS:
+                raise ValueError(
+                    f"{{{name}:{form}}}: unknown form; use one of {', '.join(IMAGE_FORMS)}"
+                )
+            if form == "upload" and not has_upload:
+                raise ValueError(f"{{{name}:upload}} needs an [api.upload] table")
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
 # A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
 # only the workflow and where parameters go.
 _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
@@ -132,6 +193,10 @@ class ApiSpec(_Strict):
     status: StatusSpec | None = None
     result: ResultSpec | None = None
     cancel: HttpCall | None = None
+    # Reference images (issue 15): preparation and the multipart submit, and
+    # the upload-first endpoint.
+    references: ReferenceSpec = ReferenceSpec()
+    upload: UploadSpec | None = None
     # style "comfyui": the workflow file (API format, relative to the
     # profile), where each task parameter goes ("<node>.inputs.<name>"),
     # which output nodes' files to collect (default: all), and which
@@ -160,6 +225,7 @@ class ApiSpec(_Strict):
         given = [key for key in _COMFYUI_ONLY if key in self.model_fields_set]
         if given:
             raise ValueError(f"`{given[0]}` is only for style 'comfyui'")
+        _check_image_forms(self.submit.body, self.upload is not None)
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
         if self.style == "chat" and (self.result is None or not self.result.text):

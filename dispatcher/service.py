@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import stat
 from pathlib import Path
@@ -179,7 +180,22 @@ class Service:
             os.environ[DEMO_API_KEY_ENV] = "demo-" + secrets.token_hex(12)
         redact(os.environ[DEMO_API_KEY_ENV])
         (self.state_dir / DEMO_FILE).write_text(json.dumps(urls, indent=2) + "\n")
+        await asyncio.to_thread(self._place_demo_inputs)
         return urls
+
+    def _place_demo_inputs(self) -> None:
+        """The sample batch's reference images, where tasks may read them (the
+        first input dir); a file the operator put there is never replaced."""
+        from demo import INPUTS_DIR
+
+        dirs = self.settings.resolved_input_dirs
+        if not dirs:
+            return
+        dirs[0].mkdir(parents=True, exist_ok=True)
+        for source in INPUTS_DIR.glob("*.png"):
+            target = dirs[0] / source.name
+            if not target.exists():
+                shutil.copyfile(source, target)
 
     def _make_runners(self, kinds: set[Kind], concurrency: dict[str, int]) -> None:
         if Kind.API in kinds:

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import inspect
 import mimetypes
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -24,9 +24,10 @@ from urllib.parse import unquote, urljoin
 
 import httpx
 from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Locator, Page
+from playwright.async_api import FilePayload, Locator, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
+from apirunner.refimages import Prepared
 from dispatcher import fetch
 from dispatcher.clock import Clock
 from dispatcher.errors import AuthError, PermanentError, TransientError
@@ -229,9 +230,12 @@ class PageDriver:
         if await self._visible(spec.logged_out, "checking for the logged-out marker"):
             raise self._logged_out_error()
 
-    async def submit(self, message: str) -> str | None:
-        """Type the message and send it; return the answer text that was there before."""
+    async def submit(self, message: str, images: Sequence[Prepared] = ()) -> str | None:
+        """Attach the images, type the message and send it; return the answer
+        text that was there before."""
         spec = self.spec
+        if images:
+            await self.attach(images)
         box = self._loc(spec.input).first
         # Independent calls: sent together, they cost one round trip.
         before, _ = await asyncio.gather(
@@ -251,6 +255,35 @@ class PageDriver:
             )
         self.submitted = True
         return before
+
+    async def attach(self, images: Sequence[Prepared]) -> None:
+        """Give the page the images as picked files, then wait until it shows
+        them ready (``upload_done``)."""
+        spec = self.spec
+        assert spec.upload is not None  # `load_references` refuses images without it
+        payloads: list[FilePayload] = [
+            {"name": image.filename, "mimeType": image.mime, "buffer": image.data}
+            for image in images
+        ]
+        target = self._loc(spec.upload).first
+        is_input = await self._call(
+            target.evaluate("e => e.tagName === 'INPUT' && e.type === 'file'"),
+            "finding the file input",
+        )
+        timeout_ms = self._remaining_ms(30)
+        if is_input:
+            await self._call(target.set_input_files(payloads, timeout=timeout_ms), "attaching")
+        else:
+            async with self.page.expect_file_chooser(timeout=timeout_ms) as chooser_info:
+                await self._call(target.click(timeout=timeout_ms), "opening the file chooser")
+            chooser = await chooser_info.value
+            await self._call(chooser.set_files(payloads, timeout=timeout_ms), "attaching")
+        if spec.upload_done:
+            done = self._loc(spec.upload_done).nth(len(images) - 1)
+            await self._call(
+                done.wait_for(state="visible", timeout=self._remaining_ms(120)),
+                "waiting for the attachment to be ready",
+            )
 
     async def wait_answer(self, before: str | None) -> str:
         """Wait for the generation to end; return the answer text.

@@ -14,20 +14,23 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from playwright.async_api import Playwright, async_playwright
 
 from apirunner.allowlist import Allowlist
+from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.settings import Settings
 from webrunner import evidence
+from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
@@ -182,12 +185,16 @@ class WebRunner:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PermanentError("a web task needs a non-empty `prompt`", kind="input")
         message = compose_message(spec, prompt)
+        files = LocalFiles.under(
+            self._settings.resolved_input_dirs, self._settings.max_reference_image_bytes
+        )
+        images = await load_references(task.params, files, can_attach=spec.upload is not None)
         # The scheduler never runs two tasks on one account; this only makes
         # a mistake there wait instead of opening the profile twice.
         async with self._keeper.locks[account]:
             ctx.check_canceled()
             self._keeper.resume(account)
-            return await self._run_in_browser(ctx, account, message)
+            return await self._run_in_browser(ctx, account, message, images)
 
     def _generation_budget(self, spec: WebSpec) -> Budget:
         # The profile's timeout is nominal (scaled for tests and benchmarks);
@@ -249,7 +256,9 @@ class WebRunner:
         await driver.open(load=not preloaded)
         return driver
 
-    async def _run_in_browser(self, ctx: RunContext, account: str, message: str) -> RunResult:
+    async def _run_in_browser(
+        self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
+    ) -> RunResult:
         spec = ctx.profile.web
         assert spec is not None
         t0 = time.monotonic()
@@ -278,7 +287,7 @@ class WebRunner:
             t_ready = time.monotonic()
             ctx.check_canceled()
             driver.budget = self._generation_budget(spec)
-            before = await driver.submit(message)
+            before = await driver.submit(message, images)
             await ctx.set_stage(Stage.GENERATING)
             text = await driver.wait_answer(before)
             t_answer = time.monotonic()

@@ -110,3 +110,21 @@ async def test_images_are_hashed_off_the_event_loop(
         assert (await h.http.post("/v1/jobs", json=job)).status_code == 201
     assert len(hashed_on) == 2
     assert threading.get_ident() not in hashed_on  # the loop's thread never decodes
+
+
+async def test_the_demo_sample_still_reaches_both_vendors_once(tmp_path: Path) -> None:
+    """`--demo` puts the sample batch's picture in the inputs dir; demo-video
+    sends it as a multipart part, demo-queue uploads it once for two tasks,
+    and the wait for the upload shows as the "uploading" stage."""
+    async with running_service(tmp_path) as h:
+        assert (h.state_dir / "inputs" / "lighthouse.png").is_file()
+        tasks = [
+            await h.submit("demo-video", "from the still", reference_image="lighthouse.png"),
+            await h.submit("demo-queue", "poster one", reference_image="lighthouse.png"),
+            await h.submit("demo-queue", "poster two", reference_image="lighthouse.png"),
+        ]
+        done = [await h.wait_task(task["id"]) for task in tasks]
+        assert [task["state"] for task in done] == ["success"] * 3
+        stats = await h.demo_stats()
+        assert stats["uploads"] == 1 and len(stats["reference_hashes"]) == 3
+        assert "uploading" in done[1]["stage_durations"]

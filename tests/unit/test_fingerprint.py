@@ -22,6 +22,7 @@ from dispatcher.fingerprint import (
     fingerprint,
     image_hash,
     normalize_prompt,
+    read_image,
 )
 from dispatcher.profiles import DEFAULT_FINGERPRINT_FIELDS
 
@@ -364,7 +365,6 @@ def test_images_count_even_when_unlisted(tmp_path: Path) -> None:
         ("cat picture, please!", "not a file in the input dirs, a data: URL or base64"),
         (base64.b64encode(b"plain text, valid base64").decode(), "not an image in a supported"),
         ("data:image/png;base64,@@@", "not valid base64"),
-        ("http://example.com/cat.png", "remote URLs"),
         ("/definitely/missing/picture.png", "no readable image file at that path"),
         ("   ", "empty"),
     ],
@@ -373,6 +373,15 @@ def test_bad_references_are_input_errors(ref: str, message: str) -> None:
     with pytest.raises(InputError, match=message) as info:
         fingerprint("m", {"reference_images": [ref]}, FIELDS)
     assert "reference_images[0]" in str(info.value)
+
+
+def test_a_remote_url_counts_by_its_text_and_is_never_fetched() -> None:
+    url = "https://cdn.example.com/cat.png"
+    one = fingerprint("m", {"reference_image": url}, FIELDS)
+    assert one == fingerprint("m", {"reference_image": f"  {url} "}, FIELDS)
+    assert one != fingerprint("m", {"reference_image": url + "?v=2"}, FIELDS)
+    with pytest.raises(InputError, match="a remote URL cannot be read here"):
+        read_image(url, "reference_image", None)
 
 
 def test_truncated_image_names_the_param() -> None:

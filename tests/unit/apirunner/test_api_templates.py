@@ -125,3 +125,32 @@ def test_walk_stops_at_a_url_with_segments_left() -> None:
     assert found.rest == ("images", "0", "url")
     assert lookup(doc, "response_url.images.0.url") is MISSING
     assert walk(doc, split_path("response_url")).rest == ()
+
+
+def test_an_image_placeholder_reads_the_value_prepared_for_its_form() -> None:
+    from apirunner.templates import placeholders
+
+    body = {
+        "image": "{reference_image:data_url}",
+        "raw": "data:image/png;base64,{reference_image:base64}",
+        "refs": ["{reference_images:upload}"],
+        "prompt": "{prompt}",
+    }
+    assert placeholders(body) == {
+        ("reference_image", "data_url"),
+        ("reference_image", "base64"),
+        ("reference_images", "upload"),
+        ("prompt", ""),
+    }
+    values = {
+        "prompt": "p",
+        "reference_image": "cat.png",  # the raw param never leaks into a form
+        "reference_image:data_url": "data:image/png;base64,QUJD",
+        "reference_image:base64": "QUJD",
+    }
+    assert render_body(body, values) == {
+        "image": "data:image/png;base64,QUJD",
+        "raw": "data:image/png;base64,QUJD",
+        "refs": [],
+        "prompt": "p",
+    }

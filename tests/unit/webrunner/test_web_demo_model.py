@@ -176,6 +176,7 @@ async def test_expired_ends_every_session_until_reset(site: httpx.AsyncClient) -
         "stops": 0,
         "mode": "normal",
         "active": 0,
+        "reference_hashes": [],
     }
 
 
