@@ -169,6 +169,18 @@ class ApiRunner:
                 max_json_bytes=self._settings.max_json_bytes,
             )
 
+    async def add_profiles(
+        self, profiles: Mapping[str, Profile], concurrency: Mapping[str, int]
+    ) -> None:
+        """Serve more API profiles while running (a reload): a client per new provider.
+
+        Their hosts must already be on the allowlist (the caller checks):
+        the clients hold it, and it does not change while they live.
+        """
+        self._profiles.update({n: p for n, p in profiles.items() if p.api is not None})
+        self._concurrency.update(concurrency)
+        await self.start()
+
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
         for client in clients.values():

@@ -215,6 +215,12 @@ class Scheduler:
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
 
+    def replace_lanes(self, lanes: Mapping[str, LaneSpec]) -> None:
+        """New lanes after a reload; a dropped lane's running tasks finish undisturbed."""
+        self.lanes = dict(lanes)
+        for name in self.lanes:
+            self._lane_running.setdefault(name, set())
+
     # -- the round ---------------------------------------------------------------
     def round(self) -> None:
         self.rounds += 1
@@ -241,6 +247,11 @@ class Scheduler:
             task = self.ledger.claim(lane.lane_groups, lane.account)
             if task is None:
                 break
+            if task.model not in self.profiles:
+                # A provider's lane outlived one of its models (removed by a
+                # reload): the task waits a while, without holding up the rest.
+                self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+                continue
             self._start(task, lane)
 
     def _reclaim_stale(self) -> None:

@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,13 @@ from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
-from dispatcher.lanes import build_lanes
+from dispatcher.lanes import LaneSpec, build_lanes
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
-from dispatcher.profiles import load_profiles
+from dispatcher.profiles import Profile, ProfileProblem, read_profiles
+from dispatcher.reload import plan_reload
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
@@ -134,6 +136,8 @@ class Service:
         self._stopped = asyncio.Event()
         self.recovery_summary: dict[str, int] = {}
         self.lag_probe = LoopLagProbe()
+        self.profile_problems: list[ProfileProblem] = []
+        self._reloading = asyncio.Lock()
 
     @property
     def state_dir(self) -> Path:
@@ -212,12 +216,15 @@ class Service:
         self.lag_probe.start()
         if settings.demo:
             self.demo_urls = await self._start_demo()
-        self.profiles = load_profiles(settings.profiles_dir, self.demo_urls)
+        found = read_profiles(settings.profiles_dir, self.demo_urls)
+        self.profiles = found.profiles
+        self.profile_problems = found.problems
+        for problem in found.problems:
+            log.error("%s; its model refuses tasks until it is fixed and reloaded", problem)
         if not self.profiles:
-            raise ConfigError(
-                f"no usable profiles in {settings.profiles_dir} "
-                "(start with --demo for the bundled ones)"
-            )
+            why = "; ".join(str(p) for p in found.problems)
+            why = why or "start with --demo for the bundled ones"
+            raise ConfigError(f"no usable profiles in {settings.profiles_dir} ({why})")
         for profile in self.profiles.values():
             if profile.api and profile.api.auth_env:
                 redact(os.environ.get(profile.api.auth_env))
@@ -252,6 +259,7 @@ class Service:
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
         )
+        self.ledger.invalid_models = found.invalid_models()
         concurrency = {
             lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
@@ -375,6 +383,74 @@ class Service:
     def metrics_payload(self) -> tuple[bytes, str]:
         return self.metrics.render()
 
+    # -- reload ----------------------------------------------------------------
+    def _why_not_live(self, profile: Profile) -> str | None:
+        """Why a new or changed profile cannot be served without a restart, if so."""
+        runner = self.runners.get(profile.kind)
+        if runner is None:
+            kind = profile.kind.value
+            return f"no {kind} runner was started (no {kind} model at start)"
+        if profile.kind is Kind.WEB:
+            held = set(getattr(runner, "accounts", ()))
+            new = sorted(set(profile.accounts) - held)
+            if new:
+                return f"web account(s) {', '.join(new)} not held by this run"
+        allowlist = getattr(runner, "allowlist", None)
+        url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
+        if allowlist is not None and not allowlist.allows(url):
+            return f"host of {url} is not on this run's outbound allowlist"
+        return None
+
+    async def reload(self) -> JSON:
+        """Re-read the profiles; apply what running lanes can serve; report what changed.
+
+        Running tasks keep the profile they started with; pending tasks of a
+        removed model wait (their answer says why) until it comes back.
+        """
+        async with self._reloading:
+            found = await asyncio.to_thread(
+                read_profiles, self.settings.profiles_dir, self.demo_urls
+            )
+            plan = plan_reload(self.profiles, found, self._why_not_live)
+            lanes = build_lanes(plan.profiles, self.settings)
+            await self._add_api_providers(plan.profiles, lanes)
+            # In place: the ledger and the scheduler hold this very mapping.
+            self.profiles.clear()
+            self.profiles.update(plan.profiles)
+            self.profile_problems = found.problems
+            self.ledger.invalid_models = {**plan.invalid, **plan.refused}
+            self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+            self.scheduler.replace_lanes(lanes)
+            self.scheduler.wake()
+        for problem in found.problems:
+            log.error("reload: %s", problem)
+        log.info("profiles reloaded: %s", plan.summary())
+        answer = plan.to_json(found)
+        self.events.publish({"type": "reload", **answer})
+        return answer
+
+    async def _add_api_providers(
+        self, profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]
+    ) -> None:
+        """A client for every API provider a reload brought (on an allowed host)."""
+        from apirunner.runner import ApiRunner
+
+        runner = self.runners.get(Kind.API)
+        if isinstance(runner, ApiRunner):
+            concurrency = {
+                lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+            }
+            await runner.add_profiles(profiles, concurrency)
+
+    def unloaded_note(self, model: str) -> str | None:
+        """Why a pending task of `model` waits, when its model is not loaded."""
+        if model in self.profiles:
+            return None
+        why = self.ledger.invalid_models.get(model)
+        if why:
+            return f"model {model!r} is not loaded ({why}); its tasks wait until it is"
+        return f"model {model!r} is not loaded (profile removed); its tasks wait until it is back"
+
     # -- stop ------------------------------------------------------------------
     async def stop(self) -> None:
         scheduler = getattr(self, "scheduler", None)
@@ -418,11 +494,25 @@ class Service:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[JSON]] = set()
+
+        def on_hup() -> None:
+            job = asyncio.create_task(self.reload(), name="reload")
+            reloads.add(job)
+            job.add_done_callback(reloads.discard)
+            job.add_done_callback(_log_reload_failure)
+
         await self.start()
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
         try:
             await stop.wait()
             log.info("shutting down: running tasks stop at their checkpoints")
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def _log_reload_failure(job: asyncio.Task[JSON]) -> None:
+    if not job.cancelled() and job.exception() is not None:
+        log.error("reload on SIGHUP failed: %s", job.exception())

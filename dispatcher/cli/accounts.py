@@ -79,7 +79,9 @@ def lanes(as_json: JsonFlag = False) -> None:
         return
     table = Table("lane", "models", "concurrency", "enabled", "queued", "running")
     for lane in data:
-        if lane["enabled"] and not lane["needs_attention"]:
+        if lane.get("invalid"):
+            state = f"[red]invalid[/red] {escape(lane['invalid'])}"
+        elif lane["enabled"] and not lane["needs_attention"]:
             state = "yes"
         else:
             why = "needs attention" if lane["needs_attention"] else "no"
@@ -93,3 +95,25 @@ def lanes(as_json: JsonFlag = False) -> None:
             ", ".join(lane["running"]) or "-",
         )
     console.print(table)
+
+
+def reload(as_json: JsonFlag = False) -> None:
+    """Re-read the profiles without a restart (same as SIGHUP); print what changed."""
+    with service_client(as_json) as client:
+        data = client.post("/v1/reload")
+    if as_json:
+        print_json(data)
+        return
+    for what in ("added", "removed", "changed"):
+        if data[what]:
+            console.print(f"{what}: {escape(', '.join(data[what]))}")
+    for model, why in sorted(data["refused"].items()):
+        console.print(f"[yellow]not applied[/yellow] {escape(model)}: {escape(why)}")
+    for problem in data["invalid_profiles"]:
+        console.print(
+            f"[red]invalid[/red] {escape(problem['file'])}: `{escape(problem['key'])}`: "
+            f"{escape(problem['why'])}"
+        )
+    if not any(data[w] for w in ("added", "removed", "changed", "refused", "invalid_profiles")):
+        console.print("no changes")
+    console.print(f"models loaded: {escape(', '.join(data['models']))}")

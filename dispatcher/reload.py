@@ -1,0 +1,76 @@
+"""Re-reading profiles while serving: what changed, and what can be applied live.
+
+A reload swaps profiles in place for the lanes that already run: a web
+account whose browser profile the runner holds, an API provider whose client
+exists, on hosts the outbound allowlist already has. A profile that would
+need a new lane, runner or host is refused with the reason (a restart
+applies it); a removed model's pending tasks wait until it comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from dispatcher.models import JSON
+from dispatcher.profiles import Profile, ProfileSet
+
+
+@dataclass
+class ReloadPlan:
+    profiles: dict[str, Profile]  # what will be loaded
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # model -> why not applied live
+    invalid: dict[str, str] = field(default_factory=dict)  # model -> its profile's problems
+
+    def to_json(self, found: ProfileSet) -> JSON:
+        return {
+            "added": self.added,
+            "removed": self.removed,
+            "changed": self.changed,
+            "refused": self.refused,
+            "invalid_profiles": [p.to_json() for p in found.problems],
+            "models": sorted(self.profiles),
+        }
+
+    def summary(self) -> str:
+        parts = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("changed", self.changed),
+                ("refused", sorted(self.refused)),
+                ("invalid", sorted(self.invalid)),
+            )
+            if names
+        ]
+        return "; ".join(parts) or "no changes"
+
+
+def plan_reload(
+    current: Mapping[str, Profile],
+    found: ProfileSet,
+    why_not_live: Callable[[Profile], str | None],
+) -> ReloadPlan:
+    """Which profiles to load after a reload; `why_not_live` says why one cannot be served now."""
+    plan = ReloadPlan(profiles={}, invalid=found.invalid_models())
+    for name, profile in sorted(found.profiles.items()):
+        old = current.get(name)
+        if old == profile:
+            plan.profiles[name] = old
+            continue
+        why = why_not_live(profile)
+        if why is not None:
+            plan.refused[name] = f"needs a restart: {why}"
+            if old is not None:
+                plan.profiles[name] = old  # the running version stays until then
+            continue
+        plan.profiles[name] = profile
+        (plan.changed if old is not None else plan.added).append(name)
+    for name in sorted(current):
+        if name not in found.profiles and name not in plan.profiles:
+            plan.removed.append(name)
+    return plan
