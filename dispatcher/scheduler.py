@@ -153,6 +153,7 @@ class Scheduler:
         self.running: dict[str, Running] = {}
         self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
         self._wake = asyncio.Event()
+        self._idle: dict[str, asyncio.Event] = {}  # lane -> set when it runs nothing
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
         self._next_reclaim = float("-inf")
@@ -214,6 +215,15 @@ class Scheduler:
                 jobs.append(running.job)
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
+
+    def lane_tasks(self, name: str) -> list[str]:
+        """Ids of the tasks running in a lane (also one dropped from `lanes`)."""
+        return sorted(self._lane_running.get(name, ()))
+
+    async def wait_lane_idle(self, name: str) -> None:
+        """Until the lane runs nothing (its last task's runner has returned)."""
+        while self._lane_running.get(name):
+            await self._idle.setdefault(name, asyncio.Event()).wait()
 
     def replace_lanes(self, lanes: Mapping[str, LaneSpec]) -> None:
         """New lanes after a reload; a dropped lane's running tasks finish undisturbed."""
@@ -365,6 +375,10 @@ class Scheduler:
                         await beat
                 self.running.pop(running.task.id, None)
                 self._lane_running[running.lane.name].discard(running.task.id)
+                if not self._lane_running[running.lane.name]:
+                    idle = self._idle.pop(running.lane.name, None)
+                    if idle is not None:
+                        idle.set()
             if outcome is not None:
                 await self._finish(running, *outcome)
         finally:

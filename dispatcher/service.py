@@ -16,7 +16,7 @@ import signal
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import httpx
@@ -30,19 +30,23 @@ from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
-from dispatcher.lanes import LaneSpec, build_lanes
+from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.profiles import Profile, ProfileProblem, read_profiles
 from dispatcher.reload import plan_reload
+from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
 from dispatcher.store import Store, open_store
 from dispatcher.webhooks import Webhooks
+
+if TYPE_CHECKING:
+    from webrunner.runner import WebRunner
 
 log = logging.getLogger("dispatcher.service")
 
@@ -245,6 +249,7 @@ class Service:
             ttl_s=settings.cache_ttl_s,
         )
         self.cache.startup()
+        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts = AccountBook(self.store, self.clock, self.events)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.ledger = Ledger(
@@ -266,6 +271,10 @@ class Service:
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
         for runner in self.runners.values():
             await runner.start()
+        web = self._web_runner()
+        for lane in lanes.values():
+            if web is not None and lane.kind is Kind.WEB:
+                web.add_account(lane.account)  # one added at run time (the rest are held)
         if settings.demo and Kind.WEB in self.runners:
             await self._login_demo_accounts()
         self.scheduler = Scheduler(
@@ -277,6 +286,15 @@ class Service:
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
             on_success=self._remember_result,
+        )
+        self.roster = Roster(
+            store=self.store,
+            clock=self.clock,
+            accounts=self.accounts,
+            scheduler=self.scheduler,
+            profiles=self.profiles,
+            web=web,
+            relane=self._relane,
         )
         self.metrics = Metrics(self._live_numbers)
         self.events.listen(self.metrics.on_event)
@@ -304,6 +322,20 @@ class Service:
             len(lanes),
             ", ".join(lanes),
         )
+
+    def _web_runner(self) -> WebRunner | None:
+        from webrunner.runner import WebRunner
+
+        runner = self.runners.get(Kind.WEB)
+        return runner if isinstance(runner, WebRunner) else None
+
+    def _relane(self) -> None:
+        """Lanes for the loaded profiles and the added web accounts, swapped in live."""
+        lanes = build_lanes(self.profiles, self.settings)
+        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
+        self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self.scheduler.replace_lanes(lanes)
+        self.scheduler.wake()
 
     async def _login_demo_accounts(self) -> None:
         """The demo site wants a login once per account; a real site's profile has one."""
@@ -419,9 +451,7 @@ class Service:
             self.profiles.update(plan.profiles)
             self.profile_problems = found.problems
             self.ledger.invalid_models = {**plan.invalid, **plan.refused}
-            self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
-            self.scheduler.replace_lanes(lanes)
-            self.scheduler.wake()
+            self._relane()
         for problem in found.problems:
             log.error("reload: %s", problem)
         log.info("profiles reloaded: %s", plan.summary())
@@ -453,6 +483,9 @@ class Service:
 
     # -- stop ------------------------------------------------------------------
     async def stop(self) -> None:
+        roster = getattr(self, "roster", None)
+        if roster is not None:
+            await roster.aclose()
         scheduler = getattr(self, "scheduler", None)
         if scheduler is not None:
             await scheduler.shutdown()

@@ -70,6 +70,45 @@ def accounts_enable(
         console.print(f"{escape(name)}: enabled")
 
 
+@accounts_app.command("add")
+def accounts_add(
+    name: Annotated[str, typer.Argument(help="The web account (names its browser profile).")],
+    models: Annotated[
+        list[str], typer.Option("--model", help="A loaded web model it serves (repeatable).")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a web account while serving; it takes tasks at once (log it in first)."""
+    with service_client(as_json) as client:
+        data = client.post("/v1/accounts", {"name": name, "models": models})
+    if as_json:
+        print_json(data)
+    else:
+        console.print(f"{escape(name)}: added, serving {escape(', '.join(data['models']))}")
+
+
+@accounts_app.command("remove")
+def accounts_remove(
+    name: Annotated[str, typer.Argument(help="A web account added with `accounts add`.")],
+    drain: Annotated[
+        bool, typer.Option("--drain", help="If it runs a task: no new ones, gone when it ends.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove a web account added at run time (refused while it runs a task, unless --drain)."""
+    path = f"/v1/accounts/{quote(name, safe='')}" + ("?drain=true" if drain else "")
+    with service_client(as_json) as client:
+        data = client.delete(path)
+    if as_json:
+        print_json(data)
+    elif data["draining"]:
+        console.print(
+            f"{escape(name)}: draining; removed when task {', '.join(data['running'])} ends"
+        )
+    else:
+        console.print(f"{escape(name)}: removed")
+
+
 def lanes(as_json: JsonFlag = False) -> None:
     """Lanes with concurrency, queue depth and running tasks."""
     with service_client(as_json) as client:

@@ -326,6 +326,20 @@ class Api:
         account = self.service.accounts.disable(request.path_params["name"], body["reason"])
         return JSONResponse(account.to_json())
 
+    async def add_account(self, request: Request) -> Response:
+        body = await _json_body(request)
+        bodies.validate(bodies.AccountBody, body, "body")
+        return JSONResponse(self.service.roster.add(body["name"], body["models"]), 201)
+
+    async def remove_account(self, request: Request) -> Response:
+        drain = request.query_params.get("drain", "false")
+        if drain not in ("true", "false"):
+            raise InputError("drain must be true or false")
+        answer = await self.service.roster.remove(
+            request.path_params["name"], drain=drain == "true"
+        )
+        return JSONResponse(answer, 202 if answer["draining"] else 200)
+
     async def enable_account(self, request: Request) -> Response:
         account = self.service.accounts.enable(request.path_params["name"])
         self.service.scheduler.wake()
@@ -488,6 +502,8 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/lanes", api.lanes, methods=["GET"]),
         Route("/v1/reload", api.reload, methods=["POST"]),
         Route("/v1/accounts", api.accounts, methods=["GET"]),
+        Route("/v1/accounts", api.add_account, methods=["POST"]),
+        Route("/v1/accounts/{name}", api.remove_account, methods=["DELETE"]),
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
         Route("/v1/events", api.events, methods=["GET"]),

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from dispatcher.http.bodies import DisableBody, JobBody, TaskBody
+from dispatcher.http.bodies import AccountBody, DisableBody, JobBody, TaskBody
 from dispatcher.models import JobState, Kind, Stage, State
 
 MAX_LIST = 500
@@ -174,6 +174,19 @@ class Lane(_Answer):
     )
 
 
+class AddedAccount(_Answer):
+    name: str
+    models: list[str] = Field(description="the web models it serves (besides its profiles')")
+    profiles: list[str] = Field(description="profile files that also list it")
+
+
+class RemovedAccount(_Answer):
+    name: str
+    removed: bool = Field(description="gone now (false while it drains)")
+    draining: bool = Field(description="takes no new task; goes when its running task ends")
+    running: list[str]
+
+
 class ReloadAnswer(_Answer):
     added: list[str]
     removed: list[str]
@@ -313,6 +326,20 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
     ),
     ("/v1/accounts", "get"): Op("Web accounts and API providers", answer=list[AccountAnswer]),
+    ("/v1/accounts", "post"): Op(
+        "Add a web account serving loaded web models; it takes tasks at once",
+        answer=AddedAccount,
+        body=AccountBody,
+        ok=201,
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}", "delete"): Op(
+        "Remove a web account added at run time (409 while it runs a task, unless drain)",
+        answer=RemovedAccount,
+        also_ok=((202, "draining: removed when its running task ends"),),
+        query=(Query("drain", {"type": "string", "enum": ["true", "false"]}, "wait for its task"),),
+        errors=(409,),
+    ),
     ("/v1/accounts/{name}/disable", "post"): Op(
         "Disable a lane", answer=AccountAnswer, body=DisableBody
     ),
