@@ -11,9 +11,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from dispatcher.models import JSON
 from dispatcher.profiles import Profile, ProfileSet
+from dispatcher.settings import Settings
+
+# Settings a reload applies while serving; the rest (state dir, database,
+# port, profiles dir, time scale, logging, timeouts) need a restart.
+LIVE_SETTINGS = (
+    "concurrency",
+    "default_concurrency",
+    "browser_keep_alive_s",
+    "cache_max_bytes",
+    "cache_ttl_s",
+)
+# Pinned to the running values when the settings are read again.
+PINNED_SETTINGS = (
+    "state_dir",
+    "database_url",
+    "port",
+    "demo",
+    "time_scale",
+    "profiles_dir",
+    "log_format",
+    "log_level",
+)
+
+
+def live_changes(running: Settings, fresh: Settings) -> dict[str, Any]:
+    """The live settings whose value differs in `fresh`: name -> new value."""
+    return {
+        name: getattr(fresh, name)
+        for name in LIVE_SETTINGS
+        if getattr(fresh, name) != getattr(running, name)
+    }
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import filelock
 import httpx
+from pydantic import ValidationError
 
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
@@ -36,7 +37,7 @@ from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.profiles import Profile, ProfileProblem, read_profiles
-from dispatcher.reload import plan_reload
+from dispatcher.reload import PINNED_SETTINGS, live_changes, plan_reload
 from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
@@ -440,6 +441,7 @@ class Service:
         removed model wait (their answer says why) until it comes back.
         """
         async with self._reloading:
+            settings_answer = self._reload_settings()
             found = await asyncio.to_thread(
                 read_profiles, self.settings.profiles_dir, self.demo_urls
             )
@@ -455,9 +457,49 @@ class Service:
         for problem in found.problems:
             log.error("reload: %s", problem)
         log.info("profiles reloaded: %s", plan.summary())
-        answer = plan.to_json(found)
+        answer = {**plan.to_json(found), **settings_answer}
         self.events.publish({"type": "reload", **answer})
         return answer
+
+    def _reload_settings(self) -> JSON:
+        """Read the settings again; apply the live ones (LIVE_SETTINGS) or say why not."""
+        running = self.settings
+        try:
+            fresh = type(running)(**{name: getattr(running, name) for name in PINNED_SETTINGS})
+            changed = live_changes(running, fresh)
+            candidate = running.model_copy(update=changed)
+            self._check_concurrency(candidate)
+        except (ValidationError, ConfigError) as exc:
+            log.error("reload: settings not applied: %s", exc)
+            return {"settings": {}, "settings_error": str(exc)}
+        self.settings = candidate
+        web = self._web_runner()
+        if web is not None:
+            web.set_keep_alive(candidate.browser_keep_alive_s)
+        self.cache.max_bytes = candidate.cache_max_bytes
+        self.cache.ttl_s = candidate.cache_ttl_s
+        if changed:
+            log.info(
+                "reload: settings changed: %s",
+                ", ".join(f"{k}={v}" for k, v in sorted(changed.items())),
+            )
+        return {"settings": changed, "settings_error": None}
+
+    def _check_concurrency(self, settings: Settings) -> None:
+        """ConfigError for a quota outside 1..5, or above what a provider's pool was opened with."""
+        from apirunner.runner import ApiRunner
+
+        lanes = build_lanes(self.profiles, settings)
+        runner = self.runners.get(Kind.API)
+        if not isinstance(runner, ApiRunner):
+            return
+        for lane in lanes.values():
+            pool = runner.pool_size(lane.account)
+            if lane.kind is Kind.API and pool is not None and lane.concurrency > pool:
+                raise ConfigError(
+                    f"concurrency for API provider {lane.account!r} raised to "
+                    f"{lane.concurrency}: its connection pool holds {pool}; a restart applies it"
+                )
 
     async def _add_api_providers(
         self, profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]

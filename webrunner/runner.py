@@ -174,6 +174,10 @@ class WebRunner:
             raise ConfigError(str(exc)) from exc
         return lock
 
+    def set_keep_alive(self, keep_alive_s: float) -> None:
+        """A reload changed how long a browser stays open after a task (from the next task)."""
+        self._keeper.keep_alive_s = keep_alive_s
+
     def add_account(self, account: str) -> None:
         """Take on a web account while running: lock it, make its dir; it serves at once."""
         check_account_name(account)

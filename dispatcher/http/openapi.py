@@ -194,6 +194,8 @@ class ReloadAnswer(_Answer):
     refused: dict[str, str] = Field(description="model -> why a restart is needed to apply it")
     invalid_profiles: list[dict[str, Any]] = Field(description="file, key, why, model")
     models: list[str] = Field(description="the models loaded after the reload")
+    settings: dict[str, Any] = Field(description="live settings that changed: name -> value")
+    settings_error: str | None = Field(description="why the settings were not applied")
 
 
 class AccountAnswer(_Answer):

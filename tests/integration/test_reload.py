@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.harness import running_service
 from tests.helpers import REPO
 
@@ -71,3 +73,29 @@ async def test_a_removed_model_waits_with_a_reason_and_runs_when_back(tmp_path: 
         assert answer["added"] == ["demo-video"]
         done = await h.wait_task(video["id"])
         assert done["state"] == "success" and done["attempt"] == 1 and "note" not in done
+
+
+async def test_reload_applies_live_settings_and_refuses_what_needs_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api",)) as h:
+        monkeypatch.setenv("DISPATCHER_CONCURRENCY", '{"demo": 1}')
+        monkeypatch.setenv("DISPATCHER_CACHE_TTL_S", "60")
+        monkeypatch.setenv("DISPATCHER_PORT", "1")  # not live: the running port stays
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["settings"] == {"concurrency": {"demo": 1}, "cache_ttl_s": 60.0}
+        assert answer["settings_error"] is None
+        (lane,) = (await h.http.get("/v1/lanes")).json()
+        assert lane["concurrency"] == 1
+        assert h.service.cache.ttl_s == 60.0
+        # Above the pool the provider's client was opened with: a restart applies it.
+        monkeypatch.setenv("DISPATCHER_CONCURRENCY", '{"demo": 5}')
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["settings"] == {} and "pool holds 3" in answer["settings_error"]
+        monkeypatch.setenv("DISPATCHER_CONCURRENCY", '{"demo": 9}')
+        answer = (await h.http.post("/v1/reload")).json()
+        assert "between 1 and 5" in answer["settings_error"]
+        (lane,) = (await h.http.get("/v1/lanes")).json()
+        assert lane["concurrency"] == 1
+        task = await h.submit("demo-chat-api", "still served")
+        assert (await h.wait_task(task["id"]))["state"] == "success"
