@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.models import JSON
+from dispatcher.errors import ConfigError
+from dispatcher.lanes import LaneSpec
+from dispatcher.models import JSON, Kind
 from dispatcher.profiles import Profile, ProfileSet
 from dispatcher.settings import Settings
 
@@ -80,6 +82,17 @@ class ReloadPlan:
             if names
         ]
         return "; ".join(parts) or "no changes"
+
+
+def check_pools(lanes: Mapping[str, LaneSpec], pool_size: Callable[[str], int | None]) -> None:
+    """ConfigError when a provider's quota exceeds the pool its client was opened with."""
+    for lane in lanes.values():
+        pool = pool_size(lane.account) if lane.kind is Kind.API else None
+        if pool is not None and lane.concurrency > pool:
+            raise ConfigError(
+                f"concurrency for API provider {lane.account!r} raised to "
+                f"{lane.concurrency}: its connection pool holds {pool}; a restart applies it"
+            )
 
 
 def plan_reload(

@@ -26,7 +26,7 @@ from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.decisions import EXPIRE_AFTER_S, RecoveryAction, plan_reclaims, plan_recovery
-from dispatcher.errors import ConfigError, LockHeld
+from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
@@ -37,7 +37,7 @@ from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.profiles import Profile, ProfileProblem, read_profiles
-from dispatcher.reload import PINNED_SETTINGS, live_changes, plan_reload
+from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes, plan_reload
 from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
@@ -418,20 +418,26 @@ class Service:
 
     # -- reload ----------------------------------------------------------------
     def _why_not_live(self, profile: Profile) -> str | None:
-        """Why a new or changed profile cannot be served without a restart, if so."""
+        """Why a new or changed profile cannot be served without a restart, if so.
+
+        A web account it brings is taken on here (locked, its dir made), so
+        that its lane can open with the reload.
+        """
         runner = self.runners.get(profile.kind)
         if runner is None:
             kind = profile.kind.value
             return f"no {kind} runner was started (no {kind} model at start)"
-        if profile.kind is Kind.WEB:
-            held = set(getattr(runner, "accounts", ()))
-            new = sorted(set(profile.accounts) - held)
-            if new:
-                return f"web account(s) {', '.join(new)} not held by this run"
         allowlist = getattr(runner, "allowlist", None)
         url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
         if allowlist is not None and not allowlist.allows(url):
             return f"host of {url} is not on this run's outbound allowlist"
+        web = self._web_runner()
+        if profile.kind is Kind.WEB and web is not None:
+            for account in profile.accounts:
+                try:
+                    web.add_account(account)
+                except (InputError, LockHeld, ConfigError) as exc:
+                    return str(exc)
         return None
 
     async def reload(self) -> JSON:
@@ -486,20 +492,11 @@ class Service:
         return {"settings": changed, "settings_error": None}
 
     def _check_concurrency(self, settings: Settings) -> None:
-        """ConfigError for a quota outside 1..5, or above what a provider's pool was opened with."""
         from apirunner.runner import ApiRunner
 
-        lanes = build_lanes(self.profiles, settings)
         runner = self.runners.get(Kind.API)
-        if not isinstance(runner, ApiRunner):
-            return
-        for lane in lanes.values():
-            pool = runner.pool_size(lane.account)
-            if lane.kind is Kind.API and pool is not None and lane.concurrency > pool:
-                raise ConfigError(
-                    f"concurrency for API provider {lane.account!r} raised to "
-                    f"{lane.concurrency}: its connection pool holds {pool}; a restart applies it"
-                )
+        pools = runner.pool_size if isinstance(runner, ApiRunner) else lambda _: None
+        check_pools(build_lanes(self.profiles, settings), pools)
 
     async def _add_api_providers(
         self, profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]

@@ -75,3 +75,13 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         lock.release()
         gone = await h.http.delete("/v1/accounts/extra")
         assert gone.status_code == 404
+        # A profile that lists one more account: a reload takes it on.
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "demo-3"]')
+        )
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}
+        lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
+        assert lanes["web:demo-3"]["models"] == ["demo-chat"]
+        assert "demo-3" in runner.accounts and runner.user_data_dir("demo-3").is_dir()
