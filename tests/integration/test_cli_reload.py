@@ -64,5 +64,11 @@ def test_reload_command_and_sighup_reread_the_profiles(tmp_path: Path) -> None:
         shown = service.cli("lanes")
         assert "invalid:bad.toml" in shown.stdout and "invalid" in shown.stdout
         assert "removed: demo-video" in service.log()
+        add, remove = service.cli_many(
+            ("accounts", "add", "acct-9", "--model", "demo-chat-api"),
+            ("accounts", "remove", "acct-9", "--drain"),
+        )
+        assert add.returncode == 2 and "not a loaded web model: demo-chat-api" in add.stderr
+        assert remove.returncode == 2 and "no web account 'acct-9'" in remove.stderr
     finally:
         assert service.stop() == 0, service.log()[-3000:]
