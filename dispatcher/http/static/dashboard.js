@@ -480,7 +480,7 @@
 
   function laneOf(task) {
     if (task.account) return `${task.kind}:${task.account}`;
-    const serving = view.lanes.filter((lane) => lane.models.includes(task.model));
+    const serving = view.lanes.filter((lane) => !lane.invalid && lane.models.includes(task.model));
     if (serving.length === 1) return serving[0].name;
     return `${task.kind}:${task.model} (any account)`;
   }
