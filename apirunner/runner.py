@@ -176,6 +176,25 @@ class ApiRunner:
                 max_json_bytes=self._settings.max_json_bytes,
             )
 
+    def pool_size(self, provider: str) -> int | None:
+        """The connection pool a provider's client was opened with (its concurrency then)."""
+        if provider not in self._clients:
+            return None
+        return self._concurrency.get(provider) or self._settings.provider_concurrency(provider)
+
+    async def add_profiles(
+        self, profiles: Mapping[str, Profile], concurrency: Mapping[str, int]
+    ) -> None:
+        """Serve more API profiles while running (a reload): a client per new provider.
+
+        Their hosts must already be on the allowlist (the caller checks):
+        the clients hold it, and it does not change while they live.
+        """
+        self._profiles.update({n: p for n, p in profiles.items() if p.api is not None})
+        # An open client keeps the pool it was made with.
+        self._concurrency.update({p: n for p, n in concurrency.items() if p not in self._clients})
+        await self.start()
+
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
         for client in clients.values():

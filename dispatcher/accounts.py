@@ -33,6 +33,12 @@ class AccountBook:
                 self._store.upsert_account(account)
                 self._accounts[name] = account
 
+    def forget(self, name: str) -> None:
+        """A web account removed at run time: its switches go with it."""
+        if self._accounts.pop(name, None) is not None:
+            self._store.delete_account(name)
+            log.info("[web:%s] removed", name)
+
     def all(self) -> list[Account]:
         return sorted(self._accounts.values(), key=lambda a: (a.kind.value, a.name))
 

@@ -138,6 +138,9 @@ class Client:
     def post(self, path: str, json: Any = None) -> Any:
         return self.request("POST", path, json=json if json is not None else {})
 
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
     def resolve(self, task_or_job: str) -> tuple[str, dict[str, Any]]:
         """("task"|"job", its answer) for an id, or a unique prefix, that names either."""
         if not task_or_job.strip():

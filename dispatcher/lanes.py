@@ -89,3 +89,31 @@ def lane_groups_of(models: Iterable[Profile]) -> tuple[str, ...]:
     their model's group, so no lane needs to take the old name.
     """
     return tuple(sorted({m.lane_group for m in models}))
+
+
+def with_added_accounts(
+    lanes: Mapping[str, LaneSpec],
+    added: Mapping[str, tuple[str, ...]],
+    profiles: Mapping[str, Profile],
+) -> dict[str, LaneSpec]:
+    """`lanes` plus the web accounts added at run time, each serving its loaded web models.
+
+    An account also listed in a profile serves the union of both lists; one
+    whose models are all unloaded gets no lane (its row stays for later).
+    """
+    merged = dict(lanes)
+    for account, wanted in sorted(added.items()):
+        models = {m for m in wanted if m in profiles and profiles[m].kind is Kind.WEB}
+        name = f"web:{account}"
+        if name in merged:
+            models |= set(merged[name].models)
+        if models:
+            merged[name] = LaneSpec(
+                name=name,
+                kind=Kind.WEB,
+                account=account,
+                lane_groups=tuple(sorted(f"web:{m}" for m in models)),
+                models=tuple(sorted(models)),
+                concurrency=WEB_ACCOUNT_CONCURRENCY,
+            )
+    return merged

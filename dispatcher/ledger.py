@@ -155,10 +155,14 @@ class Ledger:
         self.cache_hits = 0
         self.retries = 0
         self.stale_reclaims = 0
+        # Models whose profile is broken (or not applied live): why, for a clear refusal.
+        self.invalid_models: dict[str, str] = {}
 
     # -- creating ------------------------------------------------------------
     def _profile(self, model: str) -> Profile:
         profile = self.profiles.get(model)
+        if profile is None and model in self.invalid_models:
+            raise InputError(f"model {model!r} is not loaded: {self.invalid_models[model]}")
         if profile is None:
             known = ", ".join(sorted(self.profiles)) or "none loaded"
             raise InputError(f"unknown model {model!r}; known models: {known}")
@@ -558,6 +562,20 @@ class Ledger:
         if forget_remote:
             changes["remote_id"] = None
         return self._write(task, State.PENDING, changes, why=why)
+
+    def hold_unloaded(self, task: Task, delay_s: float) -> Task | None:
+        """Back to pending, same attempt, for a while: its model is not loaded now."""
+        return self._write(
+            task,
+            State.PENDING,
+            {
+                "stage": None,
+                "heartbeat_at": None,
+                "account": None,
+                "not_before": self.clock.now() + delay_s,
+            },
+            why=f"model {task.model!r} is not loaded",
+        )
 
     def expire(self, task: Task) -> Task | None:
         return self._write(

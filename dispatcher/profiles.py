@@ -14,6 +14,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -339,55 +340,130 @@ def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
     return value
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
+def _errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Every (dotted key, why) pydantic found, not only the first."""
+    found = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(file)"
         if err["type"] == "extra_forbidden":
-            parts.append(f"unknown key `{where}`")
+            found.append((where, "unknown key"))
         else:
-            parts.append(f"`{where}`: {err['msg']}")
-    return "; ".join(parts)
+            found.append((where, err["msg"]))
+    return found
 
 
-def parse_profile(path: Path, variables: Mapping[str, str] | None = None) -> Profile | None:
-    """One profile file; None when it references variables nobody provides."""
+@dataclass(frozen=True)
+class ProfileProblem:
+    """One thing wrong with a profile file: which file, which key, why."""
+
+    file: str
+    key: str  # dotted path into the file, or "(file)"
+    why: str
+    model: str | None = None  # the model the file names, when it could be read
+
+    def __str__(self) -> str:
+        return f"profile {self.file}: `{self.key}`: {self.why}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "key": self.key, "why": self.why, "model": self.model}
+
+
+@dataclass
+class ProfileSet:
+    """What a profiles dir holds: the valid profiles and every problem of the others."""
+
+    profiles: dict[str, Profile] = field(default_factory=dict)
+    problems: list[ProfileProblem] = field(default_factory=list)
+
+    def invalid_models(self) -> dict[str, str]:
+        """Model name -> why it is not loaded, for broken files that name one."""
+        invalid: dict[str, list[ProfileProblem]] = {}
+        for problem in self.problems:
+            if problem.model and problem.model not in self.profiles:
+                invalid.setdefault(problem.model, []).append(problem)
+        return {model: _file_message(found) for model, found in invalid.items()}
+
+
+def _read(path: Path, variables: Mapping[str, str]) -> tuple[Profile | None, list[ProfileProblem]]:
+    """One file: its profile (None when invalid or skipped) and its problems."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"profile {path}: cannot read it: {exc}") from exc
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return None, [ProfileProblem(str(path), "(file)", f"cannot read it: {exc}")]
+    named = raw.get("name")
+    model = named if isinstance(named, str) and named else None
     missing: set[str] = set()
-    expanded = _expand(raw, variables or {}, missing)
+    expanded = _expand(raw, variables, missing)
     try:
         profile = Profile.model_validate(
             {**expanded, "source": str(path)}, context={"profile_dir": str(path.parent)}
         )
     except ValidationError as exc:
-        raise ConfigError(f"profile {path}: {_describe(exc)}") from exc
+        return None, [ProfileProblem(str(path), key, why, model) for key, why in _errors(exc)]
     if missing:
         log.warning(
             "profile %s skipped: it needs %s, which nothing provides",
             path.name,
             ", ".join(f"${{{name}}}" for name in sorted(missing)),
         )
-        return None
+        return None, []
+    return profile, []
+
+
+def parse_profile(path: Path, variables: Mapping[str, str] | None = None) -> Profile | None:
+    """One profile file; None when it references variables nobody provides."""
+    profile, problems = _read(path, variables or {})
+    if problems:
+        raise ConfigError(_file_message(problems))
     return profile
+
+
+def _file_message(problems: list[ProfileProblem]) -> str:
+    """One line for one file's problems (they all share the file)."""
+    whys = []
+    for problem in problems:
+        if problem.key == "(file)":
+            whys.append(problem.why)
+        elif problem.why == "unknown key":
+            whys.append(f"unknown key `{problem.key}`")
+        else:
+            whys.append(f"`{problem.key}`: {problem.why}")
+    return f"profile {problems[0].file}: {'; '.join(whys)}"
+
+
+def read_profiles(directory: Path, variables: Mapping[str, str] | None = None) -> ProfileSet:
+    """Every profile in `directory`, collecting every problem instead of stopping at one.
+
+    Raises ConfigError only when the directory itself is missing.
+    """
+    if not directory.is_dir():
+        raise ConfigError(f"profiles dir {directory} does not exist")
+    found = ProfileSet()
+    for path in sorted(directory.glob("*.toml")):
+        profile, problems = _read(path, variables or {})
+        found.problems.extend(problems)
+        if profile is None:
+            continue
+        if profile.name in found.profiles:
+            found.problems.append(
+                ProfileProblem(
+                    str(path),
+                    "name",
+                    f"model name {profile.name!r} is already defined by "
+                    f"{found.profiles[profile.name].source}",
+                )
+            )
+            continue
+        found.profiles[profile.name] = profile
+    return found
 
 
 def load_profiles(
     directory: Path, variables: Mapping[str, str] | None = None
 ) -> dict[str, Profile]:
-    if not directory.is_dir():
-        raise ConfigError(f"profiles dir {directory} does not exist")
-    profiles: dict[str, Profile] = {}
-    for path in sorted(directory.glob("*.toml")):
-        profile = parse_profile(path, variables)
-        if profile is None:
-            continue
-        if profile.name in profiles:
-            raise ConfigError(
-                f"profile {path}: model name {profile.name!r} is already defined by "
-                f"{profiles[profile.name].source}"
-            )
-        profiles[profile.name] = profile
-    return profiles
+    """The valid profiles; ConfigError naming the first problem when any file is wrong."""
+    found = read_profiles(directory, variables)
+    if found.problems:
+        first = found.problems[0].file
+        raise ConfigError(_file_message([p for p in found.problems if p.file == first]))
+    return found.profiles

@@ -153,6 +153,7 @@ class Scheduler:
         self.running: dict[str, Running] = {}
         self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
         self._wake = asyncio.Event()
+        self._idle: dict[str, asyncio.Event] = {}  # lane -> set when it runs nothing
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
         self._next_reclaim = float("-inf")
@@ -215,6 +216,21 @@ class Scheduler:
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
 
+    def lane_tasks(self, name: str) -> list[str]:
+        """Ids of the tasks running in a lane (also one dropped from `lanes`)."""
+        return sorted(self._lane_running.get(name, ()))
+
+    async def wait_lane_idle(self, name: str) -> None:
+        """Until the lane runs nothing (its last task's runner has returned)."""
+        while self._lane_running.get(name):
+            await self._idle.setdefault(name, asyncio.Event()).wait()
+
+    def replace_lanes(self, lanes: Mapping[str, LaneSpec]) -> None:
+        """New lanes after a reload; a dropped lane's running tasks finish undisturbed."""
+        self.lanes = dict(lanes)
+        for name in self.lanes:
+            self._lane_running.setdefault(name, set())
+
     # -- the round ---------------------------------------------------------------
     def round(self) -> None:
         self.rounds += 1
@@ -241,6 +257,11 @@ class Scheduler:
             task = self.ledger.claim(lane.lane_groups, lane.account)
             if task is None:
                 break
+            if task.model not in self.profiles:
+                # A provider's lane outlived one of its models (removed by a
+                # reload): the task waits a while, without holding up the rest.
+                self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+                continue
             self._start(task, lane)
 
     def _reclaim_stale(self) -> None:
@@ -354,6 +375,10 @@ class Scheduler:
                         await beat
                 self.running.pop(running.task.id, None)
                 self._lane_running[running.lane.name].discard(running.task.id)
+                if not self._lane_running[running.lane.name]:
+                    idle = self._idle.pop(running.lane.name, None)
+                    if idle is not None:
+                        idle.set()
             if outcome is not None:
                 await self._finish(running, *outcome)
         finally:

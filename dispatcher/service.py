@@ -15,33 +15,40 @@ import secrets
 import shutil
 import signal
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import httpx
+from pydantic import ValidationError
 
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.decisions import EXPIRE_AFTER_S, RecoveryAction, plan_reclaims, plan_recovery
-from dispatcher.errors import ConfigError, LockHeld
+from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
-from dispatcher.lanes import build_lanes
+from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
 from dispatcher.models import JSON, Kind, State, Task
-from dispatcher.profiles import load_profiles
+from dispatcher.profiles import Profile, ProfileProblem, read_profiles
+from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes, plan_reload
+from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
 from dispatcher.store import Store, open_store
 from dispatcher.webhooks import Webhooks
+
+if TYPE_CHECKING:
+    from webrunner.runner import WebRunner
 
 log = logging.getLogger("dispatcher.service")
 
@@ -135,6 +142,8 @@ class Service:
         self._stopped = asyncio.Event()
         self.recovery_summary: dict[str, int] = {}
         self.lag_probe = LoopLagProbe()
+        self.profile_problems: list[ProfileProblem] = []
+        self._reloading = asyncio.Lock()
 
     @property
     def state_dir(self) -> Path:
@@ -228,12 +237,15 @@ class Service:
         self.lag_probe.start()
         if settings.demo:
             self.demo_urls = await self._start_demo()
-        self.profiles = load_profiles(settings.profiles_dir, self.demo_urls)
+        found = read_profiles(settings.profiles_dir, self.demo_urls)
+        self.profiles = found.profiles
+        self.profile_problems = found.problems
+        for problem in found.problems:
+            log.error("%s; its model refuses tasks until it is fixed and reloaded", problem)
         if not self.profiles:
-            raise ConfigError(
-                f"no usable profiles in {settings.profiles_dir} "
-                "(start with --demo for the bundled ones)"
-            )
+            why = "; ".join(str(p) for p in found.problems)
+            why = why or "start with --demo for the bundled ones"
+            raise ConfigError(f"no usable profiles in {settings.profiles_dir} ({why})")
         for profile in self.profiles.values():
             for provider in profile.provider_names:
                 auth_env = profile.api_for(provider).auth_env
@@ -256,6 +268,7 @@ class Service:
             ttl_s=settings.cache_ttl_s,
         )
         self.cache.startup()
+        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts = AccountBook(self.store, self.clock, self.events)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.ledger = Ledger(
@@ -270,12 +283,17 @@ class Service:
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
         )
+        self.ledger.invalid_models = found.invalid_models()
         concurrency = {
             lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
         for runner in self.runners.values():
             await runner.start()
+        web = self._web_runner()
+        for lane in lanes.values():
+            if web is not None and lane.kind is Kind.WEB:
+                web.add_account(lane.account)  # one added at run time (the rest are held)
         if settings.demo and Kind.WEB in self.runners:
             await self._login_demo_accounts()
         self.scheduler = Scheduler(
@@ -287,6 +305,15 @@ class Service:
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
             on_success=self._remember_result,
+        )
+        self.roster = Roster(
+            store=self.store,
+            clock=self.clock,
+            accounts=self.accounts,
+            scheduler=self.scheduler,
+            profiles=self.profiles,
+            web=web,
+            relane=self._relane,
         )
         self.metrics = Metrics(self._live_numbers)
         self.events.listen(self.metrics.on_event)
@@ -314,6 +341,20 @@ class Service:
             len(lanes),
             ", ".join(lanes),
         )
+
+    def _web_runner(self) -> WebRunner | None:
+        from webrunner.runner import WebRunner
+
+        runner = self.runners.get(Kind.WEB)
+        return runner if isinstance(runner, WebRunner) else None
+
+    def _relane(self) -> None:
+        """Lanes for the loaded profiles and the added web accounts, swapped in live."""
+        lanes = build_lanes(self.profiles, self.settings)
+        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
+        self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self.scheduler.replace_lanes(lanes)
+        self.scheduler.wake()
 
     async def _login_demo_accounts(self) -> None:
         """The demo site wants a login once per account; a real site's profile has one."""
@@ -396,8 +437,115 @@ class Service:
     def metrics_payload(self) -> tuple[bytes, str]:
         return self.metrics.render()
 
+    # -- reload ----------------------------------------------------------------
+    def _why_not_live(self, profile: Profile) -> str | None:
+        """Why a new or changed profile cannot be served without a restart, if so.
+
+        A web account it brings is taken on here (locked, its dir made), so
+        that its lane can open with the reload.
+        """
+        runner = self.runners.get(profile.kind)
+        if runner is None:
+            kind = profile.kind.value
+            return f"no {kind} runner was started (no {kind} model at start)"
+        allowlist = getattr(runner, "allowlist", None)
+        url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
+        if allowlist is not None and not allowlist.allows(url):
+            return f"host of {url} is not on this run's outbound allowlist"
+        web = self._web_runner()
+        if profile.kind is Kind.WEB and web is not None:
+            for account in profile.accounts:
+                try:
+                    web.add_account(account)
+                except (InputError, LockHeld, ConfigError) as exc:
+                    return str(exc)
+        return None
+
+    async def reload(self) -> JSON:
+        """Re-read the profiles; apply what running lanes can serve; report what changed.
+
+        Running tasks keep the profile they started with; pending tasks of a
+        removed model wait (their answer says why) until it comes back.
+        """
+        async with self._reloading:
+            settings_answer = self._reload_settings()
+            found = await asyncio.to_thread(
+                read_profiles, self.settings.profiles_dir, self.demo_urls
+            )
+            plan = plan_reload(self.profiles, found, self._why_not_live)
+            lanes = build_lanes(plan.profiles, self.settings)
+            await self._add_api_providers(plan.profiles, lanes)
+            # In place: the ledger and the scheduler hold this very mapping.
+            self.profiles.clear()
+            self.profiles.update(plan.profiles)
+            self.profile_problems = found.problems
+            self.ledger.invalid_models = {**plan.invalid, **plan.refused}
+            self._relane()
+        for problem in found.problems:
+            log.error("reload: %s", problem)
+        log.info("profiles reloaded: %s", plan.summary())
+        answer = {**plan.to_json(found), **settings_answer}
+        self.events.publish({"type": "reload", **answer})
+        return answer
+
+    def _reload_settings(self) -> JSON:
+        """Read the settings again; apply the live ones (LIVE_SETTINGS) or say why not."""
+        running = self.settings
+        try:
+            fresh = type(running)(**{name: getattr(running, name) for name in PINNED_SETTINGS})
+            changed = live_changes(running, fresh)
+            candidate = running.model_copy(update=changed)
+            self._check_concurrency(candidate)
+        except (ValidationError, ConfigError) as exc:
+            log.error("reload: settings not applied: %s", exc)
+            return {"settings": {}, "settings_error": str(exc)}
+        self.settings = candidate
+        web = self._web_runner()
+        if web is not None:
+            web.set_keep_alive(candidate.browser_keep_alive_s)
+        self.cache.max_bytes = candidate.cache_max_bytes
+        self.cache.ttl_s = candidate.cache_ttl_s
+        if changed:
+            log.info(
+                "reload: settings changed: %s",
+                ", ".join(f"{k}={v}" for k, v in sorted(changed.items())),
+            )
+        return {"settings": changed, "settings_error": None}
+
+    def _check_concurrency(self, settings: Settings) -> None:
+        from apirunner.runner import ApiRunner
+
+        runner = self.runners.get(Kind.API)
+        pools = runner.pool_size if isinstance(runner, ApiRunner) else lambda _: None
+        check_pools(build_lanes(self.profiles, settings), pools)
+
+    async def _add_api_providers(
+        self, profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]
+    ) -> None:
+        """A client for every API provider a reload brought (on an allowed host)."""
+        from apirunner.runner import ApiRunner
+
+        runner = self.runners.get(Kind.API)
+        if isinstance(runner, ApiRunner):
+            concurrency = {
+                lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+            }
+            await runner.add_profiles(profiles, concurrency)
+
+    def unloaded_note(self, model: str) -> str | None:
+        """Why a pending task of `model` waits, when its model is not loaded."""
+        if model in self.profiles:
+            return None
+        why = self.ledger.invalid_models.get(model)
+        if why:
+            return f"model {model!r} is not loaded ({why}); its tasks wait until it is"
+        return f"model {model!r} is not loaded (profile removed); its tasks wait until it is back"
+
     # -- stop ------------------------------------------------------------------
     async def stop(self) -> None:
+        roster = getattr(self, "roster", None)
+        if roster is not None:
+            await roster.aclose()
         scheduler = getattr(self, "scheduler", None)
         if scheduler is not None:
             await scheduler.shutdown()
@@ -439,11 +587,25 @@ class Service:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[JSON]] = set()
+
+        def on_hup() -> None:
+            job = asyncio.create_task(self.reload(), name="reload")
+            reloads.add(job)
+            job.add_done_callback(reloads.discard)
+            job.add_done_callback(_log_reload_failure)
+
         await self.start()
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
         try:
             await stop.wait()
             log.info("shutting down: running tasks stop at their checkpoints")
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+def _log_reload_failure(job: asyncio.Task[JSON]) -> None:
+    if not job.cancelled() and job.exception() is not None:
+        log.error("reload on SIGHUP failed: %s", job.exception())

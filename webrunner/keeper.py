@@ -113,6 +113,28 @@ class BrowserKeeper:
         self._close_after(account, session, self.keep_alive_s)
         return True
 
+    # -- accounts added and removed while running -------------------------------
+
+    def add(self, account: str) -> None:
+        self.locks.setdefault(account, asyncio.Lock())
+
+    async def drop(self, account: str) -> None:
+        """The account leaves: wait for its task to end, then close its browser for good."""
+        lock = self.locks.get(account)
+        if lock is None:
+            return
+        async with lock:
+            closer = self._closers.pop(account, None)
+            if closer is not None:
+                closer.cancel()
+            session = self._sessions.get(account)
+            await self.forget(account)
+            if session is not None and not session.closed:
+                await self._close(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
+        self.locks.pop(account, None)
+        self._idle_since.pop(account, None)
+        self._released.discard(account)
+
     # -- events from outside --------------------------------------------------
 
     def release(self, account: str) -> None:

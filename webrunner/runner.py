@@ -23,7 +23,14 @@ from playwright.async_api import Playwright, async_playwright
 from apirunner.allowlist import Allowlist
 from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
-from dispatcher.errors import ConfigError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.errors import (
+    ConfigError,
+    InputError,
+    PermanentError,
+    RunError,
+    TaskCanceled,
+    TransientError,
+)
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
@@ -42,6 +49,15 @@ START_LIMIT_S = 90.0
 
 # An account name becomes a directory name; keep it boring.
 _ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_account_name(account: str, where: str = "") -> None:
+    """InputError unless `account` can name a directory safely."""
+    if not _ACCOUNT_NAME.match(account):
+        raise InputError(
+            f"{where}web account name {account!r} must be 1-64 letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (it names a directory)"
+        )
 
 
 def browser_profiles_dir(state_dir: Path) -> Path:
@@ -81,11 +97,10 @@ class WebRunner:
         accounts: set[str] = set()
         for profile in self._profiles.values():
             for account in profile.accounts:
-                if not _ACCOUNT_NAME.match(account):
-                    raise ConfigError(
-                        f"profile {profile.source or profile.name}: web account name {account!r} "
-                        "must be letters, digits, '.', '_' or '-' (it names a directory)"
-                    )
+                try:
+                    check_account_name(account, f"profile {profile.source or profile.name}: ")
+                except InputError as exc:
+                    raise ConfigError(str(exc)) from None
                 accounts.add(account)
         self.accounts: tuple[str, ...] = tuple(sorted(accounts))
         self._locks: dict[str, AccountLock] = {}
@@ -143,19 +158,47 @@ class WebRunner:
         acquired: list[AccountLock] = []
         try:
             for account in self.accounts:
-                lock = AccountLock(self.locks_dir, account)
-                lock.acquire()
-                acquired.append(lock)
-                try:
-                    ensure_user_data_dir(self.user_data_dir(account))
-                except PermanentError as exc:
-                    raise ConfigError(str(exc)) from exc
+                acquired.append(self._lock_account(account))
             self._playwright = self._shared_playwright or await async_playwright().start()
         except BaseException:
             for lock in acquired:
                 lock.release()
             raise
         self._locks = {lock.account: lock for lock in acquired}
+
+    def _lock_account(self, account: str) -> AccountLock:
+        """Lock the account's profile and make its user-data dir; LockHeld if another has it."""
+        lock = AccountLock(self.locks_dir, account)
+        lock.acquire()
+        try:
+            ensure_user_data_dir(self.user_data_dir(account))
+        except PermanentError as exc:
+            lock.release()
+            raise ConfigError(str(exc)) from exc
+        return lock
+
+    def set_keep_alive(self, keep_alive_s: float) -> None:
+        """A reload changed how long a browser stays open after a task (from the next task)."""
+        self._keeper.keep_alive_s = keep_alive_s
+
+    def add_account(self, account: str) -> None:
+        """Take on a web account while running: lock it, make its dir; it serves at once."""
+        check_account_name(account)
+        if account in self._locks:
+            return
+        if self._playwright is None:
+            raise ConfigError("the web runner is not started; web accounts cannot be added")
+        self._locks[account] = self._lock_account(account)
+        self._keeper.add(account)
+        self.accounts = tuple(sorted({*self.accounts, account}))
+
+    async def remove_account(self, account: str) -> None:
+        """Give an account up: once its running task (if any) ends, close its browser, unlock it."""
+        await self._keeper.drop(account)
+        lock = self._locks.pop(account, None)
+        if lock is not None:
+            lock.release()
+        self.accounts = tuple(a for a in self.accounts if a != account)
 
     async def aclose(self) -> None:
         """Close the kept browsers, kill any still busy, stop the driver, release the locks."""

@@ -70,6 +70,45 @@ def accounts_enable(
         console.print(f"{escape(name)}: enabled")
 
 
+@accounts_app.command("add")
+def accounts_add(
+    name: Annotated[str, typer.Argument(help="The web account (names its browser profile).")],
+    models: Annotated[
+        list[str], typer.Option("--model", help="A loaded web model it serves (repeatable).")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a web account while serving; it takes tasks at once (log it in first)."""
+    with service_client(as_json) as client:
+        data = client.post("/v1/accounts", {"name": name, "models": models})
+    if as_json:
+        print_json(data)
+    else:
+        console.print(f"{escape(name)}: added, serving {escape(', '.join(data['models']))}")
+
+
+@accounts_app.command("remove")
+def accounts_remove(
+    name: Annotated[str, typer.Argument(help="A web account added with `accounts add`.")],
+    drain: Annotated[
+        bool, typer.Option("--drain", help="If it runs a task: no new ones, gone when it ends.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove a web account added at run time (refused while it runs a task, unless --drain)."""
+    path = f"/v1/accounts/{quote(name, safe='')}" + ("?drain=true" if drain else "")
+    with service_client(as_json) as client:
+        data = client.delete(path)
+    if as_json:
+        print_json(data)
+    elif data["draining"]:
+        console.print(
+            f"{escape(name)}: draining; removed when task {', '.join(data['running'])} ends"
+        )
+    else:
+        console.print(f"{escape(name)}: removed")
+
+
 def lanes(as_json: JsonFlag = False) -> None:
     """Lanes with concurrency, queue depth and running tasks."""
     with service_client(as_json) as client:
@@ -79,7 +118,9 @@ def lanes(as_json: JsonFlag = False) -> None:
         return
     table = Table("lane", "models", "concurrency", "enabled", "queued", "running")
     for lane in data:
-        if lane["enabled"] and not lane["needs_attention"]:
+        if lane.get("invalid"):
+            state = f"[red]invalid[/red] {escape(lane['invalid'])}"
+        elif lane["enabled"] and not lane["needs_attention"]:
             state = "yes"
         else:
             why = "needs attention" if lane["needs_attention"] else "no"
@@ -93,3 +134,25 @@ def lanes(as_json: JsonFlag = False) -> None:
             ", ".join(lane["running"]) or "-",
         )
     console.print(table)
+
+
+def reload(as_json: JsonFlag = False) -> None:
+    """Re-read the profiles without a restart (same as SIGHUP); print what changed."""
+    with service_client(as_json) as client:
+        data = client.post("/v1/reload")
+    if as_json:
+        print_json(data)
+        return
+    for what in ("added", "removed", "changed"):
+        if data[what]:
+            console.print(f"{what}: {escape(', '.join(data[what]))}")
+    for model, why in sorted(data["refused"].items()):
+        console.print(f"[yellow]not applied[/yellow] {escape(model)}: {escape(why)}")
+    for problem in data["invalid_profiles"]:
+        console.print(
+            f"[red]invalid[/red] {escape(problem['file'])}: `{escape(problem['key'])}`: "
+            f"{escape(problem['why'])}"
+        )
+    if not any(data[w] for w in ("added", "removed", "changed", "refused", "invalid_profiles")):
+        console.print("no changes")
+    console.print(f"models loaded: {escape(', '.join(data['models']))}")

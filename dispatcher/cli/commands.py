@@ -60,6 +60,8 @@ app.command()(tasks.cancel)
 app.command()(tasks.retry)
 app.command()(accounts.lanes)
 app.command()(server.dashboard)
+app.command()(server.check)
+app.command()(accounts.reload)
 app.command("demo-run")(server.demo_run)
 
 

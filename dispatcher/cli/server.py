@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dispatcher.batchfile import read_batch_lines
 from dispatcher.cli.output import console, err
@@ -24,6 +25,9 @@ from dispatcher.cli.progress import summary, watch_job
 from dispatcher.cli.tasks import create_job
 from dispatcher.client import Client
 from dispatcher.errors import ConfigError, DispatcherError
+
+# What `--demo` provides to the bundled profiles (see Service._start_demo).
+DEMO_VARIABLES = ("DEMO_API_URL", "DEMO_WEB_URL", "DEMO_COMFY_URL")
 
 BATCH_SAMPLE = Path(__file__).resolve().parents[2] / "demo" / "sample-batch.jsonl"
 
@@ -119,7 +123,12 @@ def demo_run(
             code = client.post("/v1/dashboard-code")["code"]
             console.print(f"dispatcher running on {url} (state dir {settings.state_dir})")
             console.print(f"dashboard (open within 2 minutes): {url}/v1/session?code={code}")
-            known = {m for lane in client.get("/v1/lanes") for m in lane["models"]}
+            known = {
+                m
+                for lane in client.get("/v1/lanes")
+                if not lane.get("invalid")
+                for m in lane["models"]
+            }
             runnable = [line for line in lines if line.task["model"] in known]
             skipped = sorted({line.task["model"] for line in lines} - known)
             if skipped:
@@ -158,3 +167,37 @@ def demo_run(
         except KeyboardInterrupt:
             code = EXIT_OK
     raise typer.Exit(code)
+
+
+def check(
+    directory: Annotated[
+        Path | None,
+        typer.Argument(help="A profiles dir (default: the configured DISPATCHER_PROFILES_DIR)."),
+    ] = None,
+    demo: DemoFlag = False,
+) -> None:
+    """Validate every profile in a dir and list every problem (file, key, why).
+
+    One line per valid profile and one per problem; exit 2 when any file is
+    wrong, 0 otherwise. Needs no running service. With --demo, the demo's
+    `${DEMO_*_URL}` variables count as provided.
+    """
+    from dispatcher.profiles import read_profiles
+
+    settings = load_settings(demo=demo or None, state_dir=options.get("state_dir"))
+    where = directory if directory is not None else settings.profiles_dir
+    variables = dict.fromkeys(DEMO_VARIABLES, "http://127.0.0.1:1") if demo else {}
+    try:
+        found = read_profiles(where, variables)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    for name, profile in sorted(found.profiles.items()):
+        console.print(f"ok       {escape(name)} ({profile.kind.value}, {escape(profile.source)})")
+    for problem in found.problems:
+        spot = f"{escape(problem.file)}: `{escape(problem.key)}`"
+        err.print(f"invalid  {spot}: {escape(problem.why)}")
+    files = len({p.file for p in found.problems})
+    if found.problems:
+        err.print(f"{len(found.problems)} problem(s) in {files} file(s) of {where}")
+        raise typer.Exit(EXIT_USAGE)
+    console.print(f"{len(found.profiles)} profile(s) valid in {where}")

@@ -31,6 +31,7 @@ from dispatcher.http import bodies
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
 from dispatcher.models import JSON, Job, JobState, State, Task
+from dispatcher.profiles import ProfileProblem
 from dispatcher.states import job_state
 from dispatcher.taskspec import parse_job, parse_spec
 
@@ -142,6 +143,10 @@ class Api:
         answer = task.to_json()
         answer["deduped"] = deduped
         answer.update(self.service.scheduler.progress(task))
+        if task.state is State.PENDING:
+            note = self.service.unloaded_note(task.model)
+            if note:
+                answer["note"] = note
         if with_attempts:
             answer["attempts"] = [a.to_json() for a in self.service.ledger.attempts(task)]
         answer["artifacts"] = task_artifacts(self.service.state_dir / "results", task)
@@ -281,7 +286,36 @@ class Api:
 
     # -- lanes and accounts ------------------------------------------------------
     async def lanes(self, request: Request) -> Response:
-        return JSONResponse(self.service.scheduler.lanes_view())
+        return JSONResponse(self.service.scheduler.lanes_view() + self._invalid_lanes())
+
+    def _invalid_lanes(self) -> list[JSON]:
+        """One entry per invalid profile file, so lists show it beside the lanes."""
+        by_file: dict[str, list[ProfileProblem]] = {}
+        for problem in self.service.profile_problems:
+            by_file.setdefault(problem.file, []).append(problem)
+        entries: list[JSON] = []
+        for file, problems in by_file.items():
+            models = sorted({p.model for p in problems if p.model})
+            why = "; ".join(f"`{p.key}`: {p.why}" for p in problems)
+            entries.append(
+                {
+                    "name": f"invalid:{Path(file).name}",
+                    "kind": None,
+                    "account": "",
+                    "models": models,
+                    "concurrency": 0,
+                    "enabled": False,
+                    "needs_attention": False,
+                    "reason": f"profile {file}: {why}",
+                    "invalid": f"profile {file}: {why}",
+                    "queued": 0,
+                    "running": [],
+                }
+            )
+        return entries
+
+    async def reload(self, request: Request) -> Response:
+        return JSONResponse(await self.service.reload())
 
     async def accounts(self, request: Request) -> Response:
         return JSONResponse([a.to_json() for a in self.service.accounts.all()])
@@ -291,6 +325,20 @@ class Api:
         bodies.validate(bodies.DisableBody, body, "body")
         account = self.service.accounts.disable(request.path_params["name"], body["reason"])
         return JSONResponse(account.to_json())
+
+    async def add_account(self, request: Request) -> Response:
+        body = await _json_body(request)
+        bodies.validate(bodies.AccountBody, body, "body")
+        return JSONResponse(self.service.roster.add(body["name"], body["models"]), 201)
+
+    async def remove_account(self, request: Request) -> Response:
+        drain = request.query_params.get("drain", "false")
+        if drain not in ("true", "false"):
+            raise InputError("drain must be true or false")
+        answer = await self.service.roster.remove(
+            request.path_params["name"], drain=drain == "true"
+        )
+        return JSONResponse(answer, 202 if answer["draining"] else 200)
 
     async def enable_account(self, request: Request) -> Response:
         account = self.service.accounts.enable(request.path_params["name"])
@@ -452,7 +500,10 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/jobs/{id}/cancel", api.cancel_job, methods=["POST"]),
         Route("/v1/jobs/{id}/retry", api.retry_job, methods=["POST"]),
         Route("/v1/lanes", api.lanes, methods=["GET"]),
+        Route("/v1/reload", api.reload, methods=["POST"]),
         Route("/v1/accounts", api.accounts, methods=["GET"]),
+        Route("/v1/accounts", api.add_account, methods=["POST"]),
+        Route("/v1/accounts/{name}", api.remove_account, methods=["DELETE"]),
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
         Route("/v1/events", api.events, methods=["GET"]),

@@ -8,7 +8,7 @@ server enforces.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, with_config
 from typing_extensions import TypedDict
@@ -68,6 +68,17 @@ class DisableBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, title="DisableBody")
 
     reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, pattern=r"\S")
+
+
+class AccountBody(BaseModel):
+    """A web account to add while serving, and the web models it serves."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="AccountBody")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=100
+    )
 
 
 def validate(model: type[BaseModel], raw: Any, where: str) -> None:

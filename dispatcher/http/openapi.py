@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from dispatcher.http.bodies import DisableBody, JobBody, TaskBody
+from dispatcher.http.bodies import AccountBody, DisableBody, JobBody, TaskBody
 from dispatcher.models import JobState, Kind, Stage, State
 
 MAX_LIST = 500
@@ -106,6 +106,9 @@ class TaskAnswer(_Answer):
     progress: float | None
     queue_position: float | None = Field(description="the vendor's queue position, if told")
     ref: str | None = Field(default=None, description="the task's name in its job")
+    note: str | None = Field(
+        default=None, description="why a pending task waits (its model is not loaded)"
+    )
     overdue_s: float | None = Field(
         default=None, description="how far a running task is past its estimate"
     )
@@ -154,8 +157,8 @@ class Live(_Answer):
 
 
 class Lane(_Answer):
-    name: str
-    kind: Kind
+    name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
+    kind: Kind | None = Field(description="null for a profile file that is invalid")
     account: str
     models: list[str]
     concurrency: int
@@ -164,6 +167,35 @@ class Lane(_Answer):
     reason: str | None
     queued: int
     running: list[str]
+    invalid: str | None = Field(
+        default=None,
+        description="an invalid profile file: every problem (file, key, why); "
+        "its model refuses tasks until it is fixed and reloaded",
+    )
+
+
+class AddedAccount(_Answer):
+    name: str
+    models: list[str] = Field(description="the web models it serves (besides its profiles')")
+    profiles: list[str] = Field(description="profile files that also list it")
+
+
+class RemovedAccount(_Answer):
+    name: str
+    removed: bool = Field(description="gone now (false while it drains)")
+    draining: bool = Field(description="takes no new task; goes when its running task ends")
+    running: list[str]
+
+
+class ReloadAnswer(_Answer):
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    refused: dict[str, str] = Field(description="model -> why a restart is needed to apply it")
+    invalid_profiles: list[dict[str, Any]] = Field(description="file, key, why, model")
+    models: list[str] = Field(description="the models loaded after the reload")
+    settings: dict[str, Any] = Field(description="live settings that changed: name -> value")
+    settings_error: str | None = Field(description="why the settings were not applied")
 
 
 class AccountAnswer(_Answer):
@@ -292,7 +324,24 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
     ),
     ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
+    ("/v1/reload", "post"): Op(
+        "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
+    ),
     ("/v1/accounts", "get"): Op("Web accounts and API providers", answer=list[AccountAnswer]),
+    ("/v1/accounts", "post"): Op(
+        "Add a web account serving loaded web models; it takes tasks at once",
+        answer=AddedAccount,
+        body=AccountBody,
+        ok=201,
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}", "delete"): Op(
+        "Remove a web account added at run time (409 while it runs a task, unless drain)",
+        answer=RemovedAccount,
+        also_ok=((202, "draining: removed when its running task ends"),),
+        query=(Query("drain", {"type": "string", "enum": ["true", "false"]}, "wait for its task"),),
+        errors=(409,),
+    ),
     ("/v1/accounts/{name}/disable", "post"): Op(
         "Disable a lane", answer=AccountAnswer, body=DisableBody
     ),

@@ -114,6 +114,16 @@ class Store(Protocol):
 
     def upsert_account(self, account: Account) -> None: ...
 
+    def delete_account(self, name: str) -> None: ...
+
+    # -- web accounts added at run time ----------------------------------------
+    def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
+        """Account name -> the models it serves, for accounts added at run time."""
+
+    def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None: ...
+
+    def delete_web_account(self, name: str) -> None: ...
+
     # -- result cache index ----------------------------------------------------
     def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
 

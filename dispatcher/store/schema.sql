@@ -75,3 +75,9 @@ CREATE TABLE cache_entries (
     last_used_at REAL NOT NULL
 );
 CREATE INDEX cache_last_used ON cache_entries (last_used_at);
+
+CREATE TABLE web_accounts (
+    name TEXT PRIMARY KEY,
+    models TEXT NOT NULL,
+    added_at REAL NOT NULL
+);

@@ -479,6 +479,23 @@ class SqliteStore:
         return summaries
 
     # -- accounts ------------------------------------------------------------
+    def delete_account(self, name: str) -> None:
+        self._write1("DELETE FROM accounts WHERE name = ?", (name,))
+
+    def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
+        rows = self._query("SELECT name, models FROM web_accounts ORDER BY name")
+        return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
+
+    def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
+        self._write1(
+            "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET models = excluded.models",
+            (name, json.dumps(sorted(models)), added_at),
+        )
+
+    def delete_web_account(self, name: str) -> None:
+        self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
+
     def get_accounts(self) -> dict[str, Account]:
         rows = self._query(
             "SELECT name, kind, enabled, reason, needs_attention, updated_at FROM accounts"

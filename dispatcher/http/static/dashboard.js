@@ -480,7 +480,7 @@
 
   function laneOf(task) {
     if (task.account) return `${task.kind}:${task.account}`;
-    const serving = view.lanes.filter((lane) => lane.models.includes(task.model));
+    const serving = view.lanes.filter((lane) => !lane.invalid && lane.models.includes(task.model));
     if (serving.length === 1) return serving[0].name;
     return `${task.kind}:${task.model} (any account)`;
   }
@@ -563,11 +563,12 @@
       const spaced = running.flatMap((node, i) => (i ? [", ", node] : [node]));
       return el("tr", { "data-testid": "lane-row", "data-lane": lane.name },
         el("td", { class: "mono", text: lane.name }),
-        el("td", { text: lane.kind }),
+        el("td", { text: lane.kind || "" }),
         el("td", { text: lane.models.join(", ") }),
         el("td", { class: "num", text: lane.concurrency }),
         el("td", { "data-testid": "lane-enabled", "data-enabled": open ? "yes" : "no" },
-          open ? "yes" : el("span", { class: "bad", text: lane.needs_attention ? "needs attention" : "no" }),
+          open ? "yes" : el("span", { class: "bad",
+            text: lane.invalid ? "invalid profile" : lane.needs_attention ? "needs attention" : "no" }),
           !open && lane.reason ? el("div", { class: "muted", text: lane.reason }) : null),
         el("td", {}, ...spaced),
         el("td", { class: "num", "data-testid": "lane-queued", text: lane.queued }));

@@ -1,0 +1,87 @@
+"""Web accounts added and removed while serving: real Chromium against the demo web model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from demo.web_model import demo_login
+from dispatcher.errors import LockHeld
+from dispatcher.models import Kind
+from tests.harness import running_service
+from tests.integration.test_web_lanes import account_browsers
+from webrunner.lock import AccountLock
+from webrunner.runner import WebRunner
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+
+async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        bad = [
+            ({"name": "../etc", "models": ["demo-chat"]}, "name"),
+            ({"name": "extra", "models": ["nope"]}, "not a loaded web model: nope"),
+            ({"name": "extra", "models": []}, "models"),
+        ]
+        for body, why in bad:
+            refused = await h.http.post("/v1/accounts", json=body)
+            assert refused.status_code == 400 and why in refused.text, refused.text
+        # The operator logs the new profile in (the demo site wants a login).
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        assert added.json()["models"] == ["demo-chat"]
+        assert h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
+        lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
+        assert lanes["web:extra"]["models"] == ["demo-chat"]
+        task = await h.submit("demo-chat", "on the new account [duration=20]")
+        running = await h.wait_task(task["id"], {"running"})
+        assert running["account"] == "extra"
+        # Busy: refused without drain; with drain it takes no new task.
+        refused = await h.http.delete("/v1/accounts/extra")
+        assert refused.status_code == 409 and "--drain" not in refused.text
+        assert "drain" in refused.json()["error"]["message"]
+        listed = await h.http.delete("/v1/accounts/demo-1")
+        assert listed.status_code == 409 and "demo-chat.toml" in listed.text
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202 and draining.json()["running"] == [task["id"]]
+        names = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
+        assert "web:extra" not in names
+        done = await h.wait_task(task["id"])
+        assert done["state"] == "success" and done["account"] == "extra"
+        # Gone once its task ended: no row, no browser, the lock free.
+        for _ in range(200):
+            accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+            if "extra" not in accounts and not account_browsers(h.state_dir, "extra"):
+                break
+            await h.wait_task(task["id"])  # a round trip, then look again
+        assert "extra" not in accounts and not account_browsers(h.state_dir, "extra")
+        assert h.service.store.get_web_accounts() == {}
+        lock = AccountLock(runner.locks_dir, "extra")
+        try:
+            lock.acquire()
+        except LockHeld:
+            pytest.fail("the removed account's lock is still held")
+        lock.release()
+        gone = await h.http.delete("/v1/accounts/extra")
+        assert gone.status_code == 404
+        # A profile that lists one more account: a reload takes it on.
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "demo-3"]')
+        )
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}
+        lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
+        assert lanes["web:demo-3"]["models"] == ["demo-chat"]
+        assert "demo-3" in runner.accounts and runner.user_data_dir("demo-3").is_dir()
