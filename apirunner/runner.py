@@ -135,6 +135,11 @@ class ApiRunner:
             }
         }
 
+    def effective_concurrency(self, provider: str, quota: int) -> int:
+        """The provider's lane concurrency after 429 storms (`health.after_call`)."""
+        client = self._clients.get(provider)
+        return quota if client is None else min(quota, client.throttle.effective)
+
     def client(self, provider: str) -> ProviderClient:
         try:
             return self._clients[provider]
@@ -167,6 +172,7 @@ class ApiRunner:
                 self._clock,
                 log,
                 max_json_bytes=self._settings.max_json_bytes,
+                quota=limit,
             )
 
     async def aclose(self) -> None:
@@ -202,8 +208,7 @@ class ApiRunner:
                     rand=self._rand,
                     allowlist=self.allowlist,
                     http_timeout_s=self._settings.http_timeout_s,
-                    max_download_bytes=api.max_download_bytes
-                    or self._settings.max_download_bytes,
+                    max_download_bytes=api.max_download_bytes or self._settings.max_download_bytes,
                     reference_files=LocalFiles.under(
                         self._settings.resolved_input_dirs,
                         self._settings.max_reference_image_bytes,

@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, NotFound
 from dispatcher.events import EventBus
-from dispatcher.models import Account, Kind
+from dispatcher.health import AccountState, StateView, state_of
+from dispatcher.models import JSON, Account, Kind
 from dispatcher.store import Store
 
 log = logging.getLogger("dispatcher.accounts")
@@ -43,24 +44,56 @@ class AccountBook:
             raise NotFound(f"no account or provider {name!r}; known: {known}")
         return account
 
+    def state(self, name: str) -> StateView:
+        return state_of(self.get(name), self._clock.now())
+
     def is_open(self, name: str) -> bool:
-        """Whether the lane may start new tasks."""
+        """Whether the lane may start new tasks (a cooldown opens by itself)."""
         account = self._accounts.get(name)
-        return account is not None and account.enabled and not account.needs_attention
+        return account is not None and state_of(account, self._clock.now()).open
+
+    def next_opening(self) -> float | None:
+        """The earliest epoch second a cooling-down account opens: the scheduler wakes then."""
+        now = self._clock.now()
+        ends = [
+            a.cooldown_until
+            for a in self._accounts.values()
+            if state_of(a, now).state is AccountState.COOLDOWN and a.cooldown_until is not None
+        ]
+        return min(ends, default=None)
+
+    def view(self, account: Account) -> JSON:
+        """What `GET /v1/accounts` and the SSE event answer: the record plus its state."""
+        state = state_of(account, self._clock.now())
+        return {
+            **account.to_json(),
+            "state": state.state.value,
+            "until": state.until,
+            "reason": state.reason if state.reason is not None else account.reason,
+        }
+
+    def views(self) -> list[JSON]:
+        return [self.view(a) for a in self.all()]
 
     def _save(self, account: Account, what: str) -> Account:
+        before = state_of(self._accounts.get(account.name, account), self._clock.now())
         account.updated_at = self._clock.now()
         self._store.upsert_account(account)
         self._accounts[account.name] = account
         prefix = "web" if account.kind is Kind.WEB else "api"
+        after = state_of(account, self._clock.now())
         log.info(
-            "[%s:%s] %s%s",
+            "[%s:%s] %s: state %s%s%s",
             prefix,
             account.name,
             what,
+            after.state.value,
+            f" until {after.until:.0f}" if after.until is not None else "",
             f" (reason: {account.reason})" if account.reason else "",
         )
-        self._events.publish({"type": "account", "account": account.to_json()})
+        self._events.publish(
+            {"type": "account", "account": self.view(account), "previous": before.state.value}
+        )
         return account
 
     def disable(self, name: str, reason: str) -> Account:
@@ -78,11 +111,19 @@ class AccountBook:
         account = self.get(name)
         account.enabled = True
         account.needs_attention = False
+        account.cooldown_until = None  # the operator's word outranks a cap's guess
         account.reason = None
         return self._save(account, "enabled")
 
     def needs_attention(self, name: str, reason: str) -> Account:
         account = self.get(name)
         account.needs_attention = True
-        account.reason = reason
+        account.reason = reason[:MAX_REASON_CHARS]
         return self._save(account, "needs attention")
+
+    def cool_down(self, name: str, until: float, reason: str) -> Account:
+        """A usage cap: closed until `until` (epoch seconds), then open by itself."""
+        account = self.get(name)
+        account.cooldown_until = until
+        account.reason = reason[:MAX_REASON_CHARS]
+        return self._save(account, "cooling down")

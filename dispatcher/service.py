@@ -29,7 +29,7 @@ from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
-from dispatcher.lanes import build_lanes
+from dispatcher.lanes import LaneSpec, build_lanes
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
@@ -195,6 +195,27 @@ class Service:
             self.events.listen(web.on_event)  # a disabled account's kept browser is closed
             self.runners[Kind.WEB] = web
 
+    def _check_api_keys(self) -> None:
+        """A provider whose key variable is unset cannot run a task: it needs
+        attention from the start, and its tasks wait instead of failing."""
+        for profile in self.profiles.values():
+            api, provider = profile.api, profile.provider
+            if api is None or not api.auth_env or not provider or os.environ.get(api.auth_env):
+                continue
+            reason = f"its key is missing: the environment variable {api.auth_env} is unset"
+            account = self.accounts.get(provider)
+            if account.enabled and not (account.needs_attention and account.reason == reason):
+                self.accounts.needs_attention(provider, reason)
+
+    def _effective_concurrency(self, lane: LaneSpec) -> int:
+        runner = self.runners.get(lane.kind)
+        if lane.kind is Kind.API and runner is not None:
+            from apirunner.runner import ApiRunner
+
+            if isinstance(runner, ApiRunner):
+                return int(runner.effective_concurrency(lane.account, lane.concurrency))
+        return lane.concurrency
+
     async def start(self) -> None:
         try:
             await self._claim_state_dir()
@@ -240,6 +261,7 @@ class Service:
         self.cache.startup()
         self.accounts = AccountBook(self.store, self.clock, self.events)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self._check_api_keys()
         self.ledger = Ledger(
             self.store,
             self.clock,
@@ -269,6 +291,8 @@ class Service:
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
             on_success=self._remember_result,
+            failures_for_attention=settings.account_failures_for_attention,
+            effective_concurrency=self._effective_concurrency,
         )
         self.metrics = Metrics(self._live_numbers)
         self.events.listen(self.metrics.on_event)
@@ -278,7 +302,7 @@ class Service:
             settings.webhook_secret,
             self.store,
             self.clock,
-            [a.to_json() for a in self.accounts.all()],
+            self.accounts.views(),
         )
         if self.webhooks.enabled:
             self.events.listen(self.webhooks.on_event)
@@ -354,6 +378,7 @@ class Service:
             "cache_hits": self.ledger.cache_hits,
             "retries": self.ledger.retries,
             "stale_reclaims": self.ledger.stale_reclaims,
+            "stalled_reclaims": self.scheduler.stalled_reclaims,
         }
         remote: dict[tuple[str, str], int] = {}
         for runner in self.runners.values():
@@ -367,6 +392,7 @@ class Service:
         return {
             "state_counts": self.store.state_counts(),
             "lanes": self.scheduler.lanes_view(),
+            "accounts": self.accounts.views(),
             "counters": counters,
             "remote_requests": remote,
             "event_loop_lag_s": self.lag_probe.max_lag_s(),
