@@ -25,6 +25,12 @@ class AccountBook:
         self._clock = clock
         self._events = events
         self._accounts = store.get_accounts()
+        # The state each account was last announced in: a cooldown ends by
+        # itself, and that change is announced by `refresh`.
+        self._announced = {name: self._state_of(a).state for name, a in self._accounts.items()}
+
+    def _state_of(self, account: Account) -> StateView:
+        return state_of(account, self._clock.now())
 
     def ensure(self, names: Iterable[tuple[str, Kind]]) -> None:
         """Every lane has a row; existing rows keep the operator's last word."""
@@ -33,6 +39,7 @@ class AccountBook:
                 account = Account(name=name, kind=kind, updated_at=self._clock.now())
                 self._store.upsert_account(account)
                 self._accounts[name] = account
+                self._announced[name] = self._state_of(account).state
 
     def all(self) -> list[Account]:
         return sorted(self._accounts.values(), key=lambda a: (a.kind.value, a.name))
@@ -69,19 +76,36 @@ class AccountBook:
             **account.to_json(),
             "state": state.state.value,
             "until": state.until,
-            "reason": state.reason if state.reason is not None else account.reason,
+            "reason": state.reason,
         }
 
     def views(self) -> list[JSON]:
         return [self.view(a) for a in self.all()]
 
+    def refresh(self) -> None:
+        """Announce the states time changed (a cooldown that ended by itself)."""
+        for account in list(self._accounts.values()):
+            state = self._state_of(account)
+            if state.state is AccountState.OK and account.cooldown_until is not None:
+                # The cap has lifted: its reason no longer describes the account.
+                account.cooldown_until = None
+                account.reason = None
+                self._save(account, "cooldown ended")
+            elif state.state != self._announced.get(account.name):
+                self._announce(account, "state changed")
+
     def _save(self, account: Account, what: str) -> Account:
-        before = state_of(self._accounts.get(account.name, account), self._clock.now())
         account.updated_at = self._clock.now()
         self._store.upsert_account(account)
         self._accounts[account.name] = account
+        self._announce(account, what)
+        return account
+
+    def _announce(self, account: Account, what: str) -> None:
+        before = self._announced.get(account.name)
+        after = self._state_of(account)
+        self._announced[account.name] = after.state
         prefix = "web" if account.kind is Kind.WEB else "api"
-        after = state_of(account, self._clock.now())
         log.info(
             "[%s:%s] %s: state %s%s%s",
             prefix,
@@ -92,9 +116,12 @@ class AccountBook:
             f" (reason: {account.reason})" if account.reason else "",
         )
         self._events.publish(
-            {"type": "account", "account": self.view(account), "previous": before.state.value}
+            {
+                "type": "account",
+                "account": self.view(account),
+                "previous": before.value if before is not None else None,
+            }
         )
-        return account
 
     def disable(self, name: str, reason: str) -> Account:
         reason = reason.strip()

@@ -243,6 +243,7 @@ class Scheduler:
             self._reclaim_stale()
         if self._stopping:
             return
+        self.accounts.refresh()
         for lane in self.lanes.values():
             self._fill(lane)
         self._wake_at_cooldown_end()
