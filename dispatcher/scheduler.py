@@ -474,7 +474,10 @@ class Scheduler:
             ended = self.ledger.fail(task, error, durations)
             if ended is not None and ended.state is State.CANCELED:
                 return  # a cancel was asked for while it ran: that outcome wins
-            self._count_failure(running.lane.account, error)
+            if running.lane.kind is Kind.WEB:
+                # Only web accounts: a provider's bad spell (5xx, timeouts)
+                # passes by itself, and retries already space out its tasks.
+                self._count_failure(running.lane.account, error)
 
     def _hold(self, running: Running, error: RunError) -> bool:
         """The account, not the task, failed: the task goes back to pending on

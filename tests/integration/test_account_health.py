@@ -125,6 +125,25 @@ async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
             assert (done["state"], done["attempt"]) == ("success", 1), condition
 
 
+async def test_failures_of_one_kind_in_a_row_take_the_account_out(tmp_path: Path) -> None:
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, account_failures_for_attention=2
+    ) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+        await h.demo_mode({"mode": "error", "message": "something broke"}, base=h.demo_web)
+        task = await h.submit("demo-chat", "fails twice")
+        account = await wait_account(h, "demo-1", "needs_attention")
+        assert "2 page_error failures in a row" in account["reason"]
+        held = await h.task(task["id"])
+        assert (held["state"], held["attempt"]) == ("pending", 3)  # not failed: attempts left
+
+        # Its model's pending tasks go to the other account.
+        await h.demo_mode({"mode": "normal"}, base=h.demo_web)
+        await h.http.post("/v1/accounts/demo-2/enable")
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert (done["state"], done["result"]["meta"]["account"]) == ("success", "demo-2")
+
+
 async def test_a_stalled_page_is_reclaimed_and_retried(tmp_path: Path) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
