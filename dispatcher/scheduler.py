@@ -467,7 +467,7 @@ class Scheduler:
             self.ledger.mark_canceled(task, durations)
         else:
             error: RunError = payload
-            if self._hold(running, error):
+            if self._hold(running, error, durations):
                 return
             if error.kind == "stalled":
                 self.stalled_reclaims += 1
@@ -479,7 +479,7 @@ class Scheduler:
                 # passes by itself, and retries already space out its tasks.
                 self._count_failure(running.lane.account, error)
 
-    def _hold(self, running: Running, error: RunError) -> bool:
+    def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
         """The account, not the task, failed: the task goes back to pending on
         the same attempt (another account of its model may take it) and the
         account changes state. True when that is what happened."""
@@ -500,7 +500,12 @@ class Scheduler:
         else:
             return False
         self._streaks.pop(account, None)
-        self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
+        stored = self.ledger.store.get_task(running.task.id)
+        if stored is not None and stored.cancel_requested:
+            # Asked to cancel while it ran: that outcome wins over waiting.
+            self.ledger.mark_canceled(running.task, durations)
+        else:
+            self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
         return True
 
     def _count_failure(self, account: str, error: RunError) -> None:

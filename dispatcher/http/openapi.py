@@ -186,7 +186,6 @@ class AccountAnswer(_Answer):
     reason: str | None
     needs_attention: bool
     updated_at: float
-    cooldown_until: float | None
 
 
 class TextResult(_Answer):
