@@ -9,6 +9,7 @@ from dispatcher.clock import Clock
 from dispatcher.errors import InputError, NotFound
 from dispatcher.events import EventBus
 from dispatcher.health import AccountState, StateView, state_of
+from dispatcher.logs import mask_secrets
 from dispatcher.models import JSON, Account, Kind
 from dispatcher.store import Store
 
@@ -145,12 +146,13 @@ class AccountBook:
     def needs_attention(self, name: str, reason: str) -> Account:
         account = self.get(name)
         account.needs_attention = True
-        account.reason = reason[:MAX_REASON_CHARS]
+        # A vendor's 401 may echo the key: reasons are stored and sent out.
+        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
         return self._save(account, "needs attention")
 
     def cool_down(self, name: str, until: float, reason: str) -> Account:
         """A usage cap: closed until `until` (epoch seconds), then open by itself."""
         account = self.get(name)
         account.cooldown_until = until
-        account.reason = reason[:MAX_REASON_CHARS]
+        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
         return self._save(account, "cooling down")
