@@ -87,7 +87,8 @@ def classify_status(status: int, body: str, retry_after_s: float | None = None) 
     message = f"HTTP {status}" + (f": {detail}" if detail else "")
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
         return Failure(True, f"http_{status}", message, status, retry_after_s)
-    if 400 <= status <= 499 and _refused(detail):
+    # 401/403 keep their own kind: the scheduler reads them as a bad key.
+    if 400 <= status <= 499 and status not in (401, 403) and _refused(detail):
         return Failure(False, "refused", message, status, retry_after_s)
     return Failure(False, f"http_{status}", message, status, retry_after_s)
 

@@ -37,6 +37,7 @@ from dispatcher import fetch
 from dispatcher.clock import Clock
 from dispatcher.errors import TransientError
 from dispatcher.fetch import Origin, OriginJars, result_file_name
+from dispatcher.health import Throttle, after_call
 from dispatcher.runner import ResultFile
 
 __all__ = [
@@ -155,9 +156,14 @@ class ProviderClient:
         log: logging.Logger,
         *,
         max_json_bytes: int = 16 * 1024**2,
+        quota: int = 1,
     ) -> None:
         self.provider = provider
         self.gate = gate
+        self.quota = quota
+        # The lane's concurrency under 429 storms without Retry-After; the
+        # scheduler starts no more than `throttle.effective` tasks at a time.
+        self.throttle = Throttle(effective=quota)
         # Answers by HTTP status ("error" when none came), for the metrics.
         self.requests: Counter[str] = Counter()
         self._http = http
@@ -173,6 +179,25 @@ class ProviderClient:
 
     async def _count(self, response: httpx.Response) -> None:
         self.requests[str(response.status_code)] += 1
+        status = response.status_code
+        if status == 429 and parse_retry_after(response.headers, self._clock.now()) is None:
+            # No instruction from the provider: too many of us at once.
+            self._adapt(throttled=True)
+        elif 200 <= status < 300:
+            self._adapt(throttled=False)
+
+    def _adapt(self, *, throttled: bool) -> None:
+        before = self.throttle.effective
+        self.throttle = after_call(self.throttle, self.quota, throttled=throttled)
+        if self.throttle.effective != before:
+            self._log.warning(
+                "[api:%s] effective concurrency %d -> %d (quota %d)%s",
+                self.provider,
+                before,
+                self.throttle.effective,
+                self.quota,
+                ": 429s without Retry-After" if throttled else ": successes in a row",
+            )
 
     async def _before_send(self, url: str, cancel: asyncio.Event | None) -> None:
         self._allowlist.check(url)

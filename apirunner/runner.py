@@ -141,6 +141,11 @@ class ApiRunner:
             }
         }
 
+    def effective_concurrency(self, provider: str, quota: int) -> int:
+        """The provider's lane concurrency after 429 storms (`health.after_call`)."""
+        client = self._clients.get(provider)
+        return quota if client is None else min(quota, client.throttle.effective)
+
     def client(self, provider: str) -> ProviderClient:
         try:
             return self._clients[provider]
@@ -174,6 +179,7 @@ class ApiRunner:
                 self._clock,
                 log,
                 max_json_bytes=self._settings.max_json_bytes,
+                quota=limit,
             )
 
     def pool_size(self, provider: str) -> int | None:

@@ -10,12 +10,14 @@ route runs.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from demo.api_protocol import (
@@ -52,6 +54,30 @@ class FaultPlan:
     faults: list[Fault] = field(default_factory=list)
     failing_jobs: list[str] = field(default_factory=list)  # reasons for the next jobs created
     foreign_urls: int = 0
+    # Keys the provider refuses with 401 until restored ("*": every key).
+    revoked: set[str] = field(default_factory=set)
+
+    def key_revoked(self, key: str) -> bool:
+        return key in self.revoked or "*" in self.revoked
+
+    async def switch_keys(self, request: Request) -> Response:
+        """``POST /__keys/revoke`` / ``/__keys/restore`` with ``{"key": K}``
+        (no body: every key): a revoked key gets 401 until it is restored."""
+        switch = request.path_params["switch"]
+        if switch not in ("revoke", "restore"):
+            return JSONResponse({"error": "use /__keys/revoke or /__keys/restore"}, 404)
+        raw = await request.body()
+        try:
+            key = str(json.loads(raw)["key"]) if raw.strip() else "*"
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": 'send JSON {"key": ...} or no body'}, 400)
+        if switch == "revoke":
+            self.revoked.add(key)
+        elif key == "*":
+            self.revoked.clear()
+        else:
+            self.revoked.discard(key)
+        return JSONResponse({"revoked": sorted(self.revoked)})
 
     def take(self, op: str) -> Fault | None:
         """The fault the next request of operation `op` meets, if any; it is spent."""
@@ -91,7 +117,8 @@ class FaultPlan:
         content, cancel):
 
         - ``429_storm``: 429 with Retry-After `retry_after_s` (default 1) sent
-          as `header`: seconds (default), ms (retry-after-ms), date or both.
+          as `header`: seconds (default), ms (retry-after-ms), date, both, or
+          none (a bare 429).
         - ``5xx``: `status` (default 503); with `retry_after_s`, a Retry-After.
         - ``slow``: the answer starts `delay_s` nominal seconds late.
         - ``drop``: the connection is closed `when`: before the work, after it
@@ -128,7 +155,7 @@ class FaultPlan:
             self.foreign_urls += count
             return None
         header = str(body.get("header", "seconds"))
-        if header not in ("seconds", "ms", "date", "both"):
+        if header not in ("seconds", "ms", "date", "both", "none"):
             raise ValueError(f"unknown `header` {header!r}")
         if mode == "429_storm":
             return Fault(mode, count, only, 429, float(body.get("retry_after_s", 1.0)), header)
@@ -226,6 +253,11 @@ class FrontDoor:
                 401, "missing API key: send Authorization: Bearer <key>", "invalid_api_key"
             )
             await missing(scope, receive, send)
+            return
+        if p.plan.key_revoked(key):
+            p.stats.unauthorized += 1
+            revoked = error_response(401, "this API key has been revoked", "invalid_api_key")
+            await revoked(scope, receive, send)
             return
         if fault is not None and fault.mode == "drop":
             await self._answer_then_drop(scope, receive, send, when=fault.when)

@@ -180,7 +180,9 @@ class DemoProvider:
         """An error answer carrying a Retry-After, remembered to spot early requests."""
         now, wall = time.monotonic(), time.time()
         headers: dict[str, str] = {}
-        if header in ("ms", "both"):
+        if header == "none":  # a bare 429, as a storm from an overloaded edge sends
+            until = now
+        elif header in ("ms", "both"):
             millis = max(1, math.ceil(wait_s * 1000))
             headers["retry-after-ms"] = str(millis)
             until = now + millis / 1000
@@ -552,6 +554,7 @@ class DemoProvider:
             Route("/__stats", self.get_stats, methods=["GET"]),
             Route("/__reset", self.post_reset, methods=["POST"]),
             Route("/__mode", self.post_mode, methods=["POST"]),
+            Route("/__keys/{switch}", self.plan.switch_keys, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/files", self.upload_file, methods=["POST"]),
             Route("/v1/files/{fid}/content", self.file_content, methods=["GET"]),

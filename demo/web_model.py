@@ -11,8 +11,10 @@
   ``collisions += 1``), which is the constraint the dispatcher exists for.
 - Directives in the prompt: ``[duration=2.5]`` (nominal seconds),
   ``[media=image]``, ``[media=video]``, ``[media=image,video]``,
-  ``[mode=error|hang|slow]``.
-- Test hooks: ``POST /__mode`` {"mode": normal|expired|hang|error|slow,
+  ``[mode=error|hang|slow|stall]`` (stall: the answer stops moving while the
+  page stays busy and responsive).
+- Per-user conditions (usage cap, human check, logout): ``demo/web_users.py``.
+- Test hooks: ``POST /__mode`` {"mode": normal|expired|hang|error|slow|stall,
   "message"?, "duration"?} ("expired" ends every session at once),
   ``GET /__stats``, ``POST /__reset`` (counters, mode, and the sessions
   "expired" ended).
@@ -53,6 +55,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from demo.web_attach import ATTACH_HTML, ATTACH_JS, image_hashes
+from demo.web_users import DemoUsers
 from dispatcher.errors import AuthError
 from dispatcher.serving import RunningServer, start_server
 from webrunner.browser import start_browser
@@ -63,7 +66,7 @@ COOKIE_MAX_AGE_S = 30 * 24 * 3600  # persistent, so Chromium keeps it in the pro
 DEFAULT_DURATION_S = 3.0
 SLOW_FACTOR = 5.0
 KEEPALIVE_S = 0.5
-MODES = ("normal", "expired", "hang", "error", "slow")
+MODES = ("normal", "expired", "hang", "error", "slow", "stall")
 DEFAULT_ERROR = "The model is overloaded right now. Please try again later."
 COLLISION_ERROR = "conversation interrupted"
 MEDIA_KEEP = 200
@@ -101,6 +104,7 @@ class DemoState:
     logins: int = 0
     stops: int = 0
     reference_hashes: list[str] = field(default_factory=list)  # attached images (web_attach)
+    users: DemoUsers = field(default_factory=DemoUsers)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -123,6 +127,7 @@ class DemoState:
         self.mode, self.message, self.duration = "normal", None, None
         self.generations = self.collisions = self.logins = self.stops = 0
         self.reference_hashes.clear()
+        self.users.reset()
 
 
 # -- the answer ------------------------------------------------------------
@@ -212,7 +217,9 @@ def create_app(time_scale: float = 1.0) -> Starlette:
 
     def session_of(request: Request) -> str | None:
         token = request.cookies.get(COOKIE)
-        return token if token and token in state.sessions else None
+        if not token or token not in state.sessions:
+            return None
+        return None if state.users.signed_out(state.sessions[token]) else token
 
     async def root(request: Request) -> Response:
         return RedirectResponse("/chat", status_code=303)
@@ -221,8 +228,9 @@ def create_app(time_scale: float = 1.0) -> Starlette:
         token = session_of(request)
         if token is None:
             return HTMLResponse(_LOGIN_PAGE.replace("{error}", ""))
-        user = html.escape(state.sessions[token])
-        page = _CHAT_PAGE.replace("{user}", user).replace("{attach}", ATTACH_HTML)
+        user = state.sessions[token]
+        page = _CHAT_PAGE.replace("{user}", html.escape(user)).replace("{attach}", ATTACH_HTML)
+        page = page.replace("{notice}", state.users.notice_html(user))
         return HTMLResponse(page.replace("{script}", ATTACH_JS + _CHAT_JS))
 
     async def login(request: Request) -> Response:
@@ -258,6 +266,12 @@ def create_app(time_scale: float = 1.0) -> Starlette:
                 {"error": 'send JSON {"text": ..., "images": [data URLs]}'}, status_code=400
             )
         state.reference_hashes.extend(images)
+        notice = state.users.notice(state.sessions[token])
+        if notice is not None:
+            # A capped or checked user gets the notice instead of an answer.
+            cls, message = notice
+            event = _sse("notice", {"cls": cls, "text": message})
+            return Response(event, media_type="text/event-stream")
         state.generations += 1
         gen = Generation(id=secrets.token_hex(6))
         running = state.active.get(token)
@@ -295,8 +309,9 @@ def create_app(time_scale: float = 1.0) -> Starlette:
                 if plan.mode == "error" and index >= len(pieces) // 3:
                     yield _sse("error", {"message": state.message or DEFAULT_ERROR})
                     return
-                if plan.mode == "hang" and index >= len(pieces) // 3:
-                    yield _sse("hang", {})
+                if plan.mode in ("hang", "stall") and index >= len(pieces) // 3:
+                    if plan.mode == "hang":
+                        yield _sse("hang", {})
                     # Never finishes: keep the connection open until the
                     # browser goes away (or stop / a collision).
                     while not (gen.broken.is_set() or gen.stopped.is_set()):
@@ -372,6 +387,7 @@ def create_app(time_scale: float = 1.0) -> Starlette:
             Route("/__mode", set_mode, methods=["POST"]),
             Route("/__stats", stats),
             Route("/__reset", reset, methods=["POST"]),
+            Route("/__users/{username}", state.users.control, methods=["POST"]),
         ]
     )
     app.state.demo = state
@@ -436,7 +452,8 @@ async def login_demo_accounts(runner: WebRunner, demo_web_url: str) -> dict[str,
     """Log in every account of `runner` that serves a model on the demo site.
 
     For ``--demo``: call after ``runner.start()`` (the accounts are locked,
-    no task runs yet). The profiles are distinct, so they log in at once.
+    no task runs yet). The profiles are distinct, so they log in at once,
+    each under its own user name (the account's name).
     Returns {account: True if it had to log in}.
     """
     accounts = sorted(
@@ -453,6 +470,8 @@ async def login_demo_accounts(runner: WebRunner, demo_web_url: str) -> dict[str,
                 runner.browser_executable,
                 runner.user_data_dir(account),
                 f"{demo_web_url}/chat",
+                # Each account its own user, so a test can cap or sign out one.
+                username=account,
                 headless=runner.headless,
                 playwright=runner.playwright,
             )
@@ -486,7 +505,7 @@ _CHAT_PAGE = (
     "<!doctype html><html><head><meta charset='utf-8'><title>Demo chat</title>"
     + _STYLE
     + """</head><body><header>Demo chat, signed in as <b>{user}</b></header>
-<div id="messages"></div>
+<div id="messages">{notice}</div>
 <form id="composer" onsubmit="return false">
 <textarea name="prompt" rows="3" placeholder="Message the demo model"></textarea>
 {attach}
@@ -536,6 +555,11 @@ async function go() {
     else if (ev === 'stopped') { answer.dataset.stopped = '1'; finish(); }
     else if (ev === 'error') { answer.dataset.error = '1'; banner(msg.message); finish(); }
     else if (ev === 'hang') { while (true) {} }
+    else if (ev === 'notice') {
+      const el = document.createElement('div'); el.className = msg.cls;
+      el.setAttribute('role', 'alert'); el.textContent = msg.text; messages.appendChild(el);
+      finish();
+    }
   };
   try {
     for (;;) {

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, NotFound
 from dispatcher.events import EventBus
-from dispatcher.models import Account, Kind
+from dispatcher.health import AccountState, StateView, state_of
+from dispatcher.logs import mask_secrets
+from dispatcher.models import JSON, Account, Kind
 from dispatcher.store import Store
 
 log = logging.getLogger("dispatcher.accounts")
@@ -24,6 +26,12 @@ class AccountBook:
         self._clock = clock
         self._events = events
         self._accounts = store.get_accounts()
+        # The state each account was last announced in: a cooldown ends by
+        # itself, and that change is announced by `refresh`.
+        self._announced = {name: self._state_of(a).state for name, a in self._accounts.items()}
+
+    def _state_of(self, account: Account) -> StateView:
+        return state_of(account, self._clock.now())
 
     def ensure(self, names: Iterable[tuple[str, Kind]]) -> None:
         """Every lane has a row; existing rows keep the operator's last word."""
@@ -32,6 +40,7 @@ class AccountBook:
                 account = Account(name=name, kind=kind, updated_at=self._clock.now())
                 self._store.upsert_account(account)
                 self._accounts[name] = account
+                self._announced[name] = self._state_of(account).state
 
     def forget(self, name: str) -> None:
         """A web account removed at run time: its switches go with it."""
@@ -49,25 +58,77 @@ class AccountBook:
             raise NotFound(f"no account or provider {name!r}; known: {known}")
         return account
 
+    def state(self, name: str) -> StateView:
+        return state_of(self.get(name), self._clock.now())
+
     def is_open(self, name: str) -> bool:
-        """Whether the lane may start new tasks."""
+        """Whether the lane may start new tasks (a cooldown opens by itself)."""
         account = self._accounts.get(name)
-        return account is not None and account.enabled and not account.needs_attention
+        return account is not None and state_of(account, self._clock.now()).open
+
+    def next_opening(self) -> float | None:
+        """The earliest epoch second a cooling-down account opens: the scheduler wakes then."""
+        now = self._clock.now()
+        ends = [
+            a.cooldown_until
+            for a in self._accounts.values()
+            if state_of(a, now).state is AccountState.COOLDOWN and a.cooldown_until is not None
+        ]
+        return min(ends, default=None)
+
+    def view(self, account: Account) -> JSON:
+        """What `GET /v1/accounts` and the SSE event answer: the record plus its state."""
+        state = state_of(account, self._clock.now())
+        return {
+            **account.to_json(),
+            "state": state.state.value,
+            "until": state.until,
+            "reason": state.reason,
+        }
+
+    def views(self) -> list[JSON]:
+        return [self.view(a) for a in self.all()]
+
+    def refresh(self) -> None:
+        """Announce the states time changed (a cooldown that ended by itself)."""
+        for account in list(self._accounts.values()):
+            state = self._state_of(account)
+            if state.state is AccountState.OK and account.cooldown_until is not None:
+                # The cap has lifted: its reason no longer describes the account.
+                account.cooldown_until = None
+                account.reason = None
+                self._save(account, "cooldown ended")
+            elif state.state != self._announced.get(account.name):
+                self._announce(account, "state changed")
 
     def _save(self, account: Account, what: str) -> Account:
         account.updated_at = self._clock.now()
         self._store.upsert_account(account)
         self._accounts[account.name] = account
+        self._announce(account, what)
+        return account
+
+    def _announce(self, account: Account, what: str) -> None:
+        before = self._announced.get(account.name)
+        after = self._state_of(account)
+        self._announced[account.name] = after.state
         prefix = "web" if account.kind is Kind.WEB else "api"
         log.info(
-            "[%s:%s] %s%s",
+            "[%s:%s] %s: state %s%s%s",
             prefix,
             account.name,
             what,
+            after.state.value,
+            f" until {after.until:.0f}" if after.until is not None else "",
             f" (reason: {account.reason})" if account.reason else "",
         )
-        self._events.publish({"type": "account", "account": account.to_json()})
-        return account
+        self._events.publish(
+            {
+                "type": "account",
+                "account": self.view(account),
+                "previous": before.value if before is not None else None,
+            }
+        )
 
     def disable(self, name: str, reason: str) -> Account:
         reason = reason.strip()
@@ -84,11 +145,20 @@ class AccountBook:
         account = self.get(name)
         account.enabled = True
         account.needs_attention = False
+        account.cooldown_until = None  # the operator's word outranks a cap's guess
         account.reason = None
         return self._save(account, "enabled")
 
     def needs_attention(self, name: str, reason: str) -> Account:
         account = self.get(name)
         account.needs_attention = True
-        account.reason = reason
+        # A vendor's 401 may echo the key: reasons are stored and sent out.
+        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
         return self._save(account, "needs attention")
+
+    def cool_down(self, name: str, until: float, reason: str) -> Account:
+        """A usage cap: closed until `until` (epoch seconds), then open by itself."""
+        account = self.get(name)
+        account.cooldown_until = until
+        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
+        return self._save(account, "cooling down")

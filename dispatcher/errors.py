@@ -11,6 +11,8 @@
     ├── ServiceError         the local service is unreachable or answered badly (CLI)
     ├── TaskCanceled         a runner noticed the cancel request at a checkpoint
     └── RunError             one attempt of a task failed; carries `kind` and `retryable`
+        ├── AccountHold      the account cannot run tasks now (a usage cap, a human
+        │                    check): the task goes back on the same attempt
         ├── TransientError   worth another attempt: timeouts, resets, 408/429/5xx, stale
         └── PermanentError   another attempt would fail the same way: 4xx, refusals
             ├── AuthError        the web account is logged out (kind "auth")
@@ -88,6 +90,19 @@ class RunError(DispatcherError):
     @property
     def message(self) -> str:
         return str(self)
+
+
+class AccountHold(RunError):
+    """The account, not the task, is the problem: a usage cap (`until`, epoch
+    seconds, when it lifts; None: the profile's cooldown) or a human check
+    (`until` unused, the account needs attention). The scheduler puts the task
+    back to pending on the same attempt and changes the account's state."""
+
+    default_kind = "usage_limit"
+
+    def __init__(self, message: str, *, kind: str | None = None, until: float | None = None):
+        super().__init__(message, kind=kind)
+        self.until = until
 
 
 class TransientError(RunError):

@@ -114,9 +114,29 @@ class _LiveCollector(Collector):
             enabled.add_metric(
                 [lane["name"]], 1 if lane["enabled"] and not lane["needs_attention"] else 0
             )
+        effective = GaugeMetricFamily(
+            "dispatcher_lane_effective_concurrency",
+            "Tasks a lane may run at once now: its quota, halved while 429s storm",
+            labels=["lane"],
+        )
+        account_state = GaugeMetricFamily(
+            "dispatcher_account_state",
+            "1 for the state each web account or API provider is in "
+            "(ok, cooldown, needs_attention, disabled)",
+            labels=["account", "state"],
+        )
+        for lane in snap["lanes"]:
+            effective.add_metric([lane["name"]], lane["effective_concurrency"])
+        for account in snap.get("accounts", ()):
+            for state in ("ok", "cooldown", "needs_attention", "disabled"):
+                account_state.add_metric(
+                    [account["name"], state], 1 if account["state"] == state else 0
+                )
         yield queued
         yield running
         yield enabled
+        yield effective
+        yield account_state
         for name, help_text, value in (
             ("dispatcher_dedup_hits", "Submissions answered with an existing task", "dedup_hits"),
             ("dispatcher_cache_hits", "Tasks completed from the result cache", "cache_hits"),
@@ -129,6 +149,11 @@ class _LiveCollector(Collector):
                 "dispatcher_stale_reclaims",
                 "Running tasks reclaimed for lack of heartbeat",
                 "stale_reclaims",
+            ),
+            (
+                "dispatcher_stalled_reclaims",
+                "Web attempts whose answer stopped changing for stall_s while the page was busy",
+                "stalled_reclaims",
             ),
             (
                 "dispatcher_browser_launches",

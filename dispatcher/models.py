@@ -192,6 +192,7 @@ class Account:
     reason: str | None = None
     needs_attention: bool = False
     updated_at: float = 0.0
+    cooldown_until: float | None = None  # epoch seconds: a usage cap lifts then
 
     def to_json(self) -> JSON:
         return {

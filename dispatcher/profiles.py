@@ -76,11 +76,29 @@ class WebSpec(_Strict):
     # file chooser; and what shows the attachment is ready.
     upload: str | None = None
     upload_done: str | None = None
+    # A usage cap: the selector of its message and/or a regex over that
+    # message (or, without `limit`, over the page's text). The reset time is
+    # read from the regex's group `reset` (else the whole match), in the forms
+    # sites use ("after 2:14 PM", "in 3 hours", "at 14:00 UTC", "tomorrow");
+    # without one the account cools down for `cooldown_s` (nominal seconds).
+    limit: str | None = None
+    limit_text: str | None = None
+    cooldown_s: float = Field(default=3600.0, gt=0)
+    # A human check (a captcha, "verify you are human"): the account needs attention.
+    challenge: str | None = None
+    # Nominal seconds an answer (text or media) may stay unchanged while the
+    # page is busy before the attempt is reclaimed as stalled.
+    stall_s: float = Field(default=120.0, gt=0)
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
         if not self.submit and not self.submit_key:
             raise ValueError("web needs `submit` (a selector) or `submit_key` (e.g. Enter)")
+        if self.limit_text is not None:
+            try:
+                re.compile(self.limit_text)
+            except re.error as exc:
+                raise ValueError(f"limit_text is not a valid regex: {exc}") from None
         return self
 
 

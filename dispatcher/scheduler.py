@@ -29,7 +29,15 @@ from dispatcher.decisions import (
     overdue_s,
     plan_reclaims,
 )
-from dispatcher.errors import AuthError, PermanentError, RunError, TaskCanceled, TransientError
+from dispatcher.errors import (
+    AccountHold,
+    AuthError,
+    PermanentError,
+    RunError,
+    TaskCanceled,
+    TransientError,
+)
+from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger, lane_prefix
@@ -40,13 +48,15 @@ from dispatcher.runner import RunContext, Runner, RunResult
 log = logging.getLogger("dispatcher.scheduler")
 
 RECENT_RUNS = 20  # run times per model behind an ETA
-# Browser launches of one web account that failed in a row before the account
-# is taken out of service. One failure can be a hiccup (a busy machine, a port
-# taken); three, each after its retry delay, mean the browser itself is broken
-# (a bad executable, missing libraries, a full disk): relaunching cannot help,
-# and a lane that kept trying would launch a broken browser for every task.
-BROWSER_START_FAILURES_FOR_ATTENTION = 3
+# Failures of one class in a row on one account before it is taken out of
+# service (`dispatcher.health.after_outcome`): one can be a hiccup (a busy
+# machine, a port taken); three, each after its retry delay, mean the account
+# or its browser is broken (a bad executable, a banned account, a full disk),
+# and a lane that kept trying would spend every task's attempts on it.
+# The setting `account_failures_for_attention` overrides it.
 BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
+# Error kinds that name the task, not the account: they never count.
+_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
 
@@ -141,6 +151,8 @@ class Scheduler:
         profiles: Mapping[str, Profile],
         results_dir: Path,
         on_success: SuccessHook | None = None,
+        failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
+        effective_concurrency: Callable[[LaneSpec], int] | None = None,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -162,7 +174,12 @@ class Scheduler:
         self._durations: dict[str, deque[float]] = {}
         self.run_history = RunHistory()
         self.rounds = 0
-        self._browser_start_failures: dict[str, int] = {}  # web account -> in a row
+        self.failures_for_attention = failures_for_attention
+        self._streaks: dict[str, Streak] = {}  # account -> failures of one class in a row
+        # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
+        self.effective_concurrency = effective_concurrency
+        self._cooldown_timer: asyncio.TimerHandle | None = None
+        self.stalled_reclaims = 0  # web attempts the progress watchdog ended
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -242,14 +259,32 @@ class Scheduler:
             self._reclaim_stale()
         if self._stopping:
             return
+        self.accounts.refresh()
         for lane in self.lanes.values():
             self._fill(lane)
+        self._wake_at_cooldown_end()
+
+    def _wake_at_cooldown_end(self) -> None:
+        """A cooling-down account opens by itself: a round is due at that instant."""
+        opening = self.accounts.next_opening()
+        if self._cooldown_timer is not None:
+            self._cooldown_timer.cancel()
+            self._cooldown_timer = None
+        if opening is not None:
+            delay_s = max(0.0, opening - self.clock.now()) + 0.001
+            self._cooldown_timer = asyncio.get_running_loop().call_later(delay_s, self.wake)
+
+    def lane_concurrency(self, lane: LaneSpec) -> int:
+        """The lane's quota, halved while 429s storm (never below 1)."""
+        if self.effective_concurrency is None:
+            return lane.concurrency
+        return max(1, min(lane.concurrency, self.effective_concurrency(lane)))
 
     def _fill(self, lane: LaneSpec) -> None:
         """Claim and start the lane's oldest ready tasks, one per free slot."""
         snapshot = LaneSnapshot(
             name=lane.name,
-            concurrency=lane.concurrency,
+            concurrency=self.lane_concurrency(lane),
             enabled=self.accounts.is_open(lane.account),
             running=len(self._lane_running[lane.name]),
         )
@@ -441,7 +476,7 @@ class Scheduler:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
         if what == "success":
-            self._browser_start_failures.pop(running.lane.account, None)
+            self._streaks.pop(running.lane.account, None)
             result = payload.to_json()
             done = self.ledger.succeed(task, result, durations)
             if done is not None and done.state is State.SUCCESS and done.started_at:
@@ -457,25 +492,62 @@ class Scheduler:
             self.ledger.mark_canceled(task, durations)
         else:
             error: RunError = payload
+            if self._hold(running, error, durations):
+                return
+            if error.kind == "stalled":
+                self.stalled_reclaims += 1
             ended = self.ledger.fail(task, error, durations)
-            if running.lane.kind is Kind.WEB:
-                self._count_browser_starts(running.lane.account, error)
             if ended is not None and ended.state is State.CANCELED:
                 return  # a cancel was asked for while it ran: that outcome wins
-            if isinstance(error, AuthError) and running.lane.kind is Kind.WEB:
-                self.accounts.needs_attention(running.lane.account, f"logged out: {error}")
+            if running.lane.kind is Kind.WEB:
+                # Only web accounts: a provider's bad spell (5xx, timeouts)
+                # passes by itself, and retries already space out its tasks.
+                self._count_failure(running.lane.account, error)
 
-    def _count_browser_starts(self, account: str, error: RunError) -> None:
-        """A web account whose browser failed to start too often in a row needs an operator."""
-        if error.kind != BROWSER_START_KIND:
-            # The browser started (the attempt failed later): the launch works.
-            self._browser_start_failures.pop(account, None)
-            return
-        failures = self._browser_start_failures.get(account, 0) + 1
-        self._browser_start_failures[account] = failures
-        if failures >= BROWSER_START_FAILURES_FOR_ATTENTION:
-            self._browser_start_failures.pop(account, None)
-            reason = f"the browser failed to start {failures} times in a row; last: {error}"
+    def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
+        """The account, not the task, failed: the task goes back to pending on
+        the same attempt (another account of its model may take it) and the
+        account changes state. True when that is what happened."""
+        account, lane = running.lane.account, running.lane
+        if isinstance(error, AccountHold) and error.kind == "usage_limit":
+            until = error.until
+            if until is None:
+                web = running.ctx.profile.web
+                cooldown_s = web.cooldown_s if web is not None else 3600.0
+                until = self.clock.now() + self.clock.scaled(cooldown_s)
+            self.accounts.cool_down(account, until, f"usage limit: {error}")
+        elif isinstance(error, AccountHold):
+            self.accounts.needs_attention(account, f"{error.kind}: {error}")
+        elif isinstance(error, AuthError) and lane.kind is Kind.WEB:
+            self.accounts.needs_attention(account, f"logged out: {error}")
+        elif lane.kind is Kind.API and error.kind in ("http_401", "http_403"):
+            self.accounts.needs_attention(account, f"the provider refused the key: {error}")
+        else:
+            return False
+        self._streaks.pop(account, None)
+        stored = self.ledger.store.get_task(running.task.id)
+        if stored is not None and stored.cancel_requested:
+            # Asked to cancel while it ran: that outcome wins over waiting.
+            self.ledger.mark_canceled(running.task, durations)
+        else:
+            self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
+        return True
+
+    def _count_failure(self, account: str, error: RunError) -> None:
+        """N failures of one class in a row on one account: it needs an operator."""
+        kind = None if error.kind in _TASK_FAULTS else error.kind
+        decision = after_outcome(self._streaks.get(account), kind, self.failures_for_attention)
+        if decision.streak is None:
+            self._streaks.pop(account, None)
+        else:
+            self._streaks[account] = decision.streak
+        if decision.attention is not None:
+            what = (
+                f"the browser failed to start {decision.failures} times in a row"
+                if error.kind == BROWSER_START_KIND
+                else decision.attention
+            )
+            reason = f"{what}; last: {error}"
             self.accounts.needs_attention(account, reason[:MAX_REASON_CHARS])
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
@@ -542,6 +614,7 @@ class Scheduler:
         view = []
         for lane in self.lanes.values():
             account = self.accounts.get(lane.account)
+            state = self.accounts.state(lane.account)
             view.append(
                 {
                     "name": lane.name,
@@ -549,9 +622,12 @@ class Scheduler:
                     "account": lane.account,
                     "models": list(lane.models),
                     "concurrency": lane.concurrency,
+                    "effective_concurrency": self.lane_concurrency(lane),
                     "enabled": account.enabled,
                     "needs_attention": account.needs_attention,
-                    "reason": account.reason,
+                    "state": state.state.value,
+                    "until": state.until,
+                    "reason": state.reason or account.reason,
                     "queued": sum(queued.get(group, 0) for group in lane.lane_groups),
                     "running": sorted(self._lane_running[lane.name]),
                 }

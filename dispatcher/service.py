@@ -220,6 +220,27 @@ class Service:
             self.events.listen(web.on_event)  # a disabled account's kept browser is closed
             self.runners[Kind.WEB] = web
 
+    def _check_api_keys(self) -> None:
+        """A provider whose key variable is unset cannot run a task: it needs
+        attention from the start, and its tasks wait instead of failing."""
+        for profile in self.profiles.values():
+            api, provider = profile.api, profile.provider
+            if api is None or not api.auth_env or not provider or os.environ.get(api.auth_env):
+                continue
+            reason = f"its key is missing: the environment variable {api.auth_env} is unset"
+            account = self.accounts.get(provider)
+            if account.enabled and not (account.needs_attention and account.reason == reason):
+                self.accounts.needs_attention(provider, reason)
+
+    def _effective_concurrency(self, lane: LaneSpec) -> int:
+        runner = self.runners.get(lane.kind)
+        if lane.kind is Kind.API and runner is not None:
+            from apirunner.runner import ApiRunner
+
+            if isinstance(runner, ApiRunner):
+                return int(runner.effective_concurrency(lane.account, lane.concurrency))
+        return lane.concurrency
+
     async def start(self) -> None:
         try:
             await self._claim_state_dir()
@@ -271,6 +292,7 @@ class Service:
         lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts = AccountBook(self.store, self.clock, self.events)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self._check_api_keys()
         self.ledger = Ledger(
             self.store,
             self.clock,
@@ -305,6 +327,8 @@ class Service:
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
             on_success=self._remember_result,
+            failures_for_attention=settings.account_failures_for_attention,
+            effective_concurrency=self._effective_concurrency,
         )
         self.roster = Roster(
             store=self.store,
@@ -323,7 +347,7 @@ class Service:
             settings.webhook_secret,
             self.store,
             self.clock,
-            [a.to_json() for a in self.accounts.all()],
+            self.accounts.views(),
         )
         if self.webhooks.enabled:
             self.events.listen(self.webhooks.on_event)
@@ -416,6 +440,7 @@ class Service:
             "cache_hits": self.ledger.cache_hits,
             "retries": self.ledger.retries,
             "stale_reclaims": self.ledger.stale_reclaims,
+            "stalled_reclaims": self.scheduler.stalled_reclaims,
         }
         remote: dict[tuple[str, str], int] = {}
         for runner in self.runners.values():
@@ -429,6 +454,7 @@ class Service:
         return {
             "state_counts": self.store.state_counts(),
             "lanes": self.scheduler.lanes_view(),
+            "accounts": self.accounts.views(),
             "counters": counters,
             "remote_requests": remote,
             "event_loop_lag_s": self.lag_probe.max_lag_s(),

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     max_download_bytes: int = Field(default=2 * 1024**3, gt=0)
     max_json_bytes: int = Field(default=16 * 1024**2, gt=0)
     retry_delay_s: float = 5.0
+    # Failures of one class in a row on one web account or provider that take
+    # it out of service (needs attention, with the class as the reason).
+    account_failures_for_attention: int = Field(default=3, ge=1)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     demo: bool = False

@@ -88,9 +88,12 @@ def check_urls(urls: Sequence[str], secret: str | None) -> list[str]:
 
 
 def account_state(account: JSON) -> str:
+    """The visible state (`dispatcher.health`): ok, cooldown, needs_attention, disabled."""
+    if account.get("state"):
+        return str(account["state"])
     if not account.get("enabled"):
         return "disabled"
-    return "needs_attention" if account.get("needs_attention") else "enabled"
+    return "needs_attention" if account.get("needs_attention") else "ok"
 
 
 def job_finished_body(job: Job, summary: JobSummary, failed: Sequence[Task]) -> JSON:
@@ -258,6 +261,7 @@ class Webhooks:
                     "old_state": account["old_state"],
                     "new_state": account["new_state"],
                     "reason": account.get("reason"),
+                    "until": account.get("until"),
                 }
             },
         )

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import inspect
 import mimetypes
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,9 @@ from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from apirunner.refimages import Prepared
 from dispatcher import fetch
 from dispatcher.clock import Clock
-from dispatcher.errors import AuthError, PermanentError, TransientError
+from dispatcher.errors import AccountHold, AuthError, PermanentError, TransientError
 from dispatcher.fetch import HostCheck
+from dispatcher.health import parse_reset
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
 from dispatcher.runner import ResultFile, RunContext
@@ -160,6 +162,8 @@ class PageDriver:
         stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
+        self.stall_s = ctx.clock.scaled(spec.stall_s)
+        self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
 
     # -- small helpers ---------------------------------------------------
 
@@ -229,6 +233,44 @@ class PageDriver:
             ) from exc
         if await self._visible(spec.logged_out, "checking for the logged-out marker"):
             raise self._logged_out_error()
+        await self.check_account()
+
+    async def check_account(self) -> None:
+        """A human check or a usage cap on the page: the account, not the task, is held."""
+        spec = self.spec
+        if await self._visible(spec.challenge, "checking for a human check"):
+            shown = await self._text(spec.challenge, "reading the human check")
+            raise AccountHold(
+                f"{spec.url} asks account {self.ctx.account!r} for a human check "
+                f"({(shown or spec.challenge or '')[:200]}); solve it in its browser, then "
+                "re-enable the account",
+                kind="challenge",
+            )
+        if not spec.limit and self._limit_re is None:
+            return
+        if spec.limit:
+            if not await self._visible(spec.limit, "checking for a usage cap"):
+                return
+            text = await self._text(spec.limit, "reading the usage cap") or ""
+        else:
+            text = await self._text("body", "reading the page for a usage cap") or ""
+        reset = text
+        if self._limit_re is not None:
+            match = self._limit_re.search(text)
+            if match is None:
+                return
+            groups = match.groupdict()
+            reset = groups.get("reset") or (match.group(1) if match.re.groups else match[0])
+        raise AccountHold(
+            f"account {self.ctx.account!r} reached its usage cap: {text.strip()[:200]}",
+            kind="usage_limit",
+            until=parse_reset(reset, self.ctx.clock.now()),
+        )
+
+    async def _media_count(self) -> int:
+        if not self.spec.media:
+            return 0
+        return int(await self._call(self._loc(self.spec.media).count(), "counting media"))
 
     async def submit(self, message: str, images: Sequence[Prepared] = ()) -> str | None:
         """Attach the images, type the message and send it; return the answer
@@ -290,26 +332,39 @@ class PageDriver:
 
         Finished means: the busy marker (if any) has gone, and either the
         `done` marker matches the answer or its text has not changed for
-        `stable_ms`. An error banner fails the attempt with its text.
+        `stable_ms`. An error banner fails the attempt with its text. While
+        the page stays busy, an answer (text and media) unchanged for
+        `stall_s` is a stalled generation: the attempt fails as `stalled`.
         """
         spec = self.spec
         clock = self.ctx.clock
         started = False
         last_text: str | None = None
         last_change = clock.monotonic()
+        last_media = 0
         while True:
             self.ctx.check_canceled()
             if self.budget.remaining(clock) <= 0:
                 raise self.budget.exceeded("waiting for the answer")
             # One look = all the markers at once: the calls travel together
             # to the browser, so a look costs one round trip, not five.
-            error_shown, logged_out, busy, text, done_text = await asyncio.gather(
-                self._visible(spec.error, "checking for an error banner"),
-                self._visible(spec.logged_out, "checking for the logged-out marker"),
-                self._visible(spec.busy, "checking whether it is generating"),
-                self._text(spec.answer, "reading the answer"),
-                self._text(spec.done, "checking the done marker"),
-            )
+            # Sent in the same turn, so it travels with the other looks.
+            account_check = asyncio.ensure_future(self.check_account())
+            try:
+                error_shown, logged_out, busy, text, done_text, media = await asyncio.gather(
+                    self._visible(spec.error, "checking for an error banner"),
+                    self._visible(spec.logged_out, "checking for the logged-out marker"),
+                    self._visible(spec.busy, "checking whether it is generating"),
+                    self._text(spec.answer, "reading the answer"),
+                    self._text(spec.done, "checking the done marker"),
+                    self._media_count(),
+                )
+            except BaseException:
+                account_check.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await account_check
+                raise
+            await account_check
             if error_shown:
                 shown = await self._text(spec.error, "reading the error banner")
                 raise TransientError(
@@ -318,10 +373,17 @@ class PageDriver:
             if logged_out:
                 raise self._logged_out_error()
             now = clock.monotonic()
-            if text != last_text:
-                last_text, last_change = text, now
+            if text != last_text or media != last_media:
+                last_text, last_media, last_change = text, media, now
             if busy or (text is not None and text != before):
                 started = True
+            if (busy or not started) and now - last_change >= self.stall_s:
+                # The page answers our looks, but its answer does not move.
+                raise TransientError(
+                    f"stalled: the answer has not changed for {spec.stall_s:g} s "
+                    "(the profile's stall_s) while the page still shows it generating",
+                    kind="stalled",
+                )
             if started and not busy and text:
                 # The done marker must be on this answer, not on an earlier one.
                 if done_text is not None and done_text == text:

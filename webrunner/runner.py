@@ -388,6 +388,9 @@ class WebRunner:
         except RunError as exc:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
             await self._keep_evidence(ctx, session, driver, tracing)
+            if exc.kind == "stalled" and session is not None:
+                # A stuck renderer may not close politely: kill, confirm dead.
+                await self._kill(account, session)
             raise
         finally:
             if session is not None and not session.closed and not keep:

@@ -26,13 +26,12 @@ def accounts_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(data)
         return
-    table = Table("name", "kind", "enabled", "needs attention", "reason", "since")
+    table = Table("name", "kind", "state", "reason", "since")
     for account in data:
         table.add_row(
             escape(account["name"]),
             account["kind"],
-            "yes" if account["enabled"] else "[red]no[/red]",
-            "[red]yes[/red]" if account["needs_attention"] else "no",
+            _state_text(account),
             escape(account["reason"] or ""),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(account["updated_at"]))
             if account.get("updated_at")
@@ -109,6 +108,18 @@ def accounts_remove(
         console.print(f"{escape(name)}: removed")
 
 
+def _state_text(item: dict[str, object]) -> str:
+    """ok, cooldown (until when), needs attention, disabled: red unless ok."""
+    state = str(item.get("state") or "ok")
+    until = item.get("until")
+    if state == "ok":
+        return "ok"
+    text = state.replace("_", " ")
+    if state == "cooldown" and isinstance(until, int | float):
+        text += time.strftime(" until %H:%M:%S", time.localtime(until))
+    return f"[red]{text}[/red]"
+
+
 def lanes(as_json: JsonFlag = False) -> None:
     """Lanes with concurrency, queue depth and running tasks."""
     with service_client(as_json) as client:
@@ -116,19 +127,22 @@ def lanes(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(data)
         return
-    table = Table("lane", "models", "concurrency", "enabled", "queued", "running")
+    table = Table("lane", "models", "concurrency", "state", "queued", "running")
     for lane in data:
+        effective = lane.get("effective_concurrency", lane.get("concurrency"))
+        concurrency = str(lane.get("concurrency", "-"))
+        if effective != lane.get("concurrency"):
+            concurrency = f"{effective} of {concurrency} (429s)"
         if lane.get("invalid"):
             state = f"[red]invalid[/red] {escape(lane['invalid'])}"
-        elif lane["enabled"] and not lane["needs_attention"]:
-            state = "yes"
         else:
-            why = "needs attention" if lane["needs_attention"] else "no"
-            state = f"[red]{why}[/red] {escape(lane['reason'] or '')}"
+            state = _state_text(lane)
+            if lane.get("reason"):
+                state += f" {escape(lane['reason'])}"
         table.add_row(
             escape(lane["name"]),
             escape(", ".join(lane["models"])),
-            str(lane["concurrency"]),
+            concurrency,
             state,
             str(lane["queued"]),
             ", ".join(lane["running"]) or "-",

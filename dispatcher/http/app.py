@@ -318,13 +318,13 @@ class Api:
         return JSONResponse(await self.service.reload())
 
     async def accounts(self, request: Request) -> Response:
-        return JSONResponse([a.to_json() for a in self.service.accounts.all()])
+        return JSONResponse(self.service.accounts.views())
 
     async def disable_account(self, request: Request) -> Response:
         body = await _json_body(request)
         bodies.validate(bodies.DisableBody, body, "body")
         account = self.service.accounts.disable(request.path_params["name"], body["reason"])
-        return JSONResponse(account.to_json())
+        return JSONResponse(self.service.accounts.view(account))
 
     async def add_account(self, request: Request) -> Response:
         body = await _json_body(request)
@@ -343,7 +343,7 @@ class Api:
     async def enable_account(self, request: Request) -> Response:
         account = self.service.accounts.enable(request.path_params["name"])
         self.service.scheduler.wake()
-        return JSONResponse(account.to_json())
+        return JSONResponse(self.service.accounts.view(account))
 
     # -- live and meta -------------------------------------------------------------
     async def events(self, request: Request) -> Response:

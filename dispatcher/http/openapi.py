@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
@@ -156,14 +156,22 @@ class Live(_Answer):
     ok: bool
 
 
+AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled"]
+
+
 class Lane(_Answer):
     name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
     kind: Kind | None = Field(description="null for a profile file that is invalid")
     account: str
     models: list[str]
     concurrency: int
+    effective_concurrency: int = Field(
+        description="the quota, halved while 429s without Retry-After storm"
+    )
     enabled: bool
     needs_attention: bool
+    state: AccountStateName
+    until: float | None
     reason: str | None
     queued: int
     running: list[str]
@@ -201,6 +209,11 @@ class ReloadAnswer(_Answer):
 class AccountAnswer(_Answer):
     name: str
     kind: Kind
+    state: AccountStateName = Field(
+        description="ok; cooldown (a usage cap, open again at `until`); needs_attention "
+        "(`reason` says why); disabled (the operator's switch)"
+    )
+    until: float | None = Field(description="epoch seconds a cooldown ends; else null")
     enabled: bool
     reason: str | None
     needs_attention: bool

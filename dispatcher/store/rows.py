@@ -268,6 +268,7 @@ def row_to_account(row: RowLike) -> Account:
         reason=row["reason"],
         needs_attention=bool(row["needs_attention"]),
         updated_at=row["updated_at"],
+        cooldown_until=row["cooldown_until"],
     )
 
 

@@ -63,7 +63,8 @@ CREATE TABLE accounts (
     enabled INTEGER NOT NULL,
     reason TEXT,
     needs_attention INTEGER NOT NULL DEFAULT 0,
-    updated_at REAL NOT NULL DEFAULT 0
+    updated_at REAL NOT NULL DEFAULT 0,
+    cooldown_until REAL
 );
 
 CREATE TABLE cache_entries (

@@ -414,9 +414,7 @@ class SqliteStore:
 
     # -- jobs ----------------------------------------------------------------
     def get_job(self, job_id: str) -> Job | None:
-        rows = self._query(
-            "SELECT id, name, created_at, rowid FROM jobs WHERE id = ?", (job_id,)
-        )
+        rows = self._query("SELECT id, name, created_at, rowid FROM jobs WHERE id = ?", (job_id,))
         if not rows:
             return None
         return Job(id=rows[0][0], name=rows[0][1], created_at=rows[0][2], seq=rows[0][3])
@@ -498,16 +496,18 @@ class SqliteStore:
 
     def get_accounts(self) -> dict[str, Account]:
         rows = self._query(
-            "SELECT name, kind, enabled, reason, needs_attention, updated_at FROM accounts"
+            "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until "
+            "FROM accounts"
         )
         return {r["name"]: row_to_account(r) for r in rows}
 
     def upsert_account(self, account: Account) -> None:
         self._write1(
-            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
+            "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
             "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
-            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at",
+            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
+            "cooldown_until = excluded.cooldown_until",
             (
                 account.name,
                 account.kind.value,
@@ -515,6 +515,7 @@ class SqliteStore:
                 account.reason,
                 int(account.needs_attention),
                 account.updated_at,
+                account.cooldown_until,
             ),
         )
 

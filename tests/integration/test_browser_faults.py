@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from dispatcher.errors import ConfigError
-from dispatcher.scheduler import BROWSER_START_FAILURES_FOR_ATTENTION
+from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION as BROWSER_START_FAILURES_FOR_ATTENTION
 from dispatcher.settings import find_browser
 from tests.harness import Harness, running_service
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers

@@ -130,16 +130,20 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         assert account_browsers(tmp_path / "state", account) == []
 
 
-async def test_expired_session_fails_auth_and_marks_the_account(tmp_path: Path) -> None:
+async def test_expired_session_holds_the_task_and_marks_the_account(tmp_path: Path) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
         await h.demo_mode({"mode": "expired"}, h.demo_web)
         task = await h.submit("demo-chat", "are we logged in?")
-        done = await h.wait_task(task["id"], timeout_s=60)
-        assert done["state"] == "failed" and done["error"]["kind"] == "auth"
-        assert done["attempt"] == 1  # permanent: retrying cannot log us in
-        accounts = {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()}
-        assert accounts["demo-1"]["needs_attention"] is True
+        deadline = asyncio.get_running_loop().time() + 60
+        while not (accounts := {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()})[
+            "demo-1"
+        ]["needs_attention"]:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        assert "logged out" in accounts["demo-1"]["reason"]
+        held = await h.task(task["id"])
+        assert (held["state"], held["attempt"]) == ("pending", 1)  # no attempt spent
         nxt = await h.submit("demo-chat", "should wait for an operator")
         await asyncio.sleep(1.0)
         assert (await h.task(nxt["id"]))["state"] == "pending"
@@ -147,7 +151,9 @@ async def test_expired_session_fails_auth_and_marks_the_account(tmp_path: Path) 
         async with httpx.AsyncClient() as client:
             (await client.post(f"{h.demo_web}/__reset")).raise_for_status()
         await h.http.post("/v1/accounts/demo-1/enable")
-        assert (await h.wait_task(nxt["id"], timeout_s=60))["state"] == "success"
+        for task_id in (task["id"], nxt["id"]):
+            done = await h.wait_task(task_id, timeout_s=60)
+            assert (done["state"], done["attempt"]) == ("success", 1)
 
 
 async def test_hung_page_is_reclaimed_retried_and_leaves_no_browser(tmp_path: Path) -> None:

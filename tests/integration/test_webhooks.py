@@ -158,11 +158,12 @@ async def test_account_changes_are_told_and_a_dead_endpoint_never_blocks_tasks(
         assert off == {
             "name": "demo",
             "kind": "api",
-            "old_state": "enabled",
+            "old_state": "ok",
             "new_state": "disabled",
             "reason": "invoice overdue",
+            "until": None,
         }
-        assert (on["old_state"], on["new_state"], on["reason"]) == ("disabled", "enabled", None)
+        assert (on["old_state"], on["new_state"], on["reason"]) == ("disabled", "ok", None)
 
         # Tasks run on while one endpoint is down and its deliveries retry.
         job = await h.job(

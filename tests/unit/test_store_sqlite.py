@@ -54,7 +54,7 @@ def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     store.migrate()
     store.migrate()
-    assert store.schema_version() == LATEST_VERSION == 5
+    assert store.schema_version() == LATEST_VERSION == 6
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     store.close()

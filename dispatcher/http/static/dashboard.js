@@ -400,10 +400,20 @@
     const index = view.accounts.findIndex((a) => a.name === account.name);
     if (index >= 0) view.accounts[index] = account;
     if (view.route.name === "overview") renderAccounts();
-    const what = account.needs_attention ? "needs attention"
-      : account.enabled ? "enabled" : "disabled";
-    activity(`${account.kind}:${account.name} ${what}${account.reason ? ` — ${account.reason}` : ""}`,
-      account.enabled && !account.needs_attention ? "good" : "warn");
+    activity(`${account.kind}:${account.name} ${stateText(account)}${account.reason ? ` — ${account.reason}` : ""}`,
+      accountOpen(account) ? "good" : "warn");
+  }
+
+  // One visible state per account or provider (dispatcher/health.py).
+  function accountOpen(account) {
+    return account.state ? account.state === "ok" : account.enabled && !account.needs_attention;
+  }
+
+  function stateText(account) {
+    const state = account.state || (account.needs_attention ? "needs_attention"
+      : account.enabled ? "ok" : "disabled");
+    if (state === "cooldown" && account.until) return `cooldown until ${clock(account.until)}`;
+    return state.replace("_", " ");
   }
 
   // -- actions ----------------------------------------------------------------------------------
@@ -552,7 +562,7 @@
   function renderLanes() {
     const byId = new Map(view.tasks.map((t) => [t.id, t]));
     $("lanes-body").replaceChildren(...view.lanes.map((lane) => {
-      const open = lane.enabled && !lane.needs_attention;
+      const open = accountOpen(lane);
       const running = lane.running.length
         ? lane.running.map((id) => {
           const task = byId.get(id);
@@ -565,10 +575,13 @@
         el("td", { class: "mono", text: lane.name }),
         el("td", { text: lane.kind || "" }),
         el("td", { text: lane.models.join(", ") }),
-        el("td", { class: "num", text: lane.concurrency }),
-        el("td", { "data-testid": "lane-enabled", "data-enabled": open ? "yes" : "no" },
-          open ? "yes" : el("span", { class: "bad",
-            text: lane.invalid ? "invalid profile" : lane.needs_attention ? "needs attention" : "no" }),
+        el("td", { class: "num", "data-testid": "lane-concurrency",
+          title: "effective / quota (halved while 429s storm)",
+          text: lane.effective_concurrency !== undefined && lane.effective_concurrency !== lane.concurrency
+            ? `${lane.effective_concurrency} / ${lane.concurrency}` : lane.concurrency }),
+        el("td", { "data-testid": "lane-enabled", "data-enabled": open ? "yes" : "no",
+          "data-state": lane.state || "" },
+          open ? "yes" : el("span", { class: "bad", text: lane.invalid ? "invalid profile" : stateText(lane) }),
           !open && lane.reason ? el("div", { class: "muted", text: lane.reason }) : null),
         el("td", {}, ...spaced),
         el("td", { class: "num", "data-testid": "lane-queued", text: lane.queued }));
@@ -577,16 +590,17 @@
 
   function renderAccounts() {
     $("accounts-body").replaceChildren(...view.accounts.map((account) => {
-      const open = account.enabled && !account.needs_attention;
-      const status = account.needs_attention ? "needs attention" : account.enabled ? "enabled" : "disabled";
-      const button = open
+      const open = accountOpen(account);
+      const status = stateText(account);
+      // The operator's switch: a cooling-down account is still switched on.
+      const button = open || (account.state === "cooldown")
         ? el("button", { type: "button", "data-testid": "account-disable", class: "danger",
           text: "disable", onclick: (e) => disableAccount(e.currentTarget, account) })
         : el("button", { type: "button", "data-testid": "account-enable",
           text: account.needs_attention ? "re-enable" : "enable",
           onclick: (e) => enableAccount(e.currentTarget, account) });
       return el("tr", { "data-testid": "account-row", "data-account": account.name,
-        "data-enabled": open ? "yes" : "no" },
+        "data-enabled": open ? "yes" : "no", "data-state": account.state || "" },
         el("td", { class: "mono", text: account.name }),
         el("td", { text: account.kind }),
         el("td", {}, el("span", { class: `switch ${open ? "on" : "off"}`, "data-testid": "account-status",
