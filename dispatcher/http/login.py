@@ -144,9 +144,9 @@ class LoginRoutes:
         )
 
     async def send_input(self, request: Request) -> Response:
-        account = self._account(request)
         raw = strictjson.loads(await request.body() or b"null")
         bodies.validate(bodies.LoginInputBody, raw, "body")
+        account = self._account(request)
         login = self._desk().get(account)
         login.touch()
         assert login.view is not None
@@ -168,9 +168,9 @@ class LoginRoutes:
         return JSONResponse({"account": account, "closed": True})
 
     async def import_session(self, request: Request) -> Response:
-        account = self._account(request)
         raw = strictjson.loads(await request.body() or b"null")
         bodies.validate(bodies.ImportBody, raw, "body")
+        account = self._account(request)
         cookies = parse_session_file(raw["text"], now=self.service.clock.now())
         if not await self._desk().import_cookies(account, cookies):
             return JSONResponse({"logged_in": False, "account": account, "cookies": len(cookies)})

@@ -136,7 +136,18 @@ async def test_cancel_closes_the_browser_and_changes_nothing(
         await log_everyone_out(h)
         await logged_out_task(h)
         page = browser.page
-        await open_login_link(h, page)
+        # As an operator would: the CLI prints the link, the browser opens it.
+        printed = await asyncio.to_thread(
+            run_cli,
+            ["--state-dir", str(h.state_dir), "accounts", "login", ACCOUNT],
+            clean_env({}),
+            REPO,
+        )
+        assert printed.returncode == 0, printed.stderr
+        assert "ssh -N -L" in printed.stderr
+        await page.goto(printed.stdout.strip())
+        assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
+        await expect(page.get_by_test_id("login-screen")).to_have_attribute("data-frames", "1")
         pid = runner_of(h).logins.get(ACCOUNT).pid
         # Done on a page that still shows the form: refused, the view stays open.
         await page.get_by_test_id("login-done").click()
