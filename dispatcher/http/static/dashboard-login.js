@@ -76,6 +76,7 @@
     enter(route) {
       this.account = route.id;
       this.chain = null;
+      this.finishing = false;
       const img = el("img", { class: "screen", alt: "the account's browser", tabindex: "0",
         "data-testid": "login-screen", draggable: "false" });
       this.status = el("p", { class: "muted", "data-testid": "login-status", text: "connecting…" });
@@ -103,6 +104,7 @@
     connect(img) {
       this.img = img;
       openStream(`${this.inputPath()}/frames`, img, (why) => {
+        if (this.finishing) return; // Done/Cancel say what happened
         this.say(`${why}. No login session is open for this account now.`, false);
         for (const b of this.controls) b.disabled = true;
         this.startButton.hidden = false;
@@ -122,6 +124,7 @@
     async finish(button, what) {
       await this.chain;
       button.disabled = true;
+      this.finishing = true;
       try {
         const answer = await D.api("POST", `${this.inputPath()}/${what}`, {});
         closeStream();
@@ -136,6 +139,8 @@
       } catch (err) {
         if (!(err instanceof D.SignedOut)) this.say(err.message, true);
         button.disabled = false;
+      } finally {
+        this.finishing = false;
       }
     },
 
