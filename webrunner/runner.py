@@ -41,7 +41,7 @@ from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_b
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, guarded
+from webrunner.page import CHECK_S, PAGE_READY_S, Budget, PageDriver, compose_message, guarded
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
@@ -229,8 +229,17 @@ class WebRunner:
             raise PermanentError("a web task needs a non-empty `prompt`", kind="input")
         message = compose_message(spec, prompt)
         # The scheduler never runs two tasks on one account; this only makes
-        # a mistake there wait instead of opening the profile twice.
-        async with self._keeper.locks[account]:
+        # a mistake there wait instead of opening the profile twice. An
+        # operator's login or import holds it for minutes: the task waits,
+        # alive (beating) and cancellable, instead of being reclaimed as stale.
+        lock = self._keeper.locks[account]
+        if lock.locked():
+            ctx.log.info("waiting for the account's profile (a login or import holds it)")
+        while lock.locked():
+            ctx.check_canceled()
+            ctx.beat()
+            await asyncio.sleep(CHECK_S)
+        async with lock:
             ctx.check_canceled()
             self._keeper.resume(account)
             return await self._run_in_browser(ctx, account, message)

@@ -250,3 +250,23 @@ async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path)
         assert f"{ACCOUNT}: logged in" in imported.stdout
         accounts = (await h.http.get("/v1/accounts")).json()
         assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
+
+
+async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one lane is enough"})
+        opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+        assert opened.status_code == 201
+        task = await h.submit("demo-chat", "after the operator")
+        await h.wait_task(task["id"], {"running"})
+        # Longer than the stale limit (90 s x 0.05): the waiting task keeps beating.
+        stale_s = h.service.scheduler.stale_s
+        deadline = asyncio.get_running_loop().time() + stale_s * 1.5
+        while asyncio.get_running_loop().time() < deadline:
+            waiting = await h.task(task["id"])
+            assert waiting["state"] == "running" and waiting["attempt"] == 1, waiting
+            await asyncio.sleep(0.1)
+        closed = await h.http.post(f"/v1/accounts/{ACCOUNT}/login/cancel")
+        assert closed.json() == {"account": ACCOUNT, "closed": True}
+        done = await h.wait_task(task["id"], timeout_s=30)
+        assert done["state"] == "success" and done["attempt"] == 1
