@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from playwright.async_api import BrowserContext, CDPSession, Page
 from playwright.async_api import Error as PlaywrightError
 
+from dispatcher.clock import Clock
 from dispatcher.errors import InputError, StateConflict
 from dispatcher.profiles import WebSpec
 from webrunner.browser import BrowserSession, start_browser
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dispatcher.login")
 
-# Real seconds without input before a login session closes by itself.
+# Nominal seconds (on the service's clock) without input before a login
+# session closes by itself.
 LOGIN_IDLE_S = 15 * 60.0
 # Real seconds the page gets to show either login marker when checked.
 CHECK_S = 20.0
@@ -216,24 +217,29 @@ async def shows_logged_in(page: Page, spec: WebSpec) -> bool:
 class LoginSession:
     account: str
     spec: WebSpec
+    clock: Clock
     view: LiveView | None = None
     pid: int | None = None
-    last_input: float = field(default_factory=time.monotonic)
+    last_input: float = 0.0
     ready: asyncio.Future[None] = field(default_factory=asyncio.Future)
     finish: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = "cancel"  # done, cancel or idle
     runner_task: asyncio.Task[None] | None = None
 
+    def __post_init__(self) -> None:
+        self.touch()
+
     def touch(self) -> None:
-        self.last_input = time.monotonic()
+        self.last_input = self.clock.monotonic()
 
 
 class LoginDesk:
     """At most one login session per account; each holds the account's profile."""
 
-    def __init__(self, runner: WebRunner, idle_limit_s: float = LOGIN_IDLE_S) -> None:
+    def __init__(self, runner: WebRunner, clock: Clock) -> None:
         self._runner = runner
-        self._idle_limit_s = idle_limit_s
+        self._clock = clock
+        self._idle_limit_s = clock.scaled(LOGIN_IDLE_S)
         self._sessions: dict[str, LoginSession] = {}
 
     def get(self, account: str) -> LoginSession:
@@ -252,7 +258,7 @@ class LoginDesk:
         """Launch the account's profile under its lock and start showing it."""
         spec = self._runner.spec_for(account)
         self.busy(account)
-        login = LoginSession(account, spec)
+        login = LoginSession(account, spec, self._clock)
         self._sessions[account] = login
         login.runner_task = asyncio.create_task(self._hold(login), name=f"login of {account}")
         try:
@@ -284,7 +290,7 @@ class LoginDesk:
                 login.touch()
                 login.ready.set_result(None)
                 while not login.finish.is_set():
-                    left_s = self._idle_limit_s - (time.monotonic() - login.last_input)
+                    left_s = self._idle_limit_s - (self._clock.monotonic() - login.last_input)
                     if left_s <= 0:
                         login.outcome = "idle"
                         break

@@ -107,7 +107,7 @@ class WebRunner:
         self._playwright: Playwright | None = None
         self._executable: str | None = None
         # Operators' remote logins and session imports (`login.py`).
-        self.logins = LoginDesk(self)
+        self.logins = LoginDesk(self, clock)
 
     # -- lifecycle ---------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -35,6 +36,18 @@ SCALE = 0.05
 ACCOUNT = "demo-1"
 
 
+def one_account(tmp_path: Path, time_scale: float = SCALE) -> AbstractAsyncContextManager[Harness]:
+    """The service with the demo chat on one account: one browser less to start and log in."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    text = (REPO / "profiles" / "demo-chat.toml").read_text()
+    assert 'accounts = ["demo-1", "demo-2"]' in text
+    (profiles / "demo-chat.toml").write_text(
+        text.replace('accounts = ["demo-1", "demo-2"]', f'accounts = ["{ACCOUNT}"]')
+    )
+    return running_service(tmp_path, profiles=(), time_scale=time_scale)
+
+
 def runner_of(h: Harness) -> WebRunner:
     runner = h.service.runners[Kind.WEB]
     assert isinstance(runner, WebRunner)
@@ -42,8 +55,7 @@ def runner_of(h: Harness) -> WebRunner:
 
 
 async def log_everyone_out(h: Harness) -> None:
-    """The demo site forgets every session; the other account is switched off."""
-    await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one lane is enough"})
+    """The demo site forgets every session."""
     await h.demo_mode({"mode": "expired"}, base=h.demo_web)
     await h.demo_mode({"mode": "normal"}, base=h.demo_web)
 
@@ -95,7 +107,7 @@ async def generating(h: Harness, task_id: str) -> None:
 async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
     tmp_path: Path, browser: Browser
 ) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    async with one_account(tmp_path) as h:
         await log_everyone_out(h)
         task_id = await logged_out_task(h)
         page = browser.page
@@ -132,7 +144,7 @@ async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
 async def test_cancel_closes_the_browser_and_changes_nothing(
     tmp_path: Path, browser: Browser
 ) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    async with one_account(tmp_path) as h:
         await log_everyone_out(h)
         await logged_out_task(h)
         page = browser.page
@@ -164,7 +176,7 @@ async def test_cancel_closes_the_browser_and_changes_nothing(
 async def test_a_running_task_can_be_watched_without_input(
     tmp_path: Path, browser: Browser
 ) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    async with one_account(tmp_path) as h:
         task = await h.submit("demo-chat", "watched [duration=80]")
         await generating(h, task["id"])
         page = browser.page
@@ -191,7 +203,7 @@ async def _demo_cookie(h: Harness) -> str:
 
 
 async def test_imported_cookie_files_make_the_account_usable(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    async with one_account(tmp_path) as h:
         await log_everyone_out(h)
         task_id = await logged_out_task(h)
         host = httpx.URL(h.demo_web).host
@@ -215,7 +227,7 @@ async def test_imported_cookie_files_make_the_account_usable(tmp_path: Path) -> 
 
 
 async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    async with one_account(tmp_path) as h:
         await log_everyone_out(h)
         host = httpx.URL(h.demo_web).host
         state = {
@@ -253,8 +265,7 @@ async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path)
 
 
 async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
-        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one lane is enough"})
+    async with one_account(tmp_path) as h:
         opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
         assert opened.status_code == 201
         task = await h.submit("demo-chat", "after the operator")
@@ -270,3 +281,20 @@ async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path
         assert closed.json() == {"account": ACCOUNT, "closed": True}
         done = await h.wait_task(task["id"], timeout_s=30)
         assert done["state"] == "success" and done["attempt"] == 1
+
+
+async def test_an_idle_login_closes_by_itself_without_changes(tmp_path: Path) -> None:
+    # 15 minutes x 0.004 = 3.6 s without input.
+    async with one_account(tmp_path, time_scale=0.004) as h:
+        await h.http.post("/v1/accounts/demo-1/disable", json={"reason": "being logged in"})
+        opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+        pid = opened.json()["browser_pid"]
+        login = runner_of(h).logins.get(ACCOUNT)
+        assert login.runner_task is not None
+        await asyncio.wait_for(asyncio.shield(login.runner_task), timeout=20)
+        assert login.outcome == "idle" and not psutil.pid_exists(pid)
+        late = await h.http.post(f"/v1/accounts/{ACCOUNT}/login/done")
+        assert late.status_code == 409
+        accounts = (await h.http.get("/v1/accounts")).json()
+        account = next(a for a in accounts if a["name"] == ACCOUNT)
+        assert not account["enabled"] and account["reason"] == "being logged in"
