@@ -135,12 +135,22 @@ class LiveView:
         self.frame: Frame | None = None
         self._acks: set[asyncio.Task[Any]] = set()
 
+    @property
+    def page(self) -> Page:
+        return self._page
+
     async def start(self) -> None:
-        self._cdp = await self._context.new_cdp_session(self._page)
-        self._cdp.on("Page.screencastFrame", self._on_frame)
-        await self._cdp.send(
-            "Page.startScreencast", {"format": "jpeg", "quality": FRAME_QUALITY, "everyNthFrame": 1}
-        )
+        """Start the screencast; StateConflict if the page is gone (its task just ended)."""
+        try:
+            self._cdp = await self._context.new_cdp_session(self._page)
+            # Before the start: Chromium sends no second frame until the first is acknowledged.
+            self._cdp.on("Page.screencastFrame", self._on_frame)
+            await self._cdp.send(
+                "Page.startScreencast",
+                {"format": "jpeg", "quality": FRAME_QUALITY, "everyNthFrame": 1},
+            )
+        except PlaywrightError as exc:
+            raise StateConflict(f"the browser's page cannot be shown: {exc.message}") from exc
 
     def _on_frame(self, params: dict[str, Any]) -> None:
         meta = params.get("metadata") or {}
@@ -323,7 +333,7 @@ class LoginDesk:
         login.touch()
         view = login.view
         assert view is not None
-        if not await shows_logged_in(view._page, login.spec):
+        if not await shows_logged_in(view.page, login.spec):
             return False
         await self._end(login, "done")
         return True

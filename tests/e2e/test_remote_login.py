@@ -86,7 +86,7 @@ async def click_on_screen(h: Harness, page: Page, selector: str) -> None:
     """Click where the streamed image shows `selector` (found in the service's own page)."""
     view = runner_of(h).logins.get(ACCOUNT).view
     assert view is not None and view.frame is not None
-    box = await view._page.locator(selector).bounding_box()
+    box = await view.page.locator(selector).bounding_box()
     assert box is not None
     screen = page.get_by_test_id("login-screen")
     shown = await screen.bounding_box()
@@ -119,14 +119,14 @@ async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
         await page.keyboard.type(ACCOUNT)
         service_page = runner_of(h).logins.get(ACCOUNT).view
         assert service_page is not None
-        form = service_page._page.locator("#login-form")
+        form = service_page.page.locator("#login-form")
         await expect(form.locator("input[name=username]")).to_have_value(ACCOUNT)
         await click_on_screen(h, page, "#login-form input[name=password]")
         await page.keyboard.type("secret")
         await expect(form.locator("input[name=password]")).to_have_value("secret")
         await page.keyboard.press("Enter")
-        await expect(service_page._page.locator("#composer")).to_be_visible()
-        assert ACCOUNT in await service_page._page.locator("header").inner_text()
+        await expect(service_page.page.locator("#composer")).to_be_visible()
+        assert ACCOUNT in await service_page.page.locator("header").inner_text()
         await keep_screenshot(page, "remote-login")
 
         pid = runner_of(h).logins.get(ACCOUNT).pid
