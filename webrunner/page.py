@@ -194,8 +194,8 @@ class PageDriver:
     def _logged_out_error(self) -> AuthError:
         return AuthError(
             f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page shows "
-            f"{self.spec.logged_out!r}); log it in again in its browser profile, then re-enable "
-            "the account"
+            f"{self.spec.logged_out!r}); log it in with `dispatcher accounts login "
+            f"{self.ctx.account}` (or `import`), which re-enables the account"
         )
 
     # -- the steps ---------------------------------------------------------

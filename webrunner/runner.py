@@ -11,10 +11,12 @@ Playwright driver (a Node process) lives as long as the runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from dispatcher.clock import Clock
 from dispatcher.errors import (
     ConfigError,
     InputError,
+    NotFound,
     PermanentError,
     RunError,
     TaskCanceled,
@@ -41,7 +44,8 @@ from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, guarded
+from webrunner.login import LoginDesk
+from webrunner.page import CHECK_S, PAGE_READY_S, Budget, PageDriver, compose_message, guarded
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
@@ -114,6 +118,8 @@ class WebRunner:
         self._shared_playwright = playwright
         self._playwright: Playwright | None = None
         self._executable: str | None = None
+        # Operators' remote logins and session imports (`login.py`).
+        self.logins = LoginDesk(self, clock)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -202,6 +208,7 @@ class WebRunner:
 
     async def aclose(self) -> None:
         """Close the kept browsers, kill any still busy, stop the driver, release the locks."""
+        await self.logins.aclose()
         await self._keeper.aclose()
         if self._playwright is not None:
             playwright, self._playwright = self._playwright, None
@@ -210,6 +217,39 @@ class WebRunner:
         for lock in self._locks.values():
             lock.release()
         self._locks = {}
+
+    # -- an operator's turn with a profile -------------------------------------
+
+    def spec_for(self, account: str) -> WebSpec:
+        """The [web] table of the first model (by name) the account serves."""
+        for name in sorted(self._profiles):
+            profile = self._profiles[name]
+            if account in profile.accounts and profile.web is not None:
+                return profile.web
+        raise NotFound(f"no web account {account!r}; known: {', '.join(self.accounts) or 'none'}")
+
+    @contextlib.asynccontextmanager
+    async def hold_profile(self, account: str) -> AsyncIterator[Path]:
+        """The account's profile dir, under its lock, with its kept browser closed.
+
+        No task of the account starts while it is held (a claimed one waits).
+        """
+        if account not in self._locks or self._playwright is None:
+            raise NotFound(f"web account {account!r} is not held by this runner")
+        async with self._keeper.locks[account]:
+            session = self._keeper.session(account)
+            if session is not None:
+                # Chromium allows one browser per profile.
+                await self._keeper.forget(account)
+                await self._close(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
+            yield self.user_data_dir(account)
+
+    def running_browser(self, account: str) -> BrowserSession | None:
+        """The browser a task of the account is using now, if any (to watch it)."""
+        session = self._keeper.session(account)
+        if session is None or not session.usable or not self._keeper.locks[account].locked():
+            return None
+        return session
 
     # -- one attempt -------------------------------------------------------
 
@@ -233,8 +273,17 @@ class WebRunner:
         )
         images = await load_references(task.params, files, can_attach=spec.upload is not None)
         # The scheduler never runs two tasks on one account; this only makes
-        # a mistake there wait instead of opening the profile twice.
-        async with self._keeper.locks[account]:
+        # a mistake there wait instead of opening the profile twice. An
+        # operator's login or import holds it for minutes: the task waits,
+        # alive (beating) and cancellable, instead of being reclaimed as stale.
+        lock = self._keeper.locks[account]
+        if lock.locked():
+            ctx.log.info("waiting for the account's profile (a login or import holds it)")
+        while lock.locked():
+            ctx.check_canceled()
+            ctx.beat()
+            await asyncio.sleep(CHECK_S)
+        async with lock:
             ctx.check_canceled()
             self._keeper.resume(account)
             return await self._run_in_browser(ctx, account, message, images)

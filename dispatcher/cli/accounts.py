@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
@@ -10,10 +11,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher.cli.output import JsonFlag, console, print_json
-from dispatcher.cli.plumbing import service_client
+from dispatcher.cli.output import JsonFlag, console, err, print_json
+from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, service_client
 
-accounts_app = typer.Typer(help="List, disable and enable web accounts and API providers.")
+accounts_app = typer.Typer(
+    help="List, disable and enable web accounts and API providers; log web accounts in."
+)
+# Starting a browser and loading the model's page take real seconds.
+LOGIN_TIMEOUT_S = 120.0
 
 
 @accounts_app.callback(invoke_without_command=True)
@@ -118,6 +123,72 @@ def _state_text(item: dict[str, object]) -> str:
     if state == "cooldown" and isinstance(until, int | float):
         text += time.strftime(" until %H:%M:%S", time.localtime(until))
     return f"[red]{text}[/red]"
+
+
+@accounts_app.command("login")
+def accounts_login(
+    name: Annotated[str, typer.Argument(help="A web account.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Open the account's browser profile and print a one-time link to see and drive it.
+
+    The link opens the dashboard's login page (through the same SSH tunnel as
+    the dashboard): log in there, then press Done. The account's tasks wait
+    meanwhile; Cancel, or 15 minutes without input, closes it unchanged.
+    """
+    with service_client(as_json) as client:
+        client.timeout_s = LOGIN_TIMEOUT_S
+        opened = client.post(f"/v1/accounts/{quote(name, safe='')}/login")
+        code = client.post("/v1/dashboard-code")["code"]
+        url = f"{client.base_url}/v1/session?code={code}&next={quote(opened['path'], safe='/')}"
+        port = client.port
+    if as_json:
+        print_json({**opened, "url": url})
+        return
+    print(url, flush=True)
+    err.print(
+        f"browser pid {opened['browser_pid']} holds {escape(name)}'s profile. Open the link "
+        f"within 2 minutes (it works once); from another machine, tunnel first: "
+        f"ssh -N -L {port}:127.0.0.1:{port} <this host>"
+    )
+
+
+@accounts_app.command("import")
+def accounts_import(
+    name: Annotated[str, typer.Argument(help="A web account.")],
+    file: Annotated[
+        Path,
+        typer.Argument(help="A Playwright storage-state JSON or a Netscape cookies.txt."),
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Load a session file's cookies into the account's profile and check the login.
+
+    Exit 0 when the model's page shows it logged in (the account is enabled
+    and its logged-out tasks queued again), 1 when it still shows the login
+    form, 2 for a file that cannot be read or parsed.
+    """
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
+    with service_client(as_json) as client:
+        client.timeout_s = LOGIN_TIMEOUT_S
+        data = client.post(f"/v1/accounts/{quote(name, safe='')}/import", {"text": text})
+    if as_json:
+        print_json(data)
+    if not data["logged_in"]:
+        if not as_json:
+            err.print(
+                f"{escape(name)}: imported {data['cookies']} cookie(s), but the page still "
+                "shows the login form; the account is unchanged"
+            )
+        raise typer.Exit(EXIT_FAILED)
+    if not as_json:
+        console.print(
+            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported; account enabled"
+            f", {len(data['requeued'])} task(s) queued again)"
+        )
 
 
 def lanes(as_json: JsonFlag = False) -> None:

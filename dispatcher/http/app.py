@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +29,7 @@ from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
 from dispatcher.errors import AmbiguousId, DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.http import bodies
+from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
 from dispatcher.models import JSON, Job, JobState, State, Task
@@ -41,7 +43,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("dispatcher.http")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-STATIC_FILES = frozenset({"dashboard.js", "dashboard-pages.js", "dashboard.css"})
+STATIC_FILES = frozenset(
+    {"dashboard.js", "dashboard-pages.js", "dashboard-login.js", "dashboard.css"}
+)
+# Where a one-time link may lead after the code is redeemed: the dashboard and
+# its pages only (an open redirect would lend our origin to any address).
+_NEXT = re.compile(r"/(#[A-Za-z0-9/._-]{0,200})?")
 SSE_KEEPALIVE_S = 15.0
 NO_STORE = {"Cache-Control": "no-store"}
 MAX_QUERY_CHARS = 200
@@ -409,8 +416,9 @@ class Api:
                 )
             return _error(403, "forbidden", message)
         # The code leaves the address bar at once; the cookie is out of scripts' reach.
+        target = request.query_params.get("next", "/")
         response = RedirectResponse(
-            "/",
+            target if _NEXT.fullmatch(target) else "/",
             status_code=303,
             headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store"},
         )
@@ -506,6 +514,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/accounts/{name}", api.remove_account, methods=["DELETE"]),
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
+        *login_routes(service),
         Route("/v1/events", api.events, methods=["GET"]),
         Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
         Route("/v1/dashboard-code", api.issue_code, methods=["POST"]),

@@ -8,7 +8,7 @@ server enforces.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, with_config
 from typing_extensions import TypedDict
@@ -140,3 +140,36 @@ def message(errors: list[Any], where: str) -> str:
     if kind == "too_long":
         return f"{field} takes at most {ctx.get('max_length')} items"
     return f"{field}: {first['msg']}"
+
+
+MAX_SESSION_FILE_CHARS = 1_000_000
+
+
+class LoginInputBody(BaseModel):
+    """One input of the operator into a remote login's page.
+
+    ``mouse`` (action down/up/move, button) and ``wheel`` (dx, dy in pixels)
+    point at x, y: fractions 0..1 of the shown frame. ``key`` is one
+    character or a key name (Enter, Backspace, Tab, arrows ...); ``text`` is
+    pasted as is.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="LoginInputBody")
+
+    type: Literal["mouse", "wheel", "key", "text"]
+    action: Literal["down", "up", "move"] | None = None
+    button: Literal["left", "middle", "right", "none"] = "left"
+    x: float | None = Field(default=None, ge=0, le=1)
+    y: float | None = Field(default=None, ge=0, le=1)
+    dx: float = Field(default=0, ge=-10_000, le=10_000)
+    dy: float = Field(default=0, ge=-10_000, le=10_000)
+    key: str | None = Field(default=None, min_length=1, max_length=20)
+    text: str | None = Field(default=None, min_length=1, max_length=10_000)
+
+
+class ImportBody(BaseModel):
+    """A session file's text: Playwright storage-state JSON or Netscape cookies.txt."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="ImportBody")
+
+    text: str = Field(min_length=1, max_length=MAX_SESSION_FILE_CHARS)

@@ -32,7 +32,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from dispatcher.http.bodies import AccountBody, DisableBody, JobBody, TaskBody
+from dispatcher.http.bodies import (
+    AccountBody,
+    DisableBody,
+    ImportBody,
+    JobBody,
+    LoginInputBody,
+    TaskBody,
+)
 from dispatcher.models import JobState, Kind, Stage, State
 
 MAX_LIST = 500
@@ -220,6 +227,27 @@ class AccountAnswer(_Answer):
     updated_at: float
 
 
+class LoginOpened(_Answer):
+    account: str
+    browser_pid: int | None
+    path: str = Field(description="the dashboard page that shows the browser")
+
+
+class LoginResult(_Answer):
+    logged_in: bool
+    account: Any = Field(description="the account (enabled) after a login, else its name")
+    requeued: list[str] = Field(default=[], description="tasks back in the queue")
+
+
+class LoginClosed(_Answer):
+    account: str
+    closed: bool
+
+
+class Ok(_Answer):
+    ok: bool
+
+
 class TextResult(_Answer):
     text: str | None
 
@@ -359,6 +387,42 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Disable a lane", answer=AccountAnswer, body=DisableBody
     ),
     ("/v1/accounts/{name}/enable", "post"): Op("Enable a lane", answer=AccountAnswer),
+    ("/v1/accounts/{name}/login", "post"): Op(
+        "Open the account's profile in a browser for a remote login (one at a time)",
+        answer=LoginOpened,
+        ok=201,
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}/login/frames", "get"): Op(
+        "The login browser's screen as server-sent JPEG frames",
+        media="text/event-stream",
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}/login/input", "post"): Op(
+        "Mouse, wheel, key or pasted text into the login browser",
+        answer=Ok,
+        body=LoginInputBody,
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}/login/done", "post"): Op(
+        "Check the login, close the browser, enable the account, re-queue its logged-out tasks",
+        answer=LoginResult,
+        errors=(409,),
+    ),
+    ("/v1/accounts/{name}/login/cancel", "post"): Op(
+        "Close the login browser without changes", answer=LoginClosed, errors=(409,)
+    ),
+    ("/v1/accounts/{name}/import", "post"): Op(
+        "Load a storage-state JSON or cookies.txt into the profile and check the login",
+        answer=LoginResult,
+        body=ImportBody,
+        errors=(409,),
+    ),
+    ("/v1/tasks/{id}/live", "get"): Op(
+        "A running web task's screen as server-sent JPEG frames (read-only)",
+        media="text/event-stream",
+        errors=(409,),
+    ),
     ("/v1/events", "get"): Op(
         "Server-sent events for every state change", media="text/event-stream"
     ),
@@ -369,7 +433,10 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Trade a one-time code for a session cookie; redirects to the dashboard",
         ok=303,
         media="",
-        query=(Query("code", {"type": "string"}, "from POST /v1/dashboard-code"),),
+        query=(
+            Query("code", {"type": "string"}, "from POST /v1/dashboard-code"),
+            Query("next", {"type": "string"}, "a dashboard page to go to, e.g. /#login/<account>"),
+        ),
         public=True,
     ),
     ("/v1/webhooks/deliveries", "get"): Op(
@@ -467,7 +534,12 @@ def build_document(operations: dict[tuple[str, str], Op] = OPERATIONS) -> dict[s
             if isinstance(model, type) and issubclass(model, BaseModel) and model not in named:
                 named.append(model)
     keyed: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        (m, "validation" if m in (TaskBody, JobBody, DisableBody) else "serialization")
+        (
+            m,
+            "validation"
+            if m in (TaskBody, JobBody, DisableBody, LoginInputBody, ImportBody)
+            else "serialization",
+        )
         for m in named
     ]
     _, top = models_json_schema(keyed, ref_template=_REF)

@@ -89,6 +89,7 @@
         this.head(task),
         task.error && task.state !== "success" ? this.errorBox(task) : null,
         this.request(task),
+        task.kind === "web" && D.liveSection ? D.liveSection(task) : null,
         this.result(task),
         this.attempts(task),
       ];

@@ -274,7 +274,7 @@
   // -- routing ---------------------------------------------------------------------------
   function parseRoute() {
     const [name, id] = decodeURIComponent(location.hash.replace(/^#/, "")).split("/");
-    if ((name === "task" || name === "job") && id) return { name, id };
+    if ((name === "task" || name === "job" || name === "login") && id) return { name, id };
     if (name === "history") return { name, id: id === "jobs" ? "jobs" : "tasks" };
     return { name: "overview", id: null };
   }
@@ -588,6 +588,9 @@
     }));
   }
 
+  // What dashboard-login.js adds (loaded after this file).
+  const D = () => window.dispatcherDashboard;
+
   function renderAccounts() {
     $("accounts-body").replaceChildren(...view.accounts.map((account) => {
       const open = accountOpen(account);
@@ -599,6 +602,10 @@
         : el("button", { type: "button", "data-testid": "account-enable",
           text: account.needs_attention ? "re-enable" : "enable",
           onclick: (e) => enableAccount(e.currentTarget, account) });
+      const login = account.kind === "web" && D().openLogin
+        ? el("button", { type: "button", "data-testid": "account-login", text: "log in",
+          title: "open its browser here and log in", onclick: (e) => D().openLogin(e.currentTarget, account) })
+        : null;
       return el("tr", { "data-testid": "account-row", "data-account": account.name,
         "data-enabled": open ? "yes" : "no", "data-state": account.state || "" },
         el("td", { class: "mono", text: account.name }),
@@ -607,7 +614,7 @@
           text: status })),
         el("td", { "data-testid": "account-reason", text: account.reason || "" }),
         el("td", { class: "muted", text: clock(account.updated_at) }),
-        el("td", {}, button));
+        el("td", {}, button, login));
     }));
   }
 

@@ -1,0 +1,300 @@
+"""Logging a web account in from afar: the dashboard's live view of its own browser.
+
+A Playwright-driven "operator" browser opens the one-time login link,
+clicks into the streamed image and types, as a person would; the service's
+own Chromium (on the account's profile) gets the input over CDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import psutil
+import pytest
+from playwright.async_api import Page, expect
+
+from dispatcher.models import Kind
+from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
+from tests.harness import Harness, running_service
+from tests.helpers import REPO
+from tests.servicecli import clean_env, run_cli
+from webrunner.runner import WebRunner
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(60),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+SCALE = 0.05
+ACCOUNT = "demo-1"
+
+
+def one_account(tmp_path: Path, time_scale: float = SCALE) -> AbstractAsyncContextManager[Harness]:
+    """The service with the demo chat on one account: one browser less to start and log in."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    text = (REPO / "profiles" / "demo-chat.toml").read_text()
+    assert 'accounts = ["demo-1", "demo-2"]' in text
+    (profiles / "demo-chat.toml").write_text(
+        text.replace('accounts = ["demo-1", "demo-2"]', f'accounts = ["{ACCOUNT}"]')
+    )
+    return running_service(tmp_path, profiles=(), time_scale=time_scale)
+
+
+def runner_of(h: Harness) -> WebRunner:
+    runner = h.service.runners[Kind.WEB]
+    assert isinstance(runner, WebRunner)
+    return runner
+
+
+async def log_everyone_out(h: Harness) -> None:
+    """The demo site forgets every session."""
+    await h.demo_mode({"mode": "expired"}, base=h.demo_web)
+    await h.demo_mode({"mode": "normal"}, base=h.demo_web)
+
+
+async def logged_out_task(h: Harness) -> str:
+    """A task that meets the logout: it fails with kind auth, the account needs attention."""
+    task = await h.submit("demo-chat", "hello after the login")
+    failed = await h.wait_task(task["id"], {"failed"})
+    assert failed["error"]["kind"] == "auth", failed["error"]
+    account = (await h.http.get("/v1/accounts")).json()
+    assert next(a for a in account if a["name"] == ACCOUNT)["needs_attention"]
+    return str(task["id"])
+
+
+async def open_login_link(h: Harness, page: Page) -> None:
+    """What `dispatcher accounts login` does, then the operator opens the link it prints."""
+    opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+    assert opened.status_code == 201, opened.text
+    assert psutil.pid_exists(opened.json()["browser_pid"])
+    code = (await h.http.post("/v1/dashboard-code")).json()["code"]
+    next_path = quote(opened.json()["path"], safe="/")
+    await page.goto(f"{h.service.url}/v1/session?code={code}&next={next_path}")
+    assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
+    await expect(page.get_by_test_id("login-screen")).to_have_attribute("data-frames", "1")
+
+
+async def click_on_screen(h: Harness, page: Page, selector: str) -> None:
+    """Click where the streamed image shows `selector` (found in the service's own page)."""
+    view = runner_of(h).logins.get(ACCOUNT).view
+    assert view is not None and view.frame is not None
+    box = await view.page.locator(selector).bounding_box()
+    assert box is not None
+    screen = page.get_by_test_id("login-screen")
+    shown = await screen.bounding_box()
+    assert shown is not None
+    x = (box["x"] + box["width"] / 2) / view.frame.width_px * shown["width"]
+    y = (box["y"] + box["height"] / 2) / view.frame.height_px * shown["height"]
+    await screen.click(position={"x": x, "y": y})
+
+
+async def generating(h: Harness, task_id: str) -> None:
+    """Wait until the task's prompt is in the page (its browser is up)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while (await h.task(task_id))["stage"] != "generating":
+        assert asyncio.get_running_loop().time() < deadline, "the task never started generating"
+        await asyncio.sleep(0.02)
+
+
+async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with one_account(tmp_path) as h:
+        await log_everyone_out(h)
+        task_id = await logged_out_task(h)
+        page = browser.page
+        await open_login_link(h, page)
+        second = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+        assert second.status_code == 409 and "already open" in second.text
+
+        await click_on_screen(h, page, "#login-form input[name=username]")
+        await page.keyboard.type(ACCOUNT)
+        service_page = runner_of(h).logins.get(ACCOUNT).view
+        assert service_page is not None
+        form = service_page.page.locator("#login-form")
+        await expect(form.locator("input[name=username]")).to_have_value(ACCOUNT)
+        await click_on_screen(h, page, "#login-form input[name=password]")
+        await page.keyboard.type("secret")
+        await expect(form.locator("input[name=password]")).to_have_value("secret")
+        await page.keyboard.press("Enter")
+        await expect(service_page.page.locator("#composer")).to_be_visible()
+        assert ACCOUNT in await service_page.page.locator("header").inner_text()
+        await keep_screenshot(page, "remote-login")
+
+        pid = runner_of(h).logins.get(ACCOUNT).pid
+        await page.get_by_test_id("login-done").click()
+        await expect(page.get_by_test_id("login-status")).to_contain_text("logged in")
+        assert pid is not None and not psutil.pid_exists(pid)
+        accounts = (await h.http.get("/v1/accounts")).json()
+        assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
+        # The task that met the logout was queued again and now succeeds.
+        done = await h.wait_task(task_id, {"success"}, timeout_s=30)
+        assert done["account"] == ACCOUNT and "hello after the login" in done["result"]["text"]
+        assert browser.problems == []
+
+
+async def test_cancel_closes_the_browser_and_changes_nothing(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with one_account(tmp_path) as h:
+        await log_everyone_out(h)
+        await logged_out_task(h)
+        page = browser.page
+        # As an operator would: the CLI prints the link, the browser opens it.
+        printed = await asyncio.to_thread(
+            run_cli,
+            ["--state-dir", str(h.state_dir), "accounts", "login", ACCOUNT],
+            clean_env({}),
+            REPO,
+        )
+        assert printed.returncode == 0, printed.stderr
+        assert "ssh -N -L" in printed.stderr
+        await page.goto(printed.stdout.strip())
+        assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
+        await expect(page.get_by_test_id("login-screen")).to_have_attribute("data-frames", "1")
+        pid = runner_of(h).logins.get(ACCOUNT).pid
+        # Done on a page that still shows the form: refused, the view stays open.
+        await page.get_by_test_id("login-done").click()
+        await expect(page.get_by_test_id("login-status")).to_contain_text("not show")
+        await page.get_by_test_id("login-cancel").click()
+        await expect(page.get_by_test_id("login-status")).to_contain_text("canceled")
+        assert pid is not None and not psutil.pid_exists(pid)
+        accounts = (await h.http.get("/v1/accounts")).json()
+        assert next(a for a in accounts if a["name"] == ACCOUNT)["needs_attention"]
+        again = await h.http.post(f"/v1/accounts/{ACCOUNT}/login/done")
+        assert again.status_code == 409 and "no login session" in again.text
+
+
+async def test_a_running_task_can_be_watched_without_input(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with one_account(tmp_path) as h:
+        task = await h.submit("demo-chat", "watched [duration=80]")
+        await generating(h, task["id"])
+        page = browser.page
+        await sign_in(h, page)
+        await page.goto(f"{h.service.url}/#task/{task['id']}")
+        await page.get_by_test_id("task-watch").click()
+        screen = page.get_by_test_id("task-live-screen")
+        await expect(screen).to_have_attribute("data-frames", "1")
+        # Read-only: the view has no controls, and the task goes on to its answer.
+        await expect(page.get_by_test_id("login-done")).to_have_count(0)
+        done = await h.wait_task(task["id"], {"success"}, timeout_s=30)
+        assert "watched" in done["result"]["text"]
+        await expect(page.get_by_test_id("task-live")).to_have_count(0)
+        assert browser.problems == []
+
+
+async def _demo_cookie(h: Harness) -> str:
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(
+            f"{h.demo_web}/login", data={"username": ACCOUNT, "password": "pw"}
+        )
+    assert answer.status_code == 303
+    return answer.cookies["demo_session"]
+
+
+async def test_imported_cookie_files_make_the_account_usable(tmp_path: Path) -> None:
+    async with one_account(tmp_path) as h:
+        await log_everyone_out(h)
+        task_id = await logged_out_task(h)
+        host = httpx.URL(h.demo_web).host
+        cookie = await _demo_cookie(h)
+        bad = await h.http.post(
+            f"/v1/accounts/{ACCOUNT}/import", json={"text": f"{host}\tFALSE\t/\tFALSE\n"}
+        )
+        assert bad.status_code == 400 and "line 1" in bad.text
+        stale = f"{host}\tFALSE\t/\tFALSE\t0\tdemo_session\tnot-a-session\n"
+        answer = await h.http.post(f"/v1/accounts/{ACCOUNT}/import", json={"text": stale})
+        assert answer.json()["logged_in"] is False
+        netscape = (
+            "# Netscape HTTP Cookie File\n"
+            f"#HttpOnly_{host}\tFALSE\t/\tFALSE\t0\tdemo_session\t{cookie}\n"
+        )
+        answer = await h.http.post(f"/v1/accounts/{ACCOUNT}/import", json={"text": netscape})
+        assert answer.json()["logged_in"] is True, answer.text
+        assert answer.json()["requeued"] == [task_id]
+        done = await h.wait_task(task_id, {"success"}, timeout_s=30)
+        assert done["account"] == ACCOUNT
+
+
+async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path) -> None:
+    async with one_account(tmp_path) as h:
+        await log_everyone_out(h)
+        host = httpx.URL(h.demo_web).host
+        state = {
+            "cookies": [
+                {
+                    "name": "demo_session",
+                    "value": await _demo_cookie(h),
+                    "domain": host,
+                    "path": "/",
+                    "expires": -1,
+                    "httpOnly": True,
+                    "secure": False,
+                    "sameSite": "Lax",
+                }
+            ],
+            "origins": [],
+        }
+        good = tmp_path / "state.json"
+        good.write_text(json.dumps(state))
+        broken = tmp_path / "broken.json"
+        state["cookies"][0]["sameSite"] = "sometimes"
+        broken.write_text(json.dumps(state))
+        env = clean_env({})
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return run_cli(["--state-dir", str(h.state_dir), "accounts", *args], env, REPO)
+
+        refused = await asyncio.to_thread(cli, "import", ACCOUNT, str(broken))
+        assert refused.returncode == 2 and "cookies[0].sameSite" in refused.stderr
+        imported = await asyncio.to_thread(cli, "import", ACCOUNT, str(good))
+        assert imported.returncode == 0, imported.stderr
+        assert f"{ACCOUNT}: logged in" in imported.stdout
+        accounts = (await h.http.get("/v1/accounts")).json()
+        assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
+
+
+async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path) -> None:
+    async with one_account(tmp_path) as h:
+        opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+        assert opened.status_code == 201
+        task = await h.submit("demo-chat", "after the operator")
+        await h.wait_task(task["id"], {"running"})
+        # Longer than the stale limit (90 s x 0.05): the waiting task keeps beating.
+        stale_s = h.service.scheduler.stale_s
+        deadline = asyncio.get_running_loop().time() + stale_s * 1.5
+        while asyncio.get_running_loop().time() < deadline:
+            waiting = await h.task(task["id"])
+            assert waiting["state"] == "running" and waiting["attempt"] == 1, waiting
+            await asyncio.sleep(0.1)
+        closed = await h.http.post(f"/v1/accounts/{ACCOUNT}/login/cancel")
+        assert closed.json() == {"account": ACCOUNT, "closed": True}
+        done = await h.wait_task(task["id"], timeout_s=30)
+        assert done["state"] == "success" and done["attempt"] == 1
+
+
+async def test_an_idle_login_closes_by_itself_without_changes(tmp_path: Path) -> None:
+    # 15 minutes x 0.004 = 3.6 s without input.
+    async with one_account(tmp_path, time_scale=0.004) as h:
+        await h.http.post("/v1/accounts/demo-1/disable", json={"reason": "being logged in"})
+        opened = await h.http.post(f"/v1/accounts/{ACCOUNT}/login")
+        pid = opened.json()["browser_pid"]
+        login = runner_of(h).logins.get(ACCOUNT)
+        assert login.runner_task is not None
+        await asyncio.wait_for(asyncio.shield(login.runner_task), timeout=20)
+        assert login.outcome == "idle" and not psutil.pid_exists(pid)
+        late = await h.http.post(f"/v1/accounts/{ACCOUNT}/login/done")
+        assert late.status_code == 409
+        accounts = (await h.http.get("/v1/accounts")).json()
+        account = next(a for a in accounts if a["name"] == ACCOUNT)
+        assert not account["enabled"] and account["reason"] == "being logged in"
