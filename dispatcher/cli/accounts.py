@@ -185,9 +185,13 @@ def accounts_import(
             )
         raise typer.Exit(EXIT_FAILED)
     if not as_json:
+        # Tasks that met the logout waited, pending; only ones an older
+        # version failed with `auth` need queueing again.
+        failed = len(data["requeued"])
+        again = f"; {failed} failed task(s) queued again" if failed else ""
         console.print(
-            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported; account enabled"
-            f", {len(data['requeued'])} task(s) queued again)"
+            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported); account "
+            f"enabled, its waiting tasks run{again}"
         )
 
 
