@@ -149,6 +149,18 @@ async def guarded(
     return result
 
 
+# A page that keeps navigating while we wait is broken, not signed out.
+MAX_PAGE_NAVIGATIONS = 3
+
+
+def _navigated(exc: TransientError) -> bool:
+    """Whether a page call failed because the page navigated under it."""
+    text = str(exc)
+    return exc.kind == "browser" and (
+        "Execution context was destroyed" in text or "navigation" in text.lower()
+    )
+
+
 class PageDriver:
     """One task's conversation with one page."""
 
@@ -342,6 +354,7 @@ class PageDriver:
         last_text: str | None = None
         last_change = clock.monotonic()
         last_media = 0
+        navigations = 0
         while True:
             self.ctx.check_canceled()
             if self.budget.remaining(clock) <= 0:
@@ -351,20 +364,36 @@ class PageDriver:
             # Sent in the same turn, so it travels with the other looks.
             account_check = asyncio.ensure_future(self.check_account())
             try:
-                error_shown, logged_out, busy, text, done_text, media = await asyncio.gather(
-                    self._visible(spec.error, "checking for an error banner"),
-                    self._visible(spec.logged_out, "checking for the logged-out marker"),
-                    self._visible(spec.busy, "checking whether it is generating"),
-                    self._text(spec.answer, "reading the answer"),
-                    self._text(spec.done, "checking the done marker"),
-                    self._media_count(),
+                try:
+                    error_shown, logged_out, busy, text, done_text, media = await asyncio.gather(
+                        self._visible(spec.error, "checking for an error banner"),
+                        self._visible(spec.logged_out, "checking for the logged-out marker"),
+                        self._visible(spec.busy, "checking whether it is generating"),
+                        self._text(spec.answer, "reading the answer"),
+                        self._text(spec.done, "checking the done marker"),
+                        self._media_count(),
+                    )
+                except BaseException:
+                    account_check.cancel()
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await account_check
+                    raise
+                await account_check
+            except TransientError as exc:
+                # A site that signs the session out (or hits a check) often
+                # navigates: the look meets a page that is going away. Look
+                # again at the page it lands on, which says what happened,
+                # rather than spending the attempt on a browser error.
+                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                    raise
+                navigations += 1
+                await self._call(
+                    self.page.wait_for_load_state(
+                        "domcontentloaded", timeout=self._remaining_ms(PAGE_READY_S)
+                    ),
+                    "waiting for the page the site navigated to",
                 )
-            except BaseException:
-                account_check.cancel()
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await account_check
-                raise
-            await account_check
+                continue
             if error_shown:
                 shown = await self._text(spec.error, "reading the error banner")
                 raise TransientError(
