@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
+from dispatcher.attempt import Live, Running, TaskLog, disk_full_error
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -32,7 +31,6 @@ from dispatcher.decisions import (
 from dispatcher.errors import (
     AccountHold,
     AuthError,
-    PermanentError,
     RunError,
     TaskCanceled,
     TransientError,
@@ -59,79 +57,6 @@ BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch fail
 _TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
 
 SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
-
-
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | None:
-    """The attempt's failure as `disk_full` when a full disk is behind it, else None.
-
-    Looks through the chain of causes: a runner may have wrapped the OSError.
-    Permanent on purpose: the generation already ran (and may have been
-    paid for); another attempt would run it again only to meet the same
-    full disk. The operator frees space and retries the task.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
-            where = current.filename or result_dir
-            return PermanentError(
-                f"the results disk is full: cannot write the result under {where} "
-                f"({current.strerror}); free space there, then retry the task",
-                kind="disk_full",
-            )
-        current = current.__cause__ or current.__context__
-    return None
-
-
-class TaskLog(logging.LoggerAdapter[logging.Logger]):
-    """Prefixes a runner's log lines with lane, task and attempt."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        extra = self.extra or {}
-        kwargs.setdefault("extra", {}).update(extra)
-        return (
-            f"[{extra['lane']}] task {extra['task_id']} attempt {extra['attempt']}: {msg}",
-            kwargs,
-        )
-
-
-@dataclass
-class Live:
-    """Fast-changing progress kept in memory; only stage reaches the store, lazily."""
-
-    stage: Stage = Stage.DISPATCHED
-    progress: float | None = None
-    queue_position: int | None = None
-    stage_started: float = 0.0
-    durations: dict[str, float] = field(default_factory=dict)
-
-    def enter(self, stage: Stage, now: float) -> None:
-        if stage is not self.stage:
-            self.durations[self.stage.value] = (
-                self.durations.get(self.stage.value, 0.0) + now - self.stage_started
-            )
-            self.stage = stage
-            self.stage_started = now
-
-    def closed_durations(self, now: float) -> dict[str, float]:
-        closed = dict(self.durations)
-        closed[self.stage.value] = closed.get(self.stage.value, 0.0) + now - self.stage_started
-        return closed
-
-
-@dataclass
-class Running:
-    task: Task
-    lane: LaneSpec
-    ctx: RunContext
-    live: Live
-    job: asyncio.Task[None] | None = None
-    interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
-    started_monotonic: float = 0.0  # the context's last beat when the run began
 
 
 def polls(profile: Profile) -> bool:
