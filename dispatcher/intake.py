@@ -35,8 +35,12 @@ from dispatcher.taskspec import TaskSpec
 from dispatcher.workflow import check_params, fill, with_seed
 
 
-class ResultLookup(Protocol):
+class ResultStore(Protocol):
+    """The result cache as the ledger uses it (`dispatcher.cache.ResultCache`)."""
+
     def lookup(self, fingerprint: str, *, copy_to: Path | None = None) -> JSON | None: ...
+
+    def store_result(self, fingerprint: str, model: str, result: JSON) -> None: ...
 
 
 def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
@@ -75,7 +79,7 @@ class Intake:
         clock: Clock,
         profiles: Mapping[str, Profile],
         *,
-        cache: ResultLookup | None,
+        cache: ResultStore | None,
         results_dir: Path | None,
         reference_files: LocalFiles | None,
     ) -> None:

@@ -27,7 +27,7 @@ from dispatcher.events import EventBus
 from dispatcher.fingerprint import (
     LocalFiles,
 )
-from dispatcher.intake import Intake, ResultLookup
+from dispatcher.intake import Intake, ResultStore
 from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import (
     JSON,
@@ -99,7 +99,7 @@ class Ledger:
         events: EventBus,
         *,
         retry_delay_s: float,
-        cache: ResultLookup | None = None,
+        cache: ResultStore | None = None,
         results_dir: Path | None = None,
         reference_files: LocalFiles | None = None,
     ) -> None:
@@ -334,10 +334,16 @@ class Ledger:
     def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
         return self._write(task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage})
 
-    def succeed(
+    async def succeed(
         self, task: Task, result: JSON, stage_durations: Mapping[str, float]
     ) -> Task | None:
-        return self._end_attempt(
+        """Write the result; then keep it in the cache for identical tasks.
+
+        The cache keeps what the task stored (secrets already masked).
+        Linking or copying its files is file work: a thread does it while
+        the loop serves every other lane.
+        """
+        done = self._end_attempt(
             task,
             State.SUCCESS,
             {
@@ -348,6 +354,12 @@ class Ledger:
             },
             what="result",
         )
+        cache = self.intake.cache
+        if cache is None or done is None or done.state is not State.SUCCESS:
+            return done
+        if not done.from_cache and done.result is not None:
+            await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, done.result)
+        return done
 
     def _end_attempt(
         self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,6 @@ BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch fail
 # Error kinds that name the task, not the account: they never count.
 _TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
 
-SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
-
 
 def polls(profile: Profile) -> bool:
     """Only async jobs are polled; only they need a run history by shape."""
@@ -75,7 +73,6 @@ class Scheduler:
         accounts: AccountBook,
         profiles: Mapping[str, Profile],
         results_dir: Path,
-        on_success: SuccessHook | None = None,
         failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
     ) -> None:
@@ -86,7 +83,6 @@ class Scheduler:
         self.accounts = accounts
         self.profiles = profiles
         self.results_dir = results_dir
-        self.on_success = on_success
         self.running: dict[str, Running] = {}
         self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
         self._wake = asyncio.Event()
@@ -402,17 +398,12 @@ class Scheduler:
         durations = running.live.closed_durations(self.clock.now())
         if what == "success":
             self._streaks.pop(running.lane.account, None)
-            result = payload.to_json()
-            done = self.ledger.succeed(task, result, durations)
+            done = await self.ledger.succeed(task, payload.to_json(), durations)
             if done is not None and done.state is State.SUCCESS and done.started_at:
                 run_s = (done.finished_at or self.clock.now()) - done.started_at
                 self.recent_durations(done.model).appendleft(run_s)
                 if polls(running.ctx.profile):
                     self.run_history.record(done.model, done.params, run_s / self.clock.time_scale)
-            if done is not None and done.state is State.SUCCESS and self.on_success:
-                maybe = self.on_success(done, result)
-                if maybe is not None:
-                    await maybe
         elif what == "canceled":
             self.ledger.mark_canceled(task, durations)
         else:

@@ -33,7 +33,7 @@ from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
-from dispatcher.models import JSON, Kind, State, Task
+from dispatcher.models import JSON, Kind, State
 from dispatcher.profiles import Profile, ProfileProblem, read_profiles
 from dispatcher.recovery import recover
 from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes, plan_reload
@@ -296,7 +296,6 @@ class Service:
             accounts=self.accounts,
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
-            on_success=self._remember_result,
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
         )
@@ -349,12 +348,6 @@ class Service:
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
         self.scheduler.wake()
-
-    async def _remember_result(self, task: Task, result: JSON) -> None:
-        # Linking or copying a video into the cache is file work: a thread
-        # does it while the loop serves every other lane.
-        if not task.from_cache:
-            await asyncio.to_thread(self.cache.store_result, task.fingerprint, task.model, result)
 
     def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""
