@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.errors import PermanentError
+from dispatcher.errors import PermanentError, RunError
 from dispatcher.lanes import LaneSpec
 from dispatcher.models import Stage, Task
-from dispatcher.runner import RunContext
+from dispatcher.runner import RunContext, RunResult
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -91,3 +91,12 @@ class Running:
     job: asyncio.Task[None] | None = None
     interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
     started_monotonic: float = 0.0  # the context's last beat when the run began
+
+
+@dataclass(frozen=True)
+class Canceled:
+    """The runner stopped at a checkpoint after a cancel was asked for."""
+
+
+# How one run ended, as the scheduler records it.
+Outcome = RunResult | RunError | Canceled

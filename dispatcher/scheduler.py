@@ -14,10 +14,9 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
-from dispatcher.attempt import Live, Running, TaskLog, disk_full_error
+from dispatcher.attempt import Canceled, Live, Outcome, Running, TaskLog, disk_full_error
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -275,7 +274,6 @@ class Scheduler:
         profile = self.profiles[task.model]
         now = self.clock.now()
         live = Live(stage=task.stage or Stage.DISPATCHED, stage_started=now)
-        holder: dict[str, Task] = {"task": task}
 
         async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
             live.enter(stage, self.clock.now())
@@ -283,8 +281,9 @@ class Scheduler:
             live.queue_position = queue
 
         async def record_remote_id(remote_id: str) -> None:
-            holder["task"] = self.ledger.record_remote_id(holder["task"], remote_id)
-            running.task = holder["task"]
+            # Registered below, before the run starts; the run reports through it.
+            current = self.running[task.id]
+            current.task = self.ledger.record_remote_id(current.task, remote_id)
 
         adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
@@ -336,7 +335,7 @@ class Scheduler:
                     if idle is not None:
                         idle.set()
             if outcome is not None:
-                await self._finish(running, *outcome)
+                await self._finish(running, outcome)
         finally:
             # Once the outcome is on record, so that a lane's runs never
             # appear to overlap (a web account runs one at a time).
@@ -354,27 +353,26 @@ class Scheduler:
             log.exception("%s: starting the next task failed; the next round retries", lane.name)
             self.wake()
 
-    async def _run_one(
-        self, running: Running, runner: Runner
-    ) -> tuple[str, RunResult | BaseException] | None:
+    async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
+        """How the run ended; None when we interrupted it (reclaim or shutdown)."""
         try:
             result = await runner.run(running.task, running.ctx)
         except asyncio.CancelledError:
             self._after_interrupt(running)
             # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
             return None
-        except TaskCanceled as exc:
-            return ("canceled", exc)
+        except TaskCanceled:
+            return Canceled()
         except RunError as exc:
-            return ("failed", disk_full_error(exc, running.ctx.result_dir) or exc)
+            return disk_full_error(exc, running.ctx.result_dir) or exc
         except Exception as exc:
             full = disk_full_error(exc, running.ctx.result_dir)
             if full is not None:
                 running.ctx.log.error("%s", full)
-                return ("failed", full)
+                return full
             running.ctx.log.exception("%s runner crashed", running.lane.name)
-            return ("failed", TransientError(f"runner crashed: {exc!r}", kind="internal"))
-        return ("success", result)
+            return TransientError(f"runner crashed: {exc!r}", kind="internal")
+        return result
 
     def _after_interrupt(self, running: Running) -> None:
         if running.interrupted != "shutdown":
@@ -393,32 +391,37 @@ class Scheduler:
             return
         self.ledger.requeue(task, "service shut down before it finished")
 
-    async def _finish(self, running: Running, what: str, payload: Any) -> None:
+    async def _finish(self, running: Running, outcome: Outcome) -> None:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
-        if what == "success":
-            self._streaks.pop(running.lane.account, None)
-            done = await self.ledger.succeed(task, payload.to_json(), durations)
-            if done is not None and done.state is State.SUCCESS and done.started_at:
-                run_s = (done.finished_at or self.clock.now()) - done.started_at
-                self.recent_durations(done.model).appendleft(run_s)
-                if polls(running.ctx.profile):
-                    self.run_history.record(done.model, done.params, run_s / self.clock.time_scale)
-        elif what == "canceled":
-            self.ledger.mark_canceled(task, durations)
-        else:
-            error: RunError = payload
-            if self._hold(running, error, durations):
-                return
-            if error.kind == "stalled":
-                self.stalled_reclaims += 1
-            ended = self.ledger.fail(task, error, durations)
-            if ended is not None and ended.state is State.CANCELED:
-                return  # a cancel was asked for while it ran: that outcome wins
-            if running.lane.kind is Kind.WEB:
-                # Only web accounts: a provider's bad spell (5xx, timeouts)
-                # passes by itself, and retries already space out its tasks.
-                self._count_failure(running.lane.account, error)
+        match outcome:
+            case RunResult():
+                self._streaks.pop(running.lane.account, None)
+                done = await self.ledger.succeed(task, outcome.to_json(), durations)
+                if done is not None and done.state is State.SUCCESS and done.started_at:
+                    run_s = (done.finished_at or self.clock.now()) - done.started_at
+                    self.recent_durations(done.model).appendleft(run_s)
+                    if polls(running.ctx.profile):
+                        self.run_history.record(
+                            done.model, done.params, run_s / self.clock.time_scale
+                        )
+            case Canceled():
+                self.ledger.mark_canceled(task, durations)
+            case RunError():
+                self._failed(running, outcome, durations)
+
+    def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
+        if self._hold(running, error, durations):
+            return
+        if error.kind == "stalled":
+            self.stalled_reclaims += 1
+        ended = self.ledger.fail(running.task, error, durations)
+        if ended is not None and ended.state is State.CANCELED:
+            return  # a cancel was asked for while it ran: that outcome wins
+        if running.lane.kind is Kind.WEB:
+            # Only web accounts: a provider's bad spell (5xx, timeouts)
+            # passes by itself, and retries already space out its tasks.
+            self._count_failure(running.lane.account, error)
 
     def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
         """The account, not the task, failed: the task goes back to pending on
