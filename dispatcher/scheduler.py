@@ -34,6 +34,7 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
+from dispatcher.events import Event
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
@@ -100,6 +101,8 @@ class Scheduler:
         self.effective_concurrency = effective_concurrency
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # Handlers only call the ledger; what it announces tells us what to do.
+        ledger.events.listen(self._on_event)
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -167,6 +170,7 @@ class Scheduler:
         self.lanes = dict(lanes)
         for name in self.lanes:
             self._lane_running.setdefault(name, set())
+        self.wake()
 
     # -- the round ---------------------------------------------------------------
     def round(self) -> None:
@@ -481,11 +485,20 @@ class Scheduler:
                     running.task = updated
             await asyncio.sleep(self.heartbeat_s)
 
-    # -- operator hooks --------------------------------------------------------------
-    def notify_cancel(self, task_id: str) -> None:
-        running = self.running.get(task_id)
-        if running is not None:
-            running.ctx.cancel_event.set()
+    # -- what the scheduler hears ---------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        """A task became pending or an account changed: a round may start
+        work. A cancel was asked for a running task: its runner is told."""
+        if event.get("type") == "account":
+            self.wake()
+        elif event.get("type") == "task":
+            task = event["task"]
+            if task["state"] == State.PENDING.value:
+                self.wake()
+            elif task["state"] == State.RUNNING.value and task["cancel_requested"]:
+                running = self.running.get(task["id"])
+                if running is not None:
+                    running.ctx.cancel_event.set()
 
     def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer."""

@@ -347,7 +347,6 @@ class Service:
         lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
-        self.scheduler.wake()
 
     def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""

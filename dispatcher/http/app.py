@@ -194,7 +194,6 @@ class Api:
     async def create_task(self, request: Request) -> Response:
         spec = parse_spec(await _json_body(request))
         submitted = await self.service.ledger.submit(spec)
-        self.service.scheduler.wake()
         status = 200 if submitted.deduped else 201
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
 
@@ -220,12 +219,10 @@ class Api:
 
     async def cancel_task(self, request: Request) -> Response:
         task = self.service.ledger.request_cancel(request.path_params["id"])
-        self.service.scheduler.notify_cancel(task.id)
         return JSONResponse(self.task_answer(task))
 
     async def retry_task(self, request: Request) -> Response:
         task = self.service.ledger.retry(request.path_params["id"])
-        self.service.scheduler.wake()
         return JSONResponse(self.task_answer(task))
 
     async def task_result(self, request: Request) -> Response:
@@ -263,7 +260,6 @@ class Api:
     async def create_job(self, request: Request) -> Response:
         name, specs = parse_job(await _json_body(request))
         job, _ = await self.service.ledger.create_job(name, specs)
-        self.service.scheduler.wake()
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
     async def list_jobs(self, request: Request) -> Response:
@@ -281,14 +277,11 @@ class Api:
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     async def cancel_job(self, request: Request) -> Response:
-        changed = self.service.ledger.cancel_job(request.path_params["id"])
-        for task in changed:
-            self.service.scheduler.notify_cancel(task.id)
+        self.service.ledger.cancel_job(request.path_params["id"])
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     async def retry_job(self, request: Request) -> Response:
         self.service.ledger.retry_job(request.path_params["id"])
-        self.service.scheduler.wake()
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     # -- lanes and accounts ------------------------------------------------------
@@ -349,7 +342,6 @@ class Api:
 
     async def enable_account(self, request: Request) -> Response:
         account = self.service.accounts.enable(request.path_params["name"])
-        self.service.scheduler.wake()
         return JSONResponse(self.service.accounts.view(account))
 
     # -- live and meta -------------------------------------------------------------

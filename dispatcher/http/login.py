@@ -118,13 +118,11 @@ class LoginRoutes:
             log.info(
                 "[web:%s] %d task(s) that met a logout back in the queue", account, len(retried)
             )
-            self.service.scheduler.wake()
         return retried
 
     def _comes_back(self, account: str) -> dict[str, object]:
         enabled = self.service.accounts.enable(account)
         retried = self.requeue_auth_failed(account)
-        self.service.scheduler.wake()
         return {"logged_in": True, "account": enabled.to_json(), "requeued": retried}
 
     # -- handlers ---------------------------------------------------------------
