@@ -22,13 +22,14 @@ from apirunner.allowlist import origin_of
 from apirunner.classify import Failure, bad_answer, classify_remote_failure
 from apirunner.client import (
     Answer,
+    AttemptBase,
+    AttemptScope,
     Call,
     CallFailed,
-    ProviderClient,
     with_retries,
 )
 from apirunner.gate import sleep_nominal
-from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
+from apirunner.polling import PollEvidence, ProgressTrack, next_poll_wait
 from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
 from apirunner.remote import (
@@ -49,7 +50,6 @@ from apirunner.templates import (
     split_path,
     walk,
 )
-from dispatcher.clock import Clock
 from dispatcher.errors import (
     PermanentError,
     RunError,
@@ -57,9 +57,8 @@ from dispatcher.errors import (
     TransientError,
 )
 from dispatcher.fingerprint import LocalFiles
-from dispatcher.models import Stage, Task
-from dispatcher.profiles import ApiSpec
-from dispatcher.runner import ResultFile, RunContext, RunResult
+from dispatcher.models import Stage
+from dispatcher.runner import ResultFile, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
@@ -80,29 +79,19 @@ def config_error(message: str) -> PermanentError:
     return PermanentError(message, kind="config")
 
 
-class ProviderAttempt:
+class ProviderAttempt(AttemptBase):
     """One attempt of one task; lives for the duration of `ApiRunner.run`."""
 
     def __init__(
         self,
-        task: Task,
-        ctx: RunContext,
-        api: ApiSpec,
-        client: ProviderClient,
+        scope: AttemptScope,
         *,
-        clock: Clock,
-        rand: Rand,
         settings: Settings,
         prepared_images: PreparedImages,
         uploads: UploadCache,
     ) -> None:
-        self.task = task
-        self.ctx = ctx
-        self.api = api
-        self.client = client
-        self.clock = clock
-        self.rand = rand
-        self.http_timeout_s = settings.http_timeout_s
+        super().__init__(scope)
+        api, ctx, task = scope.api, scope.ctx, scope.task
         self.max_download_bytes = api.max_download_bytes or settings.max_download_bytes
         # Every request, hops and body included, ends within the profile's timeout.
         self.deadline_s = self.clock.scaled(api.timeout_s)

@@ -32,6 +32,7 @@ import httpx
 from apirunner.allowlist import Allowlist
 from apirunner.attempt import ProviderAttempt, config_error
 from apirunner.client import (
+    AttemptScope,
     CallFailed,
     ProviderClient,
     build_http_client,
@@ -180,12 +181,7 @@ class ApiRunner:
             raise config_error(str(exc)) from None
         client = self.client(ctx.account)
         attempt = ProviderAttempt(
-            task,
-            ctx,
-            api,
-            client,
-            clock=self._clock,
-            rand=self._rand,
+            self._scope(task, ctx, api, client),
             settings=self._settings,
             prepared_images=self.prepared_images,
             uploads=self.uploads.setdefault(client.provider, UploadCache(self._clock)),
@@ -198,20 +194,27 @@ class ApiRunner:
             await asyncio.to_thread(keep_answer, ctx.result_dir, attempt.last_answer, retention)
             raise
 
+    def _scope(
+        self, task: Task, ctx: RunContext, api: ApiSpec, client: ProviderClient
+    ) -> AttemptScope:
+        return AttemptScope(
+            task=task,
+            ctx=ctx,
+            api=api,
+            client=client,
+            clock=self._clock,
+            rand=self._rand,
+            http_timeout_s=self._settings.http_timeout_s,
+        )
+
     async def _attempt(
         self, task: Task, ctx: RunContext, attempt: ProviderAttempt, api: ApiSpec
     ) -> RunResult:
         try:
             if api.style == "comfyui":
                 return await run_comfyui(
-                    task,
-                    ctx,
-                    api,
-                    attempt.client,
-                    clock=self._clock,
-                    rand=self._rand,
+                    attempt.scope,
                     allowlist=self.allowlist,
-                    http_timeout_s=self._settings.http_timeout_s,
                     max_download_bytes=api.max_download_bytes or self._settings.max_download_bytes,
                     reference_files=LocalFiles.under(
                         self._settings.resolved_input_dirs,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -70,28 +71,19 @@ def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[
 _SEEDS = random.Random()
 
 
+@dataclass
 class Intake:
     """Builds tasks from specs for the ledger; counts cache hits."""
 
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        profiles: Mapping[str, Profile],
-        *,
-        cache: ResultStore | None,
-        results_dir: Path | None,
-        reference_files: LocalFiles | None,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.profiles = profiles
-        self.cache = cache
-        self.results_dir = results_dir
-        self.reference_files = reference_files
-        self.cache_hits = 0
-        # Models whose profile is broken (or not applied live): why, for a clear refusal.
-        self.invalid_models: dict[str, str] = {}
+    store: Store
+    clock: Clock
+    profiles: Mapping[str, Profile]
+    cache: ResultStore | None = None
+    results_dir: Path | None = None
+    reference_files: LocalFiles | None = None
+    cache_hits: int = 0
+    # Models whose profile is broken (or not applied live): why, for a clear refusal.
+    invalid_models: dict[str, str] = field(default_factory=dict)
 
     def profile(self, model: str) -> Profile:
         profile = self.profiles.get(model)
