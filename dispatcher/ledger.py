@@ -33,6 +33,7 @@ from dispatcher.models import (
     JSON,
     Attempt,
     Job,
+    JobSummary,
     Kind,
     Stage,
     State,
@@ -216,6 +217,37 @@ class Ledger:
 
     def attempts(self, task: Task) -> list[Attempt]:
         return self.store.task_attempts(task.id)
+
+    def list_tasks(self, **filters: Any) -> list[Task]:
+        """Newest first, filtered and paged as `Store.list_tasks` documents."""
+        return self.store.list_tasks(**filters)
+
+    def list_jobs(self, **filters: Any) -> list[Job]:
+        """Newest first, filtered and paged as `Store.list_jobs` documents."""
+        return self.store.list_jobs(**filters)
+
+    def job_tasks(self, job: Job) -> list[Task]:
+        return self.store.job_tasks(job.id)
+
+    def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
+        return self.store.job_summaries([job.id for job in jobs])
+
+    def current(self, task_id: str) -> Task | None:
+        """The task as stored now (exact id), or None once it is gone."""
+        return self.store.get_task(task_id)
+
+    def stale_running(self, heartbeat_before: float) -> list[Task]:
+        return self.store.stale_running(heartbeat_before)
+
+    def queue_depth(self, task: Task) -> int:
+        """Pending tasks of its queue ahead of this one."""
+        return self.store.count_ahead(task.lane_group, task.seq)
+
+    def queued_counts(self) -> dict[str, int]:
+        return self.store.queued_counts()
+
+    def recent_durations(self, model: str, limit: int) -> list[float]:
+        return self.store.recent_durations(model, limit)
 
     def _resolve(self, what: str, prefix: str) -> str:
         if len(prefix) < MIN_ID_PREFIX:

@@ -225,7 +225,7 @@ class Scheduler:
 
     def _reclaim_stale(self) -> None:
         now = self.clock.now()
-        stale = self.ledger.store.stale_running(now - self.stale_s)
+        stale = self.ledger.stale_running(now - self.stale_s)
         if not stale:
             return
         plans = plan_reclaims(
@@ -381,7 +381,7 @@ class Scheduler:
     def _after_interrupt(self, running: Running) -> None:
         if running.interrupted != "shutdown":
             return
-        task = self.ledger.store.get_task(running.task.id)
+        task = self.ledger.current(running.task.id)
         if task is None or task.state is not State.RUNNING:
             return
         if task.kind is Kind.API and task.remote_id:
@@ -448,7 +448,7 @@ class Scheduler:
         else:
             return False
         self._streaks.pop(account, None)
-        stored = self.ledger.store.get_task(running.task.id)
+        stored = self.ledger.current(running.task.id)
         if stored is not None and stored.cancel_requested:
             # Asked to cancel while it ran: that outcome wins over waiting.
             self.ledger.mark_canceled(running.task, durations)
@@ -512,7 +512,7 @@ class Scheduler:
         }
         durations = list(self.recent_durations(task.model))
         if task.state is State.PENDING:
-            ahead = self.ledger.store.count_ahead(task.lane_group, task.seq)
+            ahead = self.ledger.queue_depth(task)
             concurrency = sum(
                 lane.concurrency
                 for lane in self.lanes.values()
@@ -537,12 +537,12 @@ class Scheduler:
     def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:
             self._durations[model] = deque(
-                self.ledger.store.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
+                self.ledger.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
             )
         return self._durations[model]
 
     def lanes_view(self) -> list[JSON]:
-        queued = self.ledger.store.queued_counts()
+        queued = self.ledger.queued_counts()
         view = []
         for lane in self.lanes.values():
             account = self.accounts.get(lane.account)

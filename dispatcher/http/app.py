@@ -163,12 +163,12 @@ class Api:
         job = self.service.ledger.get_job(job_id)
         answer = self.job_answers([job])[0]
         if with_tasks:
-            tasks = self.service.ledger.store.job_tasks(job.id)
+            tasks = self.service.ledger.job_tasks(job)
             answer["tasks"] = [self.task_answer(t) for t in tasks]
         return answer
 
     def job_answers(self, jobs: list[Job]) -> list[JSON]:
-        summaries = self.service.ledger.store.job_summaries([job.id for job in jobs])
+        summaries = self.service.ledger.job_summaries(jobs)
         now = self.service.clock.now()
         answers = []
         for job in jobs:
@@ -202,7 +202,7 @@ class Api:
         ledger = self.service.ledger
         limit = _limit(request, 50)
         job = request.query_params.get("job")
-        tasks = ledger.store.list_tasks(
+        tasks = ledger.list_tasks(
             states=_states(request, State),
             model=request.query_params.get("model") or None,
             job_id=ledger.get_job(job).id if job else None,
@@ -265,7 +265,7 @@ class Api:
     async def list_jobs(self, request: Request) -> Response:
         """Jobs newest first, without their tasks, one page at a time."""
         limit = _limit(request, 50)
-        jobs = self.service.ledger.store.list_jobs(
+        jobs = self.service.ledger.list_jobs(
             states=_states(request, JobState),
             text=_text(request, "q"),
             before_seq=_cursor(request),

@@ -109,9 +109,7 @@ class LoginRoutes:
         ledger = self.service.ledger
         retried = []
         for model in models:
-            for task in ledger.store.list_tasks(
-                states=[State.FAILED], model=model, limit=REQUEUE_SCAN
-            ):
+            for task in ledger.list_tasks(states=[State.FAILED], model=model, limit=REQUEUE_SCAN):
                 if task.error is not None and task.error.kind == "auth":
                     retried.append(ledger.retry(task.id).id)
         if retried:
