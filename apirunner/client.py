@@ -38,7 +38,9 @@ from dispatcher.clock import Clock
 from dispatcher.errors import TransientError
 from dispatcher.fetch import Origin, OriginJars, result_file_name
 from dispatcher.health import Throttle, after_call
-from dispatcher.runner import ResultFile
+from dispatcher.models import Task
+from dispatcher.profiles import ApiSpec
+from dispatcher.runner import ResultFile, RunContext
 
 __all__ = [
     "Answer",
@@ -317,3 +319,27 @@ async def with_retries(
             if on_retry is not None:
                 on_retry(exc.failure, errors + rate_limits)
             await sleep_nominal(clock, decision.wait_s, cancel)
+
+
+@dataclass(frozen=True)
+class AttemptScope:
+    """What every API attempt works with: the task and its run context, the
+    provider's spec and pooled client, the clock and the jitter source."""
+
+    task: Task
+    ctx: RunContext
+    api: ApiSpec
+    client: ProviderClient
+    clock: Clock
+    rand: Rand
+    http_timeout_s: float
+
+
+class AttemptBase:
+    """An attempt's shared fields, flat, as its methods read them."""
+
+    def __init__(self, scope: AttemptScope) -> None:
+        self.scope = scope
+        self.task, self.ctx, self.api = scope.task, scope.ctx, scope.api
+        self.client, self.clock, self.rand = scope.client, scope.clock, scope.rand
+        self.http_timeout_s = scope.http_timeout_s

@@ -48,7 +48,14 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from apirunner.allowlist import Allowlist, origin_of, same_origin
 from apirunner.classify import decide_retry
-from apirunner.client import Call, CallFailed, ProviderClient, with_retries
+from apirunner.client import (
+    AttemptBase,
+    AttemptScope,
+    Call,
+    CallFailed,
+    ProviderClient,
+    with_retries,
+)
 from apirunner.comfy_protocol import (
     Event,
     OutputFile,
@@ -67,9 +74,8 @@ from apirunner.templates import join_url
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
 from dispatcher.fingerprint import LocalFiles, read_image
-from dispatcher.models import Stage, Task
-from dispatcher.profiles import ApiSpec
-from dispatcher.runner import ResultFile, RunContext, RunResult
+from dispatcher.models import Stage
+from dispatcher.runner import ResultFile, RunResult
 from dispatcher.workflow import Graph, fill
 
 # A message larger than this is not one we read (binary previews can be big;
@@ -91,19 +97,13 @@ class _NoRedirects(connect):
 
 
 async def run_comfyui(
-    task: Task,
-    ctx: RunContext,
-    api: ApiSpec,
-    client: ProviderClient,
+    scope: AttemptScope,
     *,
-    clock: Clock,
-    rand: Rand,
     allowlist: Allowlist,
-    http_timeout_s: float,
     max_download_bytes: int,
     reference_files: LocalFiles,
 ) -> RunResult:
-    attempt = _ComfyAttempt(task, ctx, api, client, clock, rand, allowlist, http_timeout_s)
+    attempt = _ComfyAttempt(scope, allowlist)
     attempt.max_download_bytes = max_download_bytes
     attempt.reference_files = reference_files
     try:
@@ -116,31 +116,15 @@ async def run_comfyui(
         await attempt.close_socket()
 
 
-class _ComfyAttempt:
-    def __init__(
-        self,
-        task: Task,
-        ctx: RunContext,
-        api: ApiSpec,
-        client: ProviderClient,
-        clock: Clock,
-        rand: Rand,
-        allowlist: Allowlist,
-        http_timeout_s: float,
-    ) -> None:
-        self.task = task
-        self.ctx = ctx
-        self.api = api
-        self.client = client
-        self.clock = clock
-        self.rand = rand
+class _ComfyAttempt(AttemptBase):
+    def __init__(self, scope: AttemptScope, allowlist: Allowlist) -> None:
+        super().__init__(scope)
         self.allowlist = allowlist
-        self.http_timeout_s = http_timeout_s
         # Set by `run_comfyui`: the profile's cap, else the service's setting.
         self.max_download_bytes = 0
         # Set by `run_comfyui`: local reference images only from the input dirs.
         self.reference_files = LocalFiles((), 0)
-        self.cancel = ctx.cancel_event
+        self.cancel = scope.ctx.cancel_event
         self.socket: ClientConnection | None = None
         self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
         self.reader: asyncio.Task[None] | None = None

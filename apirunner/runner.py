@@ -21,50 +21,28 @@ inside its JSON answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
-from functools import partial
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
-from apirunner.allowlist import Allowlist, origin_of
-from apirunner.classify import Failure, bad_answer, classify_remote_failure
+from apirunner.allowlist import Allowlist
+from apirunner.attempt import ProviderAttempt, config_error
 from apirunner.client import (
-    Answer,
-    Call,
+    AttemptScope,
     CallFailed,
     ProviderClient,
     build_http_client,
-    with_retries,
 )
 from apirunner.comfyui import run_comfyui
-from apirunner.gate import RetryGate, sleep_nominal
-from apirunner.polling import PollEvidence, ProgressTrack, Rand, next_poll_wait
+from apirunner.gate import RetryGate
+from apirunner.polling import Rand
 from apirunner.refimages import PreparedImages, UploadCache
-from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
-from apirunner.remote import (
-    RemoteIdRefused,
-    RemoteRef,
-    RemoteStatus,
-    interpret_status,
-    ref_from_submit,
-)
 from apirunner.templates import (
-    MISSING,
     TemplateError,
-    format_path,
-    is_url,
-    join_url,
-    lookup,
-    render_body,
-    split_path,
-    walk,
 )
 from dispatcher.artifacts import keep_answer
 from dispatcher.clock import Clock
@@ -74,30 +52,14 @@ from dispatcher.errors import (
     PermanentError,
     RunError,
     TaskCanceled,
-    TransientError,
 )
 from dispatcher.fingerprint import LocalFiles
-from dispatcher.models import Stage, Task
+from dispatcher.models import Task
 from dispatcher.profiles import ApiSpec, Profile
-from dispatcher.runner import ResultFile, RunContext, RunResult
+from dispatcher.runner import RunContext, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
-
-T = TypeVar("T")
-
-# Consecutive failed polls (5xx, dropped connections) before the attempt gives
-# up; rate limits do not count, a provider saying "later" is healthy.
-MAX_POLL_ERRORS = 10
-# A result path may cross at most this many provider-returned URLs.
-MAX_URL_HOPS = 3
-# Canceling is a courtesy to the provider (it frees quota); it must not hold
-# the lane for long when the provider is slow or rate-limits us.
-CANCEL_BUDGET_S = 10.0
-
-
-def _config_error(message: str) -> PermanentError:
-    return PermanentError(message, kind="config")
 
 
 class ApiRunner:
@@ -150,7 +112,7 @@ class ApiRunner:
         try:
             return self._clients[provider]
         except KeyError:
-            raise _config_error(
+            raise config_error(
                 f"API provider {provider!r} has no client: its profile was not loaded at start"
             ) from None
 
@@ -209,15 +171,21 @@ class ApiRunner:
     async def run(self, task: Task, ctx: RunContext) -> RunResult:
         profile = ctx.profile
         if profile.api is None:
-            raise _config_error(f"model {profile.name!r} is not an API model")
+            raise config_error(f"model {profile.name!r} is not an API model")
         ctx.check_canceled()
         # The lane's provider: its base URL, its key, its pooled client. A
         # resumed task's lane is the provider that accepted its remote id.
         try:
             api = profile.api_for(ctx.account)
         except ConfigError as exc:
-            raise _config_error(str(exc)) from None
-        attempt = _Attempt(self, task, ctx, api, self.client(ctx.account))
+            raise config_error(str(exc)) from None
+        client = self.client(ctx.account)
+        attempt = ProviderAttempt(
+            self._scope(task, ctx, api, client),
+            settings=self._settings,
+            prepared_images=self.prepared_images,
+            uploads=self.uploads.setdefault(client.provider, UploadCache(self._clock)),
+        )
         try:
             return await self._attempt(task, ctx, attempt, api)
         except (RunError, TaskCanceled):
@@ -226,20 +194,27 @@ class ApiRunner:
             await asyncio.to_thread(keep_answer, ctx.result_dir, attempt.last_answer, retention)
             raise
 
+    def _scope(
+        self, task: Task, ctx: RunContext, api: ApiSpec, client: ProviderClient
+    ) -> AttemptScope:
+        return AttemptScope(
+            task=task,
+            ctx=ctx,
+            api=api,
+            client=client,
+            clock=self._clock,
+            rand=self._rand,
+            http_timeout_s=self._settings.http_timeout_s,
+        )
+
     async def _attempt(
-        self, task: Task, ctx: RunContext, attempt: _Attempt, api: ApiSpec
+        self, task: Task, ctx: RunContext, attempt: ProviderAttempt, api: ApiSpec
     ) -> RunResult:
         try:
             if api.style == "comfyui":
                 return await run_comfyui(
-                    task,
-                    ctx,
-                    api,
-                    attempt.client,
-                    clock=self._clock,
-                    rand=self._rand,
+                    attempt.scope,
                     allowlist=self.allowlist,
-                    http_timeout_s=self._settings.http_timeout_s,
                     max_download_bytes=api.max_download_bytes or self._settings.max_download_bytes,
                     reference_files=LocalFiles.under(
                         self._settings.resolved_input_dirs,
@@ -272,380 +247,3 @@ class ApiRunner:
                 f"internal error handling the provider's answer: {type(exc).__name__}: {exc}"[:300],
                 kind="internal",
             ) from exc
-
-
-class _Attempt:
-    """One attempt of one task; lives for the duration of `ApiRunner.run`."""
-
-    def __init__(
-        self, runner: ApiRunner, task: Task, ctx: RunContext, api: ApiSpec, client: ProviderClient
-    ) -> None:
-        self.task = task
-        self.ctx = ctx
-        self.api = api
-        self.client = client
-        self.clock = runner._clock
-        self.rand = runner._rand
-        self.http_timeout_s = runner._settings.http_timeout_s
-        self.max_download_bytes = api.max_download_bytes or runner._settings.max_download_bytes
-        # Every request, hops and body included, ends within the profile's timeout.
-        self.deadline_s = self.clock.scaled(api.timeout_s)
-        self.deadline_label = f"the profile's timeout_s ({api.timeout_s:g} s)"
-        self.params: dict[str, Any] = dict(task.params)
-        self.cancel = ctx.cancel_event
-        self.polls = 0
-        self.http_version = ""
-        self.last_answer: Any = None  # the provider's, kept as evidence if the attempt fails
-        self.refs = ReferenceSender(
-            api,
-            self.params,
-            LocalFiles.under(
-                runner._settings.resolved_input_dirs, runner._settings.max_reference_image_bytes
-            ),
-            runner.prepared_images,
-            runner.uploads.setdefault(client.provider, UploadCache(runner._clock)),
-            partial(upload_image, api, self.params, self.call, self.retrying, ctx.log),
-            partial(ctx.set_stage, Stage.UPLOADING),
-            partial(fetch_image, self.call, self._download_reference),
-        )
-        self.max_reference_bytes = runner._settings.max_reference_image_bytes
-
-    # -- shared helpers ------------------------------------------------------
-    def call(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        read_timeout_s: float | None = None,
-    ) -> Call:
-        headers = {"Accept": "application/json"}
-        if idempotency_key:
-            headers["Idempotency-Key"] = idempotency_key
-        # The key goes only to the profile's own host, on every hop: never to
-        # a URL the provider handed back that points elsewhere (a CDN, another
-        # tenant), nor across a redirect that leaves the host.
-        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
-        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
-        return Call(
-            method,
-            url,
-            headers,
-            body,
-            read_timeout_s,
-            credentials=credentials,
-            credentials_origin=origin_of(self.api.base_url),
-            deadline_s=self.deadline_s,
-            deadline_label=self.deadline_label,
-        )
-
-    def url_for(
-        self, path: str | None, url_path: str | None, ref: RemoteRef | None, what: str
-    ) -> str:
-        if url_path:
-            if ref is None or ref.submit is None:
-                raise _config_error(f"{what}: url = {url_path!r} needs a stored submit answer")
-            found = lookup(ref.submit, url_path)
-            if not is_url(found):
-                raise CallFailed(
-                    bad_answer(
-                        f"submit answer has no URL at {url_path!r} for {what}", retryable=False
-                    )
-                )
-            return str(found)
-        if path is None:
-            raise _config_error(f"{what} needs `path` or `url` in the profile")
-        values = dict(self.params)
-        if ref is not None:
-            values["id"] = ref.id
-        return join_url(self.api.base_url, format_path(path, values))
-
-    async def retrying(
-        self, call: Call, *, cancelable: bool = True, creates_job: bool = False
-    ) -> Answer:
-        op = partial(self.client.json, call, self.cancel if cancelable else None)
-        answer = await with_retries(
-            partial(_understood_or_final, op) if creates_job else op,
-            clock=self.clock,
-            rand=self.rand,
-            cancel=self.cancel if cancelable else None,
-            on_retry=self._log_retry,
-        )
-        self.http_version = answer.http_version
-        self.last_answer = answer.data
-        return answer
-
-    async def _download_reference(self, call: Call, folder: Path) -> ResultFile:
-        download = partial(
-            self.client.download,
-            call,
-            folder,
-            "ref",
-            self.cancel,
-            max_bytes=self.max_reference_bytes,
-        )
-        return await with_retries(
-            download, clock=self.clock, rand=self.rand, cancel=self.cancel, on_retry=self._log_retry
-        )
-
-    def _log_retry(self, failure: Failure, tries: int) -> None:
-        self.ctx.log.info("retrying in place (%d): %s [%s]", tries, failure.message, failure.kind)
-
-    async def resolve(self, docs: list[Any], path: str, what: str) -> Any:
-        """The value at a dotted path, fetching provider URLs the path crosses."""
-        segments = split_path(path)
-        for doc in docs:
-            found = walk(doc, segments)
-            if found.value is MISSING:
-                continue
-            hops = 0
-            while found.rest:
-                hops += 1
-                if hops > MAX_URL_HOPS:
-                    raise CallFailed(
-                        bad_answer(f"{what}: too many URLs on {path!r}", retryable=False)
-                    )
-                url = str(found.value)
-                answer = await self.retrying(self.call("GET", url))
-                found = walk(answer.data, found.rest)
-                if found.value is MISSING:
-                    raise CallFailed(
-                        bad_answer(f"{what}: the answer of {url} has no {path!r}", retryable=False)
-                    )
-            return found.value
-        raise CallFailed(
-            bad_answer(f"{what}: the provider's answer has no {path!r}", retryable=False)
-        )
-
-    def meta(
-        self, ref: RemoteRef | None = None, status: RemoteStatus | None = None
-    ) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "provider": self.client.provider,
-            "http_version": self.http_version,
-        }
-        if ref is not None:
-            meta["remote_id"] = ref.id
-            meta["polls"] = self.polls
-        if status is not None:
-            meta["remote_state"] = status.raw_state
-        return meta
-
-    def submit_call(
-        self, images: SubmitImages, read_timeout_s: float | None = None, *, again: bool = False
-    ) -> Call:
-        submit = self.api.submit
-        if submit.url:
-            raise _config_error("[api.submit] takes a `path`; `url` is only for later calls")
-        url = join_url(self.api.base_url, format_path(submit.path or "", self.params))
-        values = {**self.params, **images.values}
-        body = render_body(submit.body, values) if submit.body is not None else None
-        # A submit sent again after its images were uploaded again is a new
-        # request (the first one made no job): a key of its own, so a vendor
-        # that replays answers by key does not replay the refusal.
-        key = f"{self.task.id}-{self.task.attempt}" + ("-reupload" if again else "")
-        call = self.call(
-            submit.method.upper(), url, body, idempotency_key=key, read_timeout_s=read_timeout_s
-        )
-        if not images.files:
-            return call  # a multipart profile's task without an image: plain JSON
-        form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (body or {}).items()}
-        return replace(call, json=None, files=images.files, form=form)
-
-    async def send_submit(
-        self, read_timeout_s: float | None = None, *, cancelable: bool = True
-    ) -> Answer:
-        """The submit, with its reference images (see `ReferenceSender.send`)."""
-
-        async def send(images: SubmitImages, again: bool) -> Answer:
-            call = self.submit_call(images, read_timeout_s, again=again)
-            return await self.retrying(call, cancelable=cancelable, creates_job=True)
-
-        return await self.refs.send(send, self.ctx.log)
-
-    # -- chat ------------------------------------------------------------------
-    async def chat(self) -> RunResult:
-        assert self.api.result is not None and self.api.result.text  # the profile validator
-        # The answer *is* the generation: the read timeout is the model's
-        # generation timeout, never shorter than a plain HTTP read.
-        read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
-        await self.ctx.set_stage(Stage.GENERATING)
-        answer = await self.send_submit(read_s)
-        value = await self.resolve([answer.data], self.api.result.text, "chat answer")
-        return RunResult(
-            text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
-        )
-
-    # -- async jobs --------------------------------------------------------------
-    async def job(self) -> RunResult:
-        ref = RemoteRef.decode(self.task.remote_id) if self.task.remote_id else None
-        resumed = ref is not None
-        if ref is None:
-            ref = await self.submit()
-            await self.ctx.set_remote_id(ref.encode())
-            self.ctx.log.info("submitted: remote id %s", ref.id)
-        else:
-            self.ctx.log.info("resuming remote job %s without resubmitting", ref.id)
-        finished = False
-        try:
-            self.ctx.check_canceled()
-            status, status_data = await self.poll(ref, first_wait=not resumed)
-            finished = True
-            if status.state == "failed":
-                raise classify_remote_failure(status.error).to_error()
-            if status.state == "canceled":
-                self.ctx.check_canceled()
-                raise PermanentError(
-                    "the provider reports the job canceled", kind="remote_canceled"
-                )
-            return await self.fetch_result(ref, status, status_data)
-        except (TaskCanceled, RunError, CallFailed):
-            # Abandoning a job that still runs: cancel it so it stops holding
-            # quota. Not on CancelledError: that is a shutdown, and restart
-            # recovery will resume this very job.
-            if not finished:
-                await self.cancel_remote(ref)
-            raise
-
-    async def submit(self) -> RemoteRef:
-        # Wait out a closed gate while nothing has been sent, so a cancel
-        # still stops us cleanly; the submit itself is never cut in half,
-        # since a job created behind a torn-down request could not be named.
-        await self.client.gate.wait(self.cancel)
-        self.ctx.check_canceled()
-        answer = await self.send_submit(cancelable=False)
-        try:
-            ref = ref_from_submit(self.api, answer.data)
-        except RemoteIdRefused as exc:
-            raise CallFailed(bad_answer(str(exc), retryable=False)) from exc
-        if ref is None:
-            where = self.api.submit.id or "(status url)"
-            raise CallFailed(
-                bad_answer(f"the submit answer has no job id at {where!r}", retryable=False)
-            )
-        return ref
-
-    async def poll(self, ref: RemoteRef, *, first_wait: bool) -> tuple[RemoteStatus, Any]:
-        spec = self.api.status
-        assert spec is not None  # the profile validator requires it for async jobs
-        url = self.url_for(spec.path, spec.url, ref, "[api.status]")
-        call = self.call("GET", url)
-        deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
-        step = 0
-        errors = 0
-        wait = first_wait
-        last = "submitted"
-        # A resumed job was submitted when its task started, not now.
-        submitted = self.clock.now() if first_wait else self.task.started_at or self.clock.now()
-        progress, position = ProgressTrack(), None
-        while True:
-            if wait:
-                elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
-                evidence = PollEvidence(step, elapsed_s, self.ctx.history_s, progress, position)
-                await sleep_nominal(self.clock, next_poll_wait(evidence, self.rand), self.cancel)
-                step += 1
-            wait = True
-            self.ctx.check_canceled()
-            if self.clock.monotonic() >= deadline:
-                raise TransientError(
-                    f"remote job {ref.id} still {last} after {self.api.timeout_s:g} s",
-                    kind="timeout",
-                )
-            try:
-                answer = await self.client.json(call, self.cancel)
-            except CallFailed as exc:
-                failure = exc.failure
-                if not failure.retryable:
-                    raise
-                if not failure.rate_limited:
-                    errors += 1
-                    if errors >= MAX_POLL_ERRORS:
-                        raise
-                    # An answer we cannot read is a failed poll, retried like
-                    # a 5xx; it never brings the submit back (see `run`).
-                # With a Retry-After the gate already holds the next poll back
-                # exactly as long as asked; adding the schedule would overshoot.
-                wait = failure.retry_after_s is None
-                self.ctx.log.debug("poll failed, polling on: %s", failure.message)
-                continue
-            errors = 0
-            self.polls += 1
-            self.http_version = answer.http_version
-            self.last_answer = answer.data
-            status = interpret_status(spec, answer.data)
-            last = status.raw_state or last
-            elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
-            progress, position = progress.observe(elapsed_s, status.progress), status.queue_position
-            await self.ctx.set_stage(Stage.GENERATING, status.progress, status.queue_position)
-            if status.terminal:
-                return status, answer.data
-
-    async def fetch_result(
-        self, ref: RemoteRef, status: RemoteStatus, status_data: Any
-    ) -> RunResult:
-        spec = self.api.result
-        if spec is None:
-            return RunResult(meta={**self.meta(ref, status), "status": status_data})
-        docs = [status_data, ref.submit or {}]
-        if spec.text:
-            value = await self.resolve(docs, spec.text, "[api.result] text")
-            text = value if isinstance(value, str) else json.dumps(value)
-            return RunResult(text=text, meta=self.meta(ref, status))
-        await self.ctx.set_stage(Stage.DOWNLOADING)
-        if spec.url:
-            found = await self.resolve(docs, spec.url, "[api.result] url")
-            if not is_url(found):
-                raise CallFailed(
-                    bad_answer(
-                        f"[api.result] url {spec.url!r} is not a URL: {found!r}", retryable=False
-                    )
-                )
-            url = str(found)
-        else:
-            url = self.url_for(spec.path, None, ref, "[api.result]")
-        call = self.call("GET", url)
-        stem = f"{self.task.id}"
-        result_file = await with_retries(
-            partial(
-                self.client.download,
-                call,
-                self.ctx.result_dir,
-                stem,
-                self.cancel,
-                max_bytes=self.max_download_bytes,
-            ),
-            clock=self.clock,
-            rand=self.rand,
-            cancel=self.cancel,
-            on_retry=self._log_retry,
-        )
-        return RunResult(files=[result_file], meta=self.meta(ref, status))
-
-    async def cancel_remote(self, ref: RemoteRef) -> None:
-        spec = self.api.cancel
-        if spec is None:
-            return
-        try:
-            url = self.url_for(spec.path, spec.url, ref, "[api.cancel]")
-            body = render_body(spec.body, self.params) if spec.body is not None else None
-            call = self.call(spec.method.upper(), url, body)
-            # No cancel event here: we are the ones canceling.
-            await asyncio.wait_for(self.client.json(call, None), timeout=CANCEL_BUDGET_S)
-            self.ctx.log.info("remote job %s canceled at the provider", ref.id)
-        except (CallFailed, RunError, TemplateError, TimeoutError) as exc:
-            self.ctx.log.warning("could not cancel remote job %s: %s", ref.id, exc)
-
-
-async def _understood_or_final(op: Callable[[], Awaitable[T]]) -> T:
-    """Run a request that creates a job; a 2xx we cannot read is not retried.
-
-    The provider answered 2xx, so the job exists: sending the request again,
-    even with the same Idempotency-Key, would ask it for another.
-    """
-    try:
-        return await op()
-    except CallFailed as exc:
-        if exc.failure.kind == "bad_answer" and exc.failure.retryable:
-            raise CallFailed(replace(exc.failure, retryable=False)) from exc
-        raise

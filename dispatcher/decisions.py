@@ -52,30 +52,43 @@ def plan_reclaims(
     """Running tasks whose heartbeat is older than the stale bound, and their fate."""
     plans = []
     for task in running:
-        last = next(
-            t for t in (task.heartbeat_at, task.started_at, task.created_at) if t is not None
-        )
-        silent_s = now - last
-        if silent_s <= stale_after_s:
+        if _silent_s(task, now) <= stale_after_s:
             continue
-        fate = after_failure(
-            attempt=task.attempt,
-            max_attempts=task.max_attempts,
-            retryable=True,
-            now=now,
-            retry_delay_s=retry_delay_s,
-        )
         plans.append(
-            Reclaim(
-                task_id=task.id,
-                attempt=task.attempt,
-                next_state=fate.state,
-                next_attempt=fate.attempt,
-                not_before=fate.not_before,
-                reason=f"no heartbeat for {silent_s:.1f}s (stale after {stale_after_s:.1f}s)",
-            )
+            reclaim_plan(task, now=now, retry_delay_s=retry_delay_s, stale_after_s=stale_after_s)
         )
     return plans
+
+
+def _silent_s(task: Task, now: float) -> float:
+    last = next(t for t in (task.heartbeat_at, task.started_at, task.created_at) if t is not None)
+    return now - last
+
+
+def reclaim_plan(
+    task: Task, *, now: float, retry_delay_s: float, stale_after_s: float = -1.0
+) -> Reclaim:
+    """A stale running task's fate: the retry rule, as for any retryable failure.
+
+    `stale_after_s` only words the reason; start-up recovery calls this for
+    a task whose runner died with the previous run, whatever its heartbeat.
+    """
+    silent_s = _silent_s(task, now)
+    fate = after_failure(
+        attempt=task.attempt,
+        max_attempts=task.max_attempts,
+        retryable=True,
+        now=now,
+        retry_delay_s=retry_delay_s,
+    )
+    return Reclaim(
+        task_id=task.id,
+        attempt=task.attempt,
+        next_state=fate.state,
+        next_attempt=fate.attempt,
+        not_before=fate.not_before,
+        reason=f"no heartbeat for {silent_s:.1f}s (stale after {stale_after_s:.1f}s)",
+    )
 
 
 class RecoveryAction(StrEnum):

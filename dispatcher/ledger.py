@@ -13,34 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from dispatcher import states
 from dispatcher.clock import Clock
-from dispatcher.decisions import DEDUP_WINDOW_S, Reclaim
+from dispatcher.decisions import Reclaim
 from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import (
-    IMAGE_PARAMS,
-    PROMPT_FIELDS,
     LocalFiles,
-    fingerprint,
-    graph_fingerprint,
-    has_references,
-    image_hash,
-    normalize_prompt,
-    reference_hashes,
 )
+from dispatcher.intake import Intake, ResultStore
 from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import (
     JSON,
     Attempt,
     Job,
+    JobSummary,
     Kind,
     Stage,
     State,
@@ -51,17 +44,12 @@ from dispatcher.models import (
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
-from dispatcher.workflow import check_params, fill, with_seed
 
 log = logging.getLogger("dispatcher.tasks")
 
 MAX_JOB_TASKS = 10_000
 MIN_ID_PREFIX = 4
 MAX_CANDIDATES = 10
-
-
-class ResultLookup(Protocol):
-    def lookup(self, fingerprint: str, *, copy_to: Path | None = None) -> JSON | None: ...
 
 
 @dataclass(frozen=True)
@@ -75,33 +63,6 @@ def lane_prefix(task: Task) -> str:
         return f"[web:{task.account or task.model}]"
     # The provider once claimed (its lane's name); the model's queue before.
     return f"[api:{task.account}]" if task.account else f"[{task.lane_group}]"
-
-
-def _comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
-    """A ComfyUI task's stored params and fingerprint.
-
-    Unknown parameters are refused here, at submit, with the known ones
-    listed. The fingerprint covers the workflow filled in with what was
-    asked (prompts normalised), *before* a missing seed is drawn: two
-    identical shots that left the seed open are the same request and
-    de-duplicate. The drawn seed is then stored in the params, so every
-    attempt and every retry renders the same image.
-    """
-    api = profile.api
-    assert api is not None
-    check_params(params, api.inputs, api.images)
-    asked = {
-        name: normalize_prompt(value) if name in PROMPT_FIELDS and isinstance(value, str) else value
-        for name, value in params.items()
-    }
-    graph = fill(api.graph, api.inputs, asked)
-    images = {name: image_hashes[name] for name in api.images if name in image_hashes}
-    task_fingerprint = graph_fingerprint(profile.name, graph, images)
-    return with_seed(params, api.inputs, _SEEDS), task_fingerprint
-
-
-# Seeds only need to differ between tasks, not to be secret.
-_SEEDS = random.Random()
 
 
 def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -139,136 +100,40 @@ class Ledger:
         events: EventBus,
         *,
         retry_delay_s: float,
-        cache: ResultLookup | None = None,
+        cache: ResultStore | None = None,
         results_dir: Path | None = None,
         reference_files: LocalFiles | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
-        self.profiles = profiles
         self.events = events
         self.retry_delay_s = retry_delay_s
-        self.cache = cache
-        self.results_dir = results_dir
-        self.reference_files = reference_files
+        self.intake = Intake(
+            store,
+            clock,
+            profiles,
+            cache=cache,
+            results_dir=results_dir,
+            reference_files=reference_files,
+        )
         self.dedup_hits = 0
-        self.cache_hits = 0
         self.retries = 0
         self.stale_reclaims = 0
-        # Models whose profile is broken (or not applied live): why, for a clear refusal.
-        self.invalid_models: dict[str, str] = {}
+
+    @property
+    def cache_hits(self) -> int:
+        return self.intake.cache_hits
+
+    @property
+    def invalid_models(self) -> dict[str, str]:
+        """Models whose profile is broken (or not applied live): why, for a clear refusal."""
+        return self.intake.invalid_models
+
+    @invalid_models.setter
+    def invalid_models(self, why: dict[str, str]) -> None:
+        self.intake.invalid_models = why
 
     # -- creating ------------------------------------------------------------
-    def _profile(self, model: str) -> Profile:
-        profile = self.profiles.get(model)
-        if profile is None and model in self.invalid_models:
-            raise InputError(f"model {model!r} is not loaded: {self.invalid_models[model]}")
-        if profile is None:
-            known = ", ".join(sorted(self.profiles)) or "none loaded"
-            raise InputError(f"unknown model {model!r}; known models: {known}")
-        return profile
-
-    def _new_task(self, spec: TaskSpec, job_id: str | None, images: JSON | None) -> Task:
-        profile = self._profile(spec.model)
-        now = self.clock.now()
-        params = spec.params
-        if profile.api is not None and profile.api.style == "comfyui":
-            params, task_fingerprint = _comfyui_params(profile, spec.params, images or {})
-        else:
-            fields = profile.fingerprint_fields
-            task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
-        return Task(
-            id=new_id(),
-            job_id=job_id,
-            ref=spec.ref,
-            model=spec.model,
-            kind=profile.kind,
-            lane_group=profile.lane_group,
-            params=params,
-            fingerprint=task_fingerprint,
-            created_at=now,
-            max_attempts=profile.max_attempts,
-            force=spec.force,
-        )
-
-    async def _image_hashes(self, specs: Sequence[TaskSpec], *, in_job: bool) -> list[JSON | None]:
-        """Reference image hashes per spec, read and decoded in a worker thread.
-
-        Files and pixels can take seconds; the event loop serves every lane
-        meanwhile. Specs without images cost nothing (no thread hop).
-        """
-        extra = [self._extra_image_params(spec) for spec in specs]
-        if not any(
-            has_references(spec.params) or names for spec, names in zip(specs, extra, strict=True)
-        ):
-            return [None] * len(specs)
-
-        def hash_all() -> list[JSON | None]:
-            hashes: list[JSON | None] = []
-            for index, (spec, names) in enumerate(zip(specs, extra, strict=True)):
-                try:
-                    found = reference_hashes(spec.params, self.reference_files)
-                    for name in names:
-                        found[name] = image_hash(
-                            spec.params[name], param=name, files=self.reference_files
-                        )
-                    hashes.append(found)
-                except InputError as exc:
-                    if not in_job:
-                        raise
-                    raise InputError(f"tasks[{index}]: {exc}") from exc
-            return hashes
-
-        return await asyncio.to_thread(hash_all)
-
-    def _extra_image_params(self, spec: TaskSpec) -> list[str]:
-        """Image params a profile names beyond the standard two (ComfyUI's
-        `images`), present in this spec: hashed by pixels like the others."""
-        profile = self.profiles.get(spec.model)
-        if profile is None or profile.api is None or profile.api.style != "comfyui":
-            return []
-        return [
-            name
-            for name in profile.api.images
-            if spec.params.get(name) is not None and name not in IMAGE_PARAMS
-        ]
-
-    def _cache_lookups(self, tasks: Sequence[Task]) -> list[JSON | None]:
-        """Earlier identical results, copied into each task's own folder (file work).
-
-        Copied rather than pointed at: a later eviction must not take the
-        files out from under a finished task.
-        """
-        found: list[JSON | None] = []
-        for task in tasks:
-            if task.force or self.cache is None:
-                found.append(None)
-                continue
-            copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
-            found.append(self.cache.lookup(task.fingerprint, copy_to=copy_to))
-        return found
-
-    def _completed(self, task: Task, cached: JSON | None) -> Task:
-        """The task as it is stored: done at once when an earlier result exists."""
-        if cached is None:
-            return task
-        self.cache_hits += 1
-        now = self.clock.now()
-        return task.replace(
-            state=State.SUCCESS,
-            result=cached,
-            from_cache=True,
-            started_at=now,
-            finished_at=now,
-        )
-
-    def _twin(self, task: Task) -> Task | None:
-        """An identical task submitted within the de-duplication window."""
-        if task.force:
-            return None
-        window_s = self.clock.scaled(DEDUP_WINDOW_S)
-        return self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
-
     def _deduped(self, task: Task, existing: Task) -> Submitted:
         self.dedup_hits += 1
         log.info("%s task %s deduped onto %s", lane_prefix(existing), task.id, existing.id)
@@ -282,21 +147,21 @@ class Ledger:
         insert: two identical submits racing through the threads still make
         one task, because the loop runs one of them to its insert first.
         """
-        (images,) = await self._image_hashes([spec], in_job=False)
-        task = self._new_task(spec, None, images)
-        existing = self._twin(task)
+        (images,) = await self.intake.image_hashes([spec], in_job=False)
+        task = self.intake.new_task(spec, None, images)
+        existing = self.intake.twin(task)
         if existing is not None:
             return self._deduped(task, existing)
         cached: JSON | None = None
-        if self.cache is not None and not task.force:
-            (cached,) = await asyncio.to_thread(self._cache_lookups, [task])
-            existing = self._twin(task)
+        if self.intake.cache is not None and not task.force:
+            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
+            existing = self.intake.twin(task)
             if existing is not None:
-                if cached is not None and self.results_dir is not None:
-                    folder = self.results_dir / task.id
+                if cached is not None and self.intake.results_dir is not None:
+                    folder = self.intake.results_dir / task.id
                     await asyncio.to_thread(shutil.rmtree, folder, True)
                 return self._deduped(task, existing)
-        (stored,) = self.store.insert_tasks([self._completed(task, cached)])
+        (stored,) = self.store.insert_tasks([self.intake.completed(task, cached)])
         self._announce(stored, None)
         return Submitted(stored)
 
@@ -308,7 +173,7 @@ class Ledger:
         job = Job(id=new_id(), name=name, created_at=self.clock.now())
         # Validate everything before writing anything: a bad line rejects the whole
         # job rather than leaving half of it queued.
-        hashes = await self._image_hashes(specs, in_job=True)
+        hashes = await self.intake.image_hashes(specs, in_job=True)
         tasks = []
         refs: dict[str, int] = {}
         for index, (spec, images) in enumerate(zip(specs, hashes, strict=True)):
@@ -320,12 +185,12 @@ class Ledger:
                     )
                 refs[spec.ref] = index
             try:
-                tasks.append(self._new_task(spec, job.id, images))
+                tasks.append(self.intake.new_task(spec, job.id, images))
             except InputError as exc:
                 raise InputError(f"tasks[{index}]: {exc}") from exc
-        if self.cache is not None:
-            found = await asyncio.to_thread(self._cache_lookups, tasks)
-            tasks = [self._completed(t, c) for t, c in zip(tasks, found, strict=True)]
+        if self.intake.cache is not None:
+            found = await asyncio.to_thread(self.intake.cache_lookups, tasks)
+            tasks = [self.intake.completed(t, c) for t, c in zip(tasks, found, strict=True)]
         stored = self.store.insert_tasks(tasks, job)
         for task in stored:
             self._announce(task, None)
@@ -352,6 +217,37 @@ class Ledger:
 
     def attempts(self, task: Task) -> list[Attempt]:
         return self.store.task_attempts(task.id)
+
+    def list_tasks(self, **filters: Any) -> list[Task]:
+        """Newest first, filtered and paged as `Store.list_tasks` documents."""
+        return self.store.list_tasks(**filters)
+
+    def list_jobs(self, **filters: Any) -> list[Job]:
+        """Newest first, filtered and paged as `Store.list_jobs` documents."""
+        return self.store.list_jobs(**filters)
+
+    def job_tasks(self, job: Job) -> list[Task]:
+        return self.store.job_tasks(job.id)
+
+    def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
+        return self.store.job_summaries([job.id for job in jobs])
+
+    def current(self, task_id: str) -> Task | None:
+        """The task as stored now (exact id), or None once it is gone."""
+        return self.store.get_task(task_id)
+
+    def stale_running(self, heartbeat_before: float) -> list[Task]:
+        return self.store.stale_running(heartbeat_before)
+
+    def queue_depth(self, task: Task) -> int:
+        """Pending tasks of its queue ahead of this one."""
+        return self.store.count_ahead(task.lane_group, task.seq)
+
+    def queued_counts(self) -> dict[str, int]:
+        return self.store.queued_counts()
+
+    def recent_durations(self, model: str, limit: int) -> list[float]:
+        return self.store.recent_durations(model, limit)
 
     def _resolve(self, what: str, prefix: str) -> str:
         if len(prefix) < MIN_ID_PREFIX:
@@ -470,10 +366,16 @@ class Ledger:
     def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
         return self._write(task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage})
 
-    def succeed(
+    async def succeed(
         self, task: Task, result: JSON, stage_durations: Mapping[str, float]
     ) -> Task | None:
-        return self._end_attempt(
+        """Write the result; then keep it in the cache for identical tasks.
+
+        The cache keeps what the task stored (secrets already masked).
+        Linking or copying its files is file work: a thread does it while
+        the loop serves every other lane.
+        """
+        done = self._end_attempt(
             task,
             State.SUCCESS,
             {
@@ -484,6 +386,12 @@ class Ledger:
             },
             what="result",
         )
+        cache = self.intake.cache
+        if cache is None or done is None or done.state is not State.SUCCESS:
+            return done
+        if not done.from_cache and done.result is not None:
+            await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, done.result)
+        return done
 
     def _end_attempt(
         self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
+from dispatcher.attempt import Canceled, Live, Outcome, Running, TaskLog, disk_full_error
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -32,11 +30,11 @@ from dispatcher.decisions import (
 from dispatcher.errors import (
     AccountHold,
     AuthError,
-    PermanentError,
     RunError,
     TaskCanceled,
     TransientError,
 )
+from dispatcher.events import Event
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
@@ -58,81 +56,6 @@ BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch fail
 # Error kinds that name the task, not the account: they never count.
 _TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
 
-SuccessHook = Callable[[Task, JSON], Awaitable[None] | None]
-
-
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | None:
-    """The attempt's failure as `disk_full` when a full disk is behind it, else None.
-
-    Looks through the chain of causes: a runner may have wrapped the OSError.
-    Permanent on purpose: the generation already ran (and may have been
-    paid for); another attempt would run it again only to meet the same
-    full disk. The operator frees space and retries the task.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
-            where = current.filename or result_dir
-            return PermanentError(
-                f"the results disk is full: cannot write the result under {where} "
-                f"({current.strerror}); free space there, then retry the task",
-                kind="disk_full",
-            )
-        current = current.__cause__ or current.__context__
-    return None
-
-
-class TaskLog(logging.LoggerAdapter[logging.Logger]):
-    """Prefixes a runner's log lines with lane, task and attempt."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        extra = self.extra or {}
-        kwargs.setdefault("extra", {}).update(extra)
-        return (
-            f"[{extra['lane']}] task {extra['task_id']} attempt {extra['attempt']}: {msg}",
-            kwargs,
-        )
-
-
-@dataclass
-class Live:
-    """Fast-changing progress kept in memory; only stage reaches the store, lazily."""
-
-    stage: Stage = Stage.DISPATCHED
-    progress: float | None = None
-    queue_position: int | None = None
-    stage_started: float = 0.0
-    durations: dict[str, float] = field(default_factory=dict)
-
-    def enter(self, stage: Stage, now: float) -> None:
-        if stage is not self.stage:
-            self.durations[self.stage.value] = (
-                self.durations.get(self.stage.value, 0.0) + now - self.stage_started
-            )
-            self.stage = stage
-            self.stage_started = now
-
-    def closed_durations(self, now: float) -> dict[str, float]:
-        closed = dict(self.durations)
-        closed[self.stage.value] = closed.get(self.stage.value, 0.0) + now - self.stage_started
-        return closed
-
-
-@dataclass
-class Running:
-    task: Task
-    lane: LaneSpec
-    ctx: RunContext
-    live: Live
-    job: asyncio.Task[None] | None = None
-    interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
-    started_monotonic: float = 0.0  # the context's last beat when the run began
-
 
 def polls(profile: Profile) -> bool:
     """Only async jobs are polled; only they need a run history by shape."""
@@ -150,7 +73,6 @@ class Scheduler:
         accounts: AccountBook,
         profiles: Mapping[str, Profile],
         results_dir: Path,
-        on_success: SuccessHook | None = None,
         failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
     ) -> None:
@@ -161,7 +83,6 @@ class Scheduler:
         self.accounts = accounts
         self.profiles = profiles
         self.results_dir = results_dir
-        self.on_success = on_success
         self.running: dict[str, Running] = {}
         self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
         self._wake = asyncio.Event()
@@ -180,6 +101,8 @@ class Scheduler:
         self.effective_concurrency = effective_concurrency
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # Handlers only call the ledger; what it announces tells us what to do.
+        ledger.events.listen(self._on_event)
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -247,6 +170,7 @@ class Scheduler:
         self.lanes = dict(lanes)
         for name in self.lanes:
             self._lane_running.setdefault(name, set())
+        self.wake()
 
     # -- the round ---------------------------------------------------------------
     def round(self) -> None:
@@ -301,7 +225,7 @@ class Scheduler:
 
     def _reclaim_stale(self) -> None:
         now = self.clock.now()
-        stale = self.ledger.store.stale_running(now - self.stale_s)
+        stale = self.ledger.stale_running(now - self.stale_s)
         if not stale:
             return
         plans = plan_reclaims(
@@ -354,7 +278,6 @@ class Scheduler:
         profile = self.profiles[task.model]
         now = self.clock.now()
         live = Live(stage=task.stage or Stage.DISPATCHED, stage_started=now)
-        holder: dict[str, Task] = {"task": task}
 
         async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
             live.enter(stage, self.clock.now())
@@ -362,8 +285,9 @@ class Scheduler:
             live.queue_position = queue
 
         async def record_remote_id(remote_id: str) -> None:
-            holder["task"] = self.ledger.record_remote_id(holder["task"], remote_id)
-            running.task = holder["task"]
+            # Registered below, before the run starts; the run reports through it.
+            current = self.running[task.id]
+            current.task = self.ledger.record_remote_id(current.task, remote_id)
 
         adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
@@ -415,7 +339,7 @@ class Scheduler:
                     if idle is not None:
                         idle.set()
             if outcome is not None:
-                await self._finish(running, *outcome)
+                await self._finish(running, outcome)
         finally:
             # Once the outcome is on record, so that a lane's runs never
             # appear to overlap (a web account runs one at a time).
@@ -433,32 +357,31 @@ class Scheduler:
             log.exception("%s: starting the next task failed; the next round retries", lane.name)
             self.wake()
 
-    async def _run_one(
-        self, running: Running, runner: Runner
-    ) -> tuple[str, RunResult | BaseException] | None:
+    async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
+        """How the run ended; None when we interrupted it (reclaim or shutdown)."""
         try:
             result = await runner.run(running.task, running.ctx)
         except asyncio.CancelledError:
             self._after_interrupt(running)
             # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
             return None
-        except TaskCanceled as exc:
-            return ("canceled", exc)
+        except TaskCanceled:
+            return Canceled()
         except RunError as exc:
-            return ("failed", disk_full_error(exc, running.ctx.result_dir) or exc)
+            return disk_full_error(exc, running.ctx.result_dir) or exc
         except Exception as exc:
             full = disk_full_error(exc, running.ctx.result_dir)
             if full is not None:
                 running.ctx.log.error("%s", full)
-                return ("failed", full)
+                return full
             running.ctx.log.exception("%s runner crashed", running.lane.name)
-            return ("failed", TransientError(f"runner crashed: {exc!r}", kind="internal"))
-        return ("success", result)
+            return TransientError(f"runner crashed: {exc!r}", kind="internal")
+        return result
 
     def _after_interrupt(self, running: Running) -> None:
         if running.interrupted != "shutdown":
             return
-        task = self.ledger.store.get_task(running.task.id)
+        task = self.ledger.current(running.task.id)
         if task is None or task.state is not State.RUNNING:
             return
         if task.kind is Kind.API and task.remote_id:
@@ -472,37 +395,37 @@ class Scheduler:
             return
         self.ledger.requeue(task, "service shut down before it finished")
 
-    async def _finish(self, running: Running, what: str, payload: Any) -> None:
+    async def _finish(self, running: Running, outcome: Outcome) -> None:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
-        if what == "success":
-            self._streaks.pop(running.lane.account, None)
-            result = payload.to_json()
-            done = self.ledger.succeed(task, result, durations)
-            if done is not None and done.state is State.SUCCESS and done.started_at:
-                run_s = (done.finished_at or self.clock.now()) - done.started_at
-                self.recent_durations(done.model).appendleft(run_s)
-                if polls(running.ctx.profile):
-                    self.run_history.record(done.model, done.params, run_s / self.clock.time_scale)
-            if done is not None and done.state is State.SUCCESS and self.on_success:
-                maybe = self.on_success(done, result)
-                if maybe is not None:
-                    await maybe
-        elif what == "canceled":
-            self.ledger.mark_canceled(task, durations)
-        else:
-            error: RunError = payload
-            if self._hold(running, error, durations):
-                return
-            if error.kind == "stalled":
-                self.stalled_reclaims += 1
-            ended = self.ledger.fail(task, error, durations)
-            if ended is not None and ended.state is State.CANCELED:
-                return  # a cancel was asked for while it ran: that outcome wins
-            if running.lane.kind is Kind.WEB:
-                # Only web accounts: a provider's bad spell (5xx, timeouts)
-                # passes by itself, and retries already space out its tasks.
-                self._count_failure(running.lane.account, error)
+        match outcome:
+            case RunResult():
+                self._streaks.pop(running.lane.account, None)
+                done = await self.ledger.succeed(task, outcome.to_json(), durations)
+                if done is not None and done.state is State.SUCCESS and done.started_at:
+                    run_s = (done.finished_at or self.clock.now()) - done.started_at
+                    self.recent_durations(done.model).appendleft(run_s)
+                    if polls(running.ctx.profile):
+                        self.run_history.record(
+                            done.model, done.params, run_s / self.clock.time_scale
+                        )
+            case Canceled():
+                self.ledger.mark_canceled(task, durations)
+            case RunError():
+                self._failed(running, outcome, durations)
+
+    def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
+        if self._hold(running, error, durations):
+            return
+        if error.kind == "stalled":
+            self.stalled_reclaims += 1
+        ended = self.ledger.fail(running.task, error, durations)
+        if ended is not None and ended.state is State.CANCELED:
+            return  # a cancel was asked for while it ran: that outcome wins
+        if running.lane.kind is Kind.WEB:
+            # Only web accounts: a provider's bad spell (5xx, timeouts)
+            # passes by itself, and retries already space out its tasks.
+            self._count_failure(running.lane.account, error)
 
     def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
         """The account, not the task, failed: the task goes back to pending on
@@ -525,7 +448,7 @@ class Scheduler:
         else:
             return False
         self._streaks.pop(account, None)
-        stored = self.ledger.store.get_task(running.task.id)
+        stored = self.ledger.current(running.task.id)
         if stored is not None and stored.cancel_requested:
             # Asked to cancel while it ran: that outcome wins over waiting.
             self.ledger.mark_canceled(running.task, durations)
@@ -562,11 +485,20 @@ class Scheduler:
                     running.task = updated
             await asyncio.sleep(self.heartbeat_s)
 
-    # -- operator hooks --------------------------------------------------------------
-    def notify_cancel(self, task_id: str) -> None:
-        running = self.running.get(task_id)
-        if running is not None:
-            running.ctx.cancel_event.set()
+    # -- what the scheduler hears ---------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        """A task became pending or an account changed: a round may start
+        work. A cancel was asked for a running task: its runner is told."""
+        if event.get("type") == "account":
+            self.wake()
+        elif event.get("type") == "task":
+            task = event["task"]
+            if task["state"] == State.PENDING.value:
+                self.wake()
+            elif task["state"] == State.RUNNING.value and task["cancel_requested"]:
+                running = self.running.get(task["id"])
+                if running is not None:
+                    running.ctx.cancel_event.set()
 
     def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer."""
@@ -580,7 +512,7 @@ class Scheduler:
         }
         durations = list(self.recent_durations(task.model))
         if task.state is State.PENDING:
-            ahead = self.ledger.store.count_ahead(task.lane_group, task.seq)
+            ahead = self.ledger.queue_depth(task)
             concurrency = sum(
                 lane.concurrency
                 for lane in self.lanes.values()
@@ -605,12 +537,12 @@ class Scheduler:
     def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:
             self._durations[model] = deque(
-                self.ledger.store.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
+                self.ledger.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
             )
         return self._durations[model]
 
     def lanes_view(self) -> list[JSON]:
-        queued = self.ledger.store.queued_counts()
+        queued = self.ledger.queued_counts()
         view = []
         for lane in self.lanes.values():
             account = self.accounts.get(lane.account)

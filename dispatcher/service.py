@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import secrets
-import shutil
 import signal
 import stat
 from collections.abc import Mapping
@@ -26,7 +23,7 @@ from pydantic import ValidationError
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
-from dispatcher.decisions import EXPIRE_AFTER_S, RecoveryAction, plan_reclaims, plan_recovery
+from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus
 from dispatcher.fingerprint import LocalFiles
@@ -36,8 +33,9 @@ from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics
-from dispatcher.models import JSON, Kind, State, Task
+from dispatcher.models import JSON, Kind, State
 from dispatcher.profiles import Profile, ProfileProblem, read_profiles
+from dispatcher.recovery import recover
 from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes, plan_reload
 from dispatcher.roster import Roster
 from dispatcher.runner import Runner
@@ -54,9 +52,7 @@ log = logging.getLogger("dispatcher.service")
 
 PORT_FILE = "port"
 TOKEN_FILE = "token"
-DEMO_FILE = "demo.json"
 LOCK_FILE = "service.lock"
-DEMO_API_KEY_ENV = "DEMO_API_KEY"
 
 
 def read_state_file(state_dir: Path, name: str) -> str | None:
@@ -171,41 +167,6 @@ class Service:
                 "stop it first (or use another DISPATCHER_STATE_DIR)"
             ) from exc
 
-    async def _start_demo(self) -> dict[str, str]:
-        from demo.api_provider import start_demo_api
-        from demo.comfyui import start_demo_comfy
-        from demo.web_model import start_demo_web
-
-        api = await start_demo_api(time_scale=self.settings.time_scale)
-        self.demo_servers.append(api)
-        urls = {"DEMO_API_URL": api.url}
-        web = await start_demo_web(time_scale=self.settings.time_scale)
-        self.demo_servers.append(web)
-        urls["DEMO_WEB_URL"] = web.url
-        comfy = await start_demo_comfy(time_scale=self.settings.time_scale)
-        self.demo_servers.append(comfy)
-        urls["DEMO_COMFY_URL"] = comfy.url
-        if not os.environ.get(DEMO_API_KEY_ENV):
-            os.environ[DEMO_API_KEY_ENV] = "demo-" + secrets.token_hex(12)
-        redact(os.environ[DEMO_API_KEY_ENV])
-        (self.state_dir / DEMO_FILE).write_text(json.dumps(urls, indent=2) + "\n")
-        await asyncio.to_thread(self._place_demo_inputs)
-        return urls
-
-    def _place_demo_inputs(self) -> None:
-        """The sample batch's reference images, where tasks may read them (the
-        first input dir); a file the operator put there is never replaced."""
-        from demo import INPUTS_DIR
-
-        dirs = self.settings.resolved_input_dirs
-        if not dirs:
-            return
-        dirs[0].mkdir(parents=True, exist_ok=True)
-        for source in INPUTS_DIR.glob("*.png"):
-            target = dirs[0] / source.name
-            if not target.exists():
-                shutil.copyfile(source, target)
-
     def _make_runners(self, kinds: set[Kind], concurrency: dict[str, int]) -> None:
         if Kind.API in kinds:
             from apirunner.runner import ApiRunner
@@ -257,7 +218,14 @@ class Service:
         settings = self.settings
         self.lag_probe.start()
         if settings.demo:
-            self.demo_urls = await self._start_demo()
+            from demo.bootstrap import start_demos
+
+            self.demo_urls = await start_demos(
+                self.demo_servers,
+                time_scale=settings.time_scale,
+                state_dir=self.state_dir,
+                input_dirs=settings.resolved_input_dirs,
+            )
         found = read_profiles(settings.profiles_dir, self.demo_urls)
         self.profiles = found.profiles
         self.profile_problems = found.problems
@@ -316,8 +284,10 @@ class Service:
         for lane in lanes.values():
             if web is not None and lane.kind is Kind.WEB:
                 web.add_account(lane.account)  # one added at run time (the rest are held)
-        if settings.demo and Kind.WEB in self.runners:
-            await self._login_demo_accounts()
+        if settings.demo and web is not None:
+            from demo.bootstrap import log_in_demo_accounts
+
+            await log_in_demo_accounts(web, self.demo_urls["DEMO_WEB_URL"])
         self.scheduler = Scheduler(
             ledger=self.ledger,
             clock=self.clock,
@@ -326,7 +296,6 @@ class Service:
             accounts=self.accounts,
             profiles=self.profiles,
             results_dir=self.state_dir / "results",
-            on_success=self._remember_result,
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
         )
@@ -378,60 +347,17 @@ class Service:
         lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
-        self.scheduler.wake()
-
-    async def _login_demo_accounts(self) -> None:
-        """The demo site wants a login once per account; a real site's profile has one."""
-        from demo.web_model import login_demo_accounts
-        from webrunner.runner import WebRunner
-
-        runner = self.runners[Kind.WEB]
-        assert isinstance(runner, WebRunner)
-        logged_in = await login_demo_accounts(runner, self.demo_urls["DEMO_WEB_URL"])
-        if any(logged_in.values()):
-            log.info(
-                "demo accounts logged in: %s", ", ".join(a for a, new in logged_in.items() if new)
-            )
-
-    async def _remember_result(self, task: Task, result: JSON) -> None:
-        # Linking or copying a video into the cache is file work: a thread
-        # does it while the loop serves every other lane.
-        if not task.from_cache:
-            await asyncio.to_thread(self.cache.store_result, task.fingerprint, task.model, result)
 
     def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""
-        now = self.clock.now()
-        summary = {action.value: 0 for action in RecoveryAction}
-        for task in self.store.tasks_in_state(State.RUNNING):
-            if task.model not in self.profiles:
-                continue
-            action = plan_recovery(task, now=now, expire_after_s=self.clock.scaled(EXPIRE_AFTER_S))
-            summary[action.value] += 1
-            if action is RecoveryAction.EXPIRE:
-                self.ledger.expire(task)
-            elif action is RecoveryAction.REQUEUE:
-                self.ledger.requeue(task, "recovered at start-up: never reached the provider")
-            elif action is RecoveryAction.STALE:
-                (plan,) = plan_reclaims(
-                    [task],
-                    now=now,
-                    stale_after_s=-1.0,
-                    retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
-                )
-                self.ledger.reclaim(task, plan)
-            elif not self.scheduler.adopt(task):
-                # Its provider no longer serves the model: the job it holds
-                # there is out of reach, and no other provider may poll it.
-                why = f"recovered at start-up: its lane api:{task.account} is gone"
-                self.ledger.requeue(task, why, forget_remote=True)
-        self.recovery_summary = summary
-        log.info(
-            "start-up reconciliation: %d resumed polling, %d re-queued, %d web stale, %d expired",
-            summary["resume"],
-            summary["requeue"],
-            summary["stale"],
-            summary["expire"],
+        self.recovery_summary = recover(
+            self.store.tasks_in_state(State.RUNNING),
+            ledger=self.ledger,
+            models=self.profiles.keys(),
+            adopt=self.scheduler.adopt,
+            now=self.clock.now(),
+            expire_after_s=self.clock.scaled(EXPIRE_AFTER_S),
+            retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
         )
 
     def _live_numbers(self) -> dict[str, Any]:

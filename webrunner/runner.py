@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -351,109 +352,120 @@ class WebRunner:
     async def _run_in_browser(
         self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
     ) -> RunResult:
-        spec = ctx.profile.web
-        assert spec is not None
-        t0 = time.monotonic()
-        session: BrowserSession | None = None
-        driver: PageDriver | None = None
-        result: RunResult | None = None
-        keep = False
-        tracing = False
+        run = _BrowserRun(account)
         try:
-            session, reused = await self._session_for(ctx, account)
-            tracing = spec.trace and await evidence.start_trace(session.context, ctx.log)
-            page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
-            try:
-                driver = await self._open_page(ctx, session, spec, page_budget)
-            except TransientError as exc:
-                if not reused or exc.kind not in ("browser", "page_load"):
-                    raise
-                # The kept browser died or broke while idle: nothing was sent
-                # yet, so a fresh browser is the same attempt, not a retry.
-                ctx.log.warning(
-                    "kept browser pid %d failed (%s); starting a new one", session.pid, exc
-                )
-                await self._kill(account, session)
-                session, reused = await self._session_for(ctx, account)
-                driver = await self._open_page(ctx, session, spec, page_budget)
-            t_ready = time.monotonic()
-            ctx.check_canceled()
-            driver.budget = self._generation_budget(spec)
-            before = await driver.submit(message, images)
-            await ctx.set_stage(Stage.GENERATING)
-            text = await driver.wait_answer(before)
-            t_answer = time.monotonic()
-            driver.budget = self._generation_budget(spec)
-            files = await driver.download_media(
-                await driver.media_sources(),
-                ctx.result_dir,
-                allowlist=self.allowlist,
-                max_bytes=spec.max_download_bytes or self._settings.max_download_bytes,
-            )
-            timings = {
-                **({} if reused else session.timings_ms),
-                "ready": (t_ready - t0) * 1000,
-                "generation": (t_answer - t_ready) * 1000,
-            }
-            result = RunResult(
-                text=text,
-                files=files,
-                meta={
-                    "account": account,
-                    "browser_pid": session.pid,
-                    "browser_reused": reused,
-                    "timings_ms": {k: round(v, 1) for k, v in timings.items()},
-                    "selfcheck": None
-                    if reused or session.selfcheck.clean
-                    else session.selfcheck.to_json(),
-                },
-            )
-            if tracing:
-                await evidence.drop_trace(session.context)
-            keep = self._keeper.keep(account, session, driver.page, spec.url)
-            return result
+            result = await self._generate(ctx, run, message, images)
         except TaskCanceled:
-            clicked = await driver.click_stop() if driver is not None else False
-            await self._keep_evidence(ctx, session, driver, tracing)
+            clicked = await run.driver.click_stop() if run.driver is not None else False
+            await self._keep_evidence(ctx, run.session, run.driver, run.tracing)
             ctx.log.info(
                 "canceled%s; closing the browser",
                 " after clicking stop" if clicked else "",
             )
             raise
         except asyncio.CancelledError:
-            # The core reclaimed the task (stale) or is shutting down. Kill
-            # first, synchronously: the page may be frozen, and the account's
-            # slot is freed only once this coroutine has finished.
-            if session is not None:
-                if ctx.interrupted == "reclaimed":
-                    await self._keep_evidence(ctx, session, driver, tracing)
-                await self._kill(account, session)
-                ctx.log.warning(
-                    "run interrupted; browser pid %d killed%s",
-                    session.pid,
-                    f" (survivors: {session.survivors})" if session.survivors else "",
-                )
+            await self._interrupted(ctx, run)
             raise
         except RunError as exc:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
-            await self._keep_evidence(ctx, session, driver, tracing)
-            if exc.kind == "stalled" and session is not None:
+            await self._keep_evidence(ctx, run.session, run.driver, run.tracing)
+            if exc.kind == "stalled" and run.session is not None:
                 # A stuck renderer may not close politely: kill, confirm dead.
-                await self._kill(account, session)
+                await self._kill(account, run.session)
             raise
         finally:
-            if session is not None and not session.closed and not keep:
+            if run.session is not None and not run.session.closed and not run.kept:
                 # Not kept: after a failure or a cancel its state is suspect;
                 # after a success, keep-alive is off or the account was released.
                 await self._keeper.forget(account)
-                await self._close(session, ctx.log)
-            if result is not None:
-                timings_ms = result.meta["timings_ms"]
-                close_ms = 0.0 if keep or session is None else session.timings_ms.get("close", 0.0)
-                timings_ms["close"] = round(close_ms, 1)
-                # What this task paid beyond the generation: browser start (unless
-                # reused) and page load before the prompt, close after the answer.
-                timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+                await self._close(run.session, ctx.log)
+        _add_close_timings(result, run)
+        return result
+
+    async def _generate(
+        self, ctx: RunContext, run: _BrowserRun, message: str, images: Sequence[Prepared]
+    ) -> RunResult:
+        """Browser, page, prompt, answer, media: the attempt's happy path."""
+        spec = ctx.profile.web
+        assert spec is not None
+        t0 = time.monotonic()
+        driver = await self._ready_page(ctx, run, spec)
+        t_ready = time.monotonic()
+        ctx.check_canceled()
+        driver.budget = self._generation_budget(spec)
+        before = await driver.submit(message, images)
+        await ctx.set_stage(Stage.GENERATING)
+        text = await driver.wait_answer(before)
+        t_answer = time.monotonic()
+        driver.budget = self._generation_budget(spec)
+        files = await driver.download_media(
+            await driver.media_sources(),
+            ctx.result_dir,
+            allowlist=self.allowlist,
+            max_bytes=spec.max_download_bytes or self._settings.max_download_bytes,
+        )
+        session = run.session
+        assert session is not None
+        timings = {
+            **({} if run.reused else session.timings_ms),
+            "ready": (t_ready - t0) * 1000,
+            "generation": (t_answer - t_ready) * 1000,
+        }
+        result = RunResult(
+            text=text,
+            files=files,
+            meta={
+                "account": run.account,
+                "browser_pid": session.pid,
+                "browser_reused": run.reused,
+                "timings_ms": {k: round(v, 1) for k, v in timings.items()},
+                "selfcheck": None
+                if run.reused or session.selfcheck.clean
+                else session.selfcheck.to_json(),
+            },
+        )
+        if run.tracing:
+            await evidence.drop_trace(session.context)
+        run.kept = self._keeper.keep(run.account, session, driver.page, spec.url)
+        return result
+
+    async def _ready_page(self, ctx: RunContext, run: _BrowserRun, spec: WebSpec) -> PageDriver:
+        """The account's browser (kept or new) with the model's page ready for a prompt."""
+        run.session, run.reused = await self._session_for(ctx, run.account)
+        run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
+        page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
+        try:
+            run.driver = await self._open_page(ctx, run.session, spec, page_budget)
+        except TransientError as exc:
+            if not run.reused or exc.kind not in ("browser", "page_load"):
+                raise
+            # The kept browser died or broke while idle: nothing was sent
+            # yet, so a fresh browser is the same attempt, not a retry.
+            ctx.log.warning(
+                "kept browser pid %d failed (%s); starting a new one", run.session.pid, exc
+            )
+            await self._kill(run.account, run.session)
+            run.session, run.reused = await self._session_for(ctx, run.account)
+            run.driver = await self._open_page(ctx, run.session, spec, page_budget)
+        return run.driver
+
+    async def _interrupted(self, ctx: RunContext, run: _BrowserRun) -> None:
+        """The core reclaimed the task (stale) or is shutting down.
+
+        Kill first, synchronously: the page may be frozen, and the account's
+        slot is freed only once this coroutine has finished.
+        """
+        session = run.session
+        if session is None:
+            return
+        if ctx.interrupted == "reclaimed":
+            await self._keep_evidence(ctx, session, run.driver, run.tracing)
+        await self._kill(run.account, session)
+        ctx.log.warning(
+            "run interrupted; browser pid %d killed%s",
+            session.pid,
+            f" (survivors: {session.survivors})" if session.survivors else "",
+        )
 
     async def _keep_evidence(
         self,
@@ -509,3 +521,25 @@ class WebRunner:
 
     def __repr__(self) -> str:
         return f"WebRunner(accounts={list(self.accounts)}, started={self._playwright is not None})"
+
+
+@dataclass
+class _BrowserRun:
+    """What one attempt holds in the browser, for its failure and clean-up paths."""
+
+    account: str
+    session: BrowserSession | None = None
+    reused: bool = False
+    driver: PageDriver | None = None
+    tracing: bool = False
+    kept: bool = False  # handed to the keeper for the account's next task
+
+
+def _add_close_timings(result: RunResult, run: _BrowserRun) -> None:
+    """What this task paid beyond the generation: browser start (unless
+    reused) and page load before the prompt, close after the answer."""
+    timings_ms = result.meta["timings_ms"]
+    session = run.session
+    close_ms = 0.0 if run.kept or session is None else session.timings_ms.get("close", 0.0)
+    timings_ms["close"] = round(close_ms, 1)
+    timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)

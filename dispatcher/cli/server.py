@@ -26,7 +26,7 @@ from dispatcher.cli.tasks import create_job
 from dispatcher.client import Client
 from dispatcher.errors import ConfigError, DispatcherError
 
-# What `--demo` provides to the bundled profiles (see Service._start_demo).
+# What `--demo` provides to the bundled profiles (see demo/bootstrap.py start_demos).
 DEMO_VARIABLES = ("DEMO_API_URL", "DEMO_WEB_URL", "DEMO_COMFY_URL")
 
 BATCH_SAMPLE = Path(__file__).resolve().parents[2] / "demo" / "sample-batch.jsonl"

@@ -163,12 +163,12 @@ class Api:
         job = self.service.ledger.get_job(job_id)
         answer = self.job_answers([job])[0]
         if with_tasks:
-            tasks = self.service.ledger.store.job_tasks(job.id)
+            tasks = self.service.ledger.job_tasks(job)
             answer["tasks"] = [self.task_answer(t) for t in tasks]
         return answer
 
     def job_answers(self, jobs: list[Job]) -> list[JSON]:
-        summaries = self.service.ledger.store.job_summaries([job.id for job in jobs])
+        summaries = self.service.ledger.job_summaries(jobs)
         now = self.service.clock.now()
         answers = []
         for job in jobs:
@@ -194,7 +194,6 @@ class Api:
     async def create_task(self, request: Request) -> Response:
         spec = parse_spec(await _json_body(request))
         submitted = await self.service.ledger.submit(spec)
-        self.service.scheduler.wake()
         status = 200 if submitted.deduped else 201
         return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
 
@@ -203,7 +202,7 @@ class Api:
         ledger = self.service.ledger
         limit = _limit(request, 50)
         job = request.query_params.get("job")
-        tasks = ledger.store.list_tasks(
+        tasks = ledger.list_tasks(
             states=_states(request, State),
             model=request.query_params.get("model") or None,
             job_id=ledger.get_job(job).id if job else None,
@@ -220,12 +219,10 @@ class Api:
 
     async def cancel_task(self, request: Request) -> Response:
         task = self.service.ledger.request_cancel(request.path_params["id"])
-        self.service.scheduler.notify_cancel(task.id)
         return JSONResponse(self.task_answer(task))
 
     async def retry_task(self, request: Request) -> Response:
         task = self.service.ledger.retry(request.path_params["id"])
-        self.service.scheduler.wake()
         return JSONResponse(self.task_answer(task))
 
     async def task_result(self, request: Request) -> Response:
@@ -263,13 +260,12 @@ class Api:
     async def create_job(self, request: Request) -> Response:
         name, specs = parse_job(await _json_body(request))
         job, _ = await self.service.ledger.create_job(name, specs)
-        self.service.scheduler.wake()
         return JSONResponse(self.job_answer(job.id), status_code=201)
 
     async def list_jobs(self, request: Request) -> Response:
         """Jobs newest first, without their tasks, one page at a time."""
         limit = _limit(request, 50)
-        jobs = self.service.ledger.store.list_jobs(
+        jobs = self.service.ledger.list_jobs(
             states=_states(request, JobState),
             text=_text(request, "q"),
             before_seq=_cursor(request),
@@ -281,14 +277,11 @@ class Api:
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     async def cancel_job(self, request: Request) -> Response:
-        changed = self.service.ledger.cancel_job(request.path_params["id"])
-        for task in changed:
-            self.service.scheduler.notify_cancel(task.id)
+        self.service.ledger.cancel_job(request.path_params["id"])
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     async def retry_job(self, request: Request) -> Response:
         self.service.ledger.retry_job(request.path_params["id"])
-        self.service.scheduler.wake()
         return JSONResponse(self.job_answer(request.path_params["id"]))
 
     # -- lanes and accounts ------------------------------------------------------
@@ -349,7 +342,6 @@ class Api:
 
     async def enable_account(self, request: Request) -> Response:
         account = self.service.accounts.enable(request.path_params["name"])
-        self.service.scheduler.wake()
         return JSONResponse(self.service.accounts.view(account))
 
     # -- live and meta -------------------------------------------------------------

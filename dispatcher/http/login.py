@@ -109,22 +109,18 @@ class LoginRoutes:
         ledger = self.service.ledger
         retried = []
         for model in models:
-            for task in ledger.store.list_tasks(
-                states=[State.FAILED], model=model, limit=REQUEUE_SCAN
-            ):
+            for task in ledger.list_tasks(states=[State.FAILED], model=model, limit=REQUEUE_SCAN):
                 if task.error is not None and task.error.kind == "auth":
                     retried.append(ledger.retry(task.id).id)
         if retried:
             log.info(
                 "[web:%s] %d task(s) that met a logout back in the queue", account, len(retried)
             )
-            self.service.scheduler.wake()
         return retried
 
     def _comes_back(self, account: str) -> dict[str, object]:
         enabled = self.service.accounts.enable(account)
         retried = self.requeue_auth_failed(account)
-        self.service.scheduler.wake()
         return {"logged_in": True, "account": enabled.to_json(), "requeued": retried}
 
     # -- handlers ---------------------------------------------------------------

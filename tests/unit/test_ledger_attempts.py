@@ -56,7 +56,7 @@ def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
     ledger.reclaim(running, plan)
     running = _claimed(ledger)
     ledger.heartbeat(running, None)  # not an end: no row
-    ledger.succeed(running, {"text": "done"}, {"generating": 2.0})
+    asyncio.run(ledger.succeed(running, {"text": "done"}, {"generating": 2.0}))
 
     rows = ledger.attempts(ledger.get(first.id))
     assert [(r.attempt, r.outcome) for r in rows] == [

@@ -37,7 +37,7 @@ def _running_with_cancel_asked(ledger: Ledger) -> Task:
 
 def test_a_result_after_cancel_is_dropped(ledger: Ledger) -> None:
     task = _running_with_cancel_asked(ledger)
-    ended = ledger.succeed(task, {"text": "too late"}, {"generating": 1.0})
+    ended = asyncio.run(ledger.succeed(task, {"text": "too late"}, {"generating": 1.0}))
     assert ended is not None and ended.state is State.CANCELED and ended.result is None
 
 

@@ -63,7 +63,7 @@ def test_result_meta_is_scrubbed_and_generated_text_keeps_its_shape(ledger: Ledg
         "files": [],
         "meta": {"status": {"echo": f"Authorization: Bearer {SECRET}", "n": [1, SECRET]}},
     }
-    ended = ledger.succeed(task, result, {})
+    ended = asyncio.run(ledger.succeed(task, result, {}))
     assert ended is not None and ended.result is not None
     assert SECRET not in repr(ended.result) and SECRET not in repr(ledger.get(task.id).result)
     # Only the registered secret left the generated text; its code-like shape stays.

@@ -84,7 +84,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def finish(self, index: int) -> None:
         snap = self._running_snapshot(index)
         if snap is not None:  # may be late: the store's CAS must drop it
-            self.ledger.succeed(snap, {"text": "ok"}, {})
+            asyncio.run(self.ledger.succeed(snap, {"text": "ok"}, {}))
 
     @rule(index=st.integers(min_value=0, max_value=50), retryable=st.booleans())
     def fail(self, index: int, retryable: bool) -> None:

@@ -1,0 +1,102 @@
+"""One running attempt as the scheduler holds it in memory, and its helpers.
+
+`Running` ties a claimed task to its lane, run context and live progress;
+`Live` keeps the fast-changing stage and progress (only the stage reaches
+the store, lazily); `TaskLog` tags a runner's lines with lane, task and
+attempt; `disk_full_error` names a full results disk behind a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dispatcher.errors import PermanentError, RunError
+from dispatcher.lanes import LaneSpec
+from dispatcher.models import Stage, Task
+from dispatcher.runner import RunContext, RunResult
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | None:
+    """The attempt's failure as `disk_full` when a full disk is behind it, else None.
+
+    Looks through the chain of causes: a runner may have wrapped the OSError.
+    Permanent on purpose: the generation already ran (and may have been
+    paid for); another attempt would run it again only to meet the same
+    full disk. The operator frees space and retries the task.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            where = current.filename or result_dir
+            return PermanentError(
+                f"the results disk is full: cannot write the result under {where} "
+                f"({current.strerror}); free space there, then retry the task",
+                kind="disk_full",
+            )
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class TaskLog(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes a runner's log lines with lane, task and attempt."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return (
+            f"[{extra['lane']}] task {extra['task_id']} attempt {extra['attempt']}: {msg}",
+            kwargs,
+        )
+
+
+@dataclass
+class Live:
+    """Fast-changing progress kept in memory; only stage reaches the store, lazily."""
+
+    stage: Stage = Stage.DISPATCHED
+    progress: float | None = None
+    queue_position: int | None = None
+    stage_started: float = 0.0
+    durations: dict[str, float] = field(default_factory=dict)
+
+    def enter(self, stage: Stage, now: float) -> None:
+        if stage is not self.stage:
+            self.durations[self.stage.value] = (
+                self.durations.get(self.stage.value, 0.0) + now - self.stage_started
+            )
+            self.stage = stage
+            self.stage_started = now
+
+    def closed_durations(self, now: float) -> dict[str, float]:
+        closed = dict(self.durations)
+        closed[self.stage.value] = closed.get(self.stage.value, 0.0) + now - self.stage_started
+        return closed
+
+
+@dataclass
+class Running:
+    task: Task
+    lane: LaneSpec
+    ctx: RunContext
+    live: Live
+    job: asyncio.Task[None] | None = None
+    interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
+    started_monotonic: float = 0.0  # the context's last beat when the run began
+
+
+@dataclass(frozen=True)
+class Canceled:
+    """The runner stopped at a checkpoint after a cancel was asked for."""
+
+
+# How one run ended, as the scheduler records it.
+Outcome = RunResult | RunError | Canceled

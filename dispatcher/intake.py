@@ -1,0 +1,196 @@
+"""Task intake: from a spec to the task row that would be stored.
+
+The model's profile (or a clear refusal), reference image hashes (read in a
+worker thread), the fingerprint, ComfyUI's params and seed, an earlier
+identical result from the cache, a twin inside the de-duplication window.
+Nothing here writes a task: the ledger decides and writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from dispatcher.clock import Clock
+from dispatcher.decisions import DEDUP_WINDOW_S
+from dispatcher.errors import InputError
+from dispatcher.fingerprint import (
+    IMAGE_PARAMS,
+    PROMPT_FIELDS,
+    LocalFiles,
+    fingerprint,
+    graph_fingerprint,
+    has_references,
+    image_hash,
+    normalize_prompt,
+    reference_hashes,
+)
+from dispatcher.models import JSON, State, Task, new_id
+from dispatcher.profiles import Profile
+from dispatcher.store import Store
+from dispatcher.taskspec import TaskSpec
+from dispatcher.workflow import check_params, fill, with_seed
+
+
+class ResultStore(Protocol):
+    """The result cache as the ledger uses it (`dispatcher.cache.ResultCache`)."""
+
+    def lookup(self, fingerprint: str, *, copy_to: Path | None = None) -> JSON | None: ...
+
+    def store_result(self, fingerprint: str, model: str, result: JSON) -> None: ...
+
+
+def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
+    """A ComfyUI task's stored params and fingerprint.
+
+    Unknown parameters are refused here, at submit, with the known ones
+    listed. The fingerprint covers the workflow filled in with what was
+    asked (prompts normalised), *before* a missing seed is drawn: two
+    identical shots that left the seed open are the same request and
+    de-duplicate. The drawn seed is then stored in the params, so every
+    attempt and every retry renders the same image.
+    """
+    api = profile.api
+    assert api is not None
+    check_params(params, api.inputs, api.images)
+    asked = {
+        name: normalize_prompt(value) if name in PROMPT_FIELDS and isinstance(value, str) else value
+        for name, value in params.items()
+    }
+    graph = fill(api.graph, api.inputs, asked)
+    images = {name: image_hashes[name] for name in api.images if name in image_hashes}
+    task_fingerprint = graph_fingerprint(profile.name, graph, images)
+    return with_seed(params, api.inputs, _SEEDS), task_fingerprint
+
+
+# Seeds only need to differ between tasks, not to be secret.
+_SEEDS = random.Random()
+
+
+@dataclass
+class Intake:
+    """Builds tasks from specs for the ledger; counts cache hits."""
+
+    store: Store
+    clock: Clock
+    profiles: Mapping[str, Profile]
+    cache: ResultStore | None = None
+    results_dir: Path | None = None
+    reference_files: LocalFiles | None = None
+    cache_hits: int = 0
+    # Models whose profile is broken (or not applied live): why, for a clear refusal.
+    invalid_models: dict[str, str] = field(default_factory=dict)
+
+    def profile(self, model: str) -> Profile:
+        profile = self.profiles.get(model)
+        if profile is None and model in self.invalid_models:
+            raise InputError(f"model {model!r} is not loaded: {self.invalid_models[model]}")
+        if profile is None:
+            known = ", ".join(sorted(self.profiles)) or "none loaded"
+            raise InputError(f"unknown model {model!r}; known models: {known}")
+        return profile
+
+    def new_task(self, spec: TaskSpec, job_id: str | None, images: JSON | None) -> Task:
+        profile = self.profile(spec.model)
+        now = self.clock.now()
+        params = spec.params
+        if profile.api is not None and profile.api.style == "comfyui":
+            params, task_fingerprint = comfyui_params(profile, spec.params, images or {})
+        else:
+            fields = profile.fingerprint_fields
+            task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
+        return Task(
+            id=new_id(),
+            job_id=job_id,
+            ref=spec.ref,
+            model=spec.model,
+            kind=profile.kind,
+            lane_group=profile.lane_group,
+            params=params,
+            fingerprint=task_fingerprint,
+            created_at=now,
+            max_attempts=profile.max_attempts,
+            force=spec.force,
+        )
+
+    async def image_hashes(self, specs: Sequence[TaskSpec], *, in_job: bool) -> list[JSON | None]:
+        """Reference image hashes per spec, read and decoded in a worker thread.
+
+        Files and pixels can take seconds; the event loop serves every lane
+        meanwhile. Specs without images cost nothing (no thread hop).
+        """
+        extra = [self._extra_image_params(spec) for spec in specs]
+        if not any(
+            has_references(spec.params) or names for spec, names in zip(specs, extra, strict=True)
+        ):
+            return [None] * len(specs)
+
+        def hash_all() -> list[JSON | None]:
+            hashes: list[JSON | None] = []
+            for index, (spec, names) in enumerate(zip(specs, extra, strict=True)):
+                try:
+                    found = reference_hashes(spec.params, self.reference_files)
+                    for name in names:
+                        found[name] = image_hash(
+                            spec.params[name], param=name, files=self.reference_files
+                        )
+                    hashes.append(found)
+                except InputError as exc:
+                    if not in_job:
+                        raise
+                    raise InputError(f"tasks[{index}]: {exc}") from exc
+            return hashes
+
+        return await asyncio.to_thread(hash_all)
+
+    def _extra_image_params(self, spec: TaskSpec) -> list[str]:
+        """Image params a profile names beyond the standard two (ComfyUI's
+        `images`), present in this spec: hashed by pixels like the others."""
+        profile = self.profiles.get(spec.model)
+        if profile is None or profile.api is None or profile.api.style != "comfyui":
+            return []
+        return [
+            name
+            for name in profile.api.images
+            if spec.params.get(name) is not None and name not in IMAGE_PARAMS
+        ]
+
+    def cache_lookups(self, tasks: Sequence[Task]) -> list[JSON | None]:
+        """Earlier identical results, copied into each task's own folder (file work).
+
+        Copied rather than pointed at: a later eviction must not take the
+        files out from under a finished task.
+        """
+        found: list[JSON | None] = []
+        for task in tasks:
+            if task.force or self.cache is None:
+                found.append(None)
+                continue
+            copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
+            found.append(self.cache.lookup(task.fingerprint, copy_to=copy_to))
+        return found
+
+    def completed(self, task: Task, cached: JSON | None) -> Task:
+        """The task as it is stored: done at once when an earlier result exists."""
+        if cached is None:
+            return task
+        self.cache_hits += 1
+        now = self.clock.now()
+        return task.replace(
+            state=State.SUCCESS,
+            result=cached,
+            from_cache=True,
+            started_at=now,
+            finished_at=now,
+        )
+
+    def twin(self, task: Task) -> Task | None:
+        """An identical task submitted within the de-duplication window."""
+        if task.force:
+            return None
+        window_s = self.clock.scaled(DEDUP_WINDOW_S)
+        return self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)

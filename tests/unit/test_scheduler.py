@@ -1,0 +1,167 @@
+"""The scheduler in process: a real SQLite store in a temp dir, a fake runner.
+
+Rounds are driven by hand (`scheduler.round()`), so each test says exactly
+when the scheduler looks; the fake runner holds every run until the test
+lets it finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dispatcher.accounts import AccountBook
+from dispatcher.clock import FakeClock
+from dispatcher.errors import TaskCanceled
+from dispatcher.events import EventBus
+from dispatcher.lanes import LaneSpec
+from dispatcher.ledger import Ledger
+from dispatcher.models import Kind, State, Task
+from dispatcher.runner import RunContext, RunResult
+from dispatcher.scheduler import Scheduler
+from dispatcher.store.sqlite import SqliteStore
+from dispatcher.taskspec import TaskSpec
+from tests.helpers import api_profile
+
+
+class FakeRunner:
+    """Records what runs, in order; each run waits for its release (or a cancel)."""
+
+    beats_required = False
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    async def run(self, task: Task, ctx: RunContext) -> RunResult:
+        self.started.append(str(task.params["prompt"]))
+        gate = self.release.setdefault(str(task.params["prompt"]), asyncio.Event())
+        done = asyncio.create_task(gate.wait())
+        canceled = asyncio.create_task(ctx.cancel_event.wait())
+        await asyncio.wait({done, canceled}, return_when=asyncio.FIRST_COMPLETED)
+        done.cancel()
+        canceled.cancel()
+        if ctx.cancel_event.is_set():
+            raise TaskCanceled("stopped at a checkpoint")
+        return RunResult(text=f"answer to {task.params['prompt']}")
+
+
+@dataclass
+class World:
+    ledger: Ledger
+    scheduler: Scheduler
+    runner: FakeRunner
+
+    async def submit(self, model: str, prompt: str) -> Task:
+        return (await self.ledger.submit(TaskSpec(model, {"prompt": prompt}))).task
+
+    async def settle(self) -> None:
+        """Let started runs reach their gate and finished ones write their outcome."""
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def _lane(provider: str, model: str, concurrency: int) -> LaneSpec:
+    return LaneSpec(
+        name=f"api:{provider}",
+        kind=Kind.API,
+        account=provider,
+        lane_groups=(f"api-model:{model}",),
+        models=(model,),
+        concurrency=concurrency,
+    )
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    store = SqliteStore(tmp_path / "d.db")
+    store.migrate()
+    clock = FakeClock()
+    events = EventBus()
+    profiles = {p.name: p for p in (api_profile("m-a", "prov-a"), api_profile("m-b", "prov-b"))}
+    ledger = Ledger(store, clock, profiles, events, retry_delay_s=0.0)
+    accounts = AccountBook(store, clock, events)
+    lanes = {lane.name: lane for lane in (_lane("prov-a", "m-a", 1), _lane("prov-b", "m-b", 1))}
+    accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+    runner = FakeRunner()
+    scheduler = Scheduler(
+        ledger=ledger,
+        clock=clock,
+        lanes=lanes,
+        runners={Kind.API: runner},
+        accounts=accounts,
+        profiles=profiles,
+        results_dir=tmp_path / "results",
+    )
+    yield World(ledger, scheduler, runner)
+    await scheduler.shutdown()
+    store.close()
+
+
+async def test_a_lane_takes_its_oldest_task_first_and_refills_as_one_ends(world: World) -> None:
+    tasks = [await world.submit("m-a", f"p{i}") for i in range(3)]
+    world.scheduler.round()
+    await world.settle()
+    assert world.runner.started == ["p0"]  # concurrency 1: one at a time, oldest first
+
+    world.runner.release["p0"].set()
+    await world.settle()
+    # The freed slot took the next task without waiting for a round.
+    assert world.runner.started == ["p0", "p1"]
+    assert world.ledger.get(tasks[0].id).state is State.SUCCESS
+    assert world.ledger.get(tasks[2].id).state is State.PENDING
+
+
+async def test_lanes_are_independent(world: World) -> None:
+    await world.submit("m-a", "slow")
+    await world.submit("m-a", "queued behind slow")
+    other = await world.submit("m-b", "other lane")
+    world.scheduler.round()
+    await world.settle()
+    assert sorted(world.runner.started) == ["other lane", "slow"]
+
+    world.runner.release["other lane"].set()
+    await world.settle()
+    # The busy lane of m-a never held up m-b's lane.
+    assert world.ledger.get(other.id).state is State.SUCCESS
+    assert world.runner.started.count("queued behind slow") == 0
+
+
+async def test_a_cancel_reaches_the_running_task_through_the_ledger_alone(world: World) -> None:
+    task = await world.submit("m-a", "to cancel")
+    world.scheduler.round()
+    await world.settle()
+    assert world.ledger.get(task.id).state is State.RUNNING
+
+    world.ledger.request_cancel(task.id)  # no scheduler call: it hears the event
+    await world.settle()
+    assert world.ledger.get(task.id).state is State.CANCELED
+
+
+async def test_a_stale_running_task_is_reclaimed_and_retried(world: World) -> None:
+    task = await world.submit("m-a", "goes silent")
+    world.scheduler.round()
+    await world.settle()
+    assert world.ledger.get(task.id).state is State.RUNNING
+
+    assert isinstance(world.ledger.clock, FakeClock)
+    world.ledger.clock.advance(world.scheduler.stale_s + 1.0)  # no heartbeat since
+    world.scheduler.round()
+    await world.settle()
+    reclaimed = world.ledger.get(task.id)
+    # Back in the queue on its next attempt, and started again on it.
+    assert reclaimed.attempt == 2
+    assert world.runner.started == ["goes silent", "goes silent"]
