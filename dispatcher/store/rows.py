@@ -187,12 +187,14 @@ def _stage(value: str | None, row_id: str) -> Stage | None:
         return None
 
 
+def _error(row: RowLike) -> TaskError | None:
+    """The error columns of a task or attempt row, None when there was none."""
+    if not row["error_kind"]:
+        return None
+    return TaskError(kind=row["error_kind"], message=row["error_message"] or "")
+
+
 def row_to_task(row: RowLike) -> Task:
-    error = (
-        TaskError(kind=row["error_kind"], message=row["error_message"] or "")
-        if row["error_kind"]
-        else None
-    )
     return Task(
         seq=row["seq"],
         id=row["id"],
@@ -211,7 +213,7 @@ def row_to_task(row: RowLike) -> Task:
         force=bool(row["force"]),
         remote_id=row["remote_id"],
         result=_dict_or_none(_loads(row["result"], None, "result", row["id"])),
-        error=error,
+        error=_error(row),
         from_cache=bool(row["from_cache"]),
         created_at=row["created_at"],
         started_at=row["started_at"],
@@ -240,11 +242,6 @@ def attempt_to_row(attempt: Attempt) -> dict[str, Any]:
 
 
 def row_to_attempt(row: RowLike) -> Attempt:
-    error = (
-        TaskError(kind=row["error_kind"], message=row["error_message"] or "")
-        if row["error_kind"]
-        else None
-    )
     return Attempt(
         task_id=row["task_id"],
         attempt=row["attempt"],
@@ -253,7 +250,7 @@ def row_to_attempt(row: RowLike) -> Attempt:
         outcome=State(row["outcome"]),
         started_at=row["started_at"],
         ended_at=row["ended_at"],
-        error=error,
+        error=_error(row),
         stage_durations=_dict(
             _loads(row["stage_durations"], {}, "stage_durations", row["task_id"])
         ),
