@@ -47,11 +47,18 @@ MAX_SHAPES = 1024
 def shape_key(model: str, params: Mapping[str, Any]) -> str:
     """The model and its length-setting parameters, as one bounded string."""
     shape = {
-        name: str(value)[:MAX_VALUE_CHARS]
+        name: _printable(str(value))
         for name, value in sorted(params.items())
         if name in SHAPE_PARAMS
     }
-    return json.dumps([model[:MAX_VALUE_CHARS], shape], separators=(",", ":"))
+    return json.dumps([_printable(model), shape], separators=(",", ":"), ensure_ascii=False)
+
+
+def _printable(text: str) -> str:
+    """Cut to MAX_VALUE_CHARS, control characters as "?": JSON escapes each of
+    those as six characters (and the key keeps other text as it is, unescaped),
+    which would let a hostile value outgrow the bound."""
+    return "".join(c if c.isprintable() else "?" for c in text[:MAX_VALUE_CHARS])
 
 
 class RunHistory:
