@@ -287,7 +287,9 @@ class ProviderAttempt(AttemptBase):
         if ref is None:
             ref = await self.submit()
             await self.ctx.set_remote_id(ref.encode())
-            self.ctx.log.info("submitted: remote id %s", ref.id)
+            # One per attempt, on the dispatch path; the remote id is kept on the
+            # task (`dispatcher status`), so INFO would only repeat it.
+            self.ctx.log.debug("submitted: remote id %s", ref.id)
         else:
             self.ctx.log.info("resuming remote job %s without resubmitting", ref.id)
         finished = False

@@ -199,6 +199,7 @@ class ProviderClient:
                 self.throttle.effective,
                 self.quota,
                 ": 429s without Retry-After" if throttled else ": successes in a row",
+                extra={"lane": f"api:{self.provider}"},
             )
 
     async def _before_send(self, url: str, cancel: asyncio.Event | None) -> None:
@@ -206,7 +207,10 @@ class ProviderClient:
         waited = await self.gate.wait(cancel)
         if waited >= 0.001:  # the gate reports microseconds even when it was open
             self._log.info(
-                "[api:%s] waited %.3f s for the provider's Retry-After", self.provider, waited
+                "[api:%s] waited %.3f s for the provider's Retry-After",
+                self.provider,
+                waited,
+                extra={"lane": f"api:{self.provider}"},
             )
 
     def _failed(self, response: httpx.Response, body: str) -> CallFailed:

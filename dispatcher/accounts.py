@@ -46,7 +46,7 @@ class AccountBook:
         """A web account removed at run time: its switches go with it."""
         if self._accounts.pop(name, None) is not None:
             self._store.delete_account(name)
-            log.info("[web:%s] removed", name)
+            log.info("[web:%s] removed", name, extra={"lane": f"web:{name}"})
 
     def all(self) -> list[Account]:
         return sorted(self._accounts.values(), key=lambda a: (a.kind.value, a.name))
@@ -121,6 +121,7 @@ class AccountBook:
             after.state.value,
             f" until {after.until:.0f}" if after.until is not None else "",
             f" (reason: {account.reason})" if account.reason else "",
+            extra={"lane": f"{prefix}:{account.name}"},
         )
         self._events.publish(
             {

@@ -58,11 +58,21 @@ class Submitted:
     deduped: bool = False
 
 
-def lane_prefix(task: Task) -> str:
+def lane_of(task: Task) -> str:
+    """Where a log line places a task: its lane once claimed, its queue before."""
     if task.kind is Kind.WEB:
-        return f"[web:{task.account or task.model}]"
+        return f"web:{task.account or task.model}"
     # The provider once claimed (its lane's name); the model's queue before.
-    return f"[api:{task.account}]" if task.account else f"[{task.lane_group}]"
+    return f"api:{task.account}" if task.account else task.lane_group
+
+
+def lane_prefix(task: Task) -> str:
+    return f"[{lane_of(task)}]"
+
+
+def log_fields(task: Task, **more: Any) -> dict[str, Any]:
+    """The structured fields of a log line about a task (`extra`; see `dispatcher.logs`)."""
+    return {"lane": lane_of(task), "task_id": task.id, **more}
 
 
 def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -136,7 +146,13 @@ class Ledger:
     # -- creating ------------------------------------------------------------
     def _deduped(self, task: Task, existing: Task) -> Submitted:
         self.dedup_hits += 1
-        log.info("%s task %s deduped onto %s", lane_prefix(existing), task.id, existing.id)
+        log.info(
+            "%s task %s deduped onto %s",
+            lane_prefix(existing),
+            task.id,
+            existing.id,
+            extra=log_fields(existing, task_id=task.id),
+        )
         return Submitted(existing, deduped=True)
 
     async def submit(self, spec: TaskSpec) -> Submitted:
@@ -322,20 +338,32 @@ class Ledger:
             current.state.value if current else "missing",
             current.attempt if current else "-",
             f": {why}" if why else "",
+            extra=log_fields(task, attempt=task.attempt),
         )
 
     def _announce(self, task: Task, old: State | None, why: str = "") -> None:
-        log.info(
-            "%s task %s attempt %d/%d %s%s stage=%s%s",
-            lane_prefix(task),
-            task.id,
-            task.attempt,
-            task.max_attempts,
-            f"{old.value}->" if old else "new ",
-            task.state.value,
-            task.stage.value if task.stage else "-",
-            f" ({why})" if why else "",
-        )
+        # Every transition passes here: build the line only when it is written.
+        if log.isEnabledFor(logging.INFO):
+            stage = task.stage.value if task.stage else None
+            log.info(
+                "%s task %s attempt %d/%d %s%s stage=%s%s",
+                lane_prefix(task),
+                task.id,
+                task.attempt,
+                task.max_attempts,
+                f"{old.value}->" if old else "new ",
+                task.state.value,
+                stage or "-",
+                f" ({why})" if why else "",
+                extra=log_fields(
+                    task,
+                    attempt=task.attempt,
+                    max_attempts=task.max_attempts,
+                    from_state=old.value if old else None,
+                    state=task.state.value,
+                    stage=stage,
+                ),
+            )
         self.events.publish({"type": "task", "task": task.to_json()})
 
     def claim(self, lane_groups: Sequence[str], account: str) -> Task | None:
@@ -413,7 +441,11 @@ class Ledger:
             and current.attempt == task.attempt
         ):
             log.info(
-                "%s task %s: %s arrived after cancel; dropped", lane_prefix(task), task.id, what
+                "%s task %s: %s arrived after cancel; dropped",
+                lane_prefix(task),
+                task.id,
+                what,
+                extra=log_fields(task, attempt=task.attempt),
             )
             return self.mark_canceled(current, changes.get("stage_durations"))
         self._rejected(task, new_state, current, why)

@@ -10,7 +10,8 @@ is masked even when nobody registered it.
 
 ``--log-format json`` (or ``DISPATCHER_LOG_FORMAT=json``) writes one JSON
 object per line with ``lane``, ``task_id``, ``attempt``, ``state`` and
-``stage`` as fields whenever the line is about a task.
+``stage`` as fields whenever the line is about a task: the log call passes
+them as ``extra`` (`TASK_FIELDS`), nothing is parsed back out of the text.
 """
 
 from __future__ import annotations
@@ -115,36 +116,10 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-# What a task line looks like (see dispatcher.ledger): the lane prefix, the
-# task id, "attempt N/M", "old->new" or "new state", "stage=...".
-_LANE = re.compile(r"^\[((?:web|api|api-model):[^\]\s]+)\]")
-_TASK = re.compile(r"\btask ([0-9a-f]{8,64})\b")
-_ATTEMPT = re.compile(r"\battempt (\d+)(?:/(\d+))?")
-_TRANSITION = re.compile(
-    r"\b(?:(pending|running|success|failed|canceled)->|new )"
-    r"(pending|running|success|failed|canceled)\b"
-)
-_STAGE = re.compile(r"\bstage=(\w+)")
-
-
-def task_fields(message: str) -> dict[str, Any]:
-    """Lane, task id, attempt, state and stage found in a log message."""
-    fields: dict[str, Any] = {}
-    if match := _LANE.search(message):
-        fields["lane"] = match.group(1)
-    if match := _TASK.search(message):
-        fields["task_id"] = match.group(1)
-    if match := _ATTEMPT.search(message):
-        fields["attempt"] = int(match.group(1))
-        if match.group(2):
-            fields["max_attempts"] = int(match.group(2))
-    if match := _TRANSITION.search(message):
-        if match.group(1):
-            fields["from_state"] = match.group(1)
-        fields["state"] = match.group(2)
-    if (match := _STAGE.search(message)) and match.group(1) != "-":
-        fields["stage"] = match.group(1)
-    return fields
+# The structured fields a line carries when its log call passes them as
+# `extra` (see `dispatcher.ledger`, `dispatcher.attempt.TaskLog`): the message
+# stays for people, these are for `jq`.
+TASK_FIELDS = ("lane", "task_id", "attempt", "max_attempts", "from_state", "state", "stage")
 
 
 class JsonFormatter(logging.Formatter):
@@ -157,9 +132,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
-        payload.update(task_fields(message))
-        for key in ("lane", "task_id", "attempt"):  # a LoggerAdapter's extras win
-            value = getattr(record, key, None)
+        fields = record.__dict__
+        for key in TASK_FIELDS:
+            value = fields.get(key)
             if value is not None:
                 payload[key] = value
         if record.exc_text:

@@ -83,7 +83,9 @@ class Roster:
         serves = sorted({*stored, *models})
         self._store.put_web_account(name, serves, self._clock.now())
         self._relane()
-        log.info("[web:%s] added, serving %s", name, ", ".join(serves))
+        log.info(
+            "[web:%s] added, serving %s", name, ", ".join(serves), extra={"lane": f"web:{name}"}
+        )
         return {"name": name, "models": serves, "profiles": self._from_profiles(name)}
 
     async def remove(self, name: str, *, drain: bool) -> JSON:
@@ -107,7 +109,12 @@ class Roster:
         if running:
             job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
             self._draining[name] = job
-            log.info("[web:%s] draining: removed once task %s ends", name, ", ".join(running))
+            log.info(
+                "[web:%s] draining: removed once task %s ends",
+                name,
+                ", ".join(running),
+                extra={"lane": lane},
+            )
             return {"name": name, "removed": False, "draining": True, "running": running}
         await self._release(name)
         return {"name": name, "removed": True, "draining": False, "running": []}

@@ -38,7 +38,7 @@ from dispatcher.events import Event
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
-from dispatcher.ledger import Ledger, lane_prefix
+from dispatcher.ledger import Ledger, lane_prefix, log_fields
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.runner import RunContext, Runner, RunResult
@@ -246,6 +246,7 @@ class Scheduler:
                 task.id,
                 task.attempt,
                 plan.reason,
+                extra=log_fields(task, attempt=task.attempt),
             )
             self.ledger.reclaim(task, plan)
             if running is not None and running.job is not None:
@@ -354,7 +355,11 @@ class Scheduler:
         try:
             self._fill(lane)
         except Exception:
-            log.exception("%s: starting the next task failed; the next round retries", lane.name)
+            log.exception(
+                "%s: starting the next task failed; the next round retries",
+                lane.name,
+                extra={"lane": lane.name},
+            )
             self.wake()
 
     async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
@@ -391,6 +396,7 @@ class Scheduler:
                 lane_prefix(task),
                 task.id,
                 task.remote_id,
+                extra=log_fields(task, attempt=task.attempt),
             )
             return
         self.ledger.requeue(task, "service shut down before it finished")

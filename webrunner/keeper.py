@@ -195,7 +195,12 @@ class BrowserKeeper:
                 if self._sessions.get(account) is not session or idle_s < idle_limit_s:
                     return
                 await self.forget(account)
-                log.info("[web:%s] closing its browser (idle for %.1f s)", account, idle_s)
+                log.info(
+                    "[web:%s] closing its browser (idle for %.1f s)",
+                    account,
+                    idle_s,
+                    extra={"lane": f"web:{account}"},
+                )
                 await self._close(session, log)
 
         self._closers[account] = asyncio.create_task(

@@ -296,7 +296,12 @@ class LoginDesk:
                     await page.goto(login.spec.url, wait_until="domcontentloaded")
                 login.view = LiveView(session.context, page)
                 await login.view.start()
-                log.info("[web:%s] login session open (browser pid %d)", login.account, login.pid)
+                log.info(
+                    "[web:%s] login session open (browser pid %d)",
+                    login.account,
+                    login.pid,
+                    extra={"lane": f"web:{login.account}"},
+                )
                 login.touch()
                 login.ready.set_result(None)
                 while not login.finish.is_set():
@@ -309,13 +314,23 @@ class LoginDesk:
                 await login.view.stop()
                 # Graceful: Chromium writes the new session cookies to disk.
                 await session.close(log)
-                log.info("[web:%s] login session closed (%s)", login.account, login.outcome)
+                log.info(
+                    "[web:%s] login session closed (%s)",
+                    login.account,
+                    login.outcome,
+                    extra={"lane": f"web:{login.account}"},
+                )
         except BaseException as exc:
             if not login.ready.done():
                 login.ready.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
-            log.warning("[web:%s] login session failed: %s", login.account, exc)
+            log.warning(
+                "[web:%s] login session failed: %s",
+                login.account,
+                exc,
+                extra={"lane": f"web:{login.account}"},
+            )
         finally:
             if session is not None and not session.closed:
                 await session.abort()

@@ -114,7 +114,10 @@ class LoginRoutes:
                     retried.append(ledger.retry(task.id).id)
         if retried:
             log.info(
-                "[web:%s] %d task(s) that met a logout back in the queue", account, len(retried)
+                "[web:%s] %d task(s) that met a logout back in the queue",
+                account,
+                len(retried),
+                extra={"lane": f"web:{account}"},
             )
         return retried
 
