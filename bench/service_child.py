@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
 from dispatcher.service import Service
 from dispatcher.settings import Settings
@@ -51,9 +52,9 @@ async def main() -> None:
     service = Service(settings)
     transitions: Counter[str] = Counter()
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event.get("type") == "task":
-            transitions[event["task"]["id"]] += 1
+    def on_event(event: Event) -> None:
+        if isinstance(event, TaskChanged):
+            transitions[event.task.id] += 1
 
     service.events.listen(on_event)
     loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, NotFound
-from dispatcher.events import EventBus
+from dispatcher.events import AccountChanged, EventBus
 from dispatcher.health import AccountState, StateView, state_of
 from dispatcher.logs import mask_secrets
 from dispatcher.models import JSON, Account, Kind
@@ -124,11 +124,13 @@ class AccountBook:
             extra={"lane": f"{prefix}:{account.name}"},
         )
         self._events.publish(
-            {
-                "type": "account",
-                "account": self.view(account),
-                "previous": before.value if before is not None else None,
-            }
+            AccountChanged(
+                name=account.name,
+                kind=account.kind,
+                state=after.state,
+                previous=before,
+                view=self.view(account),
+            )
         )
 
     def disable(self, name: str, reason: str) -> Account:

@@ -1,13 +1,63 @@
-"""In-process fan-out of state changes to live subscribers (the SSE stream)."""
+"""In-process fan-out of state changes to live subscribers (the SSE stream).
+
+An event is one of a few small frozen dataclasses; listeners match on the
+type (`match event: case TaskChanged(task=task): ...`). `to_json()` is the
+SSE `data:` of the event, and its `type` the SSE event name: that shape is
+what the dashboard and outside SSE clients read, so it stays as it is.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import dataclass
 
-Event = dict[str, Any]
+from dispatcher.health import AccountState
+from dispatcher.models import JSON, Kind, Task
+
+
+@dataclass(frozen=True, slots=True)
+class TaskChanged:
+    """A task was created or changed state (or a cancel was asked for it)."""
+
+    # The ledger's fresh copy of the row; nothing changes a `Task` in place, so
+    # serialising it when a subscriber reads the event shows the row as written.
+    task: Task
+
+    def to_json(self) -> JSON:
+        return {"type": "task", "task": self.task.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class AccountChanged:
+    """A web account or API provider was switched or changed its visible state."""
+
+    name: str
+    kind: Kind
+    state: AccountState
+    previous: AccountState | None  # the state last announced; None the first time
+    view: JSON  # what `GET /v1/accounts` answers for it, taken when it changed
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "account",
+            "account": self.view,
+            "previous": self.previous.value if self.previous is not None else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilesReloaded:
+    """Profiles (and live settings) were read again; `answer` is `POST /v1/reload`'s."""
+
+    answer: JSON
+
+    def to_json(self) -> JSON:
+        return {"type": "reload", **self.answer}
+
+
+Event = TaskChanged | AccountChanged | ProfilesReloaded
 
 # A subscriber that falls this far behind is dropped rather than let it
 # hold memory without bound; its client reconnects and re-reads state.

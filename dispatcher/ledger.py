@@ -23,7 +23,7 @@ from dispatcher import states
 from dispatcher.clock import Clock
 from dispatcher.decisions import Reclaim
 from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
-from dispatcher.events import EventBus
+from dispatcher.events import EventBus, TaskChanged
 from dispatcher.fingerprint import (
     LocalFiles,
 )
@@ -364,7 +364,7 @@ class Ledger:
                     stage=stage,
                 ),
             )
-        self.events.publish({"type": "task", "task": task.to_json()})
+        self.events.publish(TaskChanged(task))
 
     def claim(self, lane_groups: Sequence[str], account: str) -> Task | None:
         now = self.clock.now()
@@ -548,7 +548,7 @@ class Ledger:
         else:
             updated = self._write(task, State.RUNNING, {"cancel_requested": True})
             if updated is not None:
-                self.events.publish({"type": "task", "task": updated.to_json()})
+                self.events.publish(TaskChanged(updated))
         if updated is None:
             # It moved between our read and our write; report where it is now.
             return self.get(task_id)

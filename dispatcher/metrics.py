@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dispatcher.events import Event
+from dispatcher.events import Event, TaskChanged
+from dispatcher.models import State, Task
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_TERMINAL = {"success", "failed", "canceled"}
 _DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 # Real seconds, never scaled: a stall of the event loop is the machine's time.
 LAG_PROBE_INTERVAL_S = 0.1
@@ -217,18 +217,18 @@ class Metrics:
         )
 
     def on_event(self, event: Event) -> None:
-        if event.get("type") != "task":
-            return
-        task = event["task"]
-        if task["state"] not in _TERMINAL:
-            return
-        self.finished.labels(task["model"], task["state"]).inc()
-        if task["state"] == "success" and not task["from_cache"] and task["started_at"]:
-            self.task_duration.labels(task["model"]).observe(
-                max(0.0, task["finished_at"] - task["started_at"])
+        match event:
+            case TaskChanged(task=task) if task.is_terminal:
+                self._finished(task)
+
+    def _finished(self, task: Task) -> None:
+        self.finished.labels(task.model, task.state.value).inc()
+        if task.state is State.SUCCESS and not task.from_cache and task.started_at:
+            self.task_duration.labels(task.model).observe(
+                max(0.0, (task.finished_at or task.started_at) - task.started_at)
             )
-        for stage, seconds in (task.get("stage_durations") or {}).items():
-            self.stage_duration.labels(task["model"], stage).observe(max(0.0, seconds))
+        for stage, seconds in task.stage_durations.items():
+            self.stage_duration.labels(task.model, stage).observe(max(0.0, seconds))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE

@@ -34,7 +34,7 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
-from dispatcher.events import Event
+from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
@@ -495,14 +495,13 @@ class Scheduler:
     def _on_event(self, event: Event) -> None:
         """A task became pending or an account changed: a round may start
         work. A cancel was asked for a running task: its runner is told."""
-        if event.get("type") == "account":
-            self.wake()
-        elif event.get("type") == "task":
-            task = event["task"]
-            if task["state"] == State.PENDING.value:
+        match event:
+            case AccountChanged():
                 self.wake()
-            elif task["state"] == State.RUNNING.value and task["cancel_requested"]:
-                running = self.running.get(task["id"])
+            case TaskChanged(task=task) if task.state is State.PENDING:
+                self.wake()
+            case TaskChanged(task=task) if task.state is State.RUNNING and task.cancel_requested:
+                running = self.running.get(task.id)
                 if running is not None:
                     running.ctx.cancel_event.set()
 

@@ -25,7 +25,7 @@ from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, InputError, LockHeld
-from dispatcher.events import EventBus
+from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
@@ -437,7 +437,7 @@ class Service:
             log.error("reload: %s", problem)
         log.info("profiles reloaded: %s", plan.summary())
         answer = {**plan.to_json(found), **settings_answer}
-        self.events.publish({"type": "reload", **answer})
+        self.events.publish(ProfilesReloaded(answer))
         return answer
 
     def _reload_settings(self) -> JSON:

@@ -33,8 +33,8 @@ import httpx
 
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError
-from dispatcher.events import Event
-from dispatcher.models import JSON, TERMINAL_STATES, Job, JobState, JobSummary, State, Task, new_id
+from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.models import JSON, Job, JobState, JobSummary, State, Task, new_id
 from dispatcher.states import job_state
 from dispatcher.store import Store
 
@@ -169,22 +169,18 @@ class Webhooks:
     # -- hearing (on the caller's path: nothing but a queue put) -------------------
     def on_event(self, event: Event) -> None:
         """EventBus listener; called on the event loop's thread."""
-        if event.get("type") == "task":
-            task = event["task"]
-            job_id = task.get("job_id")
-            if not job_id:
-                return
-            if State(task["state"]) in TERMINAL_STATES:
-                self._put((JOB_FINISHED, job_id))
-            else:
-                self._announced.pop(job_id, None)
-        elif event.get("type") == "account":
-            account = event["account"]
-            new = account_state(account)
-            old = self._account_states.get(account["name"])
-            self._account_states[account["name"]] = new
-            if old != new:
-                self._put((ACCOUNT_STATE_CHANGED, {**account, "old_state": old, "new_state": new}))
+        match event:
+            case TaskChanged(task=task) if task.job_id:
+                if task.is_terminal:
+                    self._put((JOB_FINISHED, task.job_id))
+                else:
+                    self._announced.pop(task.job_id, None)
+            case AccountChanged(name=name, state=state, view=view):
+                new = state.value
+                old = self._account_states.get(name)
+                self._account_states[name] = new
+                if old != new:
+                    self._put((ACCOUNT_STATE_CHANGED, {**view, "old_state": old, "new_state": new}))
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:

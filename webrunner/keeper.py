@@ -22,18 +22,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from dispatcher.events import AccountChanged, Event
+from dispatcher.health import AccountState
 from dispatcher.models import Kind
 from webrunner.browser import BrowserSession, Log
 
 # Real seconds. A page pre-loaded longer ago than this is loaded again: a
 # site's page may hold tokens that go stale while nobody looks at it.
+# States in which an account takes no task: its kept browser is given back.
+_OUT_OF_SERVICE = frozenset({AccountState.DISABLED, AccountState.NEEDS_ATTENTION})
 PRELOAD_FRESH_S = 30.0
 PRELOAD_TIMEOUT_S = 30.0
 
@@ -146,13 +149,11 @@ class BrowserKeeper:
         if session is not None and not self.locks[account].locked():
             self._close_after(account, session, 0.0)
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
+    def on_event(self, event: Event) -> None:
         """Event-bus listener: an account taken out of service gives its browser back."""
-        account = event.get("account") if event.get("type") == "account" else None
-        if not isinstance(account, Mapping) or account.get("kind") != Kind.WEB.value:
-            return
-        if not account.get("enabled", True) or account.get("needs_attention"):
-            self.release(str(account.get("name")))
+        match event:
+            case AccountChanged(name=name, kind=Kind.WEB, state=state) if state in _OUT_OF_SERVICE:
+                self.release(name)
 
     def open_browsers(self) -> dict[str, int]:
         """The PID of each account's browser that is open (busy or kept)."""

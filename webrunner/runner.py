@@ -19,7 +19,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from playwright.async_api import Playwright, async_playwright
 
@@ -35,6 +34,7 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
+from dispatcher.events import Event
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
@@ -511,7 +511,7 @@ class WebRunner:
                 session.user_data_dir,
             )
 
-    def on_event(self, event: Mapping[str, Any]) -> None:
+    def on_event(self, event: Event) -> None:
         """Event-bus listener: a web account taken out of service gives its browser back."""
         self._keeper.on_event(event)
 

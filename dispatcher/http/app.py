@@ -359,7 +359,8 @@ class Api:
                         continue
                     if event is None:
                         return
-                    yield f"event: {event['type']}\ndata: {strictjson.dumps(event)}\n\n".encode()
+                    data = event.to_json()
+                    yield f"event: {data['type']}\ndata: {strictjson.dumps(data)}\n\n".encode()
 
         return StreamingResponse(
             stream(),

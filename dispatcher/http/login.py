@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from dispatcher import strictjson
 from dispatcher.errors import NotFound, StateConflict
+from dispatcher.events import TaskChanged
 from dispatcher.http import bodies
 from dispatcher.models import Kind, State
 from webrunner.cookies import parse_session_file
@@ -46,10 +47,11 @@ async def _end_with(bus: EventBus, queue: asyncio.Queue[Frame | None], task_id: 
     or when the watched task's attempt ends."""
     async with bus.subscribe() as events:
         while (event := await events.get()) is not None:
-            task = event.get("task") if event.get("type") == "task" else None
-            mine = isinstance(task, dict) and task.get("id") == task_id
-            if mine and isinstance(task, dict) and task.get("state") != State.RUNNING.value:
-                break
+            match event:
+                case TaskChanged(task=task) if (
+                    task.id == task_id and task.state is not State.RUNNING
+                ):
+                    break
     if queue.full():
         queue.get_nowait()
     queue.put_nowait(None)
