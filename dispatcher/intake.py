@@ -109,7 +109,7 @@ class Intake:
             ref=spec.ref,
             model=spec.model,
             kind=profile.kind,
-            lane_group=profile.lane_group,
+            lane_group=profile.queue,
             params=params,
             fingerprint=task_fingerprint,
             created_at=now,

@@ -1,8 +1,9 @@
 """Lanes: one per web account, one per API provider, built from the profiles.
 
-A lane takes the queued tasks of every model it serves (one lane group per
-model); a model with several accounts or providers is served by several
-lanes, and the first free one takes its oldest task.
+A lane belongs to its owner (a web account or an API provider) and takes the
+queued tasks of every model it serves (one queue per model); a model with
+several accounts or providers is served by several lanes, and the first free
+one takes its oldest task.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ COMFYUI_CONCURRENCY = 1
 class LaneSpec:
     name: str  # "web:<account>" or "api:<provider>"
     kind: Kind
-    account: str  # the web account or the API provider
-    lane_groups: tuple[str, ...]  # which queued tasks it may take
+    owner: str  # the web account or the API provider this lane belongs to
+    queues: tuple[str, ...]  # which queued tasks it may take
     models: tuple[str, ...]
     concurrency: int
 
@@ -42,8 +43,8 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
         lanes[f"web:{account}"] = LaneSpec(
             name=f"web:{account}",
             kind=Kind.WEB,
-            account=account,
-            lane_groups=lane_groups_of(models),
+            owner=account,
+            queues=queues_of(models),
             models=tuple(sorted(m.name for m in models)),
             concurrency=WEB_ACCOUNT_CONCURRENCY,
         )
@@ -52,8 +53,8 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
         lanes[f"api:{provider}"] = LaneSpec(
             name=f"api:{provider}",
             kind=Kind.API,
-            account=provider,
-            lane_groups=lane_groups_of(models),
+            owner=provider,
+            queues=queues_of(models),
             models=tuple(sorted(m.name for m in models)),
             concurrency=settings.provider_concurrency(
                 provider, COMFYUI_CONCURRENCY if comfyui_only else None
@@ -81,14 +82,14 @@ def api_models_by_provider(profiles: Mapping[str, Profile]) -> dict[str, list[Pr
     return by_provider
 
 
-def lane_groups_of(models: Iterable[Profile]) -> tuple[str, ...]:
-    """The queues a lane takes from: one per model it serves (`Profile.lane_group`).
+def queues_of(models: Iterable[Profile]) -> tuple[str, ...]:
+    """The queues a lane takes from: one per model it serves (`Profile.queue`).
 
     Tasks stored before a model could have several providers sat in a
-    per-provider group ("api:<provider>"); store migration 4 moved them to
-    their model's group, so no lane needs to take the old name.
+    per-provider queue ("api:<provider>"); store migration 4 moved them to
+    their model's queue, so no lane needs to take the old name.
     """
-    return tuple(sorted({m.lane_group for m in models}))
+    return tuple(sorted({m.queue for m in models}))
 
 
 def with_added_accounts(
@@ -111,8 +112,8 @@ def with_added_accounts(
             merged[name] = LaneSpec(
                 name=name,
                 kind=Kind.WEB,
-                account=account,
-                lane_groups=tuple(sorted(f"web:{m}" for m in models)),
+                owner=account,
+                queues=tuple(sorted(f"web:{m}" for m in models)),
                 models=tuple(sorted(models)),
                 concurrency=WEB_ACCOUNT_CONCURRENCY,
             )

@@ -61,9 +61,9 @@ class Submitted:
 def lane_of(task: Task) -> str:
     """Where a log line places a task: its lane once claimed, its queue before."""
     if task.kind is Kind.WEB:
-        return f"web:{task.account or task.model}"
+        return f"web:{task.owner or task.model}"
     # The provider once claimed (its lane's name); the model's queue before.
-    return f"api:{task.account}" if task.account else task.lane_group
+    return f"api:{task.owner}" if task.owner else task.queue
 
 
 def lane_prefix(task: Task) -> str:
@@ -257,7 +257,7 @@ class Ledger:
 
     def queue_depth(self, task: Task) -> int:
         """Pending tasks of its queue ahead of this one."""
-        return self.store.count_ahead(task.lane_group, task.seq)
+        return self.store.count_ahead(task.queue, task.seq)
 
     def queued_counts(self) -> dict[str, int]:
         return self.store.queued_counts()
@@ -318,8 +318,8 @@ class Ledger:
         return Attempt(
             task_id=task.id,
             attempt=task.attempt,
-            lane_group=task.lane_group,
-            account=task.account,
+            lane_group=task.queue,
+            account=task.owner,
             outcome=new_state,
             started_at=task.started_at,
             ended_at=self.clock.now(),
@@ -366,13 +366,13 @@ class Ledger:
             )
         self.events.publish(TaskChanged(task))
 
-    def claim(self, lane_groups: Sequence[str], account: str) -> Task | None:
+    def claim(self, queues: Sequence[str], owner: str) -> Task | None:
         now = self.clock.now()
         task = self.store.claim_next(
-            lane_groups,
+            queues,
             now,
             {
-                "account": account,
+                "account": owner,
                 "stage": Stage.DISPATCHED,
                 "started_at": now,
                 "heartbeat_at": now,

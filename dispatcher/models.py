@@ -91,6 +91,18 @@ class Task:
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    # The stored columns keep their old names (`lane_group`, `account`); code
+    # reads the names that say what they are.
+    @property
+    def queue(self) -> str:
+        """What it waits in: "api-model:<model>" or "web:<model>" (not a lane)."""
+        return self.lane_group
+
+    @property
+    def owner(self) -> str | None:
+        """The web account or API provider whose lane ran it (the last one)."""
+        return self.account
+
     def replace(self, **changes: Any) -> Task:
         return dataclasses.replace(self, **changes)
 
@@ -101,7 +113,8 @@ class Task:
             "ref": self.ref,
             "model": self.model,
             "kind": self.kind.value,
-            "account": self.account,
+            "owner": self.account,
+            "account": self.account,  # deprecated alias of "owner"
             "params": self.params,
             "fingerprint": self.fingerprint,
             "state": self.state.value,
@@ -148,7 +161,8 @@ class Attempt:
             "lane": f"api:{self.account}"
             if self.account and self.lane_group.startswith("api")
             else self.lane_group,
-            "account": self.account,
+            "owner": self.account,
+            "account": self.account,  # deprecated alias of "owner"
             "outcome": self.outcome.value,
             "started_at": self.started_at,
             "ended_at": self.ended_at,

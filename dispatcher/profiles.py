@@ -315,7 +315,7 @@ class Profile(_Strict):
         return self.api.model_copy(update=changes) if changes else self.api
 
     @property
-    def lane_group(self) -> str:
+    def queue(self) -> str:
         # Per model, not per provider: every lane of a provider that serves
         # the model takes from it, as every account of a web model does.
         return f"api-model:{self.name}" if self.kind is Kind.API else f"web:{self.name}"

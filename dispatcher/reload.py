@@ -87,10 +87,10 @@ class ReloadPlan:
 def check_pools(lanes: Mapping[str, LaneSpec], pool_size: Callable[[str], int | None]) -> None:
     """ConfigError when a provider's quota exceeds the pool its client was opened with."""
     for lane in lanes.values():
-        pool = pool_size(lane.account) if lane.kind is Kind.API else None
+        pool = pool_size(lane.owner) if lane.kind is Kind.API else None
         if pool is not None and lane.concurrency > pool:
             raise ConfigError(
-                f"concurrency for API provider {lane.account!r} raised to "
+                f"concurrency for API provider {lane.owner!r} raised to "
                 f"{lane.concurrency}: its connection pool holds {pool}; a restart applies it"
             )
 

@@ -96,7 +96,7 @@ class Scheduler:
         self.run_history = RunHistory()
         self.rounds = 0
         self.failures_for_attention = failures_for_attention
-        self._streaks: dict[str, Streak] = {}  # account -> failures of one class in a row
+        self._streaks: dict[str, Streak] = {}  # owner -> failures of one class in a row
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
         self.effective_concurrency = effective_concurrency
         self._cooldown_timer: asyncio.TimerHandle | None = None
@@ -209,11 +209,11 @@ class Scheduler:
         snapshot = LaneSnapshot(
             name=lane.name,
             concurrency=self.lane_concurrency(lane),
-            enabled=self.accounts.is_open(lane.account),
+            enabled=self.accounts.is_open(lane.owner),
             running=len(self._lane_running[lane.name]),
         )
         for _ in range(free_slots(snapshot)):
-            task = self.ledger.claim(lane.lane_groups, lane.account)
+            task = self.ledger.claim(lane.queues, lane.owner)
             if task is None:
                 break
             if task.model not in self.profiles:
@@ -258,7 +258,7 @@ class Scheduler:
     # -- running one task ----------------------------------------------------------
     def lane_for(self, task: Task) -> LaneSpec | None:
         for lane in self.lanes.values():
-            if task.account == lane.account and task.lane_group in lane.lane_groups:
+            if task.owner == lane.owner and task.queue in lane.queues:
                 return lane
         return None
 
@@ -298,7 +298,7 @@ class Scheduler:
             task=task,
             profile=profile,
             lane=lane.name,
-            account=lane.account,
+            account=lane.owner,
             clock=self.clock,
             result_dir=self.results_dir.joinpath(task.id, f"attempt-{task.attempt}"),
             log=adapter,
@@ -406,7 +406,7 @@ class Scheduler:
         durations = running.live.closed_durations(self.clock.now())
         match outcome:
             case RunResult():
-                self._streaks.pop(running.lane.account, None)
+                self._streaks.pop(running.lane.owner, None)
                 done = await self.ledger.succeed(task, outcome.to_json(), durations)
                 if done is not None and done.state is State.SUCCESS and done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
@@ -431,29 +431,29 @@ class Scheduler:
         if running.lane.kind is Kind.WEB:
             # Only web accounts: a provider's bad spell (5xx, timeouts)
             # passes by itself, and retries already space out its tasks.
-            self._count_failure(running.lane.account, error)
+            self._count_failure(running.lane.owner, error)
 
     def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
         """The account, not the task, failed: the task goes back to pending on
         the same attempt (another account of its model may take it) and the
         account changes state. True when that is what happened."""
-        account, lane = running.lane.account, running.lane
+        owner, lane = running.lane.owner, running.lane
         if isinstance(error, AccountHold) and error.kind == "usage_limit":
             until = error.until
             if until is None:
                 web = running.ctx.profile.web
                 cooldown_s = web.cooldown_s if web is not None else 3600.0
                 until = self.clock.now() + self.clock.scaled(cooldown_s)
-            self.accounts.cool_down(account, until, f"usage limit: {error}")
+            self.accounts.cool_down(owner, until, f"usage limit: {error}")
         elif isinstance(error, AccountHold):
-            self.accounts.needs_attention(account, f"{error.kind}: {error}")
+            self.accounts.needs_attention(owner, f"{error.kind}: {error}")
         elif isinstance(error, AuthError) and lane.kind is Kind.WEB:
-            self.accounts.needs_attention(account, f"logged out: {error}")
+            self.accounts.needs_attention(owner, f"logged out: {error}")
         elif lane.kind is Kind.API and error.kind in ("http_401", "http_403"):
-            self.accounts.needs_attention(account, f"the provider refused the key: {error}")
+            self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
         else:
             return False
-        self._streaks.pop(account, None)
+        self._streaks.pop(owner, None)
         stored = self.ledger.current(running.task.id)
         if stored is not None and stored.cancel_requested:
             # Asked to cancel while it ran: that outcome wins over waiting.
@@ -462,14 +462,14 @@ class Scheduler:
             self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
         return True
 
-    def _count_failure(self, account: str, error: RunError) -> None:
-        """N failures of one class in a row on one account: it needs an operator."""
+    def _count_failure(self, owner: str, error: RunError) -> None:
+        """N failures of one class in a row on one lane owner: it needs an operator."""
         kind = None if error.kind in _TASK_FAULTS else error.kind
-        decision = after_outcome(self._streaks.get(account), kind, self.failures_for_attention)
+        decision = after_outcome(self._streaks.get(owner), kind, self.failures_for_attention)
         if decision.streak is None:
-            self._streaks.pop(account, None)
+            self._streaks.pop(owner, None)
         else:
-            self._streaks[account] = decision.streak
+            self._streaks[owner] = decision.streak
         if decision.attention is not None:
             what = (
                 f"the browser failed to start {decision.failures} times in a row"
@@ -477,7 +477,7 @@ class Scheduler:
                 else decision.attention
             )
             reason = f"{what}; last: {error}"
-            self.accounts.needs_attention(account, reason[:MAX_REASON_CHARS])
+            self.accounts.needs_attention(owner, reason[:MAX_REASON_CHARS])
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""
@@ -521,7 +521,7 @@ class Scheduler:
             concurrency = sum(
                 lane.concurrency
                 for lane in self.lanes.values()
-                if task.lane_group in lane.lane_groups and self.accounts.is_open(lane.account)
+                if task.queue in lane.queues and self.accounts.is_open(lane.owner)
             )
             info["ahead"] = ahead
             info["eta_s"] = eta_s(
@@ -550,13 +550,14 @@ class Scheduler:
         queued = self.ledger.queued_counts()
         view = []
         for lane in self.lanes.values():
-            account = self.accounts.get(lane.account)
-            state = self.accounts.state(lane.account)
+            account = self.accounts.get(lane.owner)
+            state = self.accounts.state(lane.owner)
             view.append(
                 {
                     "name": lane.name,
                     "kind": lane.kind.value,
-                    "account": lane.account,
+                    "owner": lane.owner,
+                    "account": lane.owner,  # deprecated alias of "owner"
                     "models": list(lane.models),
                     "concurrency": lane.concurrency,
                     "effective_concurrency": self.lane_concurrency(lane),
@@ -565,7 +566,7 @@ class Scheduler:
                     "state": state.state.value,
                     "until": state.until,
                     "reason": state.reason or account.reason,
-                    "queued": sum(queued.get(group, 0) for group in lane.lane_groups),
+                    "queued": sum(queued.get(queue, 0) for queue in lane.queues),
                     "running": sorted(self._lane_running[lane.name]),
                 }
             )

@@ -199,7 +199,7 @@ class Service:
             from apirunner.runner import ApiRunner
 
             if isinstance(runner, ApiRunner):
-                return int(runner.effective_concurrency(lane.account, lane.concurrency))
+                return int(runner.effective_concurrency(lane.owner, lane.concurrency))
         return lane.concurrency
 
     async def start(self) -> None:
@@ -259,7 +259,7 @@ class Service:
         self.cache.startup()
         lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
         self.accounts = AccountBook(self.store, self.clock, self.events)
-        self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         self._check_api_keys()
         self.ledger = Ledger(
             self.store,
@@ -275,7 +275,7 @@ class Service:
         )
         self.ledger.invalid_models = found.invalid_models()
         concurrency = {
-            lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+            lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
         for runner in self.runners.values():
@@ -283,7 +283,7 @@ class Service:
         web = self._web_runner()
         for lane in lanes.values():
             if web is not None and lane.kind is Kind.WEB:
-                web.add_account(lane.account)  # one added at run time (the rest are held)
+                web.add_account(lane.owner)  # one added at run time (the rest are held)
         if settings.demo and web is not None:
             from demo.bootstrap import log_in_demo_accounts
 
@@ -345,7 +345,7 @@ class Service:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
         lanes = build_lanes(self.profiles, self.settings)
         lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
-        self.accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+        self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
 
     def _reconcile(self) -> None:
@@ -480,7 +480,7 @@ class Service:
         runner = self.runners.get(Kind.API)
         if isinstance(runner, ApiRunner):
             concurrency = {
-                lane.account: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+                lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
             }
             await runner.add_profiles(profiles, concurrency)
 

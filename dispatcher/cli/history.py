@@ -151,7 +151,7 @@ def tasks(
             escape(task["model"]),
             styled(task["state"]),
             f"{task['attempt']}/{task['max_attempts']}",
-            escape(f"{task['kind']}:{task['account']}" if task.get("account") else "-"),
+            escape(f"{task['kind']}:{task['owner']}" if task.get("owner") else "-"),
             when(task["created_at"]),
             fmt_seconds(task_elapsed_s(task)),
             escape(clip(outcome)),

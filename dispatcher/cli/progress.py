@@ -43,8 +43,8 @@ class LaneNames:
         return [self.lanes[name] for name in self._by_model.get(model, [])]
 
     def of(self, task: dict[str, Any]) -> str:
-        if task.get("account"):
-            return f"{task['kind']}:{task['account']}"
+        if task.get("owner"):
+            return f"{task['kind']}:{task['owner']}"
         lanes = self._by_model.get(task["model"], [])
         if len(lanes) == 1:
             return lanes[0]
@@ -189,7 +189,7 @@ class ClosedLanes:
                 f"[yellow]waiting[/yellow]: lane {escape(name)} {why}"
                 f"{': ' + escape(lane['reason']) if lane['reason'] else ''} — "
                 f"{waiting[name]} task(s) wait for it; once fixed: "
-                f"python -m dispatcher accounts enable {escape(lane['account'])}",
+                f"python -m dispatcher accounts enable {escape(lane['owner'])}",
                 soft_wrap=True,
             )
         self._told = {k for k in self._told if k[0] in closed}

@@ -169,7 +169,7 @@ def _task_table(task: dict[str, Any]) -> Table:
         ("ref", task.get("ref") or "-"),
         ("job", task.get("job_id") or "-"),
         ("model", f"{task['model']} ({task['kind']})"),
-        ("lane", f"{task['kind']}:{task['account']}" if task.get("account") else "-"),
+        ("lane", f"{task['kind']}:{task['owner']}" if task.get("owner") else "-"),
         (
             "state",
             task["state"]
@@ -211,8 +211,17 @@ def _task_table(task: dict[str, Any]) -> Table:
 
 
 def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
-    table = Table("attempt", "lane", "outcome", "started", "ended", "stages", "error",
-                  title="attempts", title_justify="left")
+    table = Table(
+        "attempt",
+        "lane",
+        "outcome",
+        "started",
+        "ended",
+        "stages",
+        "error",
+        title="attempts",
+        title_justify="left",
+    )
     for attempt in attempts:
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in attempt["stage_durations"].items())
         error = attempt.get("error") or {}
@@ -229,9 +238,9 @@ def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
 
 
 def _attempt_lane(attempt: dict[str, Any]) -> str:
-    """`api:openai`, `web:acct-1`: the lane's kind with the account that ran it."""
+    """`api:openai`, `web:acct-1`: the lane's kind with the owner that ran it."""
     kind = str(attempt["lane"]).partition(":")[0]
-    return f"{kind}:{attempt['account']}" if attempt.get("account") else str(attempt["lane"])
+    return f"{kind}:{attempt['owner']}" if attempt.get("owner") else str(attempt["lane"])
 
 
 def _clock_time(epoch_s: float | None) -> str:

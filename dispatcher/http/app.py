@@ -301,6 +301,7 @@ class Api:
                 {
                     "name": f"invalid:{Path(file).name}",
                     "kind": None,
+                    "owner": "",
                     "account": "",
                     "models": models,
                     "concurrency": 0,

@@ -58,6 +58,10 @@ class ErrorDetail(_Answer):
     message: str = Field(description="what is wrong, for a person")
 
 
+# `account` said "web account" in one place and "API provider" in another.
+_OLD_OWNER = 'deprecated: the old name of "owner"; removed in 0.2'
+
+
 class ErrorAnswer(_Answer):
     error: ErrorDetail
 
@@ -76,7 +80,8 @@ class ArtifactInfo(_Answer):
 class AttemptAnswer(_Answer):
     attempt: int
     lane: str | None
-    account: str | None
+    owner: str | None = Field(description="the web account or API provider whose lane ran it")
+    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
     outcome: State
     started_at: float | None
     ended_at: float | None
@@ -89,7 +94,8 @@ class TaskAnswer(_Answer):
     job_id: str | None
     model: str
     kind: Kind
-    account: str | None
+    owner: str | None = Field(description="the web account or API provider whose lane ran it")
+    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
     params: dict[str, Any]
     fingerprint: str
     state: State
@@ -169,7 +175,8 @@ AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled"]
 class Lane(_Answer):
     name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
     kind: Kind | None = Field(description="null for a profile file that is invalid")
-    account: str
+    owner: str = Field(description="the web account or API provider this lane belongs to")
+    account: str = Field(deprecated=True, description=_OLD_OWNER)
     models: list[str]
     concurrency: int
     effective_concurrency: int = Field(

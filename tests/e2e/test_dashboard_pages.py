@@ -310,7 +310,7 @@ async def test_pages_read_the_paged_answers_and_the_attempt_history(
                 {
                     "attempt": 1,
                     "lane": "api:demo",
-                    "account": "demo",
+                    "owner": "demo",
                     "outcome": "pending",
                     "started_at": task["started_at"],
                     "ended_at": task["started_at"],
@@ -320,7 +320,7 @@ async def test_pages_read_the_paged_answers_and_the_attempt_history(
                 {
                     "attempt": 2,
                     "lane": "api:demo",
-                    "account": "demo",
+                    "owner": "demo",
                     "outcome": "success",
                     "started_at": task["started_at"],
                     "ended_at": task["finished_at"],

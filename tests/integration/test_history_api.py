@@ -40,7 +40,8 @@ async def test_a_task_answer_carries_every_attempt_of_it(tmp_path: Path) -> None
         # Two attempts went back to the queue, the last one ended the task.
         assert [a["outcome"] for a in attempts] == ["pending", "pending", "failed"]
         for attempt in attempts:
-            assert attempt["account"] == "demo" and attempt["lane"] == "api:demo"
+            assert attempt["owner"] == "demo" and attempt["lane"] == "api:demo"
+            assert attempt["account"] == "demo"  # the deprecated name, for one release
             assert attempt["error"]["kind"] and attempt["error"]["message"]
             assert attempt["started_at"] <= attempt["ended_at"]
             assert "dispatched" in attempt["stage_durations"]
@@ -49,6 +50,7 @@ async def test_a_task_answer_carries_every_attempt_of_it(tmp_path: Path) -> None
         done = await h.wait_task(fine["id"])
         (only,) = done["attempts"]
         assert only["outcome"] == "success" and only["error"] is None
+        assert done["owner"] == done["account"] == "demo"
         assert set(only["stage_durations"]) >= {"dispatched", "generating", "downloading"}
 
         canceled = await h.wait_task(long["id"])

@@ -64,6 +64,7 @@ async def test_a_batch_spreads_over_both_providers_within_each_quota(tmp_path: P
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
         for name in ("api:vid-a", "api:vid-b"):
             assert lanes[name]["models"] == ["multi-video"]
+            assert lanes[name]["owner"] == lanes[name]["account"] == name.removeprefix("api:")
             assert lanes[name]["concurrency"] == QUOTA
         shots = [
             {"model": "multi-video", "params": {"prompt": f"shot {i}", "gen_s": 5}}

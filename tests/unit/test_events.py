@@ -36,6 +36,7 @@ def test_task_changed_is_type_task_with_the_task_answer() -> None:
             "ref": "shot-1",
             "model": "demo-chat-api",
             "kind": "api",
+            "owner": "demo",
             "account": "demo",
             "params": {"prompt": "hi"},
             "fingerprint": "fp",

@@ -52,7 +52,7 @@ def test_each_provider_sees_its_own_base_url_and_key(tmp_path: Path) -> None:
     assert allowlist.allows("http://10.0.0.1:8188/x") and allowlist.allows("http://10.0.0.2:8188/y")
 
     lanes = build_lanes({"m": profile}, Settings(concurrency={"gpu-b": 2}))
-    assert {name: lane.lane_groups for name, lane in lanes.items()} == {
+    assert {name: lane.queues for name, lane in lanes.items()} == {
         "api:gpu-a": ("api-model:m",),
         "api:gpu-b": ("api-model:m",),
     }
@@ -82,5 +82,5 @@ def test_a_bad_providers_table_names_the_file_and_the_key(
 def test_a_provider_serving_two_models_takes_both_queues() -> None:
     one, two = api_profile("one", provider="p"), api_profile("two", provider="p")
     (lane,) = build_lanes({"one": one, "two": two}, Settings()).values()
-    assert lane.lane_groups == ("api-model:one", "api-model:two")
+    assert lane.queues == ("api-model:one", "api-model:two")
     assert lane.models == ("one", "two")

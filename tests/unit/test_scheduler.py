@@ -78,8 +78,8 @@ def _lane(provider: str, model: str, concurrency: int) -> LaneSpec:
     return LaneSpec(
         name=f"api:{provider}",
         kind=Kind.API,
-        account=provider,
-        lane_groups=(f"api-model:{model}",),
+        owner=provider,
+        queues=(f"api-model:{model}",),
         models=(model,),
         concurrency=concurrency,
     )
@@ -95,7 +95,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     ledger = Ledger(store, clock, profiles, events, retry_delay_s=0.0)
     accounts = AccountBook(store, clock, events)
     lanes = {lane.name: lane for lane in (_lane("prov-a", "m-a", 1), _lane("prov-b", "m-b", 1))}
-    accounts.ensure((lane.account, lane.kind) for lane in lanes.values())
+    accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
     runner = FakeRunner()
     scheduler = Scheduler(
         ledger=ledger,

@@ -205,7 +205,7 @@
         rows.set(n, {
           n,
           state: a.outcome ?? a.state ?? null,
-          account: a.account ?? null,
+          owner: a.owner ?? null,
           lane: a.lane ?? null,
           started: a.started_at ?? null,
           ended: a.ended_at ?? a.finished_at ?? null,
@@ -218,7 +218,7 @@
       const erredBefore = !history.length && task.state === "pending" && task.error && current > 1;
       // A pending task's times belong to an earlier attempt: its current one has not run.
       if (!rows.has(current) && task.state !== "pending") {
-        rows.set(current, { n: current, state: task.state, account: task.account,
+        rows.set(current, { n: current, state: task.state, owner: task.owner,
           started: task.started_at, ended: task.finished_at, stages: task.stage_durations,
           error: erredBefore ? null : task.error });
       }
@@ -269,12 +269,12 @@
         .map(([name, s]) => `${name} ${s < 10 ? s.toFixed(1) : Math.round(s)}s`).join(" · ");
       return section("Attempts", "task-attempts",
         el("table", {},
-          el("thead", {}, el("tr", {}, ...["#", "outcome", "account", "started", "ended", "took",
+          el("thead", {}, el("tr", {}, ...["#", "outcome", "owner", "started", "ended", "took",
             "stages", "error", "what it looked like"].map((h) => el("th", { text: h })))),
           el("tbody", {}, list.map((a) => el("tr", { "data-testid": "attempt-row", "data-attempt": a.n },
             el("td", { class: "num", text: a.n }),
             el("td", {}, this.outcome(a)),
-            el("td", { class: "mono", text: a.account || a.lane || "" }),
+            el("td", { class: "mono", text: a.owner || a.lane || "" }),
             el("td", { class: "muted", text: when(a.started) }),
             el("td", { class: "muted", text: when(a.ended) }),
             el("td", { class: "num", text: a.started && a.ended ? duration(a.ended - a.started) : "" }),

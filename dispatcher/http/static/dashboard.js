@@ -489,7 +489,7 @@
   }
 
   function laneOf(task) {
-    if (task.account) return `${task.kind}:${task.account}`;
+    if (task.owner) return `${task.kind}:${task.owner}`;
     const serving = view.lanes.filter((lane) => !lane.invalid && lane.models.includes(task.model));
     if (serving.length === 1) return serving[0].name;
     return `${task.kind}:${task.model} (any account)`;

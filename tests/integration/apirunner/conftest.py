@@ -136,7 +136,7 @@ class Kit:
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
-            lane_group=profile.lane_group,
+            lane_group=profile.queue,
             params=params,
             fingerprint=new_id(),
             created_at=0.0,

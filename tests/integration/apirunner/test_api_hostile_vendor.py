@@ -147,7 +147,7 @@ class Hostile:
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
-            lane_group=profile.lane_group,
+            lane_group=profile.queue,
             params={"prompt": f"model {model}"},
             fingerprint=new_id(),
             created_at=0.0,
@@ -167,7 +167,7 @@ class Hostile:
         return RunContext(
             task=task,
             profile=profile,
-            lane=profile.lane_group,
+            lane=profile.queue,
             account=profile.provider or "",
             clock=self.clock,
             result_dir=self.result_dir / task.id,

@@ -76,7 +76,7 @@ class Comfy:
             id=new_id(),
             model="demo-comfy",
             kind=Kind.API,
-            lane_group=self.profile.lane_group,
+            lane_group=self.profile.queue,
             params={"seed": 7, **params},
             fingerprint=new_id(),
             created_at=0.0,
