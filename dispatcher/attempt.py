@@ -8,7 +8,6 @@ attempt; `disk_full_error` names a full results disk behind a failure.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 from dataclasses import dataclass, field
@@ -88,7 +87,6 @@ class Running:
     lane: LaneSpec
     ctx: RunContext
     live: Live
-    job: asyncio.Task[None] | None = None
     started_monotonic: float = 0.0  # the context's last beat when the run began
 
     @property

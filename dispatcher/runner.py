@@ -1,10 +1,13 @@
 """The one small interface every runner implements, and what it is handed.
 
 A runner turns one claimed task into a `RunResult` or raises:
-`TaskCanceled` when it noticed a cancel at a checkpoint, a `RunError`
-(transient or permanent) when the attempt failed. It never writes task state
-itself: the scheduler owns every state write; the runner reports through its
-`RunContext` (liveness, stage, the remote id).
+`TaskCanceled` when a cancel ended one of its guarded waits (`RunContext.guard`)
+or met a checkpoint (`check_canceled`), a `RunError` (transient or permanent)
+when the attempt failed. It never writes task state itself: the scheduler
+owns every state write; the runner reports through its `RunContext`
+(liveness, stage, the remote id). A reclaim or a shutdown reaches the run as
+an asyncio cancellation (`RunContext.interrupt`), and its ending is not
+recorded.
 """
 
 from __future__ import annotations

@@ -150,9 +150,10 @@ class Scheduler:
             await self._loop_task
         jobs = []
         for running in list(self.running.values()):
-            if running.job is not None and not running.job.done():
+            job = running.ctx.job
+            if job is not None and not job.done():
                 running.ctx.interrupt(Interruption.SHUTDOWN)
-                jobs.append(running.job)
+                jobs.append(job)
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
 
@@ -304,7 +305,7 @@ class Scheduler:
         )
         self.running[task.id] = running
         self._lane_running[lane.name].add(task.id)
-        running.job = ctx.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
+        ctx.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
         if task.cancel_requested:
             ctx.interrupt(Interruption.CANCELED)
 
