@@ -28,7 +28,6 @@ from apirunner.client import (
     CallFailed,
     with_retries,
 )
-from apirunner.gate import sleep_nominal
 from apirunner.polling import PollEvidence, ProgressTrack, next_poll_wait
 from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
@@ -97,7 +96,6 @@ class ProviderAttempt(AttemptBase):
         self.deadline_s = self.clock.scaled(api.timeout_s)
         self.deadline_label = f"the profile's timeout_s ({api.timeout_s:g} s)"
         self.params: dict[str, Any] = dict(task.params)
-        self.cancel = ctx.cancel_event
         self.polls = 0
         self.http_version = ""
         self.last_answer: Any = None  # the provider's, kept as evidence if the attempt fails
@@ -167,29 +165,24 @@ class ProviderAttempt(AttemptBase):
     async def retrying(
         self, call: Call, *, cancelable: bool = True, creates_job: bool = False
     ) -> Answer:
-        op = partial(self.client.json, call, self.cancel if cancelable else None)
-        answer = await with_retries(
+        op = partial(self.client.json, call)
+        sent = with_retries(
             partial(_understood_or_final, op) if creates_job else op,
             clock=self.clock,
             rand=self.rand,
-            cancel=self.cancel if cancelable else None,
             on_retry=self._log_retry,
         )
+        answer = await (self.ctx.guard(sent) if cancelable else sent)
         self.http_version = answer.http_version
         self.last_answer = answer.data
         return answer
 
     async def _download_reference(self, call: Call, folder: Path) -> ResultFile:
         download = partial(
-            self.client.download,
-            call,
-            folder,
-            "ref",
-            self.cancel,
-            max_bytes=self.max_reference_bytes,
+            self.client.download, call, folder, "ref", max_bytes=self.max_reference_bytes
         )
-        return await with_retries(
-            download, clock=self.clock, rand=self.rand, cancel=self.cancel, on_retry=self._log_retry
+        return await self.ctx.guard(
+            with_retries(download, clock=self.clock, rand=self.rand, on_retry=self._log_retry)
         )
 
     def _log_retry(self, failure: Failure, tries: int) -> None:
@@ -317,8 +310,7 @@ class ProviderAttempt(AttemptBase):
         # Wait out a closed gate while nothing has been sent, so a cancel
         # still stops us cleanly; the submit itself is never cut in half,
         # since a job created behind a torn-down request could not be named.
-        await self.client.gate.wait(self.cancel)
-        self.ctx.check_canceled()
+        await self.ctx.guard(self.client.gate.wait())
         answer = await self.send_submit(cancelable=False)
         try:
             ref = ref_from_submit(self.api, answer.data)
@@ -348,7 +340,7 @@ class ProviderAttempt(AttemptBase):
             if wait:
                 elapsed_s = (self.clock.now() - submitted) / self.clock.time_scale
                 evidence = PollEvidence(step, elapsed_s, self.ctx.history_s, progress, position)
-                await sleep_nominal(self.clock, next_poll_wait(evidence, self.rand), self.cancel)
+                await self.ctx.guard(self.clock.sleep(next_poll_wait(evidence, self.rand)))
                 step += 1
             wait = True
             self.ctx.check_canceled()
@@ -358,7 +350,7 @@ class ProviderAttempt(AttemptBase):
                     kind="timeout",
                 )
             try:
-                answer = await self.client.json(call, self.cancel)
+                answer = await self.ctx.guard(self.client.json(call))
             except CallFailed as exc:
                 failure = exc.failure
                 if not failure.retryable:
@@ -411,19 +403,11 @@ class ProviderAttempt(AttemptBase):
             url = self.url_for(spec.path, None, ref, "[api.result]")
         call = self.call("GET", url)
         stem = f"{self.task.id}"
-        result_file = await with_retries(
-            partial(
-                self.client.download,
-                call,
-                self.ctx.result_dir,
-                stem,
-                self.cancel,
-                max_bytes=self.max_download_bytes,
-            ),
-            clock=self.clock,
-            rand=self.rand,
-            cancel=self.cancel,
-            on_retry=self._log_retry,
+        download = partial(
+            self.client.download, call, self.ctx.result_dir, stem, max_bytes=self.max_download_bytes
+        )
+        result_file = await self.ctx.guard(
+            with_retries(download, clock=self.clock, rand=self.rand, on_retry=self._log_retry)
         )
         return RunResult(files=[result_file], meta=self.meta(ref, status))
 
@@ -435,8 +419,8 @@ class ProviderAttempt(AttemptBase):
             url = self.url_for(spec.path, spec.url, ref, "[api.cancel]")
             body = render_body(spec.body, self.params) if spec.body is not None else None
             call = self.call(spec.method.upper(), url, body)
-            # No cancel event here: we are the ones canceling.
-            await asyncio.wait_for(self.client.json(call, None), timeout=CANCEL_BUDGET_S)
+            # Not guarded: we are the ones canceling.
+            await asyncio.wait_for(self.client.json(call), timeout=CANCEL_BUDGET_S)
             self.ctx.log.info("remote job %s canceled at the provider", ref.id)
         except (CallFailed, RunError, TemplateError, TimeoutError) as exc:
             self.ctx.log.warning("could not cancel remote job %s: %s", ref.id, exc)

@@ -11,7 +11,6 @@ retries (`with_retries`) sit on top, decided by `decide_retry`.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import ssl
@@ -31,7 +30,7 @@ from apirunner.classify import (
     classify_status,
     decide_retry,
 )
-from apirunner.gate import RetryGate, race_cancel, sleep_nominal
+from apirunner.gate import RetryGate
 from apirunner.polling import Rand, parse_retry_after
 from dispatcher import fetch
 from dispatcher.clock import Clock
@@ -115,7 +114,7 @@ def build_http_client(
         # catches a Retry-After another task received in the instant since
         # this one passed the gate.
         allowlist.check(request.url)
-        await gate.wait(None)
+        await gate.wait()
 
     client = httpx.AsyncClient(
         http2=True,
@@ -202,9 +201,9 @@ class ProviderClient:
                 extra={"lane": f"api:{self.provider}"},
             )
 
-    async def _before_send(self, url: str, cancel: asyncio.Event | None) -> None:
+    async def _before_send(self, url: str) -> None:
         self._allowlist.check(url)
-        waited = await self.gate.wait(cancel)
+        waited = await self.gate.wait()
         if waited >= 0.001:  # the gate reports microseconds even when it was open
             self._log.info(
                 "[api:%s] waited %.3f s for the provider's Retry-After",
@@ -233,20 +232,24 @@ class ProviderClient:
             timeout=_timeout(self._http.timeout, call.read_timeout_s),
         )
 
-    async def _guarded(self, work: Awaitable[T], cancel: asyncio.Event | None) -> T:
+    async def _translated(self, work: Awaitable[T]) -> T:
         """Translate what the network did into a `CallFailed` (permanent errors pass)."""
         try:
-            return await race_cancel(work, cancel)
+            return await work
         except httpx.HTTPError as exc:
             self.requests["error"] += 1
             raise CallFailed(classify_exception(exc)) from exc
         except TransientError as exc:  # a truncated body: worth the same request again
             raise CallFailed(Failure(True, exc.kind, exc.message)) from exc
 
-    async def json(self, call: Call, cancel: asyncio.Event | None) -> Answer:
-        """Send one request and decode its JSON answer (bounded in size and depth)."""
-        await self._before_send(call.url, cancel)
-        return await self._guarded(self._json(call), cancel)
+    async def json(self, call: Call) -> Answer:
+        """Send one request and decode its JSON answer (bounded in size and depth).
+
+        Like every wait here, it stops on a cancel only when awaited through
+        `RunContext.guard`.
+        """
+        await self._before_send(call.url)
+        return await self._translated(self._json(call))
 
     async def _json(self, call: Call) -> Answer:
         what = f"the answer of {call.method} {call.url}"
@@ -274,13 +277,12 @@ class ProviderClient:
         call: Call,
         dest_dir: Path,
         stem: str,
-        cancel: asyncio.Event | None,
         *,
         max_bytes: int,
     ) -> ResultFile:
         """Stream the answer to a file, hashing as it goes; nothing is held in memory."""
-        await self._before_send(call.url, cancel)
-        return await self._guarded(self._download(call, dest_dir, stem, max_bytes), cancel)
+        await self._before_send(call.url)
+        return await self._translated(self._download(call, dest_dir, stem, max_bytes))
 
     async def _download(self, call: Call, dest_dir: Path, stem: str, max_bytes: int) -> ResultFile:
         async with (
@@ -299,13 +301,14 @@ async def with_retries(
     *,
     clock: Clock,
     rand: Rand,
-    cancel: asyncio.Event | None,
     on_retry: Callable[[Failure, int], None] | None = None,
 ) -> T:
     """Run `op` until it succeeds or `decide_retry` gives up (then re-raise).
 
     For requests that are safe to repeat: submits carry the same
     Idempotency-Key each time, downloads and reads change nothing remotely.
+    Awaited through `RunContext.guard`, a cancel ends the request or the
+    wait between two tries.
     """
     errors = 0
     rate_limits = 0
@@ -322,7 +325,7 @@ async def with_retries(
                 errors += 1
             if on_retry is not None:
                 on_retry(exc.failure, errors + rate_limits)
-            await sleep_nominal(clock, decision.wait_s, cancel)
+            await clock.sleep(decision.wait_s)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,6 @@ from apirunner.comfy_protocol import (
     read_message,
     read_outcome,
 )
-from apirunner.gate import race_cancel, sleep_nominal
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
 from dispatcher.clock import Clock
@@ -124,7 +123,6 @@ class _ComfyAttempt(AttemptBase):
         self.max_download_bytes = 0
         # Set by `run_comfyui`: local reference images only from the input dirs.
         self.reference_files = LocalFiles((), 0)
-        self.cancel = scope.ctx.cancel_event
         self.socket: ClientConnection | None = None
         self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
         self.reader: asyncio.Task[None] | None = None
@@ -176,10 +174,9 @@ class _ComfyAttempt(AttemptBase):
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """A request that changes nothing twice (reads, delete, interrupt): retried in place."""
         answer = await with_retries(
-            partial(self.client.json, self.call(method, path, body), None),
+            partial(self.client.json, self.call(method, path, body)),
             clock=self.clock,
             rand=self.rand,
-            cancel=None,
         )
         return answer.data
 
@@ -191,8 +188,7 @@ class _ComfyAttempt(AttemptBase):
             self.ctx.log.info("resuming ComfyUI prompt %s without posting it again", prompt_id)
         else:
             graph = fill(self.api.graph, self.api.inputs, self.task.params)
-            await self.client.gate.wait(self.cancel)
-            self.ctx.check_canceled()
+            await self.ctx.guard(self.client.gate.wait())
             graph = await self.upload_images(graph)
             client_id = uuid.uuid4().hex
             await self.open_socket(client_id)
@@ -228,7 +224,7 @@ class _ComfyAttempt(AttemptBase):
         errors = rate_limits = 0
         while True:
             try:
-                answer = await self.client.json(call, None)
+                answer = await self.client.json(call)
                 break
             except CallFailed as exc:
                 failure = exc.failure
@@ -245,7 +241,7 @@ class _ComfyAttempt(AttemptBase):
                     raise
                 rate_limits += decision.rate_limited
                 errors += not decision.rate_limited
-                await sleep_nominal(self.clock, decision.wait_s, self.cancel)
+                await self.ctx.guard(self.clock.sleep(decision.wait_s))
         data = answer.data if isinstance(answer.data, dict) else {}
         prompt_id = data.get("prompt_id")
         if not isinstance(prompt_id, str) or not prompt_id or len(prompt_id) > 200:
@@ -280,11 +276,8 @@ class _ComfyAttempt(AttemptBase):
                 files={"image": (name, data, "application/octet-stream")},
                 form={"overwrite": "true", "type": "input"},
             )
-            answer = await with_retries(
-                partial(self.client.json, call, self.cancel),
-                clock=self.clock,
-                rand=self.rand,
-                cancel=self.cancel,
+            answer = await self.ctx.guard(
+                with_retries(partial(self.client.json, call), clock=self.clock, rand=self.rand)
             )
             stored = answer.data if isinstance(answer.data, dict) else {}
             given, sub = stored.get("name"), stored.get("subfolder") or ""
@@ -326,7 +319,7 @@ class _ComfyAttempt(AttemptBase):
             wait_s = poll_wait(step, self.rand)
             step += 1
             if self.reader is None:
-                await sleep_nominal(self.clock, wait_s, self.cancel)
+                await self.ctx.guard(self.clock.sleep(wait_s))
                 check = True
                 continue
             event = await self.next_event(prompt_id, wait_s)
@@ -414,7 +407,7 @@ class _ComfyAttempt(AttemptBase):
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    raw = await race_cancel(self.messages.get(), self.cancel)
+                    raw = await self.ctx.guard(self.messages.get())
                     if raw is _SOCKET_CLOSED:
                         return raw
                     event = read_message(raw, prompt_id)
@@ -460,16 +453,16 @@ class _ComfyAttempt(AttemptBase):
     async def download(self, item: OutputFile) -> ResultFile:
         query = {"filename": item.filename, "subfolder": item.subfolder, "type": item.type}
         url = self.url("/view", query)
-        return await fetch_file(
+        download = fetch_file(
             self.client,
             self.make_call("GET", url),
             self.ctx.result_dir,
             self.clock,
             self.rand,
-            self.cancel,
             stem=f"{self.task.id}-{item.node}",
             max_bytes=self.max_download_bytes,
         )
+        return await self.ctx.guard(download)
 
     # -- cancel ------------------------------------------------------------------
     async def cancel_remote(self, prompt_id: str, *, confirm: bool) -> None:
@@ -507,7 +500,7 @@ class _ComfyAttempt(AttemptBase):
                     "ComfyUI never confirmed the cancel of prompt %s; giving up on it", prompt_id
                 )
                 return
-            await sleep_nominal(self.clock, CONFIRM_WAIT_S, None)
+            await self.clock.sleep(CONFIRM_WAIT_S)
 
 
 def _image_suffix(data: bytes) -> str:
@@ -525,7 +518,6 @@ async def fetch_file(
     dest_dir: Path,
     clock: Clock,
     rand: Rand,
-    cancel: asyncio.Event | None,
     *,
     stem: str,
     max_bytes: int,
@@ -533,8 +525,7 @@ async def fetch_file(
     """The one place this style downloads a result file (the shared download
     path, allowlisted and streamed, retried in place)."""
     return await with_retries(
-        partial(client.download, call, dest_dir, stem, cancel, max_bytes=max_bytes),
+        partial(client.download, call, dest_dir, stem, max_bytes=max_bytes),
         clock=clock,
         rand=rand,
-        cancel=cancel,
     )

@@ -25,7 +25,6 @@ import logging
 import random
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 import httpx
 
@@ -56,7 +55,7 @@ from dispatcher.errors import (
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Task
 from dispatcher.profiles import ApiSpec, Profile
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.runner import RunContext, RunnerStats, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
@@ -92,16 +91,15 @@ class ApiRunner:
     def providers(self) -> list[str]:
         return sorted({name for p in self._profiles.values() for name in p.provider_names})
 
-    @property
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RunnerStats:
         """Counters the service's metrics read: requests by provider and status."""
-        return {
-            "remote_requests": {
+        return RunnerStats(
+            remote_requests={
                 (provider, status): count
                 for provider, client in self._clients.items()
                 for status, count in client.requests.items()
             }
-        }
+        )
 
     def effective_concurrency(self, provider: str, quota: int) -> int:
         """The provider's lane concurrency after 429 storms (`health.after_call`)."""

@@ -8,7 +8,6 @@ attempt; `disk_full_error` names a full results disk behind a failure.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 from dataclasses import dataclass, field
@@ -88,9 +87,13 @@ class Running:
     lane: LaneSpec
     ctx: RunContext
     live: Live
-    job: asyncio.Task[None] | None = None
-    interrupted: str | None = None  # "reclaimed" or "shutdown": the wrapper must not write
     started_monotonic: float = 0.0  # the context's last beat when the run began
+
+    @property
+    def withdrawn(self) -> bool:
+        """Reclaimed or being shut down: the run's ending writes no verdict."""
+        reason = self.ctx.interruption
+        return reason is not None and reason.withdraws
 
 
 @dataclass(frozen=True)

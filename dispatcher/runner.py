@@ -1,23 +1,28 @@
 """The one small interface every runner implements, and what it is handed.
 
 A runner turns one claimed task into a `RunResult` or raises:
-`TaskCanceled` when it noticed a cancel at a checkpoint, a `RunError`
-(transient or permanent) when the attempt failed. It never writes task state
-itself: the scheduler owns every state write; the runner reports through its
-`RunContext` (liveness, stage, the remote id).
+`TaskCanceled` when a cancel ended one of its guarded waits (`RunContext.guard`)
+or met a checkpoint (`check_canceled`), a `RunError` (transient or permanent)
+when the attempt failed. It never writes task state itself: the scheduler
+owns every state write; the runner reports through its `RunContext`
+(liveness, stage, the remote id). A reclaim or a shutdown reaches the run as
+an asyncio cancellation (`RunContext.interrupt`), and its ending is not
+recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dispatcher.clock import Clock
-from dispatcher.errors import TaskCanceled
+from dispatcher.errors import TaskCanceled, TransientError
 from dispatcher.models import JSON, Stage, Task
 from dispatcher.profiles import Profile
 
@@ -56,10 +61,35 @@ class RunResult:
 
 StageReporter = Callable[[Stage, float | None, int | None], Awaitable[None]]
 RemoteIdRecorder = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
+
+
+class Interruption(Enum):
+    """Why a run was told to stop before it ended by itself."""
+
+    # An operator asked to cancel: guarded waits end at once with
+    # TaskCanceled, the runner cleans up, the task ends canceled.
+    CANCELED = "canceled"
+    # The scheduler took the task back as stale: the run is cancelled as an
+    # asyncio task and writes no verdict (another attempt follows).
+    RECLAIMED = "reclaimed"
+    # The service is stopping: cancelled as an asyncio task, no verdict; the
+    # task is requeued or, with a remote job, resumed at the next start.
+    SHUTDOWN = "shutdown"
+
+    @property
+    def withdraws(self) -> bool:
+        """The scheduler took the run back: whatever it ends with is not recorded."""
+        return self is not Interruption.CANCELED
 
 
 class RunContext:
-    """What a runner may see and do while it runs one attempt of one task."""
+    """What a runner may see and do while it runs one attempt of one task.
+
+    Cancel has one path: the scheduler calls `interrupt`; a runner awaits
+    everything that may take long through `guard`, and checks
+    `check_canceled` between steps.
+    """
 
     def __init__(
         self,
@@ -85,25 +115,133 @@ class RunContext:
         self.clock = clock
         self.result_dir = result_dir
         self.log = log
-        self.cancel_event = asyncio.Event()
-        self.last_beat_monotonic = clock.monotonic()
-        # Set by the scheduler before it interrupts the run: "reclaimed" (stale).
-        self.interrupted: str | None = None
+        self.interruption: Interruption | None = None
+        # The asyncio task the whole run executes in (set by the scheduler):
+        # what a reclaim or a shutdown cancels.
+        self.job: asyncio.Task[Any] | None = None
+        self._last_beat_monotonic = clock.monotonic()
+        self._alive_waits = 0  # guards whose waiting itself proves liveness
+        # Tasks inside `guard` (with its nesting depth), and those we cut.
+        self._guarded: dict[asyncio.Task[Any], int] = {}
+        self._cut: set[asyncio.Task[Any]] = set()
         self._report_stage = report_stage
         self._record_remote_id = record_remote_id
 
+    # -- interruption ------------------------------------------------------
+
     @property
     def canceled(self) -> bool:
-        return self.cancel_event.is_set()
+        return self.interruption is Interruption.CANCELED
+
+    def interrupt(self, reason: Interruption) -> None:
+        """Stop the run: see `Interruption` for what each reason does.
+
+        A reclaim or a shutdown overrides a cancel (neither writes a verdict);
+        a cancel after them changes nothing.
+        """
+        if reason is Interruption.CANCELED:
+            if self.interruption is not None:
+                return
+            self.interruption = reason
+            current = asyncio.current_task()
+            for task in self._guarded:
+                # The caller's own task notices at its next guard or checkpoint:
+                # cancelling itself would leave a cancel pending past the guard.
+                if task is not current and task not in self._cut and not task.done():
+                    self._cut.add(task)
+                    task.cancel()
+            return
+        self.interruption = reason
+        if self.job is not None and not self.job.done():
+            self.job.cancel()
 
     def check_canceled(self) -> None:
         """A checkpoint: raise TaskCanceled once an operator has asked to cancel."""
-        if self.cancel_event.is_set():
+        if self.canceled:
             raise TaskCanceled(f"task {self.task.id} canceled")
+
+    async def guard(
+        self,
+        work: Awaitable[T],
+        budget_s: float | None = None,
+        *,
+        what: str = "waiting",
+        budget_label: str | None = None,
+        alive: bool = False,
+    ) -> T:
+        """Await `work` in the calling task; a cancel or the budget ends it at once.
+
+        Raises TaskCanceled when an operator cancels (before or while it
+        runs), and TransientError(kind="timeout") "timed out after
+        <budget_label> while <what>" when `budget_s` real seconds pass
+        first. A reclaim or a shutdown passes through as CancelledError. Work
+        that swallows the interrupt and returns keeps its result (a write it
+        finished is not lost); the next guard or checkpoint raises instead.
+        Guards nest, in one task or across tasks (`asyncio.gather`).
+
+        The run beats once the work has returned; `alive` says the wait
+        itself proves liveness (a step bounded by its own timeout that does
+        not depend on a page: a launch, a download), so it counts as beating.
+        """
+        if self.canceled:
+            _close(work)
+            raise TaskCanceled(f"task {self.task.id} canceled")
+        if budget_s is not None and budget_s <= 0:
+            _close(work)
+            raise self._timed_out(budget_s, what, budget_label)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("RunContext.guard must run inside a task")
+        depth = self._guarded.get(task, 0)
+        self._guarded[task] = depth + 1
+        self._alive_waits += alive
+        timeout = asyncio.timeout(budget_s)
+        try:
+            async with timeout:
+                result = await work
+        except asyncio.CancelledError:
+            if task in self._cut:
+                self._cut.discard(task)
+                if task.uncancel() == 0:  # ours alone: the work was unwound
+                    raise TaskCanceled(f"task {self.task.id} canceled") from None
+            raise
+        except TimeoutError:
+            if timeout.expired():
+                assert budget_s is not None
+                raise self._timed_out(budget_s, what, budget_label) from None
+            raise
+        finally:
+            self._alive_waits -= alive
+            if depth:
+                self._guarded[task] = depth
+            else:
+                del self._guarded[task]
+            if task in self._cut:
+                # The work swallowed our interrupt: take it back, or the next
+                # `asyncio.timeout` in this task would count it as another's.
+                self._cut.discard(task)
+                task.uncancel()
+        self.beat()
+        return result
+
+    @staticmethod
+    def _timed_out(budget_s: float, what: str, label: str | None) -> TransientError:
+        return TransientError(
+            f"timed out after {label or f'{budget_s:g} s'} while {what}", kind="timeout"
+        )
+
+    # -- liveness and progress ---------------------------------------------
+
+    @property
+    def last_beat_monotonic(self) -> float:
+        """When the run last proved alive; now, while an `alive` guard waits."""
+        if self._alive_waits:
+            return self.clock.monotonic()
+        return self._last_beat_monotonic
 
     def beat(self) -> None:
         """Say "still alive"; the scheduler persists a heartbeat at most every 15 s."""
-        self.last_beat_monotonic = self.clock.monotonic()
+        self._last_beat_monotonic = self.clock.monotonic()
 
     async def set_stage(
         self,
@@ -120,12 +258,24 @@ class RunContext:
         await self._record_remote_id(remote_id)
 
 
+def _close(work: Awaitable[Any]) -> None:
+    """Dispose of work a guard refused to start."""
+    if inspect.iscoroutine(work):
+        work.close()  # never started: close it so Python does not warn
+    elif asyncio.isfuture(work):
+        work.cancel()
+
+
 class Runner(Protocol):
     """A kind of model (web or api) behind one small interface."""
 
     # True when liveness must be proven by `ctx.beat()` (a frozen browser page
     # looks alive to asyncio); False when a live coroutine is proof enough.
     beats_required: bool
+
+    @property
+    def allowlist(self) -> HostList:
+        """Hosts this runner may reach; a profile added by a reload must fit in it."""
 
     async def start(self) -> None:
         """Acquire what lanes hold for their lifetime (locks, clients)."""
@@ -135,3 +285,21 @@ class Runner(Protocol):
 
     async def aclose(self) -> None:
         """Release everything `start` acquired; no process may be left behind."""
+
+    def stats(self) -> RunnerStats:
+        """Counters for the service's metrics."""
+
+
+class HostList(Protocol):
+    """The outbound allowlist as the service sees it."""
+
+    def allows(self, url: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RunnerStats:
+    """What a runner counts for the metrics: plain counters (summed over the
+    runners) and requests by (provider, HTTP status)."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    remote_requests: dict[tuple[str, str], int] = field(default_factory=dict)

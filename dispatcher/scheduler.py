@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -41,7 +42,7 @@ from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger, lane_prefix, log_fields
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
-from dispatcher.runner import RunContext, Runner, RunResult
+from dispatcher.runner import Interruption, RunContext, Runner, RunResult
 
 log = logging.getLogger("dispatcher.scheduler")
 
@@ -149,10 +150,10 @@ class Scheduler:
             await self._loop_task
         jobs = []
         for running in list(self.running.values()):
-            if running.job is not None and not running.job.done():
-                running.interrupted = "shutdown"
-                running.job.cancel()
-                jobs.append(running.job)
+            job = running.ctx.job
+            if job is not None and not job.done():
+                running.ctx.interrupt(Interruption.SHUTDOWN)
+                jobs.append(job)
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
 
@@ -237,7 +238,7 @@ class Scheduler:
         by_id = {t.id: t for t in stale}
         for plan in plans:
             running = self.running.get(plan.task_id)
-            if running is not None and running.interrupted:
+            if running is not None and running.withdrawn:
                 continue
             task = by_id[plan.task_id]
             log.warning(
@@ -249,11 +250,10 @@ class Scheduler:
                 extra=log_fields(task, attempt=task.attempt),
             )
             self.ledger.reclaim(task, plan)
-            if running is not None and running.job is not None:
+            if running is not None:
                 # The lane's slot stays taken until the runner has confirmed its
                 # browser dead (its cleanup runs inside the cancelled coroutine).
-                running.interrupted = running.ctx.interrupted = "reclaimed"
-                running.job.cancel()
+                running.ctx.interrupt(Interruption.RECLAIMED)
 
     # -- running one task ----------------------------------------------------------
     def lane_for(self, task: Task) -> LaneSpec | None:
@@ -285,11 +285,6 @@ class Scheduler:
             live.progress = progress
             live.queue_position = queue
 
-        async def record_remote_id(remote_id: str) -> None:
-            # Registered below, before the run starts; the run reports through it.
-            current = self.running[task.id]
-            current.task = self.ledger.record_remote_id(current.task, remote_id)
-
         adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
             {"lane": lane.name, "task_id": task.id, "attempt": task.attempt},
@@ -303,7 +298,7 @@ class Scheduler:
             result_dir=self.results_dir.joinpath(task.id, f"attempt-{task.attempt}"),
             log=adapter,
             report_stage=report_stage,
-            record_remote_id=record_remote_id,
+            record_remote_id=functools.partial(self._record_remote_id, task.id),
             history_s=self.run_history.durations(task.model, task.params) if polls(profile) else (),
         )
         running = Running(
@@ -311,9 +306,14 @@ class Scheduler:
         )
         self.running[task.id] = running
         self._lane_running[lane.name].add(task.id)
-        running.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
+        ctx.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
         if task.cancel_requested:
-            ctx.cancel_event.set()
+            ctx.interrupt(Interruption.CANCELED)
+
+    async def _record_remote_id(self, task_id: str, remote_id: str) -> None:
+        """What a run reports through `ctx.set_remote_id` (it runs only once registered)."""
+        running = self.running[task_id]
+        running.task = self.ledger.record_remote_id(running.task, remote_id)
 
     async def _execute(self, running: Running) -> None:
         runner = self.runners[running.lane.kind]
@@ -384,7 +384,7 @@ class Scheduler:
         return result
 
     def _after_interrupt(self, running: Running) -> None:
-        if running.interrupted != "shutdown":
+        if running.ctx.interruption is not Interruption.SHUTDOWN:
             return
         task = self.ledger.current(running.task.id)
         if task is None or task.state is not State.RUNNING:
@@ -503,7 +503,7 @@ class Scheduler:
             case TaskChanged(task=task) if task.state is State.RUNNING and task.cancel_requested:
                 running = self.running.get(task.id)
                 if running is not None:
-                    running.ctx.cancel_event.set()
+                    running.ctx.interrupt(Interruption.CANCELED)
 
     def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer."""

@@ -370,13 +370,10 @@ class Service:
         }
         remote: dict[tuple[str, str], int] = {}
         for runner in self.runners.values():
-            stats = getattr(runner, "stats", None)
-            if isinstance(stats, dict):
-                for key, value in stats.items():
-                    if key == "remote_requests" and isinstance(value, dict):
-                        remote.update(value)
-                    elif isinstance(value, int):
-                        counters[key] = counters.get(key, 0) + value
+            stats = runner.stats()
+            remote.update(stats.remote_requests)
+            for key, value in stats.counters.items():
+                counters[key] = counters.get(key, 0) + value
         return {
             "state_counts": self.store.state_counts(),
             "lanes": self.scheduler.lanes_view(),
@@ -400,9 +397,8 @@ class Service:
         if runner is None:
             kind = profile.kind.value
             return f"no {kind} runner was started (no {kind} model at start)"
-        allowlist = getattr(runner, "allowlist", None)
         url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
-        if allowlist is not None and not allowlist.allows(url):
+        if not runner.allowlist.allows(url):
             return f"host of {url} is not on this run's outbound allowlist"
         web = self._web_runner()
         if profile.kind is Kind.WEB and web is not None:

@@ -476,60 +476,17 @@ async def start_browser(
     headless: bool = True,
     log: Log | None = None,
 ) -> BrowserSession:
-    """Self-check, launch Chromium on the profile, connect Playwright over CDP."""
+    """Self-check, launch Chromium on the profile, connect Playwright over CDP.
+
+    Interrupted at any step (a cancel, the start budget), it kills what it
+    launched before passing the interrupt on.
+    """
     t0 = time.monotonic()
-    ensure_user_data_dir(user_data_dir)
-    last = BrowserRecord.load(user_data_dir)
-    report = await asyncio.to_thread(
-        self_check,
-        user_data_dir,
-        port=last.port if last else None,
-        pid=last.pid if last else None,
-        create_time=last.create_time if last else None,
-    )
-    if log is not None:
-        if report.clean:
-            log.info("%s", report.summary())
-        else:
-            log.warning("%s", report.summary())
-    if not report.ok:
-        raise TransientError(
-            f"leftover browser processes {report.survivors} of profile {user_data_dir} "
-            "survived SIGKILL; not starting another browser on it",
-            kind="browser_start",
-        )
+    report = await _self_check(user_data_dir, log)
     t1 = time.monotonic()
-    proc: subprocess.Popen[bytes] | None = None
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port()
-        try:
-            proc, ws_url = await _spawn(executable, user_data_dir, port, headless)
-            break
-        except _PortBusy:
-            # Someone took the port between our probe and Chromium's bind.
-            if attempt == PORT_ATTEMPTS - 1:
-                raise TransientError(
-                    f"no free debugging port after {PORT_ATTEMPTS} tries", kind="browser_start"
-                ) from None
-    assert proc is not None
-    try:
-        create_time = psutil.Process(proc.pid).create_time()
-    except psutil.Error:
-        create_time = 0.0
-    BrowserRecord(proc.pid, port, create_time).save(user_data_dir)
+    proc, port, ws_url = await _launch(executable, user_data_dir, headless)
     t2 = time.monotonic()
-    try:
-        browser = await playwright.chromium.connect_over_cdp(
-            ws_url, timeout=STARTUP_TIMEOUT_S * 1000
-        )
-    except BaseException as exc:
-        await kill_tree(proc, user_data_dir, port)
-        if isinstance(exc, PlaywrightError):
-            raise TransientError(
-                f"cannot connect to Chromium over CDP at {ws_url}: {exc.message}",
-                kind="browser_start",
-            ) from exc
-        raise
+    browser = await _connect(playwright, proc, user_data_dir, port, ws_url)
     t3 = time.monotonic()
     session = BrowserSession(
         process=proc,
@@ -553,3 +510,69 @@ async def start_browser(
             *session.timings_ms.values(),
         )
     return session
+
+
+async def _self_check(user_data_dir: Path, log: Log | None) -> SelfCheckReport:
+    """End what a previous run left on the profile; refuse if any of it survived."""
+    ensure_user_data_dir(user_data_dir)
+    last = BrowserRecord.load(user_data_dir)
+    report = await asyncio.to_thread(
+        self_check,
+        user_data_dir,
+        port=last.port if last else None,
+        pid=last.pid if last else None,
+        create_time=last.create_time if last else None,
+    )
+    if log is not None:
+        if report.clean:
+            log.info("%s", report.summary())
+        else:
+            log.warning("%s", report.summary())
+    if not report.ok:
+        raise TransientError(
+            f"leftover browser processes {report.survivors} of profile {user_data_dir} "
+            "survived SIGKILL; not starting another browser on it",
+            kind="browser_start",
+        )
+    return report
+
+
+async def _launch(
+    executable: str, user_data_dir: Path, headless: bool
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    """Chromium on a free debugging port, recorded for the next self-check; (process, port, ws)."""
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port()
+        try:
+            proc, ws_url = await _spawn(executable, user_data_dir, port, headless)
+        except _PortBusy:
+            continue  # someone took the port between our probe and Chromium's bind
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = 0.0
+        BrowserRecord(proc.pid, port, create_time).save(user_data_dir)
+        return proc, port, ws_url
+    raise TransientError(
+        f"no free debugging port after {PORT_ATTEMPTS} tries", kind="browser_start"
+    )
+
+
+async def _connect(
+    playwright: Playwright,
+    proc: subprocess.Popen[bytes],
+    user_data_dir: Path,
+    port: int,
+    ws_url: str,
+) -> Browser:
+    """Playwright's connection to the launched browser; on any failure it is killed."""
+    try:
+        return await playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000)
+    except BaseException as exc:
+        await kill_tree(proc, user_data_dir, port)
+        if isinstance(exc, PlaywrightError):
+            raise TransientError(
+                f"cannot connect to Chromium over CDP at {ws_url}: {exc.message}",
+                kind="browser_start",
+            ) from exc
+        raise

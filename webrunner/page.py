@@ -1,10 +1,11 @@
 """Drive a model's chat page using nothing but its profile's [web] selectors.
 
-Every call into the page goes through `guarded`: it checks for a cancel at
-least every `CHECK_S`, enforces the task's deadline, translates Playwright
-errors, and beats only once the call has returned. A renderer stuck in a
-`while (true) {}` never answers, so the beats stop and the core's stale rule
-takes over, while cancel and the deadline still work.
+Every call into the page goes through `page_step`, i.e. the run's one guard
+(`RunContext.guard`): a cancel ends it at once, the phase's deadline bounds
+it, Playwright errors are translated, and the run beats only once the call
+has returned. A renderer stuck in a `while (true) {}` never answers, so the
+beats stop and the core's stale rule takes over, while cancel and the
+deadline still work.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import inspect
 import mimetypes
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -40,8 +40,6 @@ from dispatcher.runner import ResultFile, RunContext
 
 T = TypeVar("T")
 
-# Real seconds. The spec wants a cancel noticed within 1 s.
-CHECK_S = 0.25
 # Real seconds between two looks at a generating page: short enough to see a
 # `stable_ms` of a scaled-down test, cheap enough for a 10-minute generation.
 MAX_POLL_S = 0.2
@@ -96,57 +94,25 @@ def _first_line(exc: BaseException) -> str:
     return str(text).strip().splitlines()[0][:300]
 
 
-async def guarded(
+async def page_step(
     ctx: RunContext,
     aw: Awaitable[T],
     *,
     what: str,
     budget: Budget,
-    beat_while_waiting: bool = False,
-    discard: Callable[[T], object] | None = None,
+    alive: bool = False,
 ) -> T:
-    """Await `aw` with cancel checkpoints and a deadline; beat after it returns.
-
-    `beat_while_waiting` is for steps bounded by their own timeout that do
-    not depend on the page (launching, connecting, downloading): the runner is
-    provably alive while it waits for them. `discard` disposes of a result
-    that arrived just as we gave up waiting for it (a browser nobody would
-    close otherwise); it may be a coroutine function, awaited to its end.
-    """
-    task = asyncio.ensure_future(aw)
-    delivered = False
+    """Await one step through the run's guard, within the phase's budget, with
+    Playwright's errors translated; see `RunContext.guard` for cancel, the
+    budget and beats (`alive`: the wait itself proves liveness)."""
     try:
-        while True:
-            remaining = budget.remaining(ctx.clock)
-            if remaining <= 0:
-                raise budget.exceeded(what)
-            done, _ = await asyncio.wait({task}, timeout=min(CHECK_S, remaining))
-            if done:
-                break
-            ctx.check_canceled()
-            if beat_while_waiting:
-                ctx.beat()
-        try:
-            result = task.result()
-        except PlaywrightTimeoutError as exc:
-            raise TransientError(f"{what}: {_first_line(exc)}", kind="timeout") from exc
-        except PlaywrightError as exc:
-            raise TransientError(f"{what}: {_first_line(exc)}", kind="browser") from exc
-        delivered = True
-    finally:
-        if not task.done():
-            task.cancel()
-            # Playwright aborts the call at once; bounded anyway, since the
-            # page behind it may be frozen.
-            await asyncio.wait({task}, timeout=1.0)
-        if not delivered and task.done() and not task.cancelled():
-            failed = task.exception()  # retrieved: no "never retrieved" noise
-            if failed is None and discard is not None:
-                disposed = discard(task.result())
-                if inspect.isawaitable(disposed):
-                    await disposed
-    ctx.beat()
-    return result
+        return await ctx.guard(
+            aw, budget.remaining(ctx.clock), what=what, budget_label=budget.label, alive=alive
+        )
+    except PlaywrightTimeoutError as exc:
+        raise TransientError(f"{what}: {_first_line(exc)}", kind="timeout") from exc
+    except PlaywrightError as exc:
+        raise TransientError(f"{what}: {_first_line(exc)}", kind="browser") from exc
 
 
 # A page that keeps navigating while we wait is broken, not signed out.
@@ -180,7 +146,7 @@ class PageDriver:
     # -- small helpers ---------------------------------------------------
 
     async def _call(self, aw: Awaitable[T], what: str) -> T:
-        return await guarded(self.ctx, aw, what=what, budget=self.budget)
+        return await page_step(self.ctx, aw, what=what, budget=self.budget)
 
     def _remaining_ms(self, cap_s: float) -> float:
         left = self.budget.remaining(self.ctx.clock)
@@ -419,7 +385,7 @@ class PageDriver:
                     return text
                 if now - last_change >= self.stable_s:
                     return text
-            await asyncio.sleep(self.poll_s)
+            await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
         """Click the profile's stop control if it is showing; bounded, never raises.
@@ -528,15 +494,15 @@ class PageDriver:
         max_bytes: int,
     ) -> ResultFile:
         # The fetch's own deadline is the phase's budget and ends it with a
-        # permanent error; `guarded` gets a second more, as a backstop only.
+        # permanent error; the guard gets a second more, as a backstop only.
         remaining_s = self.budget.remaining(self.ctx.clock)
         backstop = Budget(self.budget.deadline + 1.0, self.budget.label)
-        return await guarded(
+        return await page_step(
             self.ctx,
             self._stream(client, allowlist, out, result_dir, index, max_bytes, remaining_s),
             what=f"downloading {out.url}",
             budget=backstop,
-            beat_while_waiting=True,
+            alive=True,
         )
 
     async def _stream(

@@ -38,7 +38,7 @@ from dispatcher.events import Event
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.runner import Interruption, RunContext, RunnerStats, RunResult
 from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
@@ -46,7 +46,7 @@ from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_b
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
-from webrunner.page import CHECK_S, PAGE_READY_S, Budget, PageDriver, compose_message, guarded
+from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, page_step
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
@@ -110,8 +110,8 @@ class WebRunner:
         self.accounts: tuple[str, ...] = tuple(sorted(accounts))
         self._locks: dict[str, AccountLock] = {}
         self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, self._close)
-        # Counters the service's metrics read.
-        self.stats: dict[str, int] = {
+        # Counters the service's metrics read (`stats`).
+        self.counts: dict[str, int] = {
             "browser_launches": 0,
             "browser_reuses": 0,
             "leftovers_ended": 0,
@@ -280,14 +280,12 @@ class WebRunner:
         lock = self._keeper.locks[account]
         if lock.locked():
             ctx.log.info("waiting for the account's profile (a login or import holds it)")
-        while lock.locked():
-            ctx.check_canceled()
-            ctx.beat()
-            await asyncio.sleep(CHECK_S)
-        async with lock:
-            ctx.check_canceled()
+        await ctx.guard(lock.acquire(), alive=True)
+        try:
             self._keeper.resume(account)
             return await self._run_in_browser(ctx, account, message, images)
+        finally:
+            lock.release()
 
     def _generation_budget(self, spec: WebSpec) -> Budget:
         # The profile's timeout is nominal (scaled for tests and benchmarks);
@@ -303,7 +301,7 @@ class WebRunner:
         session = self._keeper.session(account)
         if session is not None:
             if session.usable:
-                self.stats["browser_reuses"] += 1
+                self.counts["browser_reuses"] += 1
                 idle_s = self._keeper.idle_s(account)
                 ctx.log.info("reusing browser pid %d (idle %.1f s)", session.pid, idle_s)
                 return session, True
@@ -315,7 +313,7 @@ class WebRunner:
                 session.process.returncode,
             )
         assert self._playwright is not None and self._executable is not None
-        session = await guarded(
+        session = await page_step(
             ctx,
             start_browser(
                 self._playwright,
@@ -326,25 +324,26 @@ class WebRunner:
             ),
             what="starting the browser",
             budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
-            beat_while_waiting=True,
-            discard=BrowserSession.abort,
+            # Interrupted, it kills what it launched before it passes the
+            # interrupt on (`start_browser`): nothing is left to dispose of.
+            alive=True,
         )
         self._keeper.adopt(account, session)
-        self.stats["browser_launches"] += 1
+        self.counts["browser_launches"] += 1
         leftovers = session.selfcheck
-        self.stats["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
+        self.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
         return session, False
 
     async def _open_page(
         self, ctx: RunContext, session: BrowserSession, spec: WebSpec, budget: Budget
     ) -> PageDriver:
-        preloaded = await guarded(
+        preloaded = await page_step(
             ctx,
             self._keeper.preloaded(ctx.account, spec.url),
             what=f"loading {spec.url}",
             budget=budget,
         )
-        page = await guarded(ctx, session.page(), what="opening a tab", budget=budget)
+        page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
         driver = PageDriver(page, spec, ctx, budget=budget)
         await driver.open(load=not preloaded)
         return driver
@@ -458,7 +457,7 @@ class WebRunner:
         session = run.session
         if session is None:
             return
-        if ctx.interrupted == "reclaimed":
+        if ctx.interruption is Interruption.RECLAIMED:
             await self._keep_evidence(ctx, session, run.driver, run.tracing)
         await self._kill(run.account, session)
         ctx.log.warning(
@@ -510,6 +509,9 @@ class WebRunner:
                 session.survivors,
                 session.user_data_dir,
             )
+
+    def stats(self) -> RunnerStats:
+        return RunnerStats(counters=dict(self.counts))
 
     def on_event(self, event: Event) -> None:
         """Event-bus listener: a web account taken out of service gives its browser back."""

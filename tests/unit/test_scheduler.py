@@ -16,7 +16,6 @@ import pytest
 
 from dispatcher.accounts import AccountBook
 from dispatcher.clock import FakeClock
-from dispatcher.errors import TaskCanceled
 from dispatcher.events import EventBus
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger
@@ -49,13 +48,7 @@ class FakeRunner:
     async def run(self, task: Task, ctx: RunContext) -> RunResult:
         self.started.append(str(task.params["prompt"]))
         gate = self.release.setdefault(str(task.params["prompt"]), asyncio.Event())
-        done = asyncio.create_task(gate.wait())
-        canceled = asyncio.create_task(ctx.cancel_event.wait())
-        await asyncio.wait({done, canceled}, return_when=asyncio.FIRST_COMPLETED)
-        done.cancel()
-        canceled.cancel()
-        if ctx.cancel_event.is_set():
-            raise TaskCanceled("stopped at a checkpoint")
+        await ctx.guard(gate.wait())  # TaskCanceled on a cancel
         return RunResult(text=f"answer to {task.params['prompt']}")
 
 

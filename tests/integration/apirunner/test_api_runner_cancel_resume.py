@@ -13,7 +13,7 @@ from apirunner.runner import ApiRunner
 from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled
 from dispatcher.models import Kind, Stage
-from dispatcher.runner import RunResult
+from dispatcher.runner import Interruption, RunResult
 from dispatcher.settings import Settings
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ async def test_cancel_reaches_the_provider_and_raises(kit: Kit, model: str) -> N
     ctx, recorder = kit.ctx(task)
     running = asyncio.create_task(kit.runner.run(task, ctx))
     await recorder.wait_for(lambda r: any(s is Stage.GENERATING for s, _, _ in r.stages))
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     start = time.monotonic()
     with pytest.raises(TaskCanceled):
         await running
@@ -50,7 +50,7 @@ async def test_cancel_is_noticed_within_a_second_during_a_long_poll_wait(
         running = asyncio.create_task(runner.run(task, ctx))
         await recorder.wait_for(lambda r: bool(r.remote_ids))
         await asyncio.sleep(0.2)
-        ctx.cancel_event.set()
+        ctx.interrupt(Interruption.CANCELED)
         start = time.monotonic()
         with pytest.raises(TaskCanceled):
             await running
@@ -64,7 +64,7 @@ async def test_cancel_is_noticed_within_a_second_during_a_long_poll_wait(
 async def test_cancel_before_anything_was_sent_sends_nothing(kit: Kit) -> None:
     task = kit.task("demo-video", {"prompt": "never mind"})
     ctx, _ = kit.ctx(task)
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
         await kit.runner.run(task, ctx)
     assert (await kit.demo.stats())["requests"] == 0
@@ -75,7 +75,7 @@ async def test_cancel_cuts_a_long_chat_request(kit: Kit) -> None:
     ctx, _ = kit.ctx(task)
     running = asyncio.create_task(kit.runner.run(task, ctx))
     await asyncio.sleep(0.1)
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     start = time.monotonic()
     with pytest.raises(TaskCanceled):
         await running

@@ -21,7 +21,7 @@ from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile, load_profiles
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.runner import Interruption, RunContext, RunResult
 from dispatcher.settings import Settings
 
 SCALE = 0.02
@@ -213,7 +213,7 @@ async def test_cancel_deletes_our_queued_prompt_and_leaves_the_running_one(comfy
     ctx, recorder = comfy.ctx(task)
     running = asyncio.create_task(comfy.runner.run(task, ctx))
     await recorder.until(lambda r: any(q == 1 for _, _, q in r.stages))
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
         await running
     stats = await comfy.stats()
@@ -230,7 +230,7 @@ async def test_cancel_interrupts_our_running_prompt_only(comfy: Comfy) -> None:
     running = asyncio.create_task(comfy.runner.run(task, ctx))
     await recorder.until(lambda r: any(p for p in r.progress))
     theirs = await comfy.other_client_prompt(steps=5)
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
         await running
     (ours,) = recorder.remote_ids

@@ -17,6 +17,7 @@ import pytest
 
 from dispatcher.errors import AuthError, LockHeld, TaskCanceled, TransientError
 from dispatcher.models import Stage
+from dispatcher.runner import Interruption
 from webrunner.browser import chromium_flags, free_port
 
 if TYPE_CHECKING:
@@ -72,7 +73,10 @@ async def test_instructions_unless_need_empty_prompt_and_a_second_runner_is_refu
     result = await runner.run(reasoner, ctx)
     assert result.text == "echo: hello there"  # no "(step by step)": nothing prepended
     assert result.meta["browser_reused"] is True
-    assert runner.stats["browser_launches"] == 1 and runner.stats["browser_reuses"] == 1
+    assert (
+        runner.stats().counters["browser_launches"] == 1
+        and runner.stats().counters["browser_reuses"] == 1
+    )
 
     stats = await web.stats()
     assert stats["generations"] == 2
@@ -103,7 +107,7 @@ async def test_an_idle_browser_is_closed_and_a_dead_one_replaced(web: WebEnv) ->
         assert time.monotonic() < deadline, "the idle browser was never closed"
         await asyncio.sleep(0.1)
     assert runner.open_browsers() == {}
-    assert runner.stats["browser_launches"] == 2
+    assert runner.stats().counters["browser_launches"] == 2
 
 
 async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
@@ -168,7 +172,7 @@ async def test_cancel_mid_generation_clicks_stop_and_closes_the_browser(web: Web
         raise
 
     started = time.monotonic()
-    ctx.cancel_event.set()
+    ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
         await run
     elapsed = time.monotonic() - started

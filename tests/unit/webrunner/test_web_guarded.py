@@ -1,4 +1,4 @@
-"""`guarded` (cancel checkpoints, deadline, beats) and the small page helpers."""
+"""`page_step` (the run's guard with a phase budget, Playwright errors) and page helpers."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ import time
 from pathlib import Path
 
 import pytest
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled, TransientError
 from dispatcher.fetch import result_file_name
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import RunContext
+from dispatcher.runner import Interruption, RunContext
 from webrunner.page import (
-    CHECK_S,
     Budget,
     _save_data_url,
     compose_message,
-    guarded,
+    page_step,
 )
 
 
@@ -87,7 +88,7 @@ async def test_a_call_that_returns_beats_once(tmp_path: Path) -> None:
     async def quick() -> int:
         return 7
 
-    assert await guarded(ctx, quick(), what="x", budget=budget(5)) == 7
+    assert await page_step(ctx, quick(), what="x", budget=budget(5)) == 7
     assert ctx.last_beat_monotonic > before
 
 
@@ -99,7 +100,7 @@ async def test_a_call_that_never_returns_does_not_beat_and_hits_the_deadline(
     frozen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     started = time.monotonic()
     with pytest.raises(TransientError) as caught:
-        await guarded(ctx, frozen, what="reading", budget=Budget(started + 0.6, "12 s"))
+        await page_step(ctx, frozen, what="reading", budget=Budget(started + 0.6, "12 s"))
     assert caught.value.kind == "timeout"
     assert str(caught.value) == "timed out after 12 s while reading"
     assert 0.5 < time.monotonic() - started < 2
@@ -107,22 +108,34 @@ async def test_a_call_that_never_returns_does_not_beat_and_hits_the_deadline(
     assert frozen.cancelled()
 
 
-async def test_waiting_on_a_bounded_step_may_beat(tmp_path: Path) -> None:
+async def test_playwright_errors_become_transient_errors_named_by_the_step(
+    tmp_path: Path,
+) -> None:
     ctx = context(tmp_path)
-    before = ctx.last_beat_monotonic
-    slow = asyncio.sleep(CHECK_S * 2.5)
-    await guarded(ctx, slow, what="x", budget=budget(5), beat_while_waiting=True)
-    assert ctx.last_beat_monotonic > before
+
+    async def page_closed() -> None:
+        raise PlaywrightError("Target page, context or browser has been closed\nCall log: ...")
+
+    async def slow_selector() -> None:
+        raise PlaywrightTimeoutError("Timeout 30000ms exceeded.")
+
+    with pytest.raises(TransientError) as caught:
+        await page_step(ctx, page_closed(), what="clicking submit", budget=budget(5))
+    assert caught.value.kind == "browser"
+    assert str(caught.value) == ("clicking submit: Target page, context or browser has been closed")
+    with pytest.raises(TransientError) as caught:
+        await page_step(ctx, slow_selector(), what="typing the prompt", budget=budget(5))
+    assert caught.value.kind == "timeout"
 
 
-async def test_a_cancel_is_noticed_within_a_second_even_on_a_frozen_call(tmp_path: Path) -> None:
+async def test_a_cancel_is_noticed_at_once_even_on_a_frozen_call(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     frozen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    asyncio.get_running_loop().call_later(0.2, ctx.cancel_event.set)
-    started = time.monotonic()
+    step = asyncio.create_task(page_step(ctx, frozen, what="x", budget=budget(30)))
+    await asyncio.sleep(0)
+    ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
-        await guarded(ctx, frozen, what="x", budget=budget(30))
-    assert time.monotonic() - started < 0.2 + 1.0
+        await step
     assert frozen.cancelled()
 
 
