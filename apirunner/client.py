@@ -100,11 +100,14 @@ def build_http_client(
     allowlist: Allowlist,
     ssl_context: ssl.SSLContext,
     gate: RetryGate,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
     """The provider's pooled client: at most `concurrency` connections.
 
     The pool limit equals the lane's concurrency, so even a bug elsewhere
-    cannot open more connections than the provider's quota allows.
+    cannot open more connections than the provider's quota allows. A
+    `transport` (tests: `httpx.MockTransport`) replaces the network, and
+    with it the pool; every check above the transport stays.
     """
 
     async def last_check(request: httpx.Request) -> None:
@@ -125,6 +128,7 @@ def build_http_client(
         # credentials off their origin; cookies live there too, per origin.
         follow_redirects=False,
         event_hooks={"request": [last_check]},
+        transport=transport,
     )
     return fetch.without_cookie_jar(client)
 

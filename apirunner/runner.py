@@ -75,8 +75,10 @@ class ApiRunner:
         concurrency: Mapping[str, int],
         *,
         rand: Rand | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._settings = settings
+        self._transport = transport  # None: the network (tests pass a MockTransport)
         self._profiles = {name: p for name, p in profiles.items() if p.api is not None}
         self._clock = clock
         self._concurrency = dict(concurrency)
@@ -128,7 +130,12 @@ class ApiRunner:
                 raise ConfigError(f"concurrency for API provider {provider!r} must be >= 1")
             gate = RetryGate(self._clock)
             http = build_http_client(
-                limit, self._settings.http_timeout_s, self.allowlist, ssl_context, gate
+                limit,
+                self._settings.http_timeout_s,
+                self.allowlist,
+                ssl_context,
+                gate,
+                self._transport,
             )
             self.uploads[provider] = UploadCache(self._clock)
             self._clients[provider] = ProviderClient(

@@ -2,19 +2,23 @@
 
 Start-up order matters: claim the state dir, load profiles, open the store,
 reconcile what a previous run left running, then open the lanes and the API.
+Each part started pushes its own undoing onto one exit stack, so a start that
+fails halfway and a stop both undo exactly what was started, newest first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import signal
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 import filelock
 import httpx
@@ -122,7 +126,18 @@ async def probe_running(state_dir: Path) -> int | None:
     )
 
 
+class Phase(enum.Enum):
+    """Where a service is in its one life: started once, stopped once."""
+
+    NEW = "new"
+    STARTING = "starting"
+    STARTED = "started"
+    STOPPED = "stopped"
+
+
 class Service:
+    """The composition root; start and stop it, or use it as an async context manager."""
+
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock(settings.time_scale)
@@ -133,9 +148,9 @@ class Service:
         self.demo_urls: dict[str, str] = {}
         self.runners: dict[Kind, Runner] = {}
         self.http: RunningServer | None = None
-        self._lock: filelock.BaseFileLock | None = None
-        self._umask: int | None = None
-        self._stopped = asyncio.Event()
+        self.phase = Phase.NEW
+        # What stop undoes: set once start has finished, emptied by stop.
+        self._parts: contextlib.AsyncExitStack | None = None
         self.recovery_summary: dict[str, int] = {}
         self.lag_probe = LoopLagProbe()
         self.profile_problems: list[ProfileProblem] = []
@@ -151,14 +166,14 @@ class Service:
         return self.http.url
 
     # -- start ---------------------------------------------------------------
-    async def _claim_state_dir(self) -> None:
+    async def _claim_state_dir(self, stack: contextlib.AsyncExitStack) -> None:
         # Everything the service writes (database, results, logs of prompts)
         # is for this user only; restored at stop for in-process callers.
-        self._umask = os.umask(0o077)
+        stack.callback(os.umask, os.umask(0o077))
         _make_private_dir(self.state_dir, "state dir")
-        self._lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
+        lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
         try:
-            self._lock.acquire()
+            lock.acquire()
         except filelock.Timeout as exc:
             port = await probe_running(self.state_dir)
             where = f" and answers on 127.0.0.1:{port}" if port else ""
@@ -166,6 +181,7 @@ class Service:
                 f"another dispatcher is running on state dir {self.state_dir}{where}; "
                 "stop it first (or use another DISPATCHER_STATE_DIR)"
             ) from exc
+        stack.callback(lock.release)
 
     def _make_runners(self, kinds: set[Kind], concurrency: dict[str, int]) -> None:
         if Kind.API in kinds:
@@ -203,23 +219,39 @@ class Service:
         return lane.concurrency
 
     async def start(self) -> None:
-        try:
-            await self._claim_state_dir()
-        except BaseException:
-            self._restore_umask()
-            raise
-        try:
-            await self._start_inner()
-        except BaseException:
-            await self.stop()
-            raise
+        """Start every part in order; on a failure, stop the ones started, newest first."""
+        if self.phase is not Phase.NEW:
+            raise RuntimeError(f"a service starts once; this one is {self.phase.value}")
+        self.phase = Phase.STARTING
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self._mark_stopped)
+            await self._claim_state_dir(stack)
+            await self._start_parts(stack)
+            self._parts = stack.pop_all()
+        self.phase = Phase.STARTED
 
-    async def _start_inner(self) -> None:
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
         settings = self.settings
         self.lag_probe.start()
+        stack.push_async_callback(self.lag_probe.stop)
         if settings.demo:
             from demo.bootstrap import start_demos
 
+            # Pushed first: start_demos lists each server as it comes up, so
+            # one failing stops those before it.
+            stack.push_async_callback(self._stop_demos)
             self.demo_urls = await start_demos(
                 self.demo_servers,
                 time_scale=settings.time_scale,
@@ -248,6 +280,7 @@ class Service:
         database = _sqlite_files(settings.resolved_database_url)
         _make_private_files(database)  # one an older version made 0644
         self.store: Store = open_store(settings.resolved_database_url)
+        stack.callback(self.store.close)
         _make_private_files(database)
         self.cache = ResultCache(
             self.store,
@@ -279,6 +312,8 @@ class Service:
         }
         self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
         for runner in self.runners.values():
+            # Pushed before start: a runner's aclose undoes a start that failed halfway.
+            stack.push_async_callback(_close_runner, runner)
             await runner.start()
         web = self._web_runner()
         for lane in lanes.values():
@@ -320,13 +355,22 @@ class Service:
         )
         if self.webhooks.enabled:
             self.events.listen(self.webhooks.on_event)
+            stack.push_async_callback(self.webhooks.aclose)
             await self.webhooks.start()
         self._reconcile()
         redact(self.credentials.token)
         self.http = await start_server(create_app(self, self.credentials), settings.port)
+        stack.push_async_callback(self._stop_http)
+        # Event streams end before the server stops: an open one would hold
+        # its graceful shutdown for the whole grace period.
+        stack.callback(self.events.close)
         _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
         self.scheduler.start()
+        stack.push_async_callback(self.scheduler.shutdown)
+        # Last in, first out: a draining account waits on the scheduler's
+        # lanes, so it is given up before the scheduler stops them.
+        stack.push_async_callback(self.roster.aclose)
         log.info(
             "dispatcher serving on %s (state dir %s, %d lanes: %s)",
             self.http.url,
@@ -491,43 +535,28 @@ class Service:
 
     # -- stop ------------------------------------------------------------------
     async def stop(self) -> None:
-        roster = getattr(self, "roster", None)
-        if roster is not None:
-            await roster.aclose()
-        scheduler = getattr(self, "scheduler", None)
-        if scheduler is not None:
-            await scheduler.shutdown()
-        webhooks = getattr(self, "webhooks", None)
-        if webhooks is not None:
-            await webhooks.aclose()
-        self.events.close()
-        if self.http is not None:
-            await self.http.stop()
-            self.http = None
-            with contextlib.suppress(OSError):
-                (self.state_dir / PORT_FILE).unlink()
-        for runner in self.runners.values():
-            with contextlib.suppress(Exception):
-                await runner.aclose()
-        self.runners.clear()
-        for server in self.demo_servers:
-            await server.stop()
-        self.demo_servers.clear()
-        await self.lag_probe.stop()
-        store = getattr(self, "store", None)
-        if store is not None:
-            store.close()
-            del self.store
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-        self._restore_umask()
-        self._stopped.set()
+        """Stop what start started, newest first; a second call does nothing."""
+        parts, self._parts = self._parts, None
+        if parts is not None:
+            await parts.aclose()
+        elif self.phase is Phase.NEW:
+            self._mark_stopped()
 
-    def _restore_umask(self) -> None:
-        if self._umask is not None:
-            os.umask(self._umask)
-            self._umask = None
+    def _mark_stopped(self) -> None:
+        self.phase = Phase.STOPPED
+
+    async def _stop_http(self) -> None:
+        if self.http is not None:
+            http, self.http = self.http, None
+            await http.stop()
+        with contextlib.suppress(OSError):
+            (self.state_dir / PORT_FILE).unlink()
+
+    async def _stop_demos(self) -> None:
+        servers = list(self.demo_servers)
+        self.demo_servers.clear()
+        for server in servers:
+            await server.stop()
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down gracefully."""
@@ -552,6 +581,15 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             await self.stop()
+
+
+async def _close_runner(runner: Runner) -> None:
+    # One runner failing to close must not keep the others (and the store,
+    # the lock) from closing; its failure is logged, not raised from stop.
+    try:
+        await runner.aclose()
+    except Exception:
+        log.exception("closing the %s failed", type(runner).__name__)
 
 
 def _log_reload_failure(job: asyncio.Task[JSON]) -> None:

@@ -130,13 +130,12 @@ async def running_service(
         demo=True,
         **overrides,
     )
-    service = Service(settings)
-    await service.start()
-    token = service.credentials.token
-    try:
-        async with httpx.AsyncClient(
-            base_url=service.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
-        ) as http:
-            yield Harness(service=service, http=http, state_dir=settings.state_dir)
-    finally:
-        await service.stop()
+    async with (
+        Service(settings) as service,
+        httpx.AsyncClient(
+            base_url=service.url,
+            headers={"Authorization": f"Bearer {service.credentials.token}"},
+            timeout=30,
+        ) as http,
+    ):
+        yield Harness(service=service, http=http, state_dir=settings.state_dir)
