@@ -188,9 +188,9 @@ class Intake:
             finished_at=now,
         )
 
-    def twin(self, task: Task) -> Task | None:
+    async def twin(self, task: Task) -> Task | None:
         """An identical task submitted within the de-duplication window."""
         if task.force:
             return None
         window_s = self.clock.scaled(DEDUP_WINDOW_S)
-        return self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
+        return await self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)

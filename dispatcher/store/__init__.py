@@ -8,7 +8,7 @@ from dispatcher.store.base import Store
 __all__ = ["Store", "open_store"]
 
 
-def open_store(url: str) -> Store:
+async def open_store(url: str) -> Store:
     """A migrated store for a `sqlite:///path` or `postgresql://...` URL."""
     if url.startswith("sqlite:///"):
         from dispatcher.store.sqlite import SqliteStore
@@ -18,5 +18,5 @@ def open_store(url: str) -> Store:
         raise ConfigError(
             f"unsupported database URL {url.split(':', 1)[0]!r}: use sqlite:///<path>"
         )
-    store.migrate()
+    await store.migrate()
     return store

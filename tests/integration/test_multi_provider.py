@@ -128,7 +128,7 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     state = tmp_path / "state"
     state.mkdir()
     store = SqliteStore(state / "dispatcher.db")
-    store.migrate()
+    await store.migrate()
     # The database as version 3 left it: API tasks queued as "api:<provider>".
     store._db.execute("DELETE FROM schema_version WHERE version >= 4")
     # Later migrations are replayed too: undo them.
@@ -143,12 +143,12 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         fingerprint="legacy-fp",
         created_at=1.0,
     )
-    store.insert_tasks([legacy])
-    store.close()
+    await store.insert_tasks([legacy])
+    await store.close()
     async with _two_providers(tmp_path), _service(tmp_path, state) as h:
         done = await h.wait_task("legacy0001")
         assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
-        assert h.service.store.schema_version() == LATEST_VERSION
+        assert await h.service.store.schema_version() == LATEST_VERSION
 
 
 async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_els
     state = tmp_path / "state"
     state.mkdir()
     store = SqliteStore(state / "dispatcher.db")
-    store.migrate()
+    await store.migrate()
     now = time.time()
     orphan = Task(
         id="orphan0001",
@@ -204,8 +204,8 @@ async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_els
         account="vid-gone",
         remote_id="video_on_gone",
     )
-    store.insert_tasks([orphan])
-    store.close()
+    await store.insert_tasks([orphan])
+    await store.close()
     async with _two_providers(tmp_path) as (url_a, url_b), _service(tmp_path, state) as h:
         done = await h.wait_task("orphan0001")
         assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
