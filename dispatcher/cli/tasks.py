@@ -211,17 +211,8 @@ def _task_table(task: dict[str, Any]) -> Table:
 
 
 def _attempts_table(attempts: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "attempt",
-        "lane",
-        "outcome",
-        "started",
-        "ended",
-        "stages",
-        "error",
-        title="attempts",
-        title_justify="left",
-    )
+    table = Table("attempt", "lane", "outcome", "started", "ended", "stages", "error",
+                  title="attempts", title_justify="left")
     for attempt in attempts:
         stages = ", ".join(f"{k} {v:.1f}s" for k, v in attempt["stage_durations"].items())
         error = attempt.get("error") or {}
