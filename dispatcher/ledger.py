@@ -43,6 +43,7 @@ from dispatcher.models import (
 )
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
+from dispatcher.store.hosts import Fence, Quota
 from dispatcher.taskspec import TaskSpec
 
 log = logging.getLogger("dispatcher.tasks")
@@ -103,8 +104,10 @@ class Ledger:
         cache: ResultStore | None = None,
         results_dir: Path | None = None,
         reference_files: LocalFiles | None = None,
+        host: str | None = None,
     ) -> None:
         self.store = store
+        self.host = host  # recorded on every task this host claims
         self.clock = clock
         self.events = events
         self.retry_delay_s = retry_delay_s
@@ -143,25 +146,30 @@ class Ledger:
         """Store a task, or answer with its twin, or complete it from the cache.
 
         Image hashing and cache file copies run in worker threads. The twin
-        check is repeated after them, with no await between it and the
-        insert: two identical submits racing through the threads still make
-        one task, because the loop runs one of them to its insert first.
+        check that counts is the store's, atomic with the insert (across
+        hosts too): two identical submits racing through the threads, or on
+        two hosts, still make one task. The early look skips the cache work
+        for a twin.
         """
         (images,) = await self.intake.image_hashes([spec], in_job=False)
         task = self.intake.new_task(spec, None, images)
-        existing = await self.intake.twin(task)
-        if existing is not None:
-            return self._deduped(task, existing)
+        since = self.intake.twin_window_start(task)
         cached: JSON | None = None
-        if self.intake.cache is not None and not task.force:
-            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
+        if self.intake.cache is not None and since is not None:
             existing = await self.intake.twin(task)
             if existing is not None:
+                return self._deduped(task, existing)
+            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
+        task = self.intake.completed(task, cached)
+        if since is None:
+            (stored,) = await self.store.insert_tasks([task])
+        else:
+            stored, inserted = await self.store.insert_unless_twin(task, since)
+            if not inserted:
                 if cached is not None and self.intake.results_dir is not None:
                     folder = self.intake.results_dir / task.id
                     await asyncio.to_thread(shutil.rmtree, folder, True)
-                return self._deduped(task, existing)
-        (stored,) = await self.store.insert_tasks([self.intake.completed(task, cached)])
+                return self._deduped(task, stored)
         self._announce(stored, None)
         return Submitted(stored)
 
@@ -281,6 +289,7 @@ class Ledger:
             changes={**changes, "state": new_state},
             unless_cancel_requested=unless_cancel_requested,
             ended=self._ended(task, new_state, changes, why),
+            fence=_fence(task),
         )
         if updated is None:
             if not unless_cancel_requested:
@@ -338,7 +347,16 @@ class Ledger:
         )
         self.events.publish({"type": "task", "task": task.to_json()})
 
-    async def claim(self, lane_groups: Sequence[str], account: str) -> Task | None:
+    async def claim(
+        self,
+        lane_groups: Sequence[str],
+        account: str,
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
+    ) -> Task | None:
+        """The lane's next task, run by this host; under the account's lease
+        (`fence`, a web account) or a provider's global `quota`, when given."""
         now = self.clock.now()
         task = await self.store.claim_next(
             lane_groups,
@@ -351,7 +369,11 @@ class Ledger:
                 "stage_started_at": now,
                 "stage_durations": {},
                 "error": None,
+                "host": self.host,
+                "lease_token": fence.token if fence is not None else None,
             },
+            fence=fence,
+            quota=quota,
         )
         if task is not None:
             self._announce(task, State.PENDING)
@@ -564,3 +586,11 @@ class Ledger:
             for task in await self.store.job_tasks(job.id)
             if task.state is State.FAILED
         ]
+
+
+def _fence(task: Task) -> Fence | None:
+    """A running attempt claimed under an account lease writes only while that
+    lease is still the one it ran under (see `Store.update_task`)."""
+    if task.state is not State.RUNNING or task.lease_token is None or task.account is None:
+        return None
+    return Fence(task.account, task.lease_token)

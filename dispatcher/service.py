@@ -247,7 +247,7 @@ class Service:
             _make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = _sqlite_files(settings.resolved_database_url)
         _make_private_files(database)  # one an older version made 0644
-        self.store: Store = await open_store(settings.resolved_database_url)
+        self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
         _make_private_files(database)
         self.cache = ResultCache(
             self.store.cache_index,
@@ -272,6 +272,7 @@ class Service:
             reference_files=LocalFiles.under(
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
+            host=settings.host_id,
         )
         self.ledger.invalid_models = found.invalid_models()
         concurrency = {

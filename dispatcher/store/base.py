@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
 from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 
 
 class Store(Protocol):
@@ -24,6 +25,9 @@ class Store(Protocol):
         """Apply the dialect's migrations not applied yet (see `store.migrations`)."""
 
     async def close(self) -> None: ...
+
+    async def schema_version(self) -> int:
+        """The last migration applied."""
 
     @property
     def cache_index(self) -> CacheIndex:
@@ -44,11 +48,13 @@ class Store(Protocol):
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
         ended: Attempt | None = None,
+        fence: Fence | None = None,
     ) -> Task | None:
         """CAS: apply `changes` only if state (and attempt) still match, and, with
         `unless_cancel_requested`, only if nobody has asked to cancel the task.
         `ended` is written to the attempt history in the same transaction, only
-        when the change applies."""
+        when the change applies. With `fence`, only while that account's lease
+        still has that token (a write of an earlier holder is refused: None)."""
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         """The task's ended attempts, oldest first."""
@@ -70,12 +76,24 @@ class Store(Protocol):
         """Ids of `tasks` or `jobs` starting with `prefix` (at most `limit`)."""
 
     async def claim_next(
-        self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
+        self,
+        lane_groups: Sequence[str],
+        now: float,
+        changes: Mapping[str, Any],
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
     ) -> Task | None:
         """Oldest pending task of these groups whose `not_before` has passed, moved
-        to running with `changes` in the same atomic step (row-locked on PostgreSQL)."""
+        to running with `changes` in the same atomic step (row-locked on PostgreSQL:
+        hosts claiming at once never take the same task). With `fence`, only while
+        that lease holds; with `quota`, only while fewer than `quota.limit` tasks
+        bound to `quota.account` run on all hosts together."""
 
-    async def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]: ...
+    async def tasks_in_state(
+        self, state: State, limit: int | None = None, *, host: str | None = None
+    ) -> list[Task]:
+        """Oldest first; with `host`, only the tasks that host ran."""
 
     async def stale_running(self, heartbeat_before: float) -> list[Task]:
         """Running tasks whose last heartbeat (or start) is older than the bound."""
@@ -94,6 +112,10 @@ class Store(Protocol):
 
     async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
         """Newest task with this fingerprint created since then, not failed or canceled."""
+
+    async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
+        """Insert the task unless `find_by_fingerprint` finds a twin, atomically
+        (across hosts too): (the stored task, True) or (its twin, False)."""
 
     # -- jobs --------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job | None: ...
@@ -129,3 +151,39 @@ class Store(Protocol):
     async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None: ...
 
     async def delete_web_account(self, name: str) -> None: ...
+
+    # -- several hosts on one database -----------------------------------------
+    async def register_host(self, host: str, now: float, url: str | None = None) -> None:
+        """This host is alive (again): heartbeat now, no longer dead."""
+
+    async def host_heartbeat(self, host: str, now: float) -> bool:
+        """False once another host has declared this one dead: re-register and
+        reconcile, its running tasks have been recovered elsewhere."""
+
+    async def list_hosts(self) -> list[Host]: ...
+
+    async def stale_hosts(self, heartbeat_before: float) -> list[Host]:
+        """Hosts not declared dead whose last heartbeat is older than the bound."""
+
+    async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
+        """Declare a stale host dead; True for the one caller that did (CAS)."""
+
+    async def acquire_lease(
+        self, account: str, host: str, now: float, ttl_s: float
+    ) -> Lease | LeaseRefused:
+        """Bind the account to this host with a new token, unless another live
+        host holds an unexpired lease on it (then who)."""
+
+    async def renew_lease(self, lease: Lease, now: float, ttl_s: float) -> Lease | None:
+        """Extend a lease still held with its token; None once it was lost."""
+
+    async def release_lease(self, lease: Lease) -> bool: ...
+
+    async def list_leases(self) -> list[Lease]:
+        """Leases held now (released ones are not listed)."""
+
+    async def set_gate(self, provider: str, not_before: float) -> None:
+        """No host sends to the provider before then (a later gate never moves back)."""
+
+    async def get_gate(self, provider: str) -> float:
+        """The provider's gate: epoch seconds, 0 when it never had one."""

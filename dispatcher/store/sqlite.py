@@ -35,6 +35,8 @@ from dispatcher.models import (
     Task,
 )
 from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.hosts import Fence, Quota
+from dispatcher.store.migrations import migrations
 from dispatcher.store.rows import (
     attempt_to_row,
     encode_changes,
@@ -43,22 +45,22 @@ from dispatcher.store.rows import (
     row_to_task,
     task_to_row,
 )
-from dispatcher.store.schema import MIGRATIONS
 from dispatcher.store.sql import (
-    COLUMNS,
     ID_TABLES,
-    JOB_COUNTS_SQL,
-    JOB_STATE_SQL,
     SELECT_TASK,
+    TWIN,
+    claim_sql,
     insert_sql,
-    like_pattern,
-    set_clause,
+    list_jobs_sql,
+    list_tasks_where,
+    update_sql,
 )
 from dispatcher.store.sqlite_cache import SqliteCacheIndex
+from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
 
 
-class SqliteStore:
+class SqliteStore(SqliteHostOps):
     """The `Store` on one SQLite file.
 
     Its coroutines run the SQLite calls inline, without a thread hop: the
@@ -69,8 +71,9 @@ class SqliteStore:
     interleaving as when these calls were synchronous.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, host: str = "") -> None:
         self.path = Path(path)
+        self.host = host
         self.writes = WriteCounter()
         self._pending = PendingIndex()
         try:
@@ -87,7 +90,7 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._lock = threading.RLock()
-        self._cache_index = SqliteCacheIndex(self._db, self._lock)
+        self._cache_index = SqliteCacheIndex(self._db, self._lock, host)
 
     @property
     def cache_index(self) -> CacheIndex:
@@ -125,12 +128,12 @@ class SqliteStore:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
             current = row[0] or 0
-            for version, statements in MIGRATIONS:
-                if version <= current:
+            for migration in migrations("sqlite"):
+                if migration.version <= current:
                     continue
-                for statement in statements:
+                for statement in migration.statements:
                     db.execute(statement)
-                db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
         pending = PendingIndex()
         for row in self._query(
             "SELECT lane_group, seq FROM tasks WHERE state = 'pending' ORDER BY seq"
@@ -188,22 +191,26 @@ class SqliteStore:
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
         ended: Attempt | None = None,
+        fence: Fence | None = None,
     ) -> Task | None:
         columns = encode_changes(changes)
-        sets = set_clause(columns, "?")
-        sql = f"UPDATE tasks SET {sets} WHERE id = ? AND state = ?"
+        sql = update_sql(
+            columns,
+            attempt=expect_attempt is not None,
+            unless_cancel=unless_cancel_requested,
+            fenced=fence is not None,
+        )
         args: list[Any] = [*columns.values(), task_id, expect_state.value]
         if expect_attempt is not None:
-            sql += " AND attempt = ?"
             args.append(expect_attempt)
-        if unless_cancel_requested:
-            sql += " AND cancel_requested = 0"
+        if fence is not None:
+            args += [fence.account, fence.token]
         with self._lock:
             if ended is None:
-                rows = self._write1(f"{sql} RETURNING {COLUMNS}", args)
+                rows = self._write1(sql, args)
             else:
                 with self._tx() as db:
-                    rows = db.execute(f"{sql} RETURNING {COLUMNS}", args).fetchall()
+                    rows = db.execute(sql, args).fetchall()
                     if rows:
                         history = attempt_to_row(ended)
                         db.execute(
@@ -218,22 +225,29 @@ class SqliteStore:
         return row_to_task(rows[0])
 
     async def claim_next(
-        self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
+        self,
+        lane_groups: Sequence[str],
+        now: float,
+        changes: Mapping[str, Any],
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
     ) -> Task | None:
         if not lane_groups:
             return None
-        marks = ", ".join("?" for _ in lane_groups)
         columns = encode_changes({**changes, "state": State.RUNNING})
-        sets = set_clause(columns, "?")
+        sql = claim_sql(
+            len(lane_groups), columns, fenced=fence is not None, quota=quota is not None, lock=""
+        )
+        args: list[Any] = [*columns.values(), *lane_groups, now]
+        if fence is not None:
+            args += [fence.account, fence.token]
+        if quota is not None:
+            args += [quota.account, quota.limit]
         # Find and take in one statement (atomic on its own): the oldest ready
         # task across the groups, FIFO within the lane.
         with self._lock:
-            rows = self._write1(
-                f"UPDATE tasks SET {sets} WHERE state = 'pending' AND seq = ("
-                f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
-                f"AND not_before <= ? ORDER BY seq LIMIT 1) RETURNING {COLUMNS}",
-                (*columns.values(), *lane_groups, now),
-            )
+            rows = self._write1(sql, args)
             if not rows:
                 return None
             claimed = rows[0]
@@ -255,31 +269,10 @@ class SqliteStore:
         before_seq: int | None = None,
         limit: int = 50,
     ) -> list[Task]:
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args += [State(s).value for s in states]
-        if model is not None:
-            where.append("model = ?")
-            args.append(model)
-        if job_id is not None:
-            where.append("job_id = ?")
-            args.append(job_id)
-        if text:
-            where.append(
-                "(params LIKE ? ESCAPE '\\' OR params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')"
-            )
-            args += [
-                like_pattern(text, in_json=True),
-                like_pattern(text, in_json=True, ascii_json=True),
-                like_pattern(text),
-            ]
-        if before_seq is not None:
-            where.append("seq < ?")
-            args.append(before_seq)
-        sql = SELECT_TASK + (f" WHERE {' AND '.join(where)}" if where else "")
-        rows = self._query(f"{sql} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        where, args = list_tasks_where(
+            [State(x).value for x in states], model, job_id, text, before_seq
+        )
+        rows = self._query(f"{SELECT_TASK}{where} ORDER BY seq DESC LIMIT ?", (*args, limit))
         return [row_to_task(r) for r in rows]
 
     async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
@@ -293,9 +286,15 @@ class SqliteStore:
         )
         return [r[0] for r in rows]
 
-    async def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]:
-        sql = f"{SELECT_TASK} WHERE state = ? ORDER BY seq"
+    async def tasks_in_state(
+        self, state: State, limit: int | None = None, *, host: str | None = None
+    ) -> list[Task]:
+        sql = f"{SELECT_TASK} WHERE state = ?"
         args: list[Any] = [state.value]
+        if host is not None:
+            sql += " AND host = ?"
+            args.append(host)
+        sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
@@ -329,12 +328,23 @@ class SqliteStore:
         return [float(r[0]) for r in rows]
 
     async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
-        rows = self._query(
-            f"{SELECT_TASK} WHERE fingerprint = ? AND created_at >= ? "
-            "AND state NOT IN ('failed', 'canceled') ORDER BY seq DESC LIMIT 1",
-            (fingerprint, created_since),
-        )
+        rows = self._query(TWIN, (fingerprint, created_since))
         return row_to_task(rows[0]) if rows else None
+
+    async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
+        # No transaction needed: this process is the only writer, and nothing
+        # runs between the look and the insert (no await, the lock held).
+        row = task_to_row(task)
+        with self._lock:
+            found = self._query(TWIN, (task.fingerprint, created_since))
+            if found:
+                return row_to_task(found[0]), False
+            (stored_row,) = self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
+            stored = task.replace(seq=int(stored_row[0]))
+            self.writes.add(stored.id)
+            if stored.state is State.PENDING:
+                self._pending.add(stored.lane_group, stored.seq)
+        return stored, True
 
     # -- jobs ----------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job | None:
@@ -361,23 +371,10 @@ class SqliteStore:
         before_seq: int | None = None,
         limit: int = 50,
     ) -> list[Job]:
-        where: list[str] = []
-        args: list[Any] = []
-        join = ""
-        if states:
-            join = f" LEFT JOIN ({JOB_COUNTS_SQL}) AS c ON c.job_id = j.id"
-            where.append(f"{JOB_STATE_SQL} IN ({', '.join('?' for _ in states)})")
-            args += [JobState(s).value for s in states]
-        if text:
-            where.append("j.name LIKE ? ESCAPE '\\'")
-            args.append(like_pattern(text))
-        if before_seq is not None:
-            where.append("j.rowid < ?")
-            args.append(before_seq)
-        sql = f"SELECT j.id, j.name, j.created_at, j.rowid FROM jobs AS j{join}"
-        if where:
-            sql += f" WHERE {' AND '.join(where)}"
-        rows = self._query(f"{sql} ORDER BY j.rowid DESC LIMIT ?", (*args, limit))
+        sql, args = list_jobs_sql(
+            [JobState(x).value for x in states], text, before_seq, seq_column="rowid"
+        )
+        rows = self._query(sql, (*args, limit))
         return [Job(id=r[0], name=r[1], created_at=r[2], seq=r[3]) for r in rows]
 
     async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:

@@ -5,10 +5,16 @@ import sqlite3
 from pathlib import Path
 
 from dispatcher.models import Account, Job, Kind, State, Task
-from dispatcher.store.schema import LATEST_VERSION
+from dispatcher.store.migrations import latest_version
 from dispatcher.store.sqlite import SqliteStore
 
-SCHEMA_SQL = Path(__file__).resolve().parents[2] / "dispatcher" / "store" / "schema.sql"
+SCHEMA_SQL = (
+    Path(__file__).resolve().parents[2]
+    / "dispatcher"
+    / "store"
+    / "migrations"
+    / "sqlite_schema.sql"
+)
 
 
 def _schema(db: sqlite3.Connection) -> dict[str, str]:
@@ -54,7 +60,7 @@ async def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
     await store.migrate()
-    assert await store.schema_version() == LATEST_VERSION == 6
+    assert await store.schema_version() == latest_version("sqlite") == 7
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     await store.close()
