@@ -36,9 +36,16 @@ from dispatcher.store.rows import (
     task_to_row,
 )
 from dispatcher.store.sql import (
+    ACCOUNT_UPSERT,
+    ACCOUNTS,
     ID_TABLES,
+    RECENT_DURATIONS,
     SELECT_TASK,
+    STALE_RUNNING,
     TWIN,
+    WEB_ACCOUNT_PUT,
+    WEB_ACCOUNTS,
+    account_args,
     claim_sql,
     insert_sql,
     list_jobs_sql,
@@ -308,11 +315,7 @@ class PostgresStore(PostgresHostOps):
         return [row_to_task(r) for r in await self._query(sql, args)]
 
     async def stale_running(self, heartbeat_before: float) -> list[Task]:
-        rows = await self._query(
-            f"{SELECT_TASK} WHERE state = 'running' "
-            "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq",
-            (heartbeat_before,),
-        )
+        rows = await self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
     async def count_ahead(self, lane_group: str, seq: int) -> int:
@@ -338,12 +341,7 @@ class PostgresStore(PostgresHostOps):
         return {(r["model"], r["state"]): int(r["n"]) for r in rows}
 
     async def recent_durations(self, model: str, limit: int = 20) -> list[float]:
-        rows = await self._query(
-            "SELECT finished_at - started_at AS d FROM tasks WHERE model = ? "
-            "AND state = 'success' AND from_cache = 0 AND started_at IS NOT NULL "
-            "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?",
-            (model, limit),
-        )
+        rows = await self._query(RECENT_DURATIONS, (model, limit))
         return [float(r["d"]) for r in rows]
 
     async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
@@ -403,43 +401,21 @@ class PostgresStore(PostgresHostOps):
 
     # -- accounts ------------------------------------------------------------
     async def get_accounts(self) -> dict[str, Account]:
-        rows = await self._query(
-            "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until "
-            "FROM accounts"
-        )
+        rows = await self._query(ACCOUNTS)
         return {r["name"]: row_to_account(r) for r in rows}
 
     async def upsert_account(self, account: Account) -> None:
-        await self._write1(
-            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
-            "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
-            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
-            "cooldown_until = excluded.cooldown_until",
-            (
-                account.name,
-                account.kind.value,
-                int(account.enabled),
-                account.reason,
-                int(account.needs_attention),
-                account.updated_at,
-                account.cooldown_until,
-            ),
-        )
+        await self._write1(ACCOUNT_UPSERT, account_args(account))
 
     async def delete_account(self, name: str) -> None:
         await self._write1("DELETE FROM accounts WHERE name = ?", (name,))
 
     async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
-        rows = await self._query("SELECT name, models FROM web_accounts ORDER BY name")
+        rows = await self._query(WEB_ACCOUNTS)
         return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
 
     async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
-        await self._write1(
-            "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET models = excluded.models",
-            (name, json.dumps(sorted(models)), added_at),
-        )
+        await self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
 
     async def delete_web_account(self, name: str) -> None:
         await self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))

@@ -15,9 +15,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from dispatcher.errors import StoreError
+from dispatcher.store.cachesql import SqlCacheIndex
 from dispatcher.store.rows import RowLike
 from dispatcher.store.sql import pg_marks
-from dispatcher.store.sqlite_cache import SqlCacheIndex
 
 CONNECT_TIMEOUT_S = 10
 

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dispatcher.models import Account
 from dispatcher.store.rows import TASK_COLUMNS
 
 COLUMNS = ", ".join(TASK_COLUMNS)
@@ -188,3 +189,42 @@ def list_jobs_sql(
     if where:
         sql += f" WHERE {' AND '.join(where)}"
     return f"{sql} ORDER BY j.{seq_column} DESC LIMIT ?", args
+
+
+# -- statements both backends run as they are -------------------------------------
+STALE_RUNNING = (
+    f"{SELECT_TASK} WHERE state = 'running' "
+    "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq"
+)
+RECENT_DURATIONS = (
+    "SELECT finished_at - started_at AS d FROM tasks WHERE model = ? AND state = 'success' "
+    "AND from_cache = 0 AND started_at IS NOT NULL AND finished_at IS NOT NULL "
+    "ORDER BY finished_at DESC LIMIT ?"
+)
+ACCOUNTS = (
+    "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until FROM accounts"
+)
+ACCOUNT_UPSERT = (
+    "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
+    "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+    "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
+    "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
+    "cooldown_until = excluded.cooldown_until"
+)
+WEB_ACCOUNTS = "SELECT name, models FROM web_accounts ORDER BY name"
+WEB_ACCOUNT_PUT = (
+    "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET models = excluded.models"
+)
+
+
+def account_args(account: Account) -> tuple[Any, ...]:
+    return (
+        account.name,
+        account.kind.value,
+        int(account.enabled),
+        account.reason,
+        int(account.needs_attention),
+        account.updated_at,
+        account.cooldown_until,
+    )

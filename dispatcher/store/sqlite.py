@@ -35,6 +35,7 @@ from dispatcher.models import (
     Task,
 )
 from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.rows import (
@@ -46,16 +47,22 @@ from dispatcher.store.rows import (
     task_to_row,
 )
 from dispatcher.store.sql import (
+    ACCOUNT_UPSERT,
+    ACCOUNTS,
     ID_TABLES,
+    RECENT_DURATIONS,
     SELECT_TASK,
+    STALE_RUNNING,
     TWIN,
+    WEB_ACCOUNT_PUT,
+    WEB_ACCOUNTS,
+    account_args,
     claim_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
     update_sql,
 )
-from dispatcher.store.sqlite_cache import SqliteCacheIndex
 from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
 
@@ -301,11 +308,7 @@ class SqliteStore(SqliteHostOps):
         return [row_to_task(r) for r in self._query(sql, args)]
 
     async def stale_running(self, heartbeat_before: float) -> list[Task]:
-        rows = self._query(
-            f"{SELECT_TASK} WHERE state = 'running' "
-            "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq",
-            (heartbeat_before,),
-        )
+        rows = self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
     async def count_ahead(self, lane_group: str, seq: int) -> int:
@@ -319,12 +322,7 @@ class SqliteStore(SqliteHostOps):
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
     async def recent_durations(self, model: str, limit: int = 20) -> list[float]:
-        rows = self._query(
-            "SELECT finished_at - started_at FROM tasks WHERE model = ? AND state = 'success' "
-            "AND from_cache = 0 AND started_at IS NOT NULL AND finished_at IS NOT NULL "
-            "ORDER BY finished_at DESC LIMIT ?",
-            (model, limit),
-        )
+        rows = self._query(RECENT_DURATIONS, (model, limit))
         return [float(r[0]) for r in rows]
 
     async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
@@ -402,40 +400,18 @@ class SqliteStore(SqliteHostOps):
         self._write1("DELETE FROM accounts WHERE name = ?", (name,))
 
     async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
-        rows = self._query("SELECT name, models FROM web_accounts ORDER BY name")
+        rows = self._query(WEB_ACCOUNTS)
         return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
 
     async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
-        self._write1(
-            "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET models = excluded.models",
-            (name, json.dumps(sorted(models)), added_at),
-        )
+        self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
 
     async def delete_web_account(self, name: str) -> None:
         self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
 
     async def get_accounts(self) -> dict[str, Account]:
-        rows = self._query(
-            "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until "
-            "FROM accounts"
-        )
+        rows = self._query(ACCOUNTS)
         return {r["name"]: row_to_account(r) for r in rows}
 
     async def upsert_account(self, account: Account) -> None:
-        self._write1(
-            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
-            "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
-            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
-            "cooldown_until = excluded.cooldown_until",
-            (
-                account.name,
-                account.kind.value,
-                int(account.enabled),
-                account.reason,
-                int(account.needs_attention),
-                account.updated_at,
-                account.cooldown_until,
-            ),
-        )
+        self._write1(ACCOUNT_UPSERT, account_args(account))
