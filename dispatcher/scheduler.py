@@ -210,7 +210,10 @@ class Scheduler:
     async def _fill(self, lane: LaneSpec) -> None:
         """Claim and start the lane's oldest ready tasks, one per free slot."""
         # Uncontended (always, on SQLite) the lock is taken without a yield.
-        async with self._filling.setdefault(lane.name, asyncio.Lock()):
+        lock = self._filling.get(lane.name)
+        if lock is None:
+            lock = self._filling[lane.name] = asyncio.Lock()
+        async with lock:
             await self._fill_slots(lane)
 
     async def _fill_slots(self, lane: LaneSpec) -> None:

@@ -117,13 +117,18 @@ class PostgresStore(PostgresHostOps):
             ) from exc
         self._opened = True
 
-    async def _query(self, sql: str, args: Sequence[Any] = (), *, what: str = "read") -> list[Row]:
+    async def _query(
+        self, sql: str, args: Sequence[Any] = (), *, what: str = "read", marked: bool = False
+    ) -> list[Row]:
+        """Run one statement (`?` marks, or PostgreSQL's own when `marked`)."""
         async with self._conn(what) as conn:
-            cur = await conn.execute(pg_marks(sql), args)
+            cur = await conn.execute(sql if marked else pg_marks(sql), args)
             return await cur.fetchall() if cur.description else []
 
-    async def _write1(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        return await self._query(sql, args, what="write")
+    async def _write1(
+        self, sql: str, args: Sequence[Any] = (), *, marked: bool = False
+    ) -> list[Row]:
+        return await self._query(sql, args, what="write", marked=marked)
 
     async def migrate(self) -> None:
         async with self._conn("migration") as conn, conn.transaction():
@@ -157,6 +162,11 @@ class PostgresStore(PostgresHostOps):
 
     # -- tasks -------------------------------------------------------------
     async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
+        if job is None and len(tasks) == 1:
+            # The common case (one POST, one task): one statement, no transaction.
+            row = task_to_row(tasks[0])
+            (one,) = await self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
+            return [tasks[0].replace(seq=int(one["seq"]))]
         seqs = []
         async with self._conn("write") as conn, conn.transaction():
             if job is not None:
@@ -218,10 +228,14 @@ class PostgresStore(PostgresHostOps):
             args.append(expect_attempt)
         if fence is not None:
             args += [fence.account, fence.token]
+        if ended is None:
+            # One statement: atomic on its own, without BEGIN/COMMIT round trips.
+            rows = await self._write1(sql, args, marked=True)
+            return row_to_task(rows[0]) if rows else None
         async with self._conn("write") as conn, conn.transaction():
             cur = await conn.execute(sql, args)
             row = await cur.fetchone()
-            if row is not None and ended is not None:
+            if row is not None:
                 history = attempt_to_row(ended)
                 await conn.execute(
                     f"INSERT INTO attempts ({', '.join(history)}) "
@@ -256,16 +270,18 @@ class PostgresStore(PostgresHostOps):
             args += [fence.account, fence.token]
         if quota is not None:
             args += [quota.account, quota.limit]
+        if quota is None:
+            rows = await self._write1(sql, args, marked=True)
+            return row_to_task(rows[0]) if rows else None
         async with self._conn("claim") as conn, conn.transaction():
-            if quota is not None:
-                # The count of running tasks and the claim must be one step
-                # across hosts: claims under one provider's quota take turns.
-                # The claim statement starts after the lock, so it counts
-                # every claim committed before.
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"quota:{quota.account}",),
-                )
+            # The count of running tasks and the claim must be one step across
+            # hosts: claims under one provider's quota take turns. The claim
+            # statement starts after the lock, so it counts every claim
+            # committed before.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"quota:{quota.account}",),
+            )
             cur = await conn.execute(sql, args)
             row = await cur.fetchone()
         return row_to_task(row) if row is not None else None
