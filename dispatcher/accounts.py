@@ -21,31 +21,38 @@ MAX_REASON_CHARS = 500
 class AccountBook:
     """In-memory view of the accounts table; every change is written through."""
 
-    def __init__(self, store: Store, clock: Clock, events: EventBus) -> None:
+    def __init__(
+        self, store: Store, clock: Clock, events: EventBus, accounts: dict[str, Account]
+    ) -> None:
         self._store = store
         self._clock = clock
         self._events = events
-        self._accounts = store.get_accounts()
+        self._accounts = accounts
         # The state each account was last announced in: a cooldown ends by
         # itself, and that change is announced by `refresh`.
         self._announced = {name: self._state_of(a).state for name, a in self._accounts.items()}
 
+    @classmethod
+    async def load(cls, store: Store, clock: Clock, events: EventBus) -> AccountBook:
+        """The book as the store holds it now."""
+        return cls(store, clock, events, await store.get_accounts())
+
     def _state_of(self, account: Account) -> StateView:
         return state_of(account, self._clock.now())
 
-    def ensure(self, names: Iterable[tuple[str, Kind]]) -> None:
+    async def ensure(self, names: Iterable[tuple[str, Kind]]) -> None:
         """Every lane has a row; existing rows keep the operator's last word."""
         for name, kind in names:
             if name not in self._accounts:
                 account = Account(name=name, kind=kind, updated_at=self._clock.now())
-                self._store.upsert_account(account)
+                await self._store.upsert_account(account)
                 self._accounts[name] = account
                 self._announced[name] = self._state_of(account).state
 
-    def forget(self, name: str) -> None:
+    async def forget(self, name: str) -> None:
         """A web account removed at run time: its switches go with it."""
         if self._accounts.pop(name, None) is not None:
-            self._store.delete_account(name)
+            await self._store.delete_account(name)
             log.info("[web:%s] removed", name, extra={"lane": f"web:{name}"})
 
     def all(self) -> list[Account]:
@@ -89,7 +96,7 @@ class AccountBook:
     def views(self) -> list[JSON]:
         return [self.view(a) for a in self.all()]
 
-    def refresh(self) -> None:
+    async def refresh(self) -> None:
         """Announce the states time changed (a cooldown that ended by itself)."""
         for account in list(self._accounts.values()):
             state = self._state_of(account)
@@ -97,13 +104,13 @@ class AccountBook:
                 # The cap has lifted: its reason no longer describes the account.
                 account.cooldown_until = None
                 account.reason = None
-                self._save(account, "cooldown ended")
+                await self._save(account, "cooldown ended")
             elif state.state != self._announced.get(account.name):
                 self._announce(account, "state changed")
 
-    def _save(self, account: Account, what: str) -> Account:
+    async def _save(self, account: Account, what: str) -> Account:
         account.updated_at = self._clock.now()
-        self._store.upsert_account(account)
+        await self._store.upsert_account(account)
         self._accounts[account.name] = account
         self._announce(account, what)
         return account
@@ -133,7 +140,7 @@ class AccountBook:
             )
         )
 
-    def disable(self, name: str, reason: str) -> Account:
+    async def disable(self, name: str, reason: str) -> Account:
         reason = reason.strip()
         if not reason:
             raise InputError("disabling needs a reason (who reads the dashboard will ask why)")
@@ -142,26 +149,26 @@ class AccountBook:
         account = self.get(name)
         account.enabled = False
         account.reason = reason
-        return self._save(account, "disabled")
+        return await self._save(account, "disabled")
 
-    def enable(self, name: str) -> Account:
+    async def enable(self, name: str) -> Account:
         account = self.get(name)
         account.enabled = True
         account.needs_attention = False
         account.cooldown_until = None  # the operator's word outranks a cap's guess
         account.reason = None
-        return self._save(account, "enabled")
+        return await self._save(account, "enabled")
 
-    def needs_attention(self, name: str, reason: str) -> Account:
+    async def needs_attention(self, name: str, reason: str) -> Account:
         account = self.get(name)
         account.needs_attention = True
         # A vendor's 401 may echo the key: reasons are stored and sent out.
         account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
-        return self._save(account, "needs attention")
+        return await self._save(account, "needs attention")
 
-    def cool_down(self, name: str, until: float, reason: str) -> Account:
+    async def cool_down(self, name: str, until: float, reason: str) -> Account:
         """A usage cap: closed until `until` (epoch seconds), then open by itself."""
         account = self.get(name)
         account.cooldown_until = until
         account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
-        return self._save(account, "cooling down")
+        return await self._save(account, "cooling down")

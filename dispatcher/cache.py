@@ -34,11 +34,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from dispatcher.clock import Clock
 from dispatcher.fingerprint import canonical_json
 from dispatcher.models import JSON, CacheEntry
+from dispatcher.store.cacheindex import CacheIndex
 
 log = logging.getLogger("dispatcher.cache")
 
@@ -47,20 +48,6 @@ _FINGERPRINT = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME_CHARS = 100
 _TMP_PREFIX = ".tmp-"
-
-
-class CacheIndex(Protocol):
-    """The part of `dispatcher.store.base.Store` the cache needs."""
-
-    def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
-
-    def cache_put(self, entry: CacheEntry) -> None: ...
-
-    def cache_touch(self, fingerprint: str, last_used_at: float) -> None: ...
-
-    def cache_delete(self, fingerprint: str) -> None: ...
-
-    def cache_entries(self) -> list[CacheEntry]: ...
 
 
 # -- the pure decision ---------------------------------------------------------

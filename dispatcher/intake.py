@@ -188,9 +188,15 @@ class Intake:
             finished_at=now,
         )
 
-    def twin(self, task: Task) -> Task | None:
-        """An identical task submitted within the de-duplication window."""
+    def twin_window_start(self, task: Task) -> float | None:
+        """Twins created since then count; None for a forced task (it has none)."""
         if task.force:
             return None
-        window_s = self.clock.scaled(DEDUP_WINDOW_S)
-        return self.store.find_by_fingerprint(task.fingerprint, task.created_at - window_s)
+        return task.created_at - self.clock.scaled(DEDUP_WINDOW_S)
+
+    async def twin(self, task: Task) -> Task | None:
+        """An identical task submitted within the de-duplication window."""
+        since = self.twin_window_start(task)
+        if since is None:
+            return None
+        return await self.store.find_by_fingerprint(task.fingerprint, since)

@@ -43,6 +43,7 @@ from dispatcher.models import (
 )
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
+from dispatcher.store.hosts import Fence, Quota
 from dispatcher.taskspec import TaskSpec
 
 log = logging.getLogger("dispatcher.tasks")
@@ -113,8 +114,10 @@ class Ledger:
         cache: ResultStore | None = None,
         results_dir: Path | None = None,
         reference_files: LocalFiles | None = None,
+        host: str | None = None,
     ) -> None:
         self.store = store
+        self.host = host  # recorded on every task this host claims
         self.clock = clock
         self.events = events
         self.retry_delay_s = retry_delay_s
@@ -159,25 +162,30 @@ class Ledger:
         """Store a task, or answer with its twin, or complete it from the cache.
 
         Image hashing and cache file copies run in worker threads. The twin
-        check is repeated after them, with no await between it and the
-        insert: two identical submits racing through the threads still make
-        one task, because the loop runs one of them to its insert first.
+        check that counts is the store's, atomic with the insert (across
+        hosts too): two identical submits racing through the threads, or on
+        two hosts, still make one task. The early look skips the cache work
+        for a twin.
         """
         (images,) = await self.intake.image_hashes([spec], in_job=False)
         task = self.intake.new_task(spec, None, images)
-        existing = self.intake.twin(task)
-        if existing is not None:
-            return self._deduped(task, existing)
+        since = self.intake.twin_window_start(task)
         cached: JSON | None = None
-        if self.intake.cache is not None and not task.force:
-            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
-            existing = self.intake.twin(task)
+        if self.intake.cache is not None and since is not None:
+            existing = await self.intake.twin(task)
             if existing is not None:
+                return self._deduped(task, existing)
+            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
+        task = self.intake.completed(task, cached)
+        if since is None:
+            (stored,) = await self.store.insert_tasks([task])
+        else:
+            stored, inserted = await self.store.insert_unless_twin(task, since)
+            if not inserted:
                 if cached is not None and self.intake.results_dir is not None:
                     folder = self.intake.results_dir / task.id
                     await asyncio.to_thread(shutil.rmtree, folder, True)
-                return self._deduped(task, existing)
-        (stored,) = self.store.insert_tasks([self.intake.completed(task, cached)])
+                return self._deduped(task, stored)
         self._announce(stored, None)
         return Submitted(stored)
 
@@ -207,68 +215,68 @@ class Ledger:
         if self.intake.cache is not None:
             found = await asyncio.to_thread(self.intake.cache_lookups, tasks)
             tasks = [self.intake.completed(t, c) for t, c in zip(tasks, found, strict=True)]
-        stored = self.store.insert_tasks(tasks, job)
+        stored = await self.store.insert_tasks(tasks, job)
         for task in stored:
             self._announce(task, None)
         return job, stored
 
     # -- reading -------------------------------------------------------------
-    def get(self, task_id: str) -> Task:
+    async def get(self, task_id: str) -> Task:
         """A task by its id or a unique prefix of it (4+ characters), as git does."""
-        task = self.store.get_task(task_id)
+        task = await self.store.get_task(task_id)
         if task is None:
-            task = self.store.get_task(self._resolve("task", task_id))
+            task = await self.store.get_task(await self._resolve("task", task_id))
         if task is None:
             raise NotFound(f"no task {task_id!r}")
         return task
 
-    def get_job(self, job_id: str) -> Job:
+    async def get_job(self, job_id: str) -> Job:
         """A job by its id or a unique prefix of it (4+ characters)."""
-        job = self.store.get_job(job_id)
+        job = await self.store.get_job(job_id)
         if job is None:
-            job = self.store.get_job(self._resolve("job", job_id))
+            job = await self.store.get_job(await self._resolve("job", job_id))
         if job is None:
             raise NotFound(f"no job {job_id!r}")
         return job
 
-    def attempts(self, task: Task) -> list[Attempt]:
-        return self.store.task_attempts(task.id)
+    async def attempts(self, task: Task) -> list[Attempt]:
+        return await self.store.task_attempts(task.id)
 
-    def list_tasks(self, **filters: Any) -> list[Task]:
+    async def list_tasks(self, **filters: Any) -> list[Task]:
         """Newest first, filtered and paged as `Store.list_tasks` documents."""
-        return self.store.list_tasks(**filters)
+        return await self.store.list_tasks(**filters)
 
-    def list_jobs(self, **filters: Any) -> list[Job]:
+    async def list_jobs(self, **filters: Any) -> list[Job]:
         """Newest first, filtered and paged as `Store.list_jobs` documents."""
-        return self.store.list_jobs(**filters)
+        return await self.store.list_jobs(**filters)
 
-    def job_tasks(self, job: Job) -> list[Task]:
-        return self.store.job_tasks(job.id)
+    async def job_tasks(self, job: Job) -> list[Task]:
+        return await self.store.job_tasks(job.id)
 
-    def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
-        return self.store.job_summaries([job.id for job in jobs])
+    async def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
+        return await self.store.job_summaries([job.id for job in jobs])
 
-    def current(self, task_id: str) -> Task | None:
+    async def current(self, task_id: str) -> Task | None:
         """The task as stored now (exact id), or None once it is gone."""
-        return self.store.get_task(task_id)
+        return await self.store.get_task(task_id)
 
-    def stale_running(self, heartbeat_before: float) -> list[Task]:
-        return self.store.stale_running(heartbeat_before)
+    async def stale_running(self, heartbeat_before: float) -> list[Task]:
+        return await self.store.stale_running(heartbeat_before)
 
-    def queue_depth(self, task: Task) -> int:
+    async def queue_depth(self, task: Task) -> int:
         """Pending tasks of its queue ahead of this one."""
-        return self.store.count_ahead(task.queue, task.seq)
+        return await self.store.count_ahead(task.queue, task.seq)
 
-    def queued_counts(self) -> dict[str, int]:
-        return self.store.queued_counts()
+    async def queued_counts(self) -> dict[str, int]:
+        return await self.store.queued_counts()
 
-    def recent_durations(self, model: str, limit: int) -> list[float]:
-        return self.store.recent_durations(model, limit)
+    async def recent_durations(self, model: str, limit: int) -> list[float]:
+        return await self.store.recent_durations(model, limit)
 
-    def _resolve(self, what: str, prefix: str) -> str:
+    async def _resolve(self, what: str, prefix: str) -> str:
         if len(prefix) < MIN_ID_PREFIX:
             raise NotFound(f"no {what} {prefix!r} (a prefix needs {MIN_ID_PREFIX}+ characters)")
-        found = self.store.ids_with_prefix(f"{what}s", prefix, limit=MAX_CANDIDATES + 1)
+        found = await self.store.ids_with_prefix(f"{what}s", prefix, limit=MAX_CANDIDATES + 1)
         if not found:
             raise NotFound(f"no {what} {prefix!r}")
         if len(found) > 1:
@@ -278,7 +286,7 @@ class Ledger:
         return found[0]
 
     # -- writing -------------------------------------------------------------
-    def _write(
+    async def _write(
         self,
         task: Task,
         new_state: State,
@@ -290,17 +298,18 @@ class Ledger:
         states.check_transition(task.state, new_state)
         changes = _redacted(changes)
         why = scrub(why)
-        updated = self.store.update_task(
+        updated = await self.store.update_task(
             task.id,
             expect_state=task.state,
             expect_attempt=task.attempt,
             changes={**changes, "state": new_state},
             unless_cancel_requested=unless_cancel_requested,
             ended=self._ended(task, new_state, changes, why),
+            fence=_fence(task),
         )
         if updated is None:
             if not unless_cancel_requested:
-                self._rejected(task, new_state, self.store.get_task(task.id), why)
+                self._rejected(task, new_state, await self.store.get_task(task.id), why)
             return None
         if new_state is not task.state:
             self._announce(updated, task.state, why)
@@ -366,9 +375,18 @@ class Ledger:
             )
         self.events.publish(TaskChanged(task))
 
-    def claim(self, queues: Sequence[str], owner: str) -> Task | None:
+    async def claim(
+        self,
+        queues: Sequence[str],
+        owner: str,
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
+    ) -> Task | None:
+        """The lane's next task, run by this host; under the account's lease
+        (`fence`, a web account) or a provider's global `quota`, when given."""
         now = self.clock.now()
-        task = self.store.claim_next(
+        task = await self.store.claim_next(
             queues,
             now,
             {
@@ -379,20 +397,26 @@ class Ledger:
                 "stage_started_at": now,
                 "stage_durations": {},
                 "error": None,
+                "host": self.host,
+                "lease_token": fence.token if fence is not None else None,
             },
+            fence=fence,
+            quota=quota,
         )
         if task is not None:
             self._announce(task, State.PENDING)
         return task
 
-    def record_remote_id(self, task: Task, remote_id: str) -> Task:
-        updated = self._write(task, State.RUNNING, {"remote_id": remote_id})
+    async def record_remote_id(self, task: Task, remote_id: str) -> Task:
+        updated = await self._write(task, State.RUNNING, {"remote_id": remote_id})
         if updated is None:
             raise StateConflict(f"task {task.id} moved on before its remote id was stored")
         return updated
 
-    def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
-        return self._write(task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage})
+    async def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
+        return await self._write(
+            task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage}
+        )
 
     async def succeed(
         self, task: Task, result: JSON, stage_durations: Mapping[str, float]
@@ -403,7 +427,7 @@ class Ledger:
         Linking or copying its files is file work: a thread does it while
         the loop serves every other lane.
         """
-        done = self._end_attempt(
+        done = await self._end_attempt(
             task,
             State.SUCCESS,
             {
@@ -421,7 +445,7 @@ class Ledger:
             await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, done.result)
         return done
 
-    def _end_attempt(
+    async def _end_attempt(
         self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""
     ) -> Task | None:
         """Write how a running attempt ended, unless a cancel was asked for meanwhile.
@@ -430,10 +454,10 @@ class Ledger:
         case); only a refused write reads the row to find out why. A cancel
         wins over the attempt's outcome: the task ends canceled.
         """
-        done = self._write(task, new_state, changes, why=why, unless_cancel_requested=True)
+        done = await self._write(task, new_state, changes, why=why, unless_cancel_requested=True)
         if done is not None:
             return done
-        current = self.store.get_task(task.id)
+        current = await self.store.get_task(task.id)
         if (
             current is not None
             and current.cancel_requested
@@ -447,11 +471,11 @@ class Ledger:
                 what,
                 extra=log_fields(task, attempt=task.attempt),
             )
-            return self.mark_canceled(current, changes.get("stage_durations"))
+            return await self.mark_canceled(current, changes.get("stage_durations"))
         self._rejected(task, new_state, current, why)
         return None
 
-    def fail(
+    async def fail(
         self, task: Task, error: RunError, stage_durations: Mapping[str, float] | None = None
     ) -> Task | None:
         fate = states.after_failure(
@@ -466,7 +490,7 @@ class Ledger:
             "stage_durations": dict(stage_durations or {}),
         }
         changes.update(self._after_attempt(fate.state, fate.attempt, fate.not_before))
-        return self._end_attempt(
+        return await self._end_attempt(
             task, fate.state, changes, what="error", why=f"{error.kind}: {error.message}"
         )
 
@@ -483,15 +507,15 @@ class Ledger:
             }
         return {"finished_at": self.clock.now()}
 
-    def mark_canceled(
+    async def mark_canceled(
         self, task: Task, stage_durations: Mapping[str, float] | None = None
     ) -> Task | None:
         changes: dict[str, Any] = {"finished_at": self.clock.now()}
         if stage_durations is not None:
             changes["stage_durations"] = dict(stage_durations)
-        return self._write(task, State.CANCELED, changes)
+        return await self._write(task, State.CANCELED, changes)
 
-    def requeue(self, task: Task, why: str, *, forget_remote: bool = False) -> Task | None:
+    async def requeue(self, task: Task, why: str, *, forget_remote: bool = False) -> Task | None:
         """Back to pending on the same attempt: it never got far enough to count.
 
         `forget_remote`: its remote job lives on a provider that no longer
@@ -501,11 +525,11 @@ class Ledger:
         changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "account": None}
         if forget_remote:
             changes["remote_id"] = None
-        return self._write(task, State.PENDING, changes, why=why)
+        return await self._write(task, State.PENDING, changes, why=why)
 
-    def hold_unloaded(self, task: Task, delay_s: float) -> Task | None:
+    async def hold_unloaded(self, task: Task, delay_s: float) -> Task | None:
         """Back to pending, same attempt, for a while: its model is not loaded now."""
-        return self._write(
+        return await self._write(
             task,
             State.PENDING,
             {
@@ -517,8 +541,8 @@ class Ledger:
             why=f"model {task.model!r} is not loaded",
         )
 
-    def expire(self, task: Task) -> Task | None:
-        return self._write(
+    async def expire(self, task: Task) -> Task | None:
+        return await self._write(
             task,
             State.FAILED,
             {
@@ -530,35 +554,35 @@ class Ledger:
             why="expired",
         )
 
-    def reclaim(self, task: Task, plan: Reclaim) -> Task | None:
+    async def reclaim(self, task: Task, plan: Reclaim) -> Task | None:
         self.stale_reclaims += 1
         changes: dict[str, Any] = {"error": TaskError(kind="stale", message=plan.reason)}
         changes.update(self._after_attempt(plan.next_state, plan.next_attempt, plan.not_before))
-        return self._write(task, plan.next_state, changes, why=f"stale: {plan.reason}")
+        return await self._write(task, plan.next_state, changes, why=f"stale: {plan.reason}")
 
     # -- operator actions ------------------------------------------------------
-    def request_cancel(self, task_id: str) -> Task:
+    async def request_cancel(self, task_id: str) -> Task:
         """Pending tasks cancel at once; running ones are flagged for their runner."""
-        task = self.get(task_id)
+        task = await self.get(task_id)
         states.check_cancel(task.state)
         if task.state is State.PENDING:
-            updated = self._write(
+            updated = await self._write(
                 task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True}
             )
         else:
-            updated = self._write(task, State.RUNNING, {"cancel_requested": True})
+            updated = await self._write(task, State.RUNNING, {"cancel_requested": True})
             if updated is not None:
                 self.events.publish(TaskChanged(updated))
         if updated is None:
             # It moved between our read and our write; report where it is now.
-            return self.get(task_id)
+            return await self.get(task_id)
         return updated
 
-    def retry(self, task_id: str) -> Task:
-        task = self.get(task_id)
+    async def retry(self, task_id: str) -> Task:
+        task = await self.get(task_id)
         states.check_retry(task.state)
         plan = states.manual_retry(attempt=task.attempt, max_attempts=task.max_attempts)
-        updated = self._write(
+        updated = await self._write(
             task,
             State.PENDING,
             {
@@ -579,18 +603,26 @@ class Ledger:
         self.retries += 1
         return updated
 
-    def cancel_job(self, job_id: str) -> list[Task]:
-        job = self.get_job(job_id)
+    async def cancel_job(self, job_id: str) -> list[Task]:
+        job = await self.get_job(job_id)
         changed = []
-        for task in self.store.job_tasks(job.id):
+        for task in await self.store.job_tasks(job.id):
             if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
-                changed.append(self.request_cancel(task.id))
+                changed.append(await self.request_cancel(task.id))
         return changed
 
-    def retry_job(self, job_id: str) -> list[Task]:
-        job = self.get_job(job_id)
+    async def retry_job(self, job_id: str) -> list[Task]:
+        job = await self.get_job(job_id)
         return [
-            self.retry(task.id)
-            for task in self.store.job_tasks(job.id)
+            await self.retry(task.id)
+            for task in await self.store.job_tasks(job.id)
             if task.state is State.FAILED
         ]
+
+
+def _fence(task: Task) -> Fence | None:
+    """A running attempt claimed under an account lease writes only while that
+    lease is still the one it ran under (see `Store.update_task`)."""
+    if task.state is not State.RUNNING or task.lease_token is None or task.account is None:
+        return None
+    return Fence(task.account, task.lease_token)

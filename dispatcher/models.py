@@ -86,6 +86,10 @@ class Task:
     stage_started_at: float | None = None
     stage_durations: dict[str, float] = field(default_factory=dict)
     seq: int = 0  # insertion order, assigned by the store; FIFO key
+    # The host that ran its current attempt and the account lease token it ran
+    # under (see `Store.acquire_lease`); None on a task no host has claimed.
+    host: str | None = None
+    lease_token: int | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -8,7 +8,7 @@ rules per kind are `decisions.plan_recovery`'s.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from dispatcher.decisions import Reclaim, RecoveryAction, plan_recovery, reclaim_plan
@@ -34,12 +34,12 @@ def decide(task: Task, *, now: float, expire_after_s: float, retry_delay_s: floa
     return Recovery(action, reclaim_plan(task, now=now, retry_delay_s=retry_delay_s))
 
 
-def recover(
+async def recover(
     running: Iterable[Task],
     *,
     ledger: Ledger,
     models: Collection[str],
-    adopt: Callable[[Task], bool],
+    adopt: Callable[[Task], Awaitable[bool]],
     now: float,
     expire_after_s: float,
     retry_delay_s: float,
@@ -57,16 +57,16 @@ def recover(
         fate = decide(task, now=now, expire_after_s=expire_after_s, retry_delay_s=retry_delay_s)
         summary[fate.action.value] += 1
         if fate.action is RecoveryAction.EXPIRE:
-            ledger.expire(task)
+            await ledger.expire(task)
         elif fate.action is RecoveryAction.REQUEUE:
-            ledger.requeue(task, "recovered at start-up: never reached the provider")
+            await ledger.requeue(task, "recovered at start-up: never reached the provider")
         elif fate.reclaim is not None:
-            ledger.reclaim(task, fate.reclaim)
-        elif not adopt(task):
+            await ledger.reclaim(task, fate.reclaim)
+        elif not await adopt(task):
             # Its provider no longer serves the model: the job it holds
             # there is out of reach, and no other provider may poll it.
             why = f"recovered at start-up: its lane api:{task.account} is gone"
-            ledger.requeue(task, why, forget_remote=True)
+            await ledger.requeue(task, why, forget_remote=True)
     log.info(
         "start-up reconciliation: %d resumed polling, %d re-queued, %d web stale, %d expired",
         summary["resume"],

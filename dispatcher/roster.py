@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dispatcher.accounts import AccountBook
@@ -40,7 +40,7 @@ class Roster:
         scheduler: Scheduler,
         profiles: Mapping[str, Profile],
         web: WebRunner | None,
-        relane: Callable[[], None],
+        relane: Callable[[], Awaitable[None]],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -54,7 +54,7 @@ class Roster:
     def _from_profiles(self, name: str) -> list[str]:
         return sorted(p.source or p.name for p in self._profiles.values() if name in p.accounts)
 
-    def add(self, name: str, models: Sequence[str]) -> JSON:
+    async def add(self, name: str, models: Sequence[str]) -> JSON:
         """Add a web account serving `models` (web models loaded now); it serves at once."""
         from webrunner.runner import check_account_name
 
@@ -75,14 +75,14 @@ class Roster:
             raise StateConflict(f"{name!r} is an API provider, not a web account")
         if name in self._draining:
             raise StateConflict(f"web account {name!r} is being removed; add it once it is gone")
-        stored = self._store.get_web_accounts().get(name, ())
+        stored = (await self._store.get_web_accounts()).get(name, ())
         try:
             self._web.add_account(name)
         except LockHeld as exc:
             raise StateConflict(str(exc)) from exc
         serves = sorted({*stored, *models})
-        self._store.put_web_account(name, serves, self._clock.now())
-        self._relane()
+        await self._store.put_web_account(name, serves, self._clock.now())
+        await self._relane()
         log.info(
             "[web:%s] added, serving %s", name, ", ".join(serves), extra={"lane": f"web:{name}"}
         )
@@ -95,7 +95,7 @@ class Roster:
             raise StateConflict(
                 f"web account {name!r} is listed in {', '.join(listed)}; remove it there and reload"
             )
-        if name not in self._store.get_web_accounts():
+        if name not in await self._store.get_web_accounts():
             raise NotFound(f"no web account {name!r} was added at run time")
         lane = f"web:{name}"
         running = self._scheduler.lane_tasks(lane)
@@ -104,8 +104,8 @@ class Roster:
                 f"web account {name!r} is running task {', '.join(running)}; wait for it, "
                 "or remove it with drain (it takes no new task and goes when that one ends)"
             )
-        self._store.delete_web_account(name)
-        self._relane()  # no new task from here on
+        await self._store.delete_web_account(name)
+        await self._relane()  # no new task from here on
         if running:
             job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
             self._draining[name] = job
@@ -129,7 +129,7 @@ class Roster:
     async def _release(self, name: str) -> None:
         if self._web is not None:
             await self._web.remove_account(name)
-        self._accounts.forget(name)
+        await self._accounts.forget(name)
 
     async def aclose(self) -> None:
         for job in list(self._draining.values()):

@@ -88,6 +88,9 @@ class Scheduler:
         self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
         self._wake = asyncio.Event()
         self._idle: dict[str, asyncio.Event] = {}  # lane -> set when it runs nothing
+        # One fill per lane at a time: a claim is an await, and two fills of a
+        # lane (a round and a refill) must not both count the same free slot.
+        self._filling: dict[str, asyncio.Lock] = {}
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
         self._next_reclaim = float("-inf")
@@ -130,7 +133,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             try:
-                self.round()
+                await self.round()
             except Exception:
                 # A failing round (e.g. a locked database) must not kill the lanes.
                 log.exception("scheduler round failed; retrying next tick")
@@ -174,19 +177,19 @@ class Scheduler:
         self.wake()
 
     # -- the round ---------------------------------------------------------------
-    def round(self) -> None:
+    async def round(self) -> None:
         self.rounds += 1
         # Staleness is a matter of tens of seconds: looking once per tick is
         # as prompt as looking at every wake, and a query cheaper per task.
         now = self.clock.monotonic()
         if now >= self._next_reclaim:
             self._next_reclaim = now + self.tick_s
-            self._reclaim_stale()
+            await self._reclaim_stale()
         if self._stopping:
             return
-        self.accounts.refresh()
+        await self.accounts.refresh()
         for lane in self.lanes.values():
-            self._fill(lane)
+            await self._fill(lane)
         self._wake_at_cooldown_end()
 
     def _wake_at_cooldown_end(self) -> None:
@@ -205,8 +208,16 @@ class Scheduler:
             return lane.concurrency
         return max(1, min(lane.concurrency, self.effective_concurrency(lane)))
 
-    def _fill(self, lane: LaneSpec) -> None:
+    async def _fill(self, lane: LaneSpec) -> None:
         """Claim and start the lane's oldest ready tasks, one per free slot."""
+        # Uncontended (always, on SQLite) the lock is taken without a yield.
+        lock = self._filling.get(lane.name)
+        if lock is None:
+            lock = self._filling[lane.name] = asyncio.Lock()
+        async with lock:
+            await self._fill_slots(lane)
+
+    async def _fill_slots(self, lane: LaneSpec) -> None:
         snapshot = LaneSnapshot(
             name=lane.name,
             concurrency=self.lane_concurrency(lane),
@@ -214,19 +225,19 @@ class Scheduler:
             running=len(self._lane_running[lane.name]),
         )
         for _ in range(free_slots(snapshot)):
-            task = self.ledger.claim(lane.queues, lane.owner)
+            task = await self.ledger.claim(lane.queues, lane.owner)
             if task is None:
                 break
             if task.model not in self.profiles:
                 # A provider's lane outlived one of its models (removed by a
                 # reload): the task waits a while, without holding up the rest.
-                self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+                await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
                 continue
             self._start(task, lane)
 
-    def _reclaim_stale(self) -> None:
+    async def _reclaim_stale(self) -> None:
         now = self.clock.now()
-        stale = self.ledger.stale_running(now - self.stale_s)
+        stale = await self.ledger.stale_running(now - self.stale_s)
         if not stale:
             return
         plans = plan_reclaims(
@@ -249,7 +260,7 @@ class Scheduler:
                 plan.reason,
                 extra=log_fields(task, attempt=task.attempt),
             )
-            self.ledger.reclaim(task, plan)
+            await self.ledger.reclaim(task, plan)
             if running is not None:
                 # The lane's slot stays taken until the runner has confirmed its
                 # browser dead (its cleanup runs inside the cancelled coroutine).
@@ -262,14 +273,14 @@ class Scheduler:
                 return lane
         return None
 
-    def adopt(self, task: Task) -> bool:
+    async def adopt(self, task: Task) -> bool:
         """Resume a task a previous run left running (an API job with a remote id)."""
         lane = self.lane_for(task)
         if lane is None:
             return False
         # Its last heartbeat is as old as our downtime; without a fresh one the
         # first round would reclaim the very task we are resuming.
-        refreshed = self.ledger.heartbeat(task, task.stage)
+        refreshed = await self.ledger.heartbeat(task, task.stage)
         if refreshed is None:
             return False
         self._start(refreshed, lane)
@@ -313,7 +324,7 @@ class Scheduler:
     async def _record_remote_id(self, task_id: str, remote_id: str) -> None:
         """What a run reports through `ctx.set_remote_id` (it runs only once registered)."""
         running = self.running[task_id]
-        running.task = self.ledger.record_remote_id(running.task, remote_id)
+        running.task = await self.ledger.record_remote_id(running.task, remote_id)
 
     async def _execute(self, running: Running) -> None:
         runner = self.runners[running.lane.kind]
@@ -340,20 +351,22 @@ class Scheduler:
                     if idle is not None:
                         idle.set()
             if outcome is not None:
-                await self._finish(running, outcome)
+                # The outcome's write is an await (a round trip on PostgreSQL):
+                # a reclaim or shutdown cancelling us meanwhile must not lose it.
+                await asyncio.shield(self._finish(running, outcome))
         finally:
             # Once the outcome is on record, so that a lane's runs never
             # appear to overlap (a web account runs one at a time).
-            self._refill(running.lane)
+            await self._refill(running.lane)
 
-    def _refill(self, lane: LaneSpec) -> None:
+    async def _refill(self, lane: LaneSpec) -> None:
         """The slot just freed takes the lane's next task at once: waiting for
         the scheduler's round costs a turn of the event loop, which is long
         while a burst of submissions is being answered."""
         if self._stopping:
             return
         try:
-            self._fill(lane)
+            await self._fill(lane)
         except Exception:
             log.exception(
                 "%s: starting the next task failed; the next round retries",
@@ -367,7 +380,7 @@ class Scheduler:
         try:
             result = await runner.run(running.task, running.ctx)
         except asyncio.CancelledError:
-            self._after_interrupt(running)
+            await self._after_interrupt(running)
             # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
             return None
         except TaskCanceled:
@@ -383,10 +396,10 @@ class Scheduler:
             return TransientError(f"runner crashed: {exc!r}", kind="internal")
         return result
 
-    def _after_interrupt(self, running: Running) -> None:
+    async def _after_interrupt(self, running: Running) -> None:
         if running.ctx.interruption is not Interruption.SHUTDOWN:
             return
-        task = self.ledger.current(running.task.id)
+        task = await self.ledger.current(running.task.id)
         if task is None or task.state is not State.RUNNING:
             return
         if task.kind is Kind.API and task.remote_id:
@@ -399,7 +412,7 @@ class Scheduler:
                 extra=log_fields(task, attempt=task.attempt),
             )
             return
-        self.ledger.requeue(task, "service shut down before it finished")
+        await self.ledger.requeue(task, "service shut down before it finished")
 
     async def _finish(self, running: Running, outcome: Outcome) -> None:
         task = running.task
@@ -410,30 +423,30 @@ class Scheduler:
                 done = await self.ledger.succeed(task, outcome.to_json(), durations)
                 if done is not None and done.state is State.SUCCESS and done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
-                    self.recent_durations(done.model).appendleft(run_s)
+                    (await self.recent_durations(done.model)).appendleft(run_s)
                     if polls(running.ctx.profile):
                         self.run_history.record(
                             done.model, done.params, run_s / self.clock.time_scale
                         )
             case Canceled():
-                self.ledger.mark_canceled(task, durations)
+                await self.ledger.mark_canceled(task, durations)
             case RunError():
-                self._failed(running, outcome, durations)
+                await self._failed(running, outcome, durations)
 
-    def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
-        if self._hold(running, error, durations):
+    async def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
+        if await self._hold(running, error, durations):
             return
         if error.kind == "stalled":
             self.stalled_reclaims += 1
-        ended = self.ledger.fail(running.task, error, durations)
+        ended = await self.ledger.fail(running.task, error, durations)
         if ended is not None and ended.state is State.CANCELED:
             return  # a cancel was asked for while it ran: that outcome wins
         if running.lane.kind is Kind.WEB:
             # Only web accounts: a provider's bad spell (5xx, timeouts)
             # passes by itself, and retries already space out its tasks.
-            self._count_failure(running.lane.owner, error)
+            await self._count_failure(running.lane.owner, error)
 
-    def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
+    async def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
         """The account, not the task, failed: the task goes back to pending on
         the same attempt (another account of its model may take it) and the
         account changes state. True when that is what happened."""
@@ -444,25 +457,25 @@ class Scheduler:
                 web = running.ctx.profile.web
                 cooldown_s = web.cooldown_s if web is not None else 3600.0
                 until = self.clock.now() + self.clock.scaled(cooldown_s)
-            self.accounts.cool_down(owner, until, f"usage limit: {error}")
+            await self.accounts.cool_down(owner, until, f"usage limit: {error}")
         elif isinstance(error, AccountHold):
-            self.accounts.needs_attention(owner, f"{error.kind}: {error}")
+            await self.accounts.needs_attention(owner, f"{error.kind}: {error}")
         elif isinstance(error, AuthError) and lane.kind is Kind.WEB:
-            self.accounts.needs_attention(owner, f"logged out: {error}")
+            await self.accounts.needs_attention(owner, f"logged out: {error}")
         elif lane.kind is Kind.API and error.kind in ("http_401", "http_403"):
-            self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
+            await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
         else:
             return False
         self._streaks.pop(owner, None)
-        stored = self.ledger.current(running.task.id)
+        stored = await self.ledger.current(running.task.id)
         if stored is not None and stored.cancel_requested:
             # Asked to cancel while it ran: that outcome wins over waiting.
-            self.ledger.mark_canceled(running.task, durations)
+            await self.ledger.mark_canceled(running.task, durations)
         else:
-            self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
+            await self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
         return True
 
-    def _count_failure(self, owner: str, error: RunError) -> None:
+    async def _count_failure(self, owner: str, error: RunError) -> None:
         """N failures of one class in a row on one lane owner: it needs an operator."""
         kind = None if error.kind in _TASK_FAULTS else error.kind
         decision = after_outcome(self._streaks.get(owner), kind, self.failures_for_attention)
@@ -477,7 +490,7 @@ class Scheduler:
                 else decision.attention
             )
             reason = f"{what}; last: {error}"
-            self.accounts.needs_attention(owner, reason[:MAX_REASON_CHARS])
+            await self.accounts.needs_attention(owner, reason[:MAX_REASON_CHARS])
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""
@@ -486,7 +499,7 @@ class Scheduler:
             if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
                 # Otherwise no sign of life since the last write: let staleness speak.
                 written_beat = running.ctx.last_beat_monotonic
-                updated = self.ledger.heartbeat(running.task, running.live.stage)
+                updated = await self.ledger.heartbeat(running.task, running.live.stage)
                 if updated is not None:
                     running.task = updated
             await asyncio.sleep(self.heartbeat_s)
@@ -505,7 +518,7 @@ class Scheduler:
                 if running is not None:
                     running.ctx.interrupt(Interruption.CANCELED)
 
-    def progress(self, task: Task) -> JSON:
+    async def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer."""
         live = self.running.get(task.id)
         info: JSON = {
@@ -515,9 +528,9 @@ class Scheduler:
             "progress": None,
             "queue_position": None,
         }
-        durations = list(self.recent_durations(task.model))
+        durations = list(await self.recent_durations(task.model))
         if task.state is State.PENDING:
-            ahead = self.ledger.queue_depth(task)
+            ahead = await self.ledger.queue_depth(task)
             concurrency = sum(
                 lane.concurrency
                 for lane in self.lanes.values()
@@ -539,15 +552,15 @@ class Scheduler:
                 info["queue_position"] = live.live.queue_position
         return info
 
-    def recent_durations(self, model: str) -> deque[float]:
+    async def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:
             self._durations[model] = deque(
-                self.ledger.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
+                await self.ledger.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
             )
         return self._durations[model]
 
-    def lanes_view(self) -> list[JSON]:
-        queued = self.ledger.queued_counts()
+    async def lanes_view(self) -> list[JSON]:
+        queued = await self.ledger.queued_counts()
         view = []
         for lane in self.lanes.values():
             account = self.accounts.get(lane.owner)

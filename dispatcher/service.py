@@ -197,7 +197,7 @@ class Service:
             self.events.listen(web.on_event)  # a disabled account's kept browser is closed
             self.runners[Kind.WEB] = web
 
-    def _check_api_keys(self) -> None:
+    async def _check_api_keys(self) -> None:
         """A provider whose key variable is unset cannot run a task: it needs
         attention from the start, and its tasks wait instead of failing."""
         for profile in self.profiles.values():
@@ -207,7 +207,7 @@ class Service:
             reason = f"its key is missing: the environment variable {api.auth_env} is unset"
             account = self.accounts.get(provider)
             if account.enabled and not (account.needs_attention and account.reason == reason):
-                self.accounts.needs_attention(provider, reason)
+                await self.accounts.needs_attention(provider, reason)
 
     def _effective_concurrency(self, lane: LaneSpec) -> int:
         runner = self.runners.get(lane.kind)
@@ -279,21 +279,21 @@ class Service:
             _make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = _sqlite_files(settings.resolved_database_url)
         _make_private_files(database)  # one an older version made 0644
-        self.store: Store = open_store(settings.resolved_database_url)
-        stack.callback(self.store.close)
+        self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
+        stack.push_async_callback(self.store.close)
         _make_private_files(database)
         self.cache = ResultCache(
-            self.store,
+            self.store.cache_index,
             self.state_dir / "cache",
             self.clock,
             max_bytes=settings.cache_max_bytes,
             ttl_s=settings.cache_ttl_s,
         )
         self.cache.startup()
-        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
-        self.accounts = AccountBook(self.store, self.clock, self.events)
-        self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
-        self._check_api_keys()
+        lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+        self.accounts = await AccountBook.load(self.store, self.clock, self.events)
+        await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
+        await self._check_api_keys()
         self.ledger = Ledger(
             self.store,
             self.clock,
@@ -305,6 +305,7 @@ class Service:
             reference_files=LocalFiles.under(
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
+            host=settings.host_id,
         )
         self.ledger.invalid_models = found.invalid_models()
         concurrency = {
@@ -343,7 +344,9 @@ class Service:
             web=web,
             relane=self._relane,
         )
-        self.metrics = Metrics(self._live_numbers)
+        # Read at scrape time: `metrics_payload` fills it just before rendering.
+        self._scraped: dict[str, Any] = {}
+        self.metrics = Metrics(lambda: self._scraped)
         self.events.listen(self.metrics.on_event)
         redact(settings.webhook_secret)
         self.webhooks = Webhooks(
@@ -357,7 +360,7 @@ class Service:
             self.events.listen(self.webhooks.on_event)
             stack.push_async_callback(self.webhooks.aclose)
             await self.webhooks.start()
-        self._reconcile()
+        await self._reconcile()
         redact(self.credentials.token)
         self.http = await start_server(create_app(self, self.credentials), settings.port)
         stack.push_async_callback(self._stop_http)
@@ -385,17 +388,17 @@ class Service:
         runner = self.runners.get(Kind.WEB)
         return runner if isinstance(runner, WebRunner) else None
 
-    def _relane(self) -> None:
+    async def _relane(self) -> None:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
         lanes = build_lanes(self.profiles, self.settings)
-        lanes = with_added_accounts(lanes, self.store.get_web_accounts(), self.profiles)
-        self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
+        lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+        await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
 
-    def _reconcile(self) -> None:
+    async def _reconcile(self) -> None:
         """Decide the fate of everything a previous run left running; log one line."""
-        self.recovery_summary = recover(
-            self.store.tasks_in_state(State.RUNNING),
+        self.recovery_summary = await recover(
+            await self.store.tasks_in_state(State.RUNNING),
             ledger=self.ledger,
             models=self.profiles.keys(),
             adopt=self.scheduler.adopt,
@@ -404,7 +407,7 @@ class Service:
             retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
         )
 
-    def _live_numbers(self) -> dict[str, Any]:
+    async def _live_numbers(self) -> dict[str, Any]:
         counters: dict[str, int] = {
             "dedup_hits": self.ledger.dedup_hits,
             "cache_hits": self.ledger.cache_hits,
@@ -419,15 +422,16 @@ class Service:
             for key, value in stats.counters.items():
                 counters[key] = counters.get(key, 0) + value
         return {
-            "state_counts": self.store.state_counts(),
-            "lanes": self.scheduler.lanes_view(),
+            "state_counts": await self.store.state_counts(),
+            "lanes": await self.scheduler.lanes_view(),
             "accounts": self.accounts.views(),
             "counters": counters,
             "remote_requests": remote,
             "event_loop_lag_s": self.lag_probe.max_lag_s(),
         }
 
-    def metrics_payload(self) -> tuple[bytes, str]:
+    async def metrics_payload(self) -> tuple[bytes, str]:
+        self._scraped = await self._live_numbers()
         return self.metrics.render()
 
     # -- reload ----------------------------------------------------------------
@@ -472,7 +476,7 @@ class Service:
             self.profiles.update(plan.profiles)
             self.profile_problems = found.problems
             self.ledger.invalid_models = {**plan.invalid, **plan.refused}
-            self._relane()
+            await self._relane()
         for problem in found.problems:
             log.error("reload: %s", problem)
         log.info("profiles reloaded: %s", plan.summary())

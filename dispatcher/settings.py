@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -58,6 +59,8 @@ class Settings(BaseSettings):
 
     state_dir: Path = Field(default_factory=default_state_dir)
     database_url: str | None = None  # default: SQLite in the state dir
+    # This machine's name among the hosts sharing one PostgreSQL database.
+    host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
     profiles_dir: Path = BUNDLED_PROFILES_DIR
     port: int | None = None  # default: a free one in 49152-65535
     browser_executable: str | None = None  # default: a Chromium found on the machine

@@ -228,7 +228,7 @@ class Webhooks:
         while True:
             kind, subject = await self._queue.get()
             try:
-                outgoing = self._build(kind, subject)
+                outgoing = await self._build(kind, subject)
             except Exception:  # a notification must never take the worker down
                 log.exception("webhooks: cannot build %s", kind)
                 continue
@@ -244,9 +244,9 @@ class Webhooks:
         self._deliveries.discard(delivery)
         self._slots.release()
 
-    def _build(self, kind: str, subject: Any) -> Outgoing | None:
+    async def _build(self, kind: str, subject: Any) -> Outgoing | None:
         if kind == JOB_FINISHED:
-            return self._job_finished(str(subject))
+            return await self._job_finished(str(subject))
         account = subject
         return self._envelope(
             ACCOUNT_STATE_CHANGED,
@@ -262,19 +262,19 @@ class Webhooks:
             },
         )
 
-    def _job_finished(self, job_id: str) -> Outgoing | None:
+    async def _job_finished(self, job_id: str) -> Outgoing | None:
         if job_id in self._announced:
             return None
-        job = self._store.get_job(job_id)
+        job = await self._store.get_job(job_id)
         if job is None:
             return None
-        summary = self._store.job_summaries([job_id])[job_id]
+        summary = (await self._store.job_summaries([job_id]))[job_id]
         if job_state(summary.counts) is JobState.RUNNING:
             return None
         self._announced[job_id] = None
         while len(self._announced) > MAX_REMEMBERED_JOBS:
             self._announced.popitem(last=False)
-        failed = self._store.list_tasks(
+        failed = await self._store.list_tasks(
             states=[State.FAILED], job_id=job_id, limit=MAX_FAILED_LISTED
         )
         return self._envelope(JOB_FINISHED, {"job": job_finished_body(job, summary, failed)})

@@ -50,6 +50,7 @@ def main_callback(
 
 
 app.command()(server.serve)
+app.command()(server.migrate)
 app.command()(tasks.submit)
 app.command()(tasks.batch)
 app.command()(tasks.status)

@@ -40,6 +40,38 @@ DemoFlag = Annotated[bool, typer.Option("--demo", help="Also run the bundled dem
 PortOption = Annotated[int | None, typer.Option("--port", help="Port for the local API.")]
 
 
+def migrate(
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="sqlite:///<path> or postgresql://... (default: DISPATCHER_DATABASE_URL, "
+            "else the SQLite file in the state dir).",
+        ),
+    ] = None,
+) -> None:
+    """Apply the database migrations, print the schema version reached, and exit.
+
+    Safe while other hosts start on the same PostgreSQL database: migrations
+    run under an advisory lock. `serve` also migrates at start.
+    """
+    import asyncio
+
+    from dispatcher.store import migrate_only
+
+    settings = load_settings(database_url=database_url, state_dir=options.get("state_dir"))
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        version = asyncio.run(migrate_only(url))
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except DispatcherError as exc:
+        fail(str(exc), EXIT_FAILED)
+    console.print(f"schema version {version}")
+
+
 def serve(
     demo: DemoFlag = False,
     port: PortOption = None,

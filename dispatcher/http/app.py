@@ -144,31 +144,31 @@ class Api:
         self.service = service
 
     # -- answers ----------------------------------------------------------------
-    def task_answer(
+    async def task_answer(
         self, task: Task, *, deduped: bool = False, with_attempts: bool = False
     ) -> JSON:
         answer = task.to_json()
         answer["deduped"] = deduped
-        answer.update(self.service.scheduler.progress(task))
+        answer.update(await self.service.scheduler.progress(task))
         if task.state is State.PENDING:
             note = self.service.unloaded_note(task.model)
             if note:
                 answer["note"] = note
         if with_attempts:
-            answer["attempts"] = [a.to_json() for a in self.service.ledger.attempts(task)]
+            answer["attempts"] = [a.to_json() for a in await self.service.ledger.attempts(task)]
         answer["artifacts"] = task_artifacts(self.service.state_dir / "results", task)
         return answer
 
-    def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
-        job = self.service.ledger.get_job(job_id)
-        answer = self.job_answers([job])[0]
+    async def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
+        job = await self.service.ledger.get_job(job_id)
+        answer = (await self.job_answers([job]))[0]
         if with_tasks:
-            tasks = self.service.ledger.job_tasks(job)
-            answer["tasks"] = [self.task_answer(t) for t in tasks]
+            tasks = await self.service.ledger.job_tasks(job)
+            answer["tasks"] = [await self.task_answer(t) for t in tasks]
         return answer
 
-    def job_answers(self, jobs: list[Job]) -> list[JSON]:
-        summaries = self.service.ledger.job_summaries(jobs)
+    async def job_answers(self, jobs: list[Job]) -> list[JSON]:
+        summaries = await self.service.ledger.job_summaries(jobs)
         now = self.service.clock.now()
         answers = []
         for job in jobs:
@@ -195,38 +195,39 @@ class Api:
         spec = parse_spec(await _json_body(request))
         submitted = await self.service.ledger.submit(spec)
         status = 200 if submitted.deduped else 201
-        return JSONResponse(self.task_answer(submitted.task, deduped=submitted.deduped), status)
+        answer = await self.task_answer(submitted.task, deduped=submitted.deduped)
+        return JSONResponse(answer, status)
 
     async def list_tasks(self, request: Request) -> Response:
         """Tasks newest first, filtered, one page at a time (`?limit=&after=`)."""
         ledger = self.service.ledger
         limit = _limit(request, 50)
         job = request.query_params.get("job")
-        tasks = ledger.list_tasks(
+        tasks = await ledger.list_tasks(
             states=_states(request, State),
             model=request.query_params.get("model") or None,
-            job_id=ledger.get_job(job).id if job else None,
+            job_id=(await ledger.get_job(job)).id if job else None,
             text=_text(request, "q"),
             before_seq=_cursor(request),
             limit=limit + 1,
         )
-        page = _page([self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
         return JSONResponse(page)
 
     async def get_task(self, request: Request) -> Response:
-        task = self.service.ledger.get(request.path_params["id"])
-        return JSONResponse(self.task_answer(task, with_attempts=True))
+        task = await self.service.ledger.get(request.path_params["id"])
+        return JSONResponse(await self.task_answer(task, with_attempts=True))
 
     async def cancel_task(self, request: Request) -> Response:
-        task = self.service.ledger.request_cancel(request.path_params["id"])
-        return JSONResponse(self.task_answer(task))
+        task = await self.service.ledger.request_cancel(request.path_params["id"])
+        return JSONResponse(await self.task_answer(task))
 
     async def retry_task(self, request: Request) -> Response:
-        task = self.service.ledger.retry(request.path_params["id"])
-        return JSONResponse(self.task_answer(task))
+        task = await self.service.ledger.retry(request.path_params["id"])
+        return JSONResponse(await self.task_answer(task))
 
     async def task_result(self, request: Request) -> Response:
-        task = self.service.ledger.get(request.path_params["id"])
+        task = await self.service.ledger.get(request.path_params["id"])
         if task.state is not State.SUCCESS or not task.result:
             raise StateConflict(f"task {task.id} has no result yet (state {task.state.value})")
         files = task.result.get("files") or []
@@ -243,7 +244,7 @@ class Api:
 
     async def task_artifact(self, request: Request) -> Response:
         """A failed attempt's screenshot, page HTML (as text), trace or vendor answer."""
-        task = self.service.ledger.get(request.path_params["id"])
+        task = await self.service.ledger.get(request.path_params["id"])
         attempt, name = request.path_params["attempt"], request.path_params["name"]
         path, kind = await asyncio.to_thread(
             artifact_file, self.service.state_dir / "results", task.id, attempt, name
@@ -260,33 +261,33 @@ class Api:
     async def create_job(self, request: Request) -> Response:
         name, specs = parse_job(await _json_body(request))
         job, _ = await self.service.ledger.create_job(name, specs)
-        return JSONResponse(self.job_answer(job.id), status_code=201)
+        return JSONResponse(await self.job_answer(job.id), status_code=201)
 
     async def list_jobs(self, request: Request) -> Response:
         """Jobs newest first, without their tasks, one page at a time."""
         limit = _limit(request, 50)
-        jobs = self.service.ledger.list_jobs(
+        jobs = await self.service.ledger.list_jobs(
             states=_states(request, JobState),
             text=_text(request, "q"),
             before_seq=_cursor(request),
             limit=limit + 1,
         )
-        return JSONResponse(_page(self.job_answers(jobs), [j.seq for j in jobs], limit))
+        return JSONResponse(_page(await self.job_answers(jobs), [j.seq for j in jobs], limit))
 
     async def get_job(self, request: Request) -> Response:
-        return JSONResponse(self.job_answer(request.path_params["id"]))
+        return JSONResponse(await self.job_answer(request.path_params["id"]))
 
     async def cancel_job(self, request: Request) -> Response:
-        self.service.ledger.cancel_job(request.path_params["id"])
-        return JSONResponse(self.job_answer(request.path_params["id"]))
+        await self.service.ledger.cancel_job(request.path_params["id"])
+        return JSONResponse(await self.job_answer(request.path_params["id"]))
 
     async def retry_job(self, request: Request) -> Response:
-        self.service.ledger.retry_job(request.path_params["id"])
-        return JSONResponse(self.job_answer(request.path_params["id"]))
+        await self.service.ledger.retry_job(request.path_params["id"])
+        return JSONResponse(await self.job_answer(request.path_params["id"]))
 
     # -- lanes and accounts ------------------------------------------------------
     async def lanes(self, request: Request) -> Response:
-        return JSONResponse(self.service.scheduler.lanes_view() + self._invalid_lanes())
+        return JSONResponse(await self.service.scheduler.lanes_view() + self._invalid_lanes())
 
     def _invalid_lanes(self) -> list[JSON]:
         """One entry per invalid profile file, so lists show it beside the lanes."""
@@ -324,13 +325,13 @@ class Api:
     async def disable_account(self, request: Request) -> Response:
         body = await _json_body(request)
         bodies.validate(bodies.DisableBody, body, "body")
-        account = self.service.accounts.disable(request.path_params["name"], body["reason"])
+        account = await self.service.accounts.disable(request.path_params["name"], body["reason"])
         return JSONResponse(self.service.accounts.view(account))
 
     async def add_account(self, request: Request) -> Response:
         body = await _json_body(request)
         bodies.validate(bodies.AccountBody, body, "body")
-        return JSONResponse(self.service.roster.add(body["name"], body["models"]), 201)
+        return JSONResponse(await self.service.roster.add(body["name"], body["models"]), 201)
 
     async def remove_account(self, request: Request) -> Response:
         drain = request.query_params.get("drain", "false")
@@ -342,7 +343,7 @@ class Api:
         return JSONResponse(answer, 202 if answer["draining"] else 200)
 
     async def enable_account(self, request: Request) -> Response:
-        account = self.service.accounts.enable(request.path_params["name"])
+        account = await self.service.accounts.enable(request.path_params["name"])
         return JSONResponse(self.service.accounts.view(account))
 
     # -- live and meta -------------------------------------------------------------
@@ -390,7 +391,7 @@ class Api:
         return JSONResponse(OPENAPI)
 
     async def metrics(self, request: Request) -> Response:
-        body, content_type = self.service.metrics_payload()
+        body, content_type = await self.service.metrics_payload()
         return Response(body, media_type=content_type)
 
     async def session(self, request: Request) -> Response:

@@ -104,16 +104,18 @@ class LoginRoutes:
         self._runner().spec_for(name)  # NotFound for an API provider or an unknown name
         return name
 
-    def requeue_auth_failed(self, account: str) -> list[str]:
+    async def requeue_auth_failed(self, account: str) -> list[str]:
         """Retry the failed tasks of the account's models that met a logout."""
         runner = self._runner()
         models = [n for n, p in runner.web_profiles.items() if account in p.accounts]
         ledger = self.service.ledger
         retried = []
         for model in models:
-            for task in ledger.list_tasks(states=[State.FAILED], model=model, limit=REQUEUE_SCAN):
+            for task in await ledger.list_tasks(
+                states=[State.FAILED], model=model, limit=REQUEUE_SCAN
+            ):
                 if task.error is not None and task.error.kind == "auth":
-                    retried.append(ledger.retry(task.id).id)
+                    retried.append((await ledger.retry(task.id)).id)
         if retried:
             log.info(
                 "[web:%s] %d task(s) that met a logout back in the queue",
@@ -123,9 +125,9 @@ class LoginRoutes:
             )
         return retried
 
-    def _comes_back(self, account: str) -> dict[str, object]:
-        enabled = self.service.accounts.enable(account)
-        retried = self.requeue_auth_failed(account)
+    async def _comes_back(self, account: str) -> dict[str, object]:
+        enabled = await self.service.accounts.enable(account)
+        retried = await self.requeue_auth_failed(account)
         return {"logged_in": True, "account": enabled.to_json(), "requeued": retried}
 
     # -- handlers ---------------------------------------------------------------
@@ -161,7 +163,7 @@ class LoginRoutes:
                 "the page does not show that it is logged in yet (the login form is still "
                 "there); finish the login in the view, then press Done again"
             )
-        return JSONResponse(self._comes_back(account))
+        return JSONResponse(await self._comes_back(account))
 
     async def cancel(self, request: Request) -> Response:
         account = self._account(request)
@@ -175,7 +177,7 @@ class LoginRoutes:
         cookies = parse_session_file(raw["text"], now=self.service.clock.now())
         if not await self._desk().import_cookies(account, cookies):
             return JSONResponse({"logged_in": False, "account": account, "cookies": len(cookies)})
-        answer = self._comes_back(account)
+        answer = await self._comes_back(account)
         answer["cookies"] = len(cookies)
         return JSONResponse(answer)
 
@@ -183,7 +185,7 @@ class LoginRoutes:
         """The page of a running web task, read-only: frames only, no input."""
         from webrunner.login import LiveView
 
-        task = self.service.ledger.get(request.path_params["id"])
+        task = await self.service.ledger.get(request.path_params["id"])
         runner = self._runner()
         session = runner.running_browser(task.account) if task.account else None
         if task.state is not State.RUNNING or session is None:

@@ -4,6 +4,10 @@ Every task write is a compare-and-set: `update_task` applies its changes only
 while the row still has the expected state (and attempt, when given) and
 returns None when the row has moved on, so a late result can never overwrite
 a newer decision.
+
+Every member is a coroutine: on PostgreSQL each is a network round trip,
+which must not block the event loop. The SQLite backend answers them inline
+(see `store.sqlite`).
 """
 
 from __future__ import annotations
@@ -11,25 +15,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from dispatcher.models import Account, Attempt, CacheEntry, Job, JobState, JobSummary, State, Task
+from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 
 
 class Store(Protocol):
+    async def migrate(self) -> None:
+        """Apply the dialect's migrations not applied yet (see `store.migrations`)."""
+
+    async def close(self) -> None: ...
+
+    async def schema_version(self) -> int:
+        """The last migration applied."""
+
     @property
-    def writes(self) -> Mapping[str, int]:
-        """Rows written per recent task id: transitions and heartbeats only (see tests)."""
-
-    def migrate(self) -> None: ...
-
-    def close(self) -> None: ...
+    def cache_index(self) -> CacheIndex:
+        """The result cache's index, on the same database (see `store.cacheindex`)."""
 
     # -- tasks -----------------------------------------------------------
-    def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
+    async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
         """Insert tasks (and their job) atomically; returns them with `seq` set."""
 
-    def get_task(self, task_id: str) -> Task | None: ...
+    async def get_task(self, task_id: str) -> Task | None: ...
 
-    def update_task(
+    async def update_task(
         self,
         task_id: str,
         *,
@@ -38,16 +48,18 @@ class Store(Protocol):
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
         ended: Attempt | None = None,
+        fence: Fence | None = None,
     ) -> Task | None:
         """CAS: apply `changes` only if state (and attempt) still match, and, with
         `unless_cancel_requested`, only if nobody has asked to cancel the task.
         `ended` is written to the attempt history in the same transaction, only
-        when the change applies."""
+        when the change applies. With `fence`, only while that account's lease
+        still has that token (a write of an earlier holder is refused: None)."""
 
-    def task_attempts(self, task_id: str) -> list[Attempt]:
+    async def task_attempts(self, task_id: str) -> list[Attempt]:
         """The task's ended attempts, oldest first."""
 
-    def list_tasks(
+    async def list_tasks(
         self,
         *,
         states: Sequence[State] = (),
@@ -60,43 +72,59 @@ class Store(Protocol):
         """Newest first; `text` is found in the params (the prompt) or the ref;
         `before_seq` pages on from a previous answer's last task."""
 
-    def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
+    async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
         """Ids of `tasks` or `jobs` starting with `prefix` (at most `limit`)."""
 
-    def claim_next(
-        self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
+    async def claim_next(
+        self,
+        lane_groups: Sequence[str],
+        now: float,
+        changes: Mapping[str, Any],
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
     ) -> Task | None:
         """Oldest pending task of these groups whose `not_before` has passed, moved
-        to running with `changes` in the same atomic step (row-locked on PostgreSQL)."""
+        to running with `changes` in the same atomic step (row-locked on PostgreSQL:
+        hosts claiming at once never take the same task). With `fence`, only while
+        that lease holds; with `quota`, only while fewer than `quota.limit` tasks
+        bound to `quota.account` run on all hosts together."""
 
-    def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]: ...
+    async def tasks_in_state(
+        self, state: State, limit: int | None = None, *, host: str | None = None
+    ) -> list[Task]:
+        """Oldest first; with `host`, only the tasks that host ran."""
 
-    def stale_running(self, heartbeat_before: float) -> list[Task]:
+    async def stale_running(self, heartbeat_before: float) -> list[Task]:
         """Running tasks whose last heartbeat (or start) is older than the bound."""
 
-    def count_ahead(self, lane_group: str, seq: int) -> int:
+    async def count_ahead(self, lane_group: str, seq: int) -> int:
         """Pending tasks of the group inserted before `seq`."""
 
-    def queued_counts(self) -> dict[str, int]:
+    async def queued_counts(self) -> dict[str, int]:
         """Pending tasks per lane group."""
 
-    def state_counts(self) -> dict[tuple[str, str], int]:
+    async def state_counts(self) -> dict[tuple[str, str], int]:
         """Tasks per (model, state), for metrics."""
 
-    def recent_durations(self, model: str, limit: int = 20) -> list[float]:
+    async def recent_durations(self, model: str, limit: int = 20) -> list[float]:
         """Run times (started to finished) of the model's latest successes."""
 
-    def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
+    async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
         """Newest task with this fingerprint created since then, not failed or canceled."""
 
+    async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
+        """Insert the task unless `find_by_fingerprint` finds a twin, atomically
+        (across hosts too): (the stored task, True) or (its twin, False)."""
+
     # -- jobs --------------------------------------------------------------
-    def get_job(self, job_id: str) -> Job | None: ...
+    async def get_job(self, job_id: str) -> Job | None: ...
 
-    def job_tasks(self, job_id: str) -> list[Task]: ...
+    async def job_tasks(self, job_id: str) -> list[Task]: ...
 
-    def job_counts(self, job_id: str) -> dict[State, int]: ...
+    async def job_counts(self, job_id: str) -> dict[State, int]: ...
 
-    def list_jobs(
+    async def list_jobs(
         self,
         *,
         states: Sequence[JobState] = (),
@@ -106,31 +134,56 @@ class Store(Protocol):
     ) -> list[Job]:
         """Newest first; `text` is found in the name; paged like `list_tasks`."""
 
-    def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
         """Counts per state, cache answers and the last finish, for each job."""
 
     # -- accounts (web accounts and API providers) ---------------------------
-    def get_accounts(self) -> dict[str, Account]: ...
+    async def get_accounts(self) -> dict[str, Account]: ...
 
-    def upsert_account(self, account: Account) -> None: ...
+    async def upsert_account(self, account: Account) -> None: ...
 
-    def delete_account(self, name: str) -> None: ...
+    async def delete_account(self, name: str) -> None: ...
 
     # -- web accounts added at run time ----------------------------------------
-    def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
+    async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
         """Account name -> the models it serves, for accounts added at run time."""
 
-    def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None: ...
+    async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None: ...
 
-    def delete_web_account(self, name: str) -> None: ...
+    async def delete_web_account(self, name: str) -> None: ...
 
-    # -- result cache index ----------------------------------------------------
-    def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
+    # -- several hosts on one database -----------------------------------------
+    async def register_host(self, host: str, now: float, url: str | None = None) -> None:
+        """This host is alive (again): heartbeat now, no longer dead."""
 
-    def cache_put(self, entry: CacheEntry) -> None: ...
+    async def host_heartbeat(self, host: str, now: float) -> bool:
+        """False once another host has declared this one dead: re-register and
+        reconcile, its running tasks have been recovered elsewhere."""
 
-    def cache_touch(self, fingerprint: str, last_used_at: float) -> None: ...
+    async def list_hosts(self) -> list[Host]: ...
 
-    def cache_delete(self, fingerprint: str) -> None: ...
+    async def stale_hosts(self, heartbeat_before: float) -> list[Host]:
+        """Hosts not declared dead whose last heartbeat is older than the bound."""
 
-    def cache_entries(self) -> list[CacheEntry]: ...
+    async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
+        """Declare a stale host dead; True for the one caller that did (CAS)."""
+
+    async def acquire_lease(
+        self, account: str, host: str, now: float, ttl_s: float
+    ) -> Lease | LeaseRefused:
+        """Bind the account to this host with a new token, unless another live
+        host holds an unexpired lease on it (then who)."""
+
+    async def renew_lease(self, lease: Lease, now: float, ttl_s: float) -> Lease | None:
+        """Extend a lease still held with its token; None once it was lost."""
+
+    async def release_lease(self, lease: Lease) -> bool: ...
+
+    async def list_leases(self) -> list[Lease]:
+        """Leases held now (released ones are not listed)."""
+
+    async def set_gate(self, provider: str, not_before: float) -> None:
+        """No host sends to the provider before then (a later gate never moves back)."""
+
+    async def get_gate(self, provider: str) -> float:
+        """The provider's gate: epoch seconds, 0 when it never had one."""

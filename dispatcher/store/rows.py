@@ -60,6 +60,8 @@ TASK_COLUMNS = (
     "stage_started_at",
     "stage_durations",
     "ref",
+    "host",
+    "lease_token",
 )
 
 
@@ -101,6 +103,8 @@ _ENCODERS: dict[str, Any] = {
 UPDATABLE = frozenset(
     {
         "account",
+        "host",
+        "lease_token",
         "state",
         "stage",
         "attempt",
@@ -164,6 +168,8 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "stage_started_at": task.stage_started_at,
         "stage_durations": dumps(task.stage_durations),
         "ref": task.ref,
+        "host": task.host,
+        "lease_token": task.lease_token,
     }
 
 
@@ -223,6 +229,8 @@ def row_to_task(row: RowLike) -> Task:
         stage_started_at=row["stage_started_at"],
         stage_durations=_dict(_loads(row["stage_durations"], {}, "stage_durations", row["id"])),
         ref=row["ref"],
+        host=row["host"],
+        lease_token=row["lease_token"],
     )
 
 

@@ -16,7 +16,6 @@ cannot drift.
 
 from __future__ import annotations
 
-import bisect
 import json
 import sqlite3
 import threading
@@ -29,133 +28,59 @@ from dispatcher.errors import StoreError
 from dispatcher.models import (
     Account,
     Attempt,
-    CacheEntry,
     Job,
     JobState,
     JobSummary,
     State,
     Task,
 )
+from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.cachesql import SqliteCacheIndex
+from dispatcher.store.hosts import Fence, Quota
+from dispatcher.store.migrations import migrations
 from dispatcher.store.rows import (
-    TASK_COLUMNS,
     attempt_to_row,
     encode_changes,
     row_to_account,
     row_to_attempt,
-    row_to_cache_entry,
     row_to_task,
     task_to_row,
 )
-from dispatcher.store.schema import MIGRATIONS
-
-_COLUMNS = ", ".join(TASK_COLUMNS)
-_SELECT_TASK = f"SELECT {_COLUMNS} FROM tasks"
-_PENDING = State.PENDING.value
-
-# A job's state from its tasks, as `states.job_state` decides it, for listing
-# jobs by state in SQL (a test checks that the two agree).
-_JOB_STATE_SQL = """CASE
-    WHEN c.total IS NULL OR c.active > 0 THEN 'running'
-    WHEN c.success = c.total THEN 'success'
-    WHEN c.failed = c.total THEN 'failed'
-    WHEN c.canceled = c.total THEN 'canceled'
-    ELSE 'partial' END"""
-_JOB_COUNTS_SQL = """SELECT job_id, COUNT(*) AS total,
-    SUM(state IN ('pending', 'running')) AS active, SUM(state = 'success') AS success,
-    SUM(state = 'failed') AS failed, SUM(state = 'canceled') AS canceled
-    FROM tasks WHERE job_id IS NOT NULL GROUP BY job_id"""
-_ID_TABLES = frozenset({"tasks", "jobs"})
-
-
-def like_pattern(text: str, *, in_json: bool = False, ascii_json: bool = False) -> str:
-    """A LIKE pattern finding `text` anywhere; `in_json` for a column of JSON text.
-
-    Params are stored as UTF-8 JSON; rows written by earlier versions hold
-    ASCII JSON, where a prompt's "é" is "\u00e9" (`ascii_json` finds those).
-    """
-    needle = json.dumps(text, ensure_ascii=ascii_json)[1:-1] if in_json else text
-    needle = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{needle}%"
+from dispatcher.store.sql import (
+    ACCOUNT_UPSERT,
+    ACCOUNTS,
+    ID_TABLES,
+    RECENT_DURATIONS,
+    SELECT_TASK,
+    STALE_RUNNING,
+    TWIN,
+    WEB_ACCOUNT_PUT,
+    WEB_ACCOUNTS,
+    account_args,
+    claim_sql,
+    insert_sql,
+    list_jobs_sql,
+    list_tasks_where,
+    update_sql,
+)
+from dispatcher.store.sqlite_hosts import SqliteHostOps
+from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
 
 
-# Task ids per generation of write counts (see WriteCounter).
-WRITES_KEPT = 10_000
+class SqliteStore(SqliteHostOps):
+    """The `Store` on one SQLite file.
 
-
-class WriteCounter(Mapping[str, int]):
-    """Rows written per task id, for the tests and benchmarks that audit writes.
-
-    Bounded: a long-running service writes for millions of tasks, and a plain
-    Counter kept every id forever. Two generations of plain dicts: ids go to
-    the young one (an id written again moves there from the old one), and
-    when it holds `generation` ids it becomes the old one, dropping the
-    previous old one. So the ids written most recently, at least `generation`
-    and at most twice that many, are kept; far more than any audit reads.
+    Its coroutines run the SQLite calls inline, without a thread hop: the
+    file is local and a statement takes microseconds, while a hop to a worker
+    thread and back costs tens of them per call and a dispatch makes several
+    calls; dispatch throughput is a benchmarked target (BENCHMARKS.md). So an
+    await here never yields to the loop, and callers see the same
+    interleaving as when these calls were synchronous.
     """
 
-    def __init__(self, generation: int = WRITES_KEPT) -> None:
-        self.generation = generation
-        self._young: dict[str, int] = {}
-        self._old: dict[str, int] = {}
-
-    def add(self, task_id: str) -> None:
-        young = self._young
-        young[task_id] = young.get(task_id, 0) + self._old.pop(task_id, 0) + 1
-        if len(young) >= self.generation:
-            self._old, self._young = young, {}
-
-    def __getitem__(self, task_id: str) -> int:
-        """0 for an id never written (or forgotten), as a Counter would say."""
-        return self._young.get(task_id) or self._old.get(task_id, 0)
-
-    def __contains__(self, task_id: object) -> bool:
-        return task_id in self._young or task_id in self._old
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._old
-        yield from self._young
-
-    def __len__(self) -> int:
-        return len(self._young) + len(self._old)
-
-
-class PendingIndex:
-    """Seqs of pending tasks per lane group, sorted: a queue position is a bisect."""
-
-    def __init__(self) -> None:
-        self._seqs: dict[str, list[int]] = {}
-
-    def add(self, group: str, seq: int) -> None:
-        seqs = self._seqs.setdefault(group, [])
-        if not seqs or seqs[-1] < seq:
-            seqs.append(seq)  # a new task: always the newest
-        else:
-            bisect.insort(seqs, seq)  # a retried or re-queued one keeps its place
-
-    def discard(self, group: str, seq: int) -> None:
-        seqs = self._seqs.get(group)
-        if seqs:
-            at = bisect.bisect_left(seqs, seq)
-            if at < len(seqs) and seqs[at] == seq:
-                del seqs[at]
-
-    def ahead(self, group: str, seq: int) -> int:
-        return bisect.bisect_left(self._seqs.get(group, ()), seq)
-
-    def counts(self) -> dict[str, int]:
-        return {group: len(seqs) for group, seqs in self._seqs.items() if seqs}
-
-    def track(self, old_state: str, row: sqlite3.Row) -> None:
-        """Follow one task row that was in `old_state` before a write."""
-        if old_state == _PENDING and row["state"] != _PENDING:
-            self.discard(row["lane_group"], row["seq"])
-        elif old_state != _PENDING and row["state"] == _PENDING:
-            self.add(row["lane_group"], row["seq"])
-
-
-class SqliteStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, host: str = "") -> None:
         self.path = Path(path)
+        self.host = host
         self.writes = WriteCounter()
         self._pending = PendingIndex()
         try:
@@ -172,6 +97,11 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._lock = threading.RLock()
+        self._cache_index = SqliteCacheIndex(self._db, self._lock, host)
+
+    @property
+    def cache_index(self) -> CacheIndex:
+        return self._cache_index
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -200,17 +130,17 @@ class SqliteStore:
         """One write statement in autocommit: committed once its rows are read."""
         return self._query(sql, args, what="write")
 
-    def migrate(self) -> None:
+    async def migrate(self) -> None:
         with self._tx() as db:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
             current = row[0] or 0
-            for version, statements in MIGRATIONS:
-                if version <= current:
+            for migration in migrations("sqlite"):
+                if migration.version <= current:
                     continue
-                for statement in statements:
+                for statement in migration.statements:
                     db.execute(statement)
-                db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
         pending = PendingIndex()
         for row in self._query(
             "SELECT lane_group, seq FROM tasks WHERE state = 'pending' ORDER BY seq"
@@ -218,20 +148,22 @@ class SqliteStore:
             pending.add(row["lane_group"], row["seq"])
         self._pending = pending
 
-    def schema_version(self) -> int:
+    async def schema_version(self) -> int:
         return int(self._query("SELECT MAX(version) FROM schema_version")[0][0] or 0)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         with self._lock:
             self._db.close()
 
     # -- tasks -------------------------------------------------------------
-    def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
+    async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
         rows = [task_to_row(task) for task in tasks]
         with self._lock:
             if job is None and len(rows) == 1:
                 # The common case (one POST, one task): one statement, no transaction.
-                (stored_row,) = self._write1(_insert_sql(rows[0]), tuple(rows[0].values()))
+                (stored_row,) = self._write1(
+                    insert_sql(rows[0], "?", "seq"), tuple(rows[0].values())
+                )
                 seqs = [int(stored_row[0])]
             else:
                 seqs = []
@@ -242,7 +174,9 @@ class SqliteStore:
                             (job.id, job.name, job.created_at),
                         )
                     for row in rows:
-                        (stored_row,) = db.execute(_insert_sql(row), tuple(row.values())).fetchall()
+                        (stored_row,) = db.execute(
+                            insert_sql(row, "?", "seq"), tuple(row.values())
+                        ).fetchall()
                         seqs.append(int(stored_row[0]))
             stored = [task.replace(seq=seq) for task, seq in zip(tasks, seqs, strict=True)]
             for task in stored:
@@ -251,11 +185,11 @@ class SqliteStore:
                     self._pending.add(task.lane_group, task.seq)
         return stored
 
-    def get_task(self, task_id: str) -> Task | None:
-        rows = self._query(f"{_SELECT_TASK} WHERE id = ?", (task_id,))
+    async def get_task(self, task_id: str) -> Task | None:
+        rows = self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
         return row_to_task(rows[0]) if rows else None
 
-    def update_task(
+    async def update_task(
         self,
         task_id: str,
         *,
@@ -264,22 +198,26 @@ class SqliteStore:
         changes: Mapping[str, Any],
         unless_cancel_requested: bool = False,
         ended: Attempt | None = None,
+        fence: Fence | None = None,
     ) -> Task | None:
         columns = encode_changes(changes)
-        sets = ", ".join(f"{name} = ?" for name in columns)
-        sql = f"UPDATE tasks SET {sets} WHERE id = ? AND state = ?"
+        sql = update_sql(
+            columns,
+            attempt=expect_attempt is not None,
+            unless_cancel=unless_cancel_requested,
+            fenced=fence is not None,
+        )
         args: list[Any] = [*columns.values(), task_id, expect_state.value]
         if expect_attempt is not None:
-            sql += " AND attempt = ?"
             args.append(expect_attempt)
-        if unless_cancel_requested:
-            sql += " AND cancel_requested = 0"
+        if fence is not None:
+            args += [fence.account, fence.token]
         with self._lock:
             if ended is None:
-                rows = self._write1(f"{sql} RETURNING {_COLUMNS}", args)
+                rows = self._write1(sql, args)
             else:
                 with self._tx() as db:
-                    rows = db.execute(f"{sql} RETURNING {_COLUMNS}", args).fetchall()
+                    rows = db.execute(sql, args).fetchall()
                     if rows:
                         history = attempt_to_row(ended)
                         db.execute(
@@ -293,23 +231,30 @@ class SqliteStore:
             self._pending.track(expect_state.value, rows[0])
         return row_to_task(rows[0])
 
-    def claim_next(
-        self, lane_groups: Sequence[str], now: float, changes: Mapping[str, Any]
+    async def claim_next(
+        self,
+        lane_groups: Sequence[str],
+        now: float,
+        changes: Mapping[str, Any],
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
     ) -> Task | None:
         if not lane_groups:
             return None
-        marks = ", ".join("?" for _ in lane_groups)
         columns = encode_changes({**changes, "state": State.RUNNING})
-        sets = ", ".join(f"{name} = ?" for name in columns)
+        sql = claim_sql(
+            len(lane_groups), columns, fenced=fence is not None, quota=quota is not None, lock=""
+        )
+        args: list[Any] = [*columns.values(), *lane_groups, now]
+        if fence is not None:
+            args += [fence.account, fence.token]
+        if quota is not None:
+            args += [quota.account, quota.limit]
         # Find and take in one statement (atomic on its own): the oldest ready
         # task across the groups, FIFO within the lane.
         with self._lock:
-            rows = self._write1(
-                f"UPDATE tasks SET {sets} WHERE state = 'pending' AND seq = ("
-                f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
-                f"AND not_before <= ? ORDER BY seq LIMIT 1) RETURNING {_COLUMNS}",
-                (*columns.values(), *lane_groups, now),
-            )
+            rows = self._write1(sql, args)
             if not rows:
                 return None
             claimed = rows[0]
@@ -317,11 +262,11 @@ class SqliteStore:
             self._pending.discard(claimed["lane_group"], claimed["seq"])
         return row_to_task(claimed)
 
-    def task_attempts(self, task_id: str) -> list[Attempt]:
+    async def task_attempts(self, task_id: str) -> list[Attempt]:
         rows = self._query("SELECT * FROM attempts WHERE task_id = ? ORDER BY id", (task_id,))
         return [row_to_attempt(r) for r in rows]
 
-    def list_tasks(
+    async def list_tasks(
         self,
         *,
         states: Sequence[State] = (),
@@ -331,35 +276,14 @@ class SqliteStore:
         before_seq: int | None = None,
         limit: int = 50,
     ) -> list[Task]:
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args += [State(s).value for s in states]
-        if model is not None:
-            where.append("model = ?")
-            args.append(model)
-        if job_id is not None:
-            where.append("job_id = ?")
-            args.append(job_id)
-        if text:
-            where.append(
-                "(params LIKE ? ESCAPE '\\' OR params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')"
-            )
-            args += [
-                like_pattern(text, in_json=True),
-                like_pattern(text, in_json=True, ascii_json=True),
-                like_pattern(text),
-            ]
-        if before_seq is not None:
-            where.append("seq < ?")
-            args.append(before_seq)
-        sql = _SELECT_TASK + (f" WHERE {' AND '.join(where)}" if where else "")
-        rows = self._query(f"{sql} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        where, args = list_tasks_where(
+            [State(x).value for x in states], model, job_id, text, before_seq
+        )
+        rows = self._query(f"{SELECT_TASK}{where} ORDER BY seq DESC LIMIT ?", (*args, limit))
         return [row_to_task(r) for r in rows]
 
-    def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
-        if table not in _ID_TABLES:
+    async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
+        if table not in ID_TABLES:
             raise ValueError(f"no ids in table {table!r}")
         # A range on the primary key (an index seek); GLOB or LIKE would need
         # their wildcards escaped and LIKE ignores case.
@@ -369,67 +293,75 @@ class SqliteStore:
         )
         return [r[0] for r in rows]
 
-    def tasks_in_state(self, state: State, limit: int | None = None) -> list[Task]:
-        sql = f"{_SELECT_TASK} WHERE state = ? ORDER BY seq"
+    async def tasks_in_state(
+        self, state: State, limit: int | None = None, *, host: str | None = None
+    ) -> list[Task]:
+        sql = f"{SELECT_TASK} WHERE state = ?"
         args: list[Any] = [state.value]
+        if host is not None:
+            sql += " AND host = ?"
+            args.append(host)
+        sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
         return [row_to_task(r) for r in self._query(sql, args)]
 
-    def stale_running(self, heartbeat_before: float) -> list[Task]:
-        rows = self._query(
-            f"{_SELECT_TASK} WHERE state = 'running' "
-            "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq",
-            (heartbeat_before,),
-        )
+    async def stale_running(self, heartbeat_before: float) -> list[Task]:
+        rows = self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
-    def count_ahead(self, lane_group: str, seq: int) -> int:
+    async def count_ahead(self, lane_group: str, seq: int) -> int:
         return self._pending.ahead(lane_group, seq)
 
-    def queued_counts(self) -> dict[str, int]:
+    async def queued_counts(self) -> dict[str, int]:
         return self._pending.counts()
 
-    def state_counts(self) -> dict[tuple[str, str], int]:
+    async def state_counts(self) -> dict[tuple[str, str], int]:
         rows = self._query("SELECT model, state, COUNT(*) FROM tasks GROUP BY model, state")
         return {(r[0], r[1]): int(r[2]) for r in rows}
 
-    def recent_durations(self, model: str, limit: int = 20) -> list[float]:
-        rows = self._query(
-            "SELECT finished_at - started_at FROM tasks WHERE model = ? AND state = 'success' "
-            "AND from_cache = 0 AND started_at IS NOT NULL AND finished_at IS NOT NULL "
-            "ORDER BY finished_at DESC LIMIT ?",
-            (model, limit),
-        )
+    async def recent_durations(self, model: str, limit: int = 20) -> list[float]:
+        rows = self._query(RECENT_DURATIONS, (model, limit))
         return [float(r[0]) for r in rows]
 
-    def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
-        rows = self._query(
-            f"{_SELECT_TASK} WHERE fingerprint = ? AND created_at >= ? "
-            "AND state NOT IN ('failed', 'canceled') ORDER BY seq DESC LIMIT 1",
-            (fingerprint, created_since),
-        )
+    async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
+        rows = self._query(TWIN, (fingerprint, created_since))
         return row_to_task(rows[0]) if rows else None
 
+    async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
+        # No transaction needed: this process is the only writer, and nothing
+        # runs between the look and the insert (no await, the lock held).
+        row = task_to_row(task)
+        with self._lock:
+            found = self._query(TWIN, (task.fingerprint, created_since))
+            if found:
+                return row_to_task(found[0]), False
+            (stored_row,) = self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
+            stored = task.replace(seq=int(stored_row[0]))
+            self.writes.add(stored.id)
+            if stored.state is State.PENDING:
+                self._pending.add(stored.lane_group, stored.seq)
+        return stored, True
+
     # -- jobs ----------------------------------------------------------------
-    def get_job(self, job_id: str) -> Job | None:
+    async def get_job(self, job_id: str) -> Job | None:
         rows = self._query("SELECT id, name, created_at, rowid FROM jobs WHERE id = ?", (job_id,))
         if not rows:
             return None
         return Job(id=rows[0][0], name=rows[0][1], created_at=rows[0][2], seq=rows[0][3])
 
-    def job_tasks(self, job_id: str) -> list[Task]:
-        rows = self._query(f"{_SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
+    async def job_tasks(self, job_id: str) -> list[Task]:
+        rows = self._query(f"{SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
         return [row_to_task(r) for r in rows]
 
-    def job_counts(self, job_id: str) -> dict[State, int]:
+    async def job_counts(self, job_id: str) -> dict[State, int]:
         rows = self._query(
             "SELECT state, COUNT(*) FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
         )
         return {State(r[0]): int(r[1]) for r in rows}
 
-    def list_jobs(
+    async def list_jobs(
         self,
         *,
         states: Sequence[JobState] = (),
@@ -437,26 +369,13 @@ class SqliteStore:
         before_seq: int | None = None,
         limit: int = 50,
     ) -> list[Job]:
-        where: list[str] = []
-        args: list[Any] = []
-        join = ""
-        if states:
-            join = f" LEFT JOIN ({_JOB_COUNTS_SQL}) AS c ON c.job_id = j.id"
-            where.append(f"{_JOB_STATE_SQL} IN ({', '.join('?' for _ in states)})")
-            args += [JobState(s).value for s in states]
-        if text:
-            where.append("j.name LIKE ? ESCAPE '\\'")
-            args.append(like_pattern(text))
-        if before_seq is not None:
-            where.append("j.rowid < ?")
-            args.append(before_seq)
-        sql = f"SELECT j.id, j.name, j.created_at, j.rowid FROM jobs AS j{join}"
-        if where:
-            sql += f" WHERE {' AND '.join(where)}"
-        rows = self._query(f"{sql} ORDER BY j.rowid DESC LIMIT ?", (*args, limit))
+        sql, args = list_jobs_sql(
+            [JobState(x).value for x in states], text, before_seq, seq_column="rowid"
+        )
+        rows = self._query(sql, (*args, limit))
         return [Job(id=r[0], name=r[1], created_at=r[2], seq=r[3]) for r in rows]
 
-    def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
         summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
         if not summaries:
             return summaries
@@ -477,86 +396,22 @@ class SqliteStore:
         return summaries
 
     # -- accounts ------------------------------------------------------------
-    def delete_account(self, name: str) -> None:
+    async def delete_account(self, name: str) -> None:
         self._write1("DELETE FROM accounts WHERE name = ?", (name,))
 
-    def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
-        rows = self._query("SELECT name, models FROM web_accounts ORDER BY name")
+    async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
+        rows = self._query(WEB_ACCOUNTS)
         return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
 
-    def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
-        self._write1(
-            "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET models = excluded.models",
-            (name, json.dumps(sorted(models)), added_at),
-        )
+    async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
+        self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
 
-    def delete_web_account(self, name: str) -> None:
+    async def delete_web_account(self, name: str) -> None:
         self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
 
-    def get_accounts(self) -> dict[str, Account]:
-        rows = self._query(
-            "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until "
-            "FROM accounts"
-        )
+    async def get_accounts(self) -> dict[str, Account]:
+        rows = self._query(ACCOUNTS)
         return {r["name"]: row_to_account(r) for r in rows}
 
-    def upsert_account(self, account: Account) -> None:
-        self._write1(
-            "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
-            "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
-            "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
-            "cooldown_until = excluded.cooldown_until",
-            (
-                account.name,
-                account.kind.value,
-                int(account.enabled),
-                account.reason,
-                int(account.needs_attention),
-                account.updated_at,
-                account.cooldown_until,
-            ),
-        )
-
-    # -- result cache index ----------------------------------------------------
-    def cache_get(self, fingerprint: str) -> CacheEntry | None:
-        rows = self._query("SELECT * FROM cache_entries WHERE fingerprint = ?", (fingerprint,))
-        return row_to_cache_entry(rows[0]) if rows else None
-
-    def cache_put(self, entry: CacheEntry) -> None:
-        self._write1(
-            "INSERT INTO cache_entries (fingerprint, model, result, size_bytes, created_at, "
-            "last_used_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET "
-            "model = excluded.model, result = excluded.result, "
-            "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
-            "last_used_at = excluded.last_used_at",
-            (
-                entry.fingerprint,
-                entry.model,
-                json.dumps(entry.result),
-                entry.size_bytes,
-                entry.created_at,
-                entry.last_used_at,
-            ),
-        )
-
-    def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
-        self._write1(
-            "UPDATE cache_entries SET last_used_at = ? WHERE fingerprint = ?",
-            (last_used_at, fingerprint),
-        )
-
-    def cache_delete(self, fingerprint: str) -> None:
-        self._write1("DELETE FROM cache_entries WHERE fingerprint = ?", (fingerprint,))
-
-    def cache_entries(self) -> list[CacheEntry]:
-        return [
-            row_to_cache_entry(r)
-            for r in self._query("SELECT * FROM cache_entries ORDER BY last_used_at")
-        ]
-
-
-def _insert_sql(row: Mapping[str, Any]) -> str:
-    marks = ", ".join("?" for _ in row)
-    return f"INSERT INTO tasks ({', '.join(row)}) VALUES ({marks}) RETURNING seq"
+    async def upsert_account(self, account: Account) -> None:
+        self._write1(ACCOUNT_UPSERT, account_args(account))

@@ -44,7 +44,7 @@ async def test_states_show_with_reason_and_time(tmp_path: Path, browser: Browser
         await h.http.post("/v1/accounts/demo/enable")
         await expect(account).to_have_attribute("data-state", "ok")
         # A cooldown (as a usage cap leaves a web account) shows until when.
-        h.service.accounts.cool_down("demo-queue", time.time() + 3600, "usage limit: test")
+        await h.service.accounts.cool_down("demo-queue", time.time() + 3600, "usage limit: test")
         queue = page.locator('[data-testid=account-row][data-account="demo-queue"]')
         await expect(queue).to_have_attribute("data-state", "cooldown")
         await expect(queue.get_by_test_id("account-status")).to_contain_text("cooldown until")

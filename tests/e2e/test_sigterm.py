@@ -16,7 +16,7 @@ TIME_SCALE = 0.05
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Path) -> None:
+async def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Path) -> None:
     vendor, vendor_url, env = vendor_and_env(tmp_path, ("demo-chat-api", "demo-video"), TIME_SCALE)
     state = tmp_path / "state"
     service = None
@@ -40,8 +40,8 @@ def test_sigterm_leaves_tasks_recoverable_and_restart_finishes_them(tmp_path: Pa
         assert not (state / "port").exists()
 
         store = SqliteStore(state / "dispatcher.db")
-        rows = store.job_tasks(job["id"])
-        store.close()
+        rows = await store.job_tasks(job["id"])
+        await store.close()
         running = [t for t in rows if t.state is State.RUNNING]
         pending = [t for t in rows if t.state is State.PENDING]
         # Remote jobs keep going at the vendor: left running with their ids, to resume.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,11 @@ FP_C = "c" * 64
 
 
 @pytest.fixture
-def cache_store(tmp_path: Path) -> Iterator[CacheIndex]:
+async def cache_store(tmp_path: Path) -> AsyncIterator[CacheIndex]:
     store = SqliteStore(tmp_path / "index.db")
-    store.migrate()
-    yield store
-    store.close()
+    await store.migrate()
+    yield store.cache_index
+    await store.close()
 
 
 @pytest.fixture

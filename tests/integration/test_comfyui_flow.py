@@ -154,8 +154,8 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
             task = (await service.ledger.submit(spec)).task
             service.scheduler.wake()
             for _ in range(500):
-                current = service.ledger.get(task.id)
-                if current.remote_id and service.scheduler.progress(current)["progress"]:
+                current = await service.ledger.get(task.id)
+                if current.remote_id and (await service.scheduler.progress(current))["progress"]:
                     break
                 await asyncio.sleep(0.02)
             assert current.remote_id
@@ -168,7 +168,7 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
         await service.start()
         try:
             for _ in range(500):
-                done = service.ledger.get(task.id)
+                done = await service.ledger.get(task.id)
                 if done.state.value in ("success", "failed", "canceled"):
                     break
                 await asyncio.sleep(0.02)

@@ -70,7 +70,9 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
         video = await h.submit("demo-video", "count mine too", gen_s=8)
         chat_done = await h.wait_task(chat["id"])
         video_done = await h.wait_task(video["id"])
-        writes = h.service.store.writes
+        store = h.service.store
+        assert isinstance(store, SqliteStore)  # the write audit is the SQLite backend's
+        writes = store.writes
         heartbeat_real_s = HEARTBEAT_INTERVAL_S * TIME_SCALE
         for task, transitions in ((chat_done, 3), (video_done, 4)):  # +1: the remote id
             run_s = task["finished_at"] - task["started_at"]
@@ -81,7 +83,7 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
         assert (await h.demo_stats())["polls"] > writes[video["id"]] - 4
 
 
-def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
+async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
     base = dict(
         kind=Kind.API,
         lane_group="api-model:demo-video",
@@ -111,7 +113,7 @@ def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
             **{**base, "kind": Kind.WEB, "lane_group": "web:no-lane-here"},
         ),  # type: ignore[arg-type]
     }
-    store.insert_tasks(list(tasks.values()))
+    await store.insert_tasks(list(tasks.values()))
     return tasks
 
 
@@ -121,9 +123,9 @@ async def test_startup_reconciliation_rules(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     store = SqliteStore(state / "dispatcher.db")
-    store.migrate()
-    _left_running(store, time.time())
-    store.close()
+    await store.migrate()
+    await _left_running(store, time.time())
+    await store.close()
     async with running_service(tmp_path, state_dir=state, time_scale=TIME_SCALE) as h:
         assert h.service.recovery_summary == {"resume": 1, "requeue": 1, "stale": 1, "expire": 1}
         requeued = await h.wait_task("no-remote")

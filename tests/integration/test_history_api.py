@@ -80,7 +80,7 @@ async def test_ids_resolve_from_a_unique_prefix_and_an_ambiguous_one_lists_candi
             )
             for n in (1, 2)
         ]
-        h.service.store.insert_tasks(twins)
+        await h.service.store.insert_tasks(twins)
         ambiguous = await h.http.get("/v1/tasks/abcd")
         assert ambiguous.status_code == 409
         error = ambiguous.json()["error"]

@@ -51,7 +51,7 @@ async def test_oversized_body_gets_413_and_creates_nothing(tmp_path: Path) -> No
 
         response = await h.http.post("/v1/tasks", content=chunks())
         assert response.status_code == 413
-        assert h.service.store.state_counts() == {}
+        assert await h.service.store.state_counts() == {}
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ async def test_bad_job_line_rejects_the_whole_job(tmp_path: Path) -> None:
         assert response.status_code == 400
         assert "tasks[1]" in response.json()["error"]["message"]
         assert "unknown model" in response.json()["error"]["message"]
-        assert h.service.store.state_counts() == {}
+        assert await h.service.store.state_counts() == {}
 
 
 async def test_unknown_ids_are_404_and_conflicts_409(tmp_path: Path) -> None:

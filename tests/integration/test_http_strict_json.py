@@ -50,7 +50,7 @@ async def test_non_strict_json_is_refused_at_the_door(
         response = await h.http.post("/v1/jobs", content=job, headers=headers)
         assert response.status_code == 400, response.text
         assert fragment in response.json()["error"]["message"]
-        assert h.service.store.state_counts() == {}
+        assert await h.service.store.state_counts() == {}
 
 
 async def test_lone_surrogate_in_a_job_name_is_refused(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from demo.api_provider import start_demo_api
 from demo.comfyui import start_demo_comfy
 from dispatcher.models import Kind, State, Task
-from dispatcher.store.schema import LATEST_VERSION
+from dispatcher.store.migrations import latest_version
+from dispatcher.store.rows import task_to_row
 from dispatcher.store.sqlite import SqliteStore
 from tests.harness import REPO, Harness, running_service
 
@@ -129,12 +130,22 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     state = tmp_path / "state"
     state.mkdir()
     store = SqliteStore(state / "dispatcher.db")
-    store.migrate()
+    await store.migrate()
     # The database as version 3 left it: API tasks queued as "api:<provider>".
     store._db.execute("DELETE FROM schema_version WHERE version >= 4")
     # Later migrations are replayed too: undo them.
     store._db.execute("DROP TABLE web_accounts")  # 5
     store._db.execute("ALTER TABLE accounts DROP COLUMN cooldown_until")  # 6
+    for table in ("hosts", "leases", "gates"):  # 7
+        store._db.execute(f"DROP TABLE {table}")
+    store._db.execute("ALTER TABLE tasks DROP COLUMN host")
+    store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
+    store._db.execute("DROP TABLE cache_entries")
+    store._db.execute(
+        "CREATE TABLE cache_entries (fingerprint TEXT PRIMARY KEY, model TEXT NOT NULL, "
+        "result TEXT NOT NULL, size_bytes INTEGER NOT NULL, created_at REAL NOT NULL, "
+        "last_used_at REAL NOT NULL)"
+    )
     legacy = Task(
         id="legacy0001",
         model="multi-video",
@@ -144,12 +155,16 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         fingerprint="legacy-fp",
         created_at=1.0,
     )
-    store.insert_tasks([legacy])
-    store.close()
+    row = {k: v for k, v in task_to_row(legacy).items() if k not in ("host", "lease_token")}
+    store._db.execute(
+        f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+        tuple(row.values()),
+    )
+    await store.close()
     async with _two_providers(tmp_path), _service(tmp_path, state) as h:
         done = await h.wait_task("legacy0001")
         assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
-        assert h.service.store.schema_version() == LATEST_VERSION
+        assert await h.service.store.schema_version() == latest_version("sqlite")
 
 
 async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: Path) -> None:
@@ -189,7 +204,7 @@ async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_els
     state = tmp_path / "state"
     state.mkdir()
     store = SqliteStore(state / "dispatcher.db")
-    store.migrate()
+    await store.migrate()
     now = time.time()
     orphan = Task(
         id="orphan0001",
@@ -205,8 +220,8 @@ async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_els
         account="vid-gone",
         remote_id="video_on_gone",
     )
-    store.insert_tasks([orphan])
-    store.close()
+    await store.insert_tasks([orphan])
+    await store.close()
     async with _two_providers(tmp_path) as (url_a, url_b), _service(tmp_path, state) as h:
         done = await h.wait_task("orphan0001")
         assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}

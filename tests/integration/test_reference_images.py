@@ -53,7 +53,7 @@ async def test_paths_outside_the_input_dirs_all_get_one_answer(tmp_path: Path) -
         assert len(answers) == 1, answers
         ((status, message),) = answers
         assert status == 400 and "input dirs" in message
-        assert h.service.store.state_counts() == {}
+        assert await h.service.store.state_counts() == {}
 
 
 async def test_a_picture_in_the_inputs_dir_is_used_by_name_or_path(tmp_path: Path) -> None:

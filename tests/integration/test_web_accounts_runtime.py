@@ -42,7 +42,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
         assert added.json()["models"] == ["demo-chat"]
-        assert h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
+        assert await h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
         assert lanes["web:extra"]["models"] == ["demo-chat"]
         task = await h.submit("demo-chat", "on the new account [duration=20]")
@@ -70,7 +70,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
                 break
             await asyncio.sleep(0.05)
         assert "extra" not in accounts and not account_browsers(h.state_dir, "extra")
-        assert h.service.store.get_web_accounts() == {}
+        assert await h.service.store.get_web_accounts() == {}
         lock = AccountLock(runner.locks_dir, "extra")
         try:
             lock.acquire()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,31 +19,31 @@ from tests.helpers import api_profile
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
+    await store.migrate()
     profile = api_profile()
     yield Ledger(store, FakeClock(), {profile.name: profile}, EventBus(), retry_delay_s=0.0)
-    store.close()
+    await store.close()
 
 
-def _claimed(ledger: Ledger, clock_s: float = 5.0) -> Task:
+async def _claimed(ledger: Ledger, clock_s: float = 5.0) -> Task:
     assert isinstance(ledger.clock, FakeClock)
     ledger.clock.advance(clock_s)
-    task = ledger.claim(["api-model:m-api"], "prov")
+    task = await ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     ledger.clock.advance(2.0)
     return task
 
 
-def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
-    first = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}, ref="r-1"))).task
+async def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
+    first = (await ledger.submit(TaskSpec("m-api", {"prompt": "p"}, ref="r-1"))).task
     assert first.ref == "r-1"
-    running = _claimed(ledger)
-    ledger.requeue(running, "recovered at start-up: never reached the provider")
-    running = _claimed(ledger)
-    ledger.fail(running, TransientError("timed out", kind="timeout"), {"generating": 1.5})
-    running = _claimed(ledger)
+    running = await _claimed(ledger)
+    await ledger.requeue(running, "recovered at start-up: never reached the provider")
+    running = await _claimed(ledger)
+    await ledger.fail(running, TransientError("timed out", kind="timeout"), {"generating": 1.5})
+    running = await _claimed(ledger)
     plan = Reclaim(
         task_id=running.id,
         attempt=running.attempt,
@@ -53,12 +52,12 @@ def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
         not_before=0.0,
         reason="no heartbeat for 90 s",
     )
-    ledger.reclaim(running, plan)
-    running = _claimed(ledger)
-    ledger.heartbeat(running, None)  # not an end: no row
-    asyncio.run(ledger.succeed(running, {"text": "done"}, {"generating": 2.0}))
+    await ledger.reclaim(running, plan)
+    running = await _claimed(ledger)
+    await ledger.heartbeat(running, None)  # not an end: no row
+    await ledger.succeed(running, {"text": "done"}, {"generating": 2.0})
 
-    rows = ledger.attempts(ledger.get(first.id))
+    rows = await ledger.attempts(await ledger.get(first.id))
     assert [(r.attempt, r.outcome) for r in rows] == [
         (1, State.PENDING),
         (1, State.PENDING),
@@ -75,21 +74,21 @@ def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
     assert all(r.account == "prov" and r.ended_at - r.started_at == 2.0 for r in rows)  # type: ignore[operator]
 
 
-def test_a_canceled_pending_task_never_ran_and_has_no_row(ledger: Ledger) -> None:
-    task = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
-    assert ledger.request_cancel(task.id[:6]).state is State.CANCELED
-    assert ledger.attempts(task) == []
+async def test_a_canceled_pending_task_never_ran_and_has_no_row(ledger: Ledger) -> None:
+    task = (await ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
+    assert (await ledger.request_cancel(task.id[:6])).state is State.CANCELED
+    assert await ledger.attempts(task) == []
 
 
-def test_prefixes_resolve_once_unique(ledger: Ledger) -> None:
-    task = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
-    assert ledger.get(task.id[:4]).id == task.id
+async def test_prefixes_resolve_once_unique(ledger: Ledger) -> None:
+    task = (await ledger.submit(TaskSpec("m-api", {"prompt": "p"}))).task
+    assert (await ledger.get(task.id[:4])).id == task.id
     with pytest.raises(NotFound, match="4\\+ characters"):
-        ledger.get(task.id[:3])
+        await ledger.get(task.id[:3])
     with pytest.raises(NotFound):
-        ledger.get_job(task.id[:8])  # a task's id is no job's
+        await ledger.get_job(task.id[:8])  # a task's id is no job's
     twins = [task.replace(id="beef" + str(n) * 28, fingerprint=f"f{n}") for n in (1, 2)]
-    ledger.store.insert_tasks(twins)
+    await ledger.store.insert_tasks(twins)
     with pytest.raises(AmbiguousId) as caught:
-        ledger.get("beef")
+        await ledger.get("beef")
     assert caught.value.candidates == [t.id for t in twins]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,19 @@ SECRET = "sk-ledger-test-" + "9" * 24
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
     redact(SECRET)
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
+    await store.migrate()
     profile = api_profile()
     events = EventBus()
     yield Ledger(store, FakeClock(), {profile.name: profile}, events, retry_delay_s=0.0)
-    store.close()
+    await store.close()
 
 
-def _running(ledger: Ledger) -> Task:
-    asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
-    task = ledger.claim(["api-model:m-api"], "prov")
+async def _running(ledger: Ledger) -> Task:
+    await ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+    task = await ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     return task
 
@@ -43,12 +42,12 @@ def _file_bytes(tmp_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in tmp_path.glob("d.db*"))
 
 
-def test_an_error_echoing_a_secret_is_stored_masked(ledger: Ledger, tmp_path: Path) -> None:
-    task = _running(ledger)
+async def test_an_error_echoing_a_secret_is_stored_masked(ledger: Ledger, tmp_path: Path) -> None:
+    task = await _running(ledger)
     echoed = f"HTTP 401: Incorrect API key provided: {SECRET}; also Bearer abcdefghijkl"
-    ended = ledger.fail(task, PermanentError(echoed, kind="http_401"))
+    ended = await ledger.fail(task, PermanentError(echoed, kind="http_401"))
     assert ended is not None and ended.error is not None
-    stored = ledger.get(task.id).error
+    stored = (await ledger.get(task.id)).error
     assert stored is not None
     for message in (ended.error.message, stored.message):
         assert SECRET not in message and "abcdefghijkl" not in message
@@ -56,16 +55,18 @@ def test_an_error_echoing_a_secret_is_stored_masked(ledger: Ledger, tmp_path: Pa
     assert SECRET.encode() not in _file_bytes(tmp_path)
 
 
-def test_result_meta_is_scrubbed_and_generated_text_keeps_its_shape(ledger: Ledger) -> None:
-    task = _running(ledger)
+async def test_result_meta_is_scrubbed_and_generated_text_keeps_its_shape(ledger: Ledger) -> None:
+    task = await _running(ledger)
     result = {
         "text": f'api_key = "{SECRET}" and api_key = os.environ["KEY"]',
         "files": [],
         "meta": {"status": {"echo": f"Authorization: Bearer {SECRET}", "n": [1, SECRET]}},
     }
-    ended = asyncio.run(ledger.succeed(task, result, {}))
+    ended = await ledger.succeed(task, result, {})
     assert ended is not None and ended.result is not None
-    assert SECRET not in repr(ended.result) and SECRET not in repr(ledger.get(task.id).result)
+    assert SECRET not in repr(ended.result) and SECRET not in repr(
+        (await ledger.get(task.id)).result
+    )
     # Only the registered secret left the generated text; its code-like shape stays.
     assert ended.result["text"] == 'api_key = "***" and api_key = os.environ["KEY"]'
     assert ended.result["meta"]["status"]["n"] == [1, "***"]

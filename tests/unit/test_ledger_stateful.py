@@ -26,7 +26,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def setup(self) -> None:
         self.tmp = tempfile.TemporaryDirectory()
         self.store = SqliteStore(Path(self.tmp.name) / "d.db")
-        self.store.migrate()
+        asyncio.run(self.store.migrate())
         self.clock = FakeClock()
         profile = api_profile()
         self.ledger = Ledger(
@@ -40,7 +40,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.counter = 0
 
     def teardown(self) -> None:
-        self.store.close()
+        asyncio.run(self.store.close())
         self.tmp.cleanup()
 
     def _prompt(self) -> str:
@@ -65,7 +65,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def claim(self) -> None:
         self.clock.advance(1000.0)  # any retry delay has passed
-        task = self.ledger.claim(["api-model:m-api"], "prov")
+        task = asyncio.run(self.ledger.claim(["api-model:m-api"], "prov"))
         if task is not None:
             self.snapshots.append(task)
 
@@ -78,7 +78,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def heartbeat(self, index: int) -> None:
         snap = self._running_snapshot(index)
         if snap is not None:
-            self.ledger.heartbeat(snap, None)
+            asyncio.run(self.ledger.heartbeat(snap, None))
 
     @rule(index=st.integers(min_value=0, max_value=50))
     def finish(self, index: int) -> None:
@@ -91,36 +91,36 @@ class LedgerMachine(RuleBasedStateMachine):
         snap = self._running_snapshot(index)
         if snap is not None:
             error = TransientError("boom") if retryable else PermanentError("no")
-            self.ledger.fail(snap, error)
+            asyncio.run(self.ledger.fail(snap, error))
 
     @precondition(lambda self: bool(self.ids))
     @rule(index=st.integers(min_value=0, max_value=200))
     def cancel(self, index: int) -> None:
         task_id = self.ids[index % len(self.ids)]
         try:
-            task = self.ledger.request_cancel(task_id)
+            task = asyncio.run(self.ledger.request_cancel(task_id))
         except StateConflict:
             return
         if task.state is State.RUNNING:
-            self.ledger.mark_canceled(task)
+            asyncio.run(self.ledger.mark_canceled(task))
 
     @precondition(lambda self: bool(self.ids))
     @rule(index=st.integers(min_value=0, max_value=200))
     def retry(self, index: int) -> None:
         with contextlib.suppress(StateConflict):
-            self.ledger.retry(self.ids[index % len(self.ids)])
+            asyncio.run(self.ledger.retry(self.ids[index % len(self.ids)]))
 
     @precondition(lambda self: bool(self.job_ids))
     @rule(index=st.integers(min_value=0, max_value=20))
     def retry_job(self, index: int) -> None:
-        self.ledger.retry_job(self.job_ids[index % len(self.job_ids)])
+        asyncio.run(self.ledger.retry_job(self.job_ids[index % len(self.job_ids)]))
 
     @invariant()
     def success_and_canceled_are_never_overwritten(self) -> None:
         if not hasattr(self, "store"):
             return
         for task_id in self.ids:
-            task = self.store.get_task(task_id)
+            task = asyncio.run(self.store.get_task(task_id))
             assert task is not None
             if task_id in self.terminal:
                 assert task.state is self.terminal[task_id], (task_id, task.state)
@@ -132,7 +132,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         for task_id in self.ids:
-            task = self.store.get_task(task_id)
+            task = asyncio.run(self.store.get_task(task_id))
             assert task is not None
             assert 1 <= task.attempt <= task.max_attempts
             assert task.attempt >= self.attempts.get(task_id, 1)
@@ -145,15 +145,15 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.store._query(
             "SELECT lane_group, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY lane_group"
         )
-        assert self.store.queued_counts() == {r[0]: r[1] for r in rows}
+        assert asyncio.run(self.store.queued_counts()) == {r[0]: r[1] for r in rows}
         for task_id in self.ids:
-            task = self.store.get_task(task_id)
+            task = asyncio.run(self.store.get_task(task_id))
             assert task is not None
             (expected,) = self.store._query(
                 "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
                 (task.lane_group, task.seq),
             )[0]
-            assert self.store.count_ahead(task.lane_group, task.seq) == expected
+            assert asyncio.run(self.store.count_ahead(task.lane_group, task.seq)) == expected
 
     @invariant()
     def exactly_one_row_per_task(self) -> None:
@@ -169,8 +169,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         for job_id in self.job_ids:
-            tasks = self.store.job_tasks(job_id)
-            counts = self.store.job_counts(job_id)
+            tasks = asyncio.run(self.store.job_tasks(job_id))
+            counts = asyncio.run(self.store.job_counts(job_id))
             for state in State:
                 assert counts.get(state, 0) == sum(1 for t in tasks if t.state is state)
 

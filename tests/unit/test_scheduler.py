@@ -1,6 +1,6 @@
 """The scheduler in process: a real SQLite store in a temp dir, a fake runner.
 
-Rounds are driven by hand (`scheduler.round()`), so each test says exactly
+Rounds are driven by hand (`await scheduler.round()`), so each test says exactly
 when the scheduler looks; the fake runner holds every run until the test
 lets it finish.
 """
@@ -81,14 +81,14 @@ def _lane(provider: str, model: str, concurrency: int) -> LaneSpec:
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
+    await store.migrate()
     clock = FakeClock()
     events = EventBus()
     profiles = {p.name: p for p in (api_profile("m-a", "prov-a"), api_profile("m-b", "prov-b"))}
     ledger = Ledger(store, clock, profiles, events, retry_delay_s=0.0)
-    accounts = AccountBook(store, clock, events)
+    accounts = await AccountBook.load(store, clock, events)
     lanes = {lane.name: lane for lane in (_lane("prov-a", "m-a", 1), _lane("prov-b", "m-b", 1))}
-    accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
+    await accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
     runner = FakeRunner()
     scheduler = Scheduler(
         ledger=ledger,
@@ -101,12 +101,12 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     )
     yield World(ledger, scheduler, runner)
     await scheduler.shutdown()
-    store.close()
+    await store.close()
 
 
 async def test_a_lane_takes_its_oldest_task_first_and_refills_as_one_ends(world: World) -> None:
     tasks = [await world.submit("m-a", f"p{i}") for i in range(3)]
-    world.scheduler.round()
+    await world.scheduler.round()
     await world.settle()
     assert world.runner.started == ["p0"]  # concurrency 1: one at a time, oldest first
 
@@ -114,47 +114,47 @@ async def test_a_lane_takes_its_oldest_task_first_and_refills_as_one_ends(world:
     await world.settle()
     # The freed slot took the next task without waiting for a round.
     assert world.runner.started == ["p0", "p1"]
-    assert world.ledger.get(tasks[0].id).state is State.SUCCESS
-    assert world.ledger.get(tasks[2].id).state is State.PENDING
+    assert (await world.ledger.get(tasks[0].id)).state is State.SUCCESS
+    assert (await world.ledger.get(tasks[2].id)).state is State.PENDING
 
 
 async def test_lanes_are_independent(world: World) -> None:
     await world.submit("m-a", "slow")
     await world.submit("m-a", "queued behind slow")
     other = await world.submit("m-b", "other lane")
-    world.scheduler.round()
+    await world.scheduler.round()
     await world.settle()
     assert sorted(world.runner.started) == ["other lane", "slow"]
 
     world.runner.release["other lane"].set()
     await world.settle()
     # The busy lane of m-a never held up m-b's lane.
-    assert world.ledger.get(other.id).state is State.SUCCESS
+    assert (await world.ledger.get(other.id)).state is State.SUCCESS
     assert world.runner.started.count("queued behind slow") == 0
 
 
 async def test_a_cancel_reaches_the_running_task_through_the_ledger_alone(world: World) -> None:
     task = await world.submit("m-a", "to cancel")
-    world.scheduler.round()
+    await world.scheduler.round()
     await world.settle()
-    assert world.ledger.get(task.id).state is State.RUNNING
+    assert (await world.ledger.get(task.id)).state is State.RUNNING
 
-    world.ledger.request_cancel(task.id)  # no scheduler call: it hears the event
+    await world.ledger.request_cancel(task.id)  # no scheduler call: it hears the event
     await world.settle()
-    assert world.ledger.get(task.id).state is State.CANCELED
+    assert (await world.ledger.get(task.id)).state is State.CANCELED
 
 
 async def test_a_stale_running_task_is_reclaimed_and_retried(world: World) -> None:
     task = await world.submit("m-a", "goes silent")
-    world.scheduler.round()
+    await world.scheduler.round()
     await world.settle()
-    assert world.ledger.get(task.id).state is State.RUNNING
+    assert (await world.ledger.get(task.id)).state is State.RUNNING
 
     assert isinstance(world.ledger.clock, FakeClock)
     world.ledger.clock.advance(world.scheduler.stale_s + 1.0)  # no heartbeat since
-    world.scheduler.round()
+    await world.scheduler.round()
     await world.settle()
-    reclaimed = world.ledger.get(task.id)
+    reclaimed = await world.ledger.get(task.id)
     # Back in the queue on its next attempt, and started again on it.
     assert reclaimed.attempt == 2
     assert world.runner.started == ["goes silent", "goes silent"]

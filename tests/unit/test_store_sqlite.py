@@ -5,10 +5,16 @@ import sqlite3
 from pathlib import Path
 
 from dispatcher.models import Account, Job, Kind, State, Task
-from dispatcher.store.schema import LATEST_VERSION
+from dispatcher.store.migrations import latest_version
 from dispatcher.store.sqlite import SqliteStore
 
-SCHEMA_SQL = Path(__file__).resolve().parents[2] / "dispatcher" / "store" / "schema.sql"
+SCHEMA_SQL = (
+    Path(__file__).resolve().parents[2]
+    / "dispatcher"
+    / "store"
+    / "migrations"
+    / "sqlite_schema.sql"
+)
 
 
 def _schema(db: sqlite3.Connection) -> dict[str, str]:
@@ -35,10 +41,10 @@ def _columns(db: sqlite3.Connection) -> dict[str, list[tuple[str, str, int, obje
     }
 
 
-def test_migrations_reproduce_the_documented_schema(tmp_path: Path) -> None:
+async def test_migrations_reproduce_the_documented_schema(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "migrated.db")
-    store.migrate()
-    store.close()
+    await store.migrate()
+    await store.close()
     migrated = sqlite3.connect(tmp_path / "migrated.db")
     documented = sqlite3.connect(tmp_path / "documented.db")
     documented.executescript(SCHEMA_SQL.read_text())
@@ -50,14 +56,14 @@ def test_migrations_reproduce_the_documented_schema(tmp_path: Path) -> None:
     documented.close()
 
 
-def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
+async def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    store.migrate()
-    assert store.schema_version() == LATEST_VERSION == 6
+    await store.migrate()
+    await store.migrate()
+    assert await store.schema_version() == latest_version("sqlite") == 7
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
-    store.close()
+    await store.close()
 
 
 def _task(task_id: str, group: str = "api:p", **changes: object) -> Task:
@@ -72,34 +78,34 @@ def _task(task_id: str, group: str = "api:p", **changes: object) -> Task:
     ).replace(**changes)
 
 
-def test_update_is_compare_and_set_on_state_and_attempt(tmp_path: Path) -> None:
+async def test_update_is_compare_and_set_on_state_and_attempt(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    store.insert_tasks([_task("a")])
-    moved = store.update_task(
+    await store.migrate()
+    await store.insert_tasks([_task("a")])
+    moved = await store.update_task(
         "a", expect_state=State.PENDING, expect_attempt=1, changes={"state": State.RUNNING}
     )
     assert moved is not None and moved.state is State.RUNNING
     # A writer still believing the task is pending loses.
     assert (
-        store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
+        await store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
         is None
     )
     # A late writer from an older attempt loses too.
     assert (
-        store.update_task(
+        await store.update_task(
             "a", expect_state=State.RUNNING, expect_attempt=0, changes={"state": State.SUCCESS}
         )
         is None
     )
-    assert store.get_task("a").state is State.RUNNING  # type: ignore[union-attr]
-    store.close()
+    assert (await store.get_task("a")).state is State.RUNNING  # type: ignore[union-attr]
+    await store.close()
 
 
-def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -> None:
+async def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    store.insert_tasks(
+    await store.migrate()
+    await store.insert_tasks(
         [
             _task("later-retry", not_before=50.0),
             _task("other-lane", group="api:q"),
@@ -107,27 +113,29 @@ def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -> None
             _task("second"),
         ]
     )
-    claimed = store.claim_next(["api:p"], now=10.0, changes={"account": "p"})
+    claimed = await store.claim_next(["api:p"], now=10.0, changes={"account": "p"})
     assert claimed is not None and claimed.id == "first" and claimed.state is State.RUNNING
-    assert store.claim_next(["api:p"], now=10.0, changes={}).id == "second"  # type: ignore[union-attr]
-    assert store.claim_next(["api:p"], now=10.0, changes={}) is None
-    assert store.claim_next(["api:p"], now=60.0, changes={}).id == "later-retry"  # type: ignore[union-attr]
-    store.close()
+    assert (await store.claim_next(["api:p"], now=10.0, changes={})).id == "second"  # type: ignore[union-attr]
+    assert await store.claim_next(["api:p"], now=10.0, changes={}) is None
+    assert (await store.claim_next(["api:p"], now=60.0, changes={})).id == "later-retry"  # type: ignore[union-attr]
+    await store.close()
 
 
-def test_job_counts_and_accounts_persist(tmp_path: Path) -> None:
+async def test_job_counts_and_accounts_persist(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    store.insert_tasks([_task("a", job_id="j"), _task("b", job_id="j")], Job("j", "batch", 1.0))
-    store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
-    assert store.job_counts("j") == {State.PENDING: 1, State.CANCELED: 1}
-    store.upsert_account(Account("acct-1", Kind.WEB, enabled=False, reason="captcha"))
-    store.close()
+    await store.migrate()
+    await store.insert_tasks(
+        [_task("a", job_id="j"), _task("b", job_id="j")], Job("j", "batch", 1.0)
+    )
+    await store.update_task("a", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert await store.job_counts("j") == {State.PENDING: 1, State.CANCELED: 1}
+    await store.upsert_account(Account("acct-1", Kind.WEB, enabled=False, reason="captcha"))
+    await store.close()
     reopened = SqliteStore(tmp_path / "d.db")
-    reopened.migrate()
-    account = reopened.get_accounts()["acct-1"]
+    await reopened.migrate()
+    account = (await reopened.get_accounts())["acct-1"]
     assert (account.enabled, account.reason) == (False, "captcha")
-    reopened.close()
+    await reopened.close()
 
 
 def _sql_ahead(store: SqliteStore, group: str, seq: int) -> int:
@@ -138,68 +146,68 @@ def _sql_ahead(store: SqliteStore, group: str, seq: int) -> int:
     return int(rows[0][0])
 
 
-def test_queue_positions_follow_every_write_and_survive_a_reopen(tmp_path: Path) -> None:
+async def test_queue_positions_follow_every_write_and_survive_a_reopen(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    tasks = store.insert_tasks(
+    await store.migrate()
+    tasks = await store.insert_tasks(
         [_task(f"t{i}", group="api:q" if i % 3 else "api:p") for i in range(9)]
     )
     seqs = {t.id: t.seq for t in tasks}
-    assert store.count_ahead("api:q", seqs["t5"]) == 3  # t1, t2, t4
-    assert store.queued_counts() == {"api:p": 3, "api:q": 6}
-    store.claim_next(["api:q"], now=10.0, changes={})  # t1 leaves the queue
-    store.update_task("t2", expect_state=State.PENDING, changes={"state": State.CANCELED})
-    assert store.count_ahead("api:q", seqs["t5"]) == 1
+    assert await store.count_ahead("api:q", seqs["t5"]) == 3  # t1, t2, t4
+    assert await store.queued_counts() == {"api:p": 3, "api:q": 6}
+    await store.claim_next(["api:q"], now=10.0, changes={})  # t1 leaves the queue
+    await store.update_task("t2", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    assert await store.count_ahead("api:q", seqs["t5"]) == 1
     # Back to pending (a retry): the task keeps its place by seq.
-    store.update_task(
+    await store.update_task(
         "t2", expect_state=State.CANCELED, changes={"state": State.PENDING, "attempt": 2}
     )
-    assert store.count_ahead("api:q", seqs["t5"]) == 2
+    assert await store.count_ahead("api:q", seqs["t5"]) == 2
     # A refused CAS changes nothing.
     assert (
-        store.update_task("t1", expect_state=State.PENDING, changes={"state": State.CANCELED})
+        await store.update_task("t1", expect_state=State.PENDING, changes={"state": State.CANCELED})
         is None
     )
     for task in tasks:
-        assert store.count_ahead(task.lane_group, task.seq) == _sql_ahead(
+        assert await store.count_ahead(task.lane_group, task.seq) == _sql_ahead(
             store, task.lane_group, task.seq
         )
-    counts = store.queued_counts()
-    store.close()
+    counts = await store.queued_counts()
+    await store.close()
     reopened = SqliteStore(tmp_path / "d.db")
-    reopened.migrate()
-    assert reopened.queued_counts() == counts
+    await reopened.migrate()
+    assert await reopened.queued_counts() == counts
     for task in tasks:
-        assert reopened.count_ahead(task.lane_group, task.seq) == _sql_ahead(
+        assert await reopened.count_ahead(task.lane_group, task.seq) == _sql_ahead(
             reopened, task.lane_group, task.seq
         )
-    reopened.close()
+    await reopened.close()
 
 
-def test_write_counts_are_kept_for_recent_tasks_only(tmp_path: Path) -> None:
+async def test_write_counts_are_kept_for_recent_tasks_only(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
+    await store.migrate()
     store.writes.generation = 3  # keeps the last 3 to 6 ids written
-    store.insert_tasks([_task(f"t{i}") for i in range(5)])
-    store.update_task("t4", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    await store.insert_tasks([_task(f"t{i}") for i in range(5)])
+    await store.update_task("t4", expect_state=State.PENDING, changes={"state": State.CANCELED})
     assert dict(store.writes) == {"t0": 1, "t1": 1, "t2": 1, "t3": 1, "t4": 2}
-    store.update_task("t0", expect_state=State.PENDING, changes={"state": State.CANCELED})
-    store.insert_tasks([_task("t5")])
+    await store.update_task("t0", expect_state=State.PENDING, changes={"state": State.CANCELED})
+    await store.insert_tasks([_task("t5")])
     assert dict(store.writes) == {"t3": 1, "t4": 2, "t0": 2, "t5": 1}
     assert store.writes["t1"] == 0 and "t1" not in store.writes  # forgotten, not an error
-    store.close()
+    await store.close()
 
 
-def test_cas_can_require_that_nobody_asked_to_cancel(tmp_path: Path) -> None:
+async def test_cas_can_require_that_nobody_asked_to_cancel(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
-    store.insert_tasks([_task("a", state=State.RUNNING, cancel_requested=True)])
+    await store.migrate()
+    await store.insert_tasks([_task("a", state=State.RUNNING, cancel_requested=True)])
     done = {"state": State.SUCCESS}
     assert (
-        store.update_task(
+        await store.update_task(
             "a", expect_state=State.RUNNING, changes=done, unless_cancel_requested=True
         )
         is None
     )
-    assert store.update_task("a", expect_state=State.RUNNING, changes=done) is not None
-    store.close()
+    assert await store.update_task("a", expect_state=State.RUNNING, changes=done) is not None
+    await store.close()

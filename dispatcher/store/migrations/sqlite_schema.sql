@@ -1,4 +1,4 @@
--- The schema after every migration in schema.py; kept by hand, checked by a test.
+-- The SQLite schema after every migration in sqlite/; kept by hand, checked by a test.
 CREATE TABLE jobs (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -33,7 +33,9 @@ CREATE TABLE tasks (
     stage_started_at REAL,
     stage_durations TEXT NOT NULL DEFAULT '{}',
     from_cache INTEGER NOT NULL DEFAULT 0,
-    ref TEXT
+    ref TEXT,
+    host TEXT,
+    lease_token INTEGER
 );
 CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
@@ -68,12 +70,14 @@ CREATE TABLE accounts (
 );
 
 CREATE TABLE cache_entries (
-    fingerprint TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    host TEXT NOT NULL DEFAULT '',
     model TEXT NOT NULL,
     result TEXT NOT NULL,
     size_bytes INTEGER NOT NULL,
     created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL
+    last_used_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, host)
 );
 CREATE INDEX cache_last_used ON cache_entries (last_used_at);
 
@@ -81,4 +85,24 @@ CREATE TABLE web_accounts (
     name TEXT PRIMARY KEY,
     models TEXT NOT NULL,
     added_at REAL NOT NULL
+);
+
+CREATE TABLE hosts (
+    id TEXT PRIMARY KEY,
+    url TEXT,
+    started_at REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    dead_at REAL
+);
+
+CREATE TABLE leases (
+    account TEXT PRIMARY KEY,
+    host TEXT,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+
+CREATE TABLE gates (
+    provider TEXT PRIMARY KEY,
+    not_before REAL NOT NULL
 );

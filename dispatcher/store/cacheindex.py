@@ -1,0 +1,26 @@
+"""The result cache's index: one `CacheEntry` per fingerprint and host.
+
+Kept apart from `Store` on purpose: the cache does its file work in worker
+threads (linking, copying, deleting result files) and reads and writes its
+index from those same threads, so this interface is synchronous. Each index
+is bound to one host: it sees, touches and deletes only the entries whose
+files that host holds; another host's entry is a miss here.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dispatcher.models import CacheEntry
+
+
+class CacheIndex(Protocol):
+    def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
+
+    def cache_put(self, entry: CacheEntry) -> None: ...
+
+    def cache_touch(self, fingerprint: str, last_used_at: float) -> None: ...
+
+    def cache_delete(self, fingerprint: str) -> None: ...
+
+    def cache_entries(self) -> list[CacheEntry]: ...

@@ -1,0 +1,441 @@
+"""PostgreSQL backend: several hosts on one database (psycopg 3, async, pooled).
+
+The statements are the SQLite backend's (`store.sql`), with PostgreSQL's
+placeholders and its row locks where hosts race: a claim takes its row
+`FOR UPDATE SKIP LOCKED`, so hosts claiming at once pass over each other's
+rows and never take the same task; a claim under a global quota, a guarded
+de-duplicating insert and the migrations each hold a transaction-scoped
+advisory lock, so their check and their write are one step across hosts.
+psycopg errors become `StoreError` here, at the edge.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from dispatcher.errors import StoreError
+from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.store.cacheindex import CacheIndex
+from dispatcher.store.hosts import Fence, Quota
+from dispatcher.store.migrations import migrations
+from dispatcher.store.postgres_cache import PostgresCacheIndex
+from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
+from dispatcher.store.rows import (
+    attempt_to_row,
+    encode_changes,
+    row_to_account,
+    row_to_attempt,
+    row_to_task,
+    task_to_row,
+)
+from dispatcher.store.sql import (
+    ACCOUNT_UPSERT,
+    ACCOUNTS,
+    ID_TABLES,
+    RECENT_DURATIONS,
+    SELECT_TASK,
+    STALE_RUNNING,
+    TWIN,
+    WEB_ACCOUNT_PUT,
+    WEB_ACCOUNTS,
+    account_args,
+    claim_sql,
+    insert_sql,
+    list_jobs_sql,
+    list_tasks_where,
+    pg_marks,
+    update_sql,
+)
+
+Row = dict[str, Any]
+
+# Advisory lock keys (one 64-bit space per database): the migrations, and
+# per-subject locks hashed from a prefixed text by `hashtextextended`.
+MIGRATION_LOCK = 0x6469737061746368  # "dispatch"
+POOL_MAX = 10
+CONNECT_TIMEOUT_S = 10.0
+
+
+class PostgresStore(PostgresHostOps):
+    def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
+        self.url = url
+        self.host = host
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+            url,
+            connection_class=psycopg.AsyncConnection[Row],
+            min_size=1,
+            max_size=pool_max,
+            open=False,
+            timeout=CONNECT_TIMEOUT_S,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+        )
+        self._opened = False
+        self._cache_index = PostgresCacheIndex(url, host)
+
+    @property
+    def cache_index(self) -> CacheIndex:
+        return self._cache_index
+
+    # -- plumbing ------------------------------------------------------------
+    @asynccontextmanager
+    async def _conn(self, what: str) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        if not self._opened:
+            await self._open()
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL {what} failed: {exc}") from exc
+        except PoolTimeout as exc:
+            raise StoreError(f"PostgreSQL {what}: no connection: {exc}") from exc
+
+    async def _open(self) -> None:
+        # One plain connection first: an unreachable server or a refused
+        # login is said at once and plainly (the pool would retry quietly
+        # until its timeout).
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                self.url, connect_timeout=int(CONNECT_TIMEOUT_S)
+            )
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {display_url(self.url)}: {exc}"
+            ) from exc
+        await probe.close()
+        try:
+            await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except PoolTimeout as exc:
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {display_url(self.url)}: {exc}"
+            ) from exc
+        self._opened = True
+
+    async def _query(
+        self, sql: str, args: Sequence[Any] = (), *, what: str = "read", marked: bool = False
+    ) -> list[Row]:
+        """Run one statement (`?` marks, or PostgreSQL's own when `marked`)."""
+        async with self._conn(what) as conn:
+            cur = await conn.execute(sql if marked else pg_marks(sql), args)
+            return await cur.fetchall() if cur.description else []
+
+    async def _write1(
+        self, sql: str, args: Sequence[Any] = (), *, marked: bool = False
+    ) -> list[Row]:
+        return await self._query(sql, args, what="write", marked=marked)
+
+    async def migrate(self) -> None:
+        async with self._conn("migration") as conn, conn.transaction():
+            # Several hosts may start at once: one migrates, the others wait
+            # here and then find nothing left to do.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+            )
+            cur = await conn.execute("SELECT MAX(version) AS v FROM schema_version")
+            row = await cur.fetchone()
+            current = (row or {}).get("v") or 0
+            for migration in migrations("postgresql"):
+                if migration.version <= current:
+                    continue
+                for statement in migration.statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO schema_version (version) VALUES (%s)", (migration.version,)
+                )
+
+    async def schema_version(self) -> int:
+        rows = await self._query("SELECT MAX(version) AS v FROM schema_version")
+        return int(rows[0]["v"] or 0)
+
+    async def close(self) -> None:
+        if self._opened:
+            await self._pool.close()
+            self._opened = False
+        self._cache_index.close()
+
+    # -- tasks -------------------------------------------------------------
+    async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
+        if job is None and len(tasks) == 1:
+            # The common case (one POST, one task): one statement, no transaction.
+            row = task_to_row(tasks[0])
+            (one,) = await self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
+            return [tasks[0].replace(seq=int(one["seq"]))]
+        seqs = []
+        async with self._conn("write") as conn, conn.transaction():
+            if job is not None:
+                await conn.execute(
+                    "INSERT INTO jobs (id, name, created_at) VALUES (%s, %s, %s)",
+                    (job.id, job.name, job.created_at),
+                )
+            for task in tasks:
+                row = task_to_row(task)
+                cur = await conn.execute(pg_marks(insert_sql(row, "?", "seq")), tuple(row.values()))
+                stored = await cur.fetchone()
+                assert stored is not None
+                seqs.append(int(stored["seq"]))
+        return [task.replace(seq=seq) for task, seq in zip(tasks, seqs, strict=True)]
+
+    async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
+        row = task_to_row(task)
+        async with self._conn("write") as conn, conn.transaction():
+            # Identical submits on two hosts serialise on their fingerprint.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"dedup:{task.fingerprint}",),
+            )
+            cur = await conn.execute(pg_marks(TWIN), (task.fingerprint, created_since))
+            found = await cur.fetchone()
+            if found is not None:
+                return row_to_task(found), False
+            cur = await conn.execute(pg_marks(insert_sql(row, "?", "seq")), tuple(row.values()))
+            stored = await cur.fetchone()
+            assert stored is not None
+        return task.replace(seq=int(stored["seq"])), True
+
+    async def get_task(self, task_id: str) -> Task | None:
+        rows = await self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
+        return row_to_task(rows[0]) if rows else None
+
+    async def update_task(
+        self,
+        task_id: str,
+        *,
+        expect_state: State,
+        expect_attempt: int | None = None,
+        changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
+        fence: Fence | None = None,
+    ) -> Task | None:
+        columns = encode_changes(changes)
+        sql = pg_marks(
+            update_sql(
+                columns,
+                attempt=expect_attempt is not None,
+                unless_cancel=unless_cancel_requested,
+                fenced=fence is not None,
+            )
+        )
+        args: list[Any] = [*columns.values(), task_id, expect_state.value]
+        if expect_attempt is not None:
+            args.append(expect_attempt)
+        if fence is not None:
+            args += [fence.account, fence.token]
+        if ended is None:
+            # One statement: atomic on its own, without BEGIN/COMMIT round trips.
+            rows = await self._write1(sql, args, marked=True)
+            return row_to_task(rows[0]) if rows else None
+        async with self._conn("write") as conn, conn.transaction():
+            cur = await conn.execute(sql, args)
+            row = await cur.fetchone()
+            if row is not None:
+                history = attempt_to_row(ended)
+                await conn.execute(
+                    f"INSERT INTO attempts ({', '.join(history)}) "
+                    f"VALUES ({', '.join('%s' for _ in history)})",
+                    tuple(history.values()),
+                )
+        return row_to_task(row) if row is not None else None
+
+    async def claim_next(
+        self,
+        lane_groups: Sequence[str],
+        now: float,
+        changes: Mapping[str, Any],
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
+    ) -> Task | None:
+        if not lane_groups:
+            return None
+        columns = encode_changes({**changes, "state": State.RUNNING})
+        sql = pg_marks(
+            claim_sql(
+                len(lane_groups),
+                columns,
+                fenced=fence is not None,
+                quota=quota is not None,
+                lock="FOR UPDATE SKIP LOCKED",
+            )
+        )
+        args: list[Any] = [*columns.values(), *lane_groups, now]
+        if fence is not None:
+            args += [fence.account, fence.token]
+        if quota is not None:
+            args += [quota.account, quota.limit]
+        if quota is None:
+            rows = await self._write1(sql, args, marked=True)
+            return row_to_task(rows[0]) if rows else None
+        async with self._conn("claim") as conn, conn.transaction():
+            # The count of running tasks and the claim must be one step across
+            # hosts: claims under one provider's quota take turns. The claim
+            # statement starts after the lock, so it counts every claim
+            # committed before.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"quota:{quota.account}",),
+            )
+            cur = await conn.execute(sql, args)
+            row = await cur.fetchone()
+        return row_to_task(row) if row is not None else None
+
+    async def task_attempts(self, task_id: str) -> list[Attempt]:
+        rows = await self._query("SELECT * FROM attempts WHERE task_id = ? ORDER BY id", (task_id,))
+        return [row_to_attempt(r) for r in rows]
+
+    async def list_tasks(
+        self,
+        *,
+        states: Sequence[State] = (),
+        model: str | None = None,
+        job_id: str | None = None,
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Task]:
+        where, args = list_tasks_where(
+            [State(x).value for x in states], model, job_id, text, before_seq
+        )
+        rows = await self._query(f"{SELECT_TASK}{where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        return [row_to_task(r) for r in rows]
+
+    async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
+        if table not in ID_TABLES:
+            raise ValueError(f"no ids in table {table!r}")
+        # starts_with, not a range: text order follows the database's collation.
+        rows = await self._query(
+            f"SELECT id FROM {table} WHERE starts_with(id, ?) ORDER BY id LIMIT ?",
+            (prefix, limit),
+        )
+        return [r["id"] for r in rows]
+
+    async def tasks_in_state(
+        self, state: State, limit: int | None = None, *, host: str | None = None
+    ) -> list[Task]:
+        sql = f"{SELECT_TASK} WHERE state = ?"
+        args: list[Any] = [state.value]
+        if host is not None:
+            sql += " AND host = ?"
+            args.append(host)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [row_to_task(r) for r in await self._query(sql, args)]
+
+    async def stale_running(self, heartbeat_before: float) -> list[Task]:
+        rows = await self._query(STALE_RUNNING, (heartbeat_before,))
+        return [row_to_task(r) for r in rows]
+
+    async def count_ahead(self, lane_group: str, seq: int) -> int:
+        # From the database: tasks of every host share the queue.
+        rows = await self._query(
+            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND lane_group = ? "
+            "AND seq < ?",
+            (lane_group, seq),
+        )
+        return int(rows[0]["n"])
+
+    async def queued_counts(self) -> dict[str, int]:
+        rows = await self._query(
+            "SELECT lane_group, COUNT(*) AS n FROM tasks WHERE state = 'pending' "
+            "GROUP BY lane_group"
+        )
+        return {r["lane_group"]: int(r["n"]) for r in rows}
+
+    async def state_counts(self) -> dict[tuple[str, str], int]:
+        rows = await self._query(
+            "SELECT model, state, COUNT(*) AS n FROM tasks GROUP BY model, state"
+        )
+        return {(r["model"], r["state"]): int(r["n"]) for r in rows}
+
+    async def recent_durations(self, model: str, limit: int = 20) -> list[float]:
+        rows = await self._query(RECENT_DURATIONS, (model, limit))
+        return [float(r["d"]) for r in rows]
+
+    async def find_by_fingerprint(self, fingerprint: str, created_since: float) -> Task | None:
+        rows = await self._query(TWIN, (fingerprint, created_since))
+        return row_to_task(rows[0]) if rows else None
+
+    # -- jobs ----------------------------------------------------------------
+    async def get_job(self, job_id: str) -> Job | None:
+        rows = await self._query(
+            "SELECT id, name, created_at, seq FROM jobs WHERE id = ?", (job_id,)
+        )
+        return _job(rows[0]) if rows else None
+
+    async def job_tasks(self, job_id: str) -> list[Task]:
+        rows = await self._query(f"{SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
+        return [row_to_task(r) for r in rows]
+
+    async def job_counts(self, job_id: str) -> dict[State, int]:
+        rows = await self._query(
+            "SELECT state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
+        )
+        return {State(r["state"]): int(r["n"]) for r in rows}
+
+    async def list_jobs(
+        self,
+        *,
+        states: Sequence[JobState] = (),
+        text: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        sql, args = list_jobs_sql(
+            [JobState(x).value for x in states], text, before_seq, seq_column="seq"
+        )
+        return [_job(r) for r in await self._query(sql, (*args, limit))]
+
+    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+        summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
+        if not summaries:
+            return summaries
+        rows = await self._query(
+            "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
+            "MAX(finished_at) AS finished FROM tasks WHERE job_id = ANY(?) "
+            "GROUP BY job_id, state",
+            (list(summaries),),
+        )
+        for r in rows:
+            summary = summaries[r["job_id"]]
+            summary.counts[State(r["state"])] = int(r["n"])
+            summary.from_cache += int(r["cached"] or 0)
+            finished = r["finished"]
+            if finished is not None and (
+                summary.last_finished_at is None or finished > summary.last_finished_at
+            ):
+                summary.last_finished_at = float(finished)
+        return summaries
+
+    # -- accounts ------------------------------------------------------------
+    async def get_accounts(self) -> dict[str, Account]:
+        rows = await self._query(ACCOUNTS)
+        return {r["name"]: row_to_account(r) for r in rows}
+
+    async def upsert_account(self, account: Account) -> None:
+        await self._write1(ACCOUNT_UPSERT, account_args(account))
+
+    async def delete_account(self, name: str) -> None:
+        await self._write1("DELETE FROM accounts WHERE name = ?", (name,))
+
+    async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
+        rows = await self._query(WEB_ACCOUNTS)
+        return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
+
+    async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
+        await self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
+
+    async def delete_web_account(self, name: str) -> None:
+        await self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
+
+
+def _job(row: Row) -> Job:
+    return Job(id=row["id"], name=row["name"], created_at=row["created_at"], seq=row["seq"])

@@ -1,0 +1,230 @@
+"""SQL text shared by the SQLite and PostgreSQL backends.
+
+Both speak the same SQL for what they share; where the dialects differ
+(placeholders, booleans, row ids) each backend passes its own piece in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dispatcher.models import Account
+from dispatcher.store.rows import TASK_COLUMNS
+
+COLUMNS = ", ".join(TASK_COLUMNS)
+SELECT_TASK = f"SELECT {COLUMNS} FROM tasks"
+ID_TABLES = frozenset({"tasks", "jobs"})
+
+# A job's state from its tasks, as `states.job_state` decides it, for listing
+# jobs by state in SQL (a test checks that the two agree).
+JOB_STATE_SQL = """CASE
+    WHEN c.total IS NULL OR c.active > 0 THEN 'running'
+    WHEN c.success = c.total THEN 'success'
+    WHEN c.failed = c.total THEN 'failed'
+    WHEN c.canceled = c.total THEN 'canceled'
+    ELSE 'partial' END"""
+JOB_COUNTS_SQL = """SELECT job_id, COUNT(*) AS total,
+    SUM(CASE WHEN state IN ('pending', 'running') THEN 1 ELSE 0 END) AS active,
+    SUM(CASE WHEN state = 'success' THEN 1 ELSE 0 END) AS success,
+    SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed,
+    SUM(CASE WHEN state = 'canceled' THEN 1 ELSE 0 END) AS canceled
+    FROM tasks WHERE job_id IS NOT NULL GROUP BY job_id"""
+
+
+def like_pattern(text: str, *, in_json: bool = False, ascii_json: bool = False) -> str:
+    """A LIKE pattern finding `text` anywhere; `in_json` for a column of JSON text.
+
+    Params are stored as UTF-8 JSON; rows written by earlier versions hold
+    ASCII JSON, where a prompt's "é" is "\u00e9" (`ascii_json` finds those).
+    """
+    needle = json.dumps(text, ensure_ascii=ascii_json)[1:-1] if in_json else text
+    needle = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{needle}%"
+
+
+def insert_sql(row: Mapping[str, Any], mark: str, returning: str) -> str:
+    """INSERT of one row's columns, with this dialect's placeholder."""
+    marks = ", ".join(mark for _ in row)
+    return f"INSERT INTO tasks ({', '.join(row)}) VALUES ({marks}) RETURNING {returning}"
+
+
+def set_clause(columns: Mapping[str, Any], mark: str) -> str:
+    return ", ".join(f"{name} = {mark}" for name in columns)
+
+
+# -- several hosts: statements both dialects share (`?` marks; see `pg_marks`) ---
+
+# The lease of a free, lapsed or dead host's account goes to `host`, with the
+# next token; a row that stays (another live holder) answers nothing.
+LEASE_ACQUIRE = """INSERT INTO leases (account, host, token, expires_at) VALUES (?, ?, 1, ?)
+    ON CONFLICT (account) DO UPDATE SET host = excluded.host, token = leases.token + 1,
+        expires_at = excluded.expires_at
+    WHERE leases.host IS NULL OR leases.host = excluded.host OR leases.expires_at <= ?
+        OR leases.host IN (SELECT id FROM hosts WHERE dead_at IS NOT NULL)
+    RETURNING account, host, token, expires_at"""
+LEASE_OWNER = "SELECT account, host, token, expires_at FROM leases WHERE account = ?"
+LEASE_RENEW = """UPDATE leases SET expires_at = ? WHERE account = ? AND host = ? AND token = ?
+    RETURNING account, host, token, expires_at"""
+LEASE_RELEASE = "UPDATE leases SET host = NULL WHERE account = ? AND host = ? AND token = ?"
+LEASES = (
+    "SELECT account, host, token, expires_at FROM leases WHERE host IS NOT NULL ORDER BY account"
+)
+FENCE = " AND EXISTS (SELECT 1 FROM leases WHERE account = ? AND token = ? AND host IS NOT NULL)"
+QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.account = ?) < ?"
+
+HOST_REGISTER = """INSERT INTO hosts (id, url, started_at, heartbeat_at, dead_at)
+    VALUES (?, ?, ?, ?, NULL)
+    ON CONFLICT (id) DO UPDATE SET url = excluded.url, started_at = excluded.started_at,
+        heartbeat_at = excluded.heartbeat_at, dead_at = NULL"""
+HOST_BEAT = "UPDATE hosts SET heartbeat_at = ? WHERE id = ? AND dead_at IS NULL RETURNING id"
+HOSTS = "SELECT id, url, started_at, heartbeat_at, dead_at FROM hosts ORDER BY id"
+HOSTS_STALE = (
+    "SELECT id, url, started_at, heartbeat_at, dead_at FROM hosts "
+    "WHERE dead_at IS NULL AND heartbeat_at < ? ORDER BY id"
+)
+# Compare-and-set: of two hosts declaring a third dead, one does.
+HOST_DEAD = """UPDATE hosts SET dead_at = ? WHERE id = ? AND dead_at IS NULL AND heartbeat_at < ?
+    RETURNING id"""
+
+GATE_SET = """INSERT INTO gates (provider, not_before) VALUES (?, ?)
+    ON CONFLICT (provider) DO UPDATE SET not_before = excluded.not_before
+    WHERE excluded.not_before > gates.not_before"""
+GATE_GET = "SELECT not_before FROM gates WHERE provider = ?"
+
+TWIN = (
+    f"{SELECT_TASK} WHERE fingerprint = ? AND created_at >= ? "
+    "AND state NOT IN ('failed', 'canceled') ORDER BY seq DESC LIMIT 1"
+)
+
+
+def pg_marks(sql: str) -> str:
+    """The statement with PostgreSQL's placeholders (none of ours holds a literal `?`)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def claim_sql(
+    lane_groups: int, columns: Mapping[str, Any], *, fenced: bool, quota: bool, lock: str
+) -> str:
+    """Find and take the oldest ready pending task of the groups in one statement.
+
+    `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
+    pass over each other's rows) and "" on SQLite (one writer at a time).
+    """
+    marks = ", ".join("?" for _ in range(lane_groups))
+    guard = (FENCE if fenced else "") + (QUOTA if quota else "")
+    return (
+        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
+        f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
+        f"AND not_before <= ?{guard} ORDER BY seq LIMIT 1 {lock}) RETURNING {COLUMNS}"
+    )
+
+
+def update_sql(
+    columns: Mapping[str, Any], *, attempt: bool, unless_cancel: bool, fenced: bool
+) -> str:
+    """The compare-and-set of one task (args: values, id, state[, attempt][, fence])."""
+    sql = f"UPDATE tasks SET {set_clause(columns, '?')} WHERE id = ? AND state = ?"
+    if attempt:
+        sql += " AND attempt = ?"
+    if unless_cancel:
+        sql += " AND cancel_requested = 0"
+    if fenced:
+        sql += FENCE
+    return f"{sql} RETURNING {COLUMNS}"
+
+
+def list_tasks_where(
+    states: Sequence[str],
+    model: str | None,
+    job_id: str | None,
+    text: str | None,
+    before_seq: int | None,
+) -> tuple[str, list[Any]]:
+    where: list[str] = []
+    args: list[Any] = []
+    if states:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        args += list(states)
+    if model is not None:
+        where.append("model = ?")
+        args.append(model)
+    if job_id is not None:
+        where.append("job_id = ?")
+        args.append(job_id)
+    if text:
+        where.append(
+            "(params LIKE ? ESCAPE '\\' OR params LIKE ? ESCAPE '\\' OR ref LIKE ? ESCAPE '\\')"
+        )
+        args += [
+            like_pattern(text, in_json=True),
+            like_pattern(text, in_json=True, ascii_json=True),
+            like_pattern(text),
+        ]
+    if before_seq is not None:
+        where.append("seq < ?")
+        args.append(before_seq)
+    return (f" WHERE {' AND '.join(where)}" if where else ""), args
+
+
+def list_jobs_sql(
+    states: Sequence[str], text: str | None, before_seq: int | None, seq_column: str
+) -> tuple[str, list[Any]]:
+    """Jobs newest first (`seq_column`: SQLite's rowid, PostgreSQL's seq); LIMIT ? follows."""
+    where: list[str] = []
+    args: list[Any] = []
+    join = ""
+    if states:
+        join = f" LEFT JOIN ({JOB_COUNTS_SQL}) AS c ON c.job_id = j.id"
+        where.append(f"{JOB_STATE_SQL} IN ({', '.join('?' for _ in states)})")
+        args += list(states)
+    if text:
+        where.append("j.name LIKE ? ESCAPE '\\'")
+        args.append(like_pattern(text))
+    if before_seq is not None:
+        where.append(f"j.{seq_column} < ?")
+        args.append(before_seq)
+    sql = f"SELECT j.id, j.name, j.created_at, j.{seq_column} FROM jobs AS j{join}"
+    if where:
+        sql += f" WHERE {' AND '.join(where)}"
+    return f"{sql} ORDER BY j.{seq_column} DESC LIMIT ?", args
+
+
+# -- statements both backends run as they are -------------------------------------
+STALE_RUNNING = (
+    f"{SELECT_TASK} WHERE state = 'running' "
+    "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq"
+)
+RECENT_DURATIONS = (
+    "SELECT finished_at - started_at AS d FROM tasks WHERE model = ? AND state = 'success' "
+    "AND from_cache = 0 AND started_at IS NOT NULL AND finished_at IS NOT NULL "
+    "ORDER BY finished_at DESC LIMIT ?"
+)
+ACCOUNTS = (
+    "SELECT name, kind, enabled, reason, needs_attention, updated_at, cooldown_until FROM accounts"
+)
+ACCOUNT_UPSERT = (
+    "INSERT INTO accounts (name, kind, enabled, reason, needs_attention, updated_at, "
+    "cooldown_until) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+    "kind = excluded.kind, enabled = excluded.enabled, reason = excluded.reason, "
+    "needs_attention = excluded.needs_attention, updated_at = excluded.updated_at, "
+    "cooldown_until = excluded.cooldown_until"
+)
+WEB_ACCOUNTS = "SELECT name, models FROM web_accounts ORDER BY name"
+WEB_ACCOUNT_PUT = (
+    "INSERT INTO web_accounts (name, models, added_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET models = excluded.models"
+)
+
+
+def account_args(account: Account) -> tuple[Any, ...]:
+    return (
+        account.name,
+        account.kind.value,
+        int(account.enabled),
+        account.reason,
+        int(account.needs_attention),
+        account.updated_at,
+        account.cooldown_until,
+    )

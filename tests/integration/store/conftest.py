@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.store import Store, open_store
+from tests.pgdb import fresh_database
+
+OpenStore = Callable[..., Awaitable[Store]]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'contract.db'}"
+    else:
+        with fresh_database() as url:
+            yield url
+
+
+@pytest.fixture
+async def open_stores(database_url: str) -> AsyncIterator[OpenStore]:
+    """Opens stores on the test's database, each its own connection(s); all
+    closed after the test."""
+    opened: list[Store] = []
+
+    async def opener(host: str = "h1") -> Store:
+        store = await open_store(database_url, host)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        await store.close()
+
+
+@pytest.fixture
+async def store(open_stores: OpenStore) -> Store:
+    return await open_stores()
