@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,12 @@ from tests.helpers import api_profile
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
+async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
     store = SqliteStore(tmp_path / "d.db")
-    store.migrate()
+    await store.migrate()
     profile = api_profile()
     yield Ledger(store, FakeClock(), {profile.name: profile}, EventBus(), retry_delay_s=0.0)
-    store.close()
+    await store.close()
 
 
 def fields(record: logging.LogRecord) -> dict[str, object]:
@@ -33,12 +32,12 @@ def fields(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in line.items() if k not in ("ts", "logger", "level", "message")}
 
 
-def test_a_task_is_one_line_per_state_change_with_its_fields(
+async def test_a_task_is_one_line_per_state_change_with_its_fields(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="dispatcher.tasks"):
-        submitted = asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
-        task = ledger.claim(["api-model:m-api"], "prov")
+        submitted = await ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+        task = await ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
     new, claimed = caplog.records
     tid = submitted.task.id
@@ -64,16 +63,16 @@ def test_a_task_is_one_line_per_state_change_with_its_fields(
     }
 
 
-def test_a_rejected_late_write_names_its_task_but_claims_no_state(
+async def test_a_rejected_late_write_names_its_task_but_claims_no_state(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A write that changed nothing must not look like a state change to `jq`."""
-    asyncio.run(ledger.submit(TaskSpec("m-api", {"prompt": "p"})))
-    task = ledger.claim(["api-model:m-api"], "prov")
+    await ledger.submit(TaskSpec("m-api", {"prompt": "p"}))
+    task = await ledger.claim(["api-model:m-api"], "prov")
     assert task is not None
-    assert ledger.requeue(task, "moved on") is not None
+    assert await ledger.requeue(task, "moved on") is not None
     with caplog.at_level(logging.WARNING, logger="dispatcher.tasks"):
-        assert ledger.heartbeat(task, None) is None  # the stale view of the row
+        assert await ledger.heartbeat(task, None) is None  # the stale view of the row
     (record,) = caplog.records
     assert "late write running->running rejected" in record.getMessage()
     assert fields(record) == {"lane": "api:prov", "task_id": task.id, "attempt": 1}

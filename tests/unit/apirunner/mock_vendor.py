@@ -181,7 +181,7 @@ class Bench:
             id=new_id(),
             model=self.profile.name,
             kind=Kind.API,
-            lane_group=self.profile.lane_group,
+            lane_group=self.profile.queue,
             params={"prompt": prompt},
             fingerprint=new_id(),
             created_at=self.clock.now(),

@@ -16,6 +16,7 @@ import pytest
 from apirunner.attempt import MAX_POLL_ERRORS
 from apirunner.classify import MAX_ERRORS_IN_PLACE
 from dispatcher.errors import PermanentError, TaskCanceled, TransientError
+from dispatcher.runner import Interruption
 from tests.unit.apirunner.mock_vendor import (
     KEY,
     SUBMIT,
@@ -203,7 +204,7 @@ async def test_a_cancel_while_polling_stops_at_once_and_cancels_the_remote_job(
     ctx, reports = mock.ctx(task)
 
     def second_poll_sees_a_cancel(request: httpx.Request) -> httpx.Response:
-        ctx.cancel_event.set()  # an operator's cancel arrives while the job runs
+        ctx.interrupt(Interruption.CANCELED)  # an operator's cancel arrives while the job runs
         return answer(200, {"status": "in_progress", "progress": 40})(request)
 
     mock.vendor.on(
