@@ -232,6 +232,7 @@ def _web_breakdown(
         }
         ready = timings.pop("ready", 0.0)
         generation = timings.pop("generation", 0.0)
+        submit = timings.pop("submit", 0.0)  # part of `generation`
         close = timings.pop("close", 0.0)
         timings.pop("overhead", None)  # the runner's own sum: ready + close
         browser_start.append(sum(timings.values()))
@@ -239,6 +240,7 @@ def _web_breakdown(
             parts.setdefault(f"browser_{key}", []).append(seconds)
         parts.setdefault("page_load_and_login_check", []).append(ready - sum(timings.values()))
         parts.setdefault("type_submit_and_detect_done", []).append(generation - gen_s)
+        parts.setdefault("type_and_submit", []).append(submit)
         parts.setdefault("browser_close", []).append(close)
         parts.setdefault("dispatch_media_and_persist", []).append(
             run_s - ready - generation - close
