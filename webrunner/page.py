@@ -277,12 +277,8 @@ class PageDriver:
             raise self._logged_out_error()
         await self._raise_hold(hold)
 
-    async def check_account(self) -> None:
-        """A human check or a usage cap on the page: the account, not the task, is held."""
-        await self._raise_hold(await self._hold_look())
-
     async def _hold_look(self) -> _HoldLook:
-        """What `check_account` needs from the page, read in one round trip."""
+        """What `_raise_hold` needs from the page, read in one round trip."""
         spec = self.spec
         # Without a cap selector the pattern is looked for in the whole page.
         body_needed = not spec.limit and self._limit_re is not None
@@ -294,6 +290,7 @@ class PageDriver:
         return _HoldLook(challenge, limit, body)
 
     async def _raise_hold(self, look: _HoldLook) -> None:
+        """A human check or a usage cap on the page: the account, not the task, is held."""
         spec = self.spec
         if look.challenge:
             shown = await self._text(spec.challenge, "reading the human check")
