@@ -142,8 +142,6 @@ async def _json_body(request: Request) -> Any:
 class Api:
     def __init__(self, service: Service) -> None:
         self.service = service
-        # Every task answer lists its artifacts under here (one path join, not one each).
-        self.results_dir = service.state_dir / "results"
 
     # -- answers ----------------------------------------------------------------
     def task_answer(
@@ -158,7 +156,7 @@ class Api:
                 answer["note"] = note
         if with_attempts:
             answer["attempts"] = [a.to_json() for a in self.service.ledger.attempts(task)]
-        answer["artifacts"] = task_artifacts(self.results_dir, task)
+        answer["artifacts"] = task_artifacts(self.service.state_dir / "results", task)
         return answer
 
     def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
@@ -248,7 +246,7 @@ class Api:
         task = self.service.ledger.get(request.path_params["id"])
         attempt, name = request.path_params["attempt"], request.path_params["name"]
         path, kind = await asyncio.to_thread(
-            artifact_file, self.results_dir, task.id, attempt, name
+            artifact_file, self.service.state_dir / "results", task.id, attempt, name
         )
         return FileResponse(
             path,
