@@ -8,7 +8,7 @@ the `demo-chat-api` model against a demo vendor answering at once (quota 5).
 2. The provider is switched off (the operator's switch), 10,000 tasks are
    submitted as ten jobs of 1,000, and RSS is read with all 10,000 pending.
 3. The provider is switched on; the queue drains; RSS after draining.
-4. Steps 2-3 five times more: the slope of RSS after each drain, from the
+4. Steps 2-3 three times more: the slope of RSS after each drain, from the
    second drain on, shows whether draining leaves memory behind (a leak
    grows it cycle by cycle; the first two cycles fill what is bounded on
    purpose: the store's write counter, SQLite's page cache).
@@ -51,7 +51,9 @@ CHUNK = 1_000
 # The first two cycles fill what is bounded on purpose (the store's write
 # counter keeps its last 10,000-20,000 tasks; SQLite's page cache warms up);
 # growth is read from the second drain to the last, where a leak would show.
-CYCLES = 5
+# Four cycles: the fewest that leave three drains for the slope (five cost
+# another 25 s of `make bench`'s ten minutes for a fourth point).
+CYCLES = 4
 WARM_CYCLES = 2
 QUOTA = 5
 MODEL = "demo-chat-api"
@@ -63,7 +65,7 @@ TARGET_PENDING_MB = 200.0
 # after the warm ones: a leak of 50 bytes per task shows as 0.5 MB per cycle.
 GROWTH_TOLERANCE_MB_PER_CYCLE = 0.5
 # The whole benchmark must fit `make bench`'s ten minutes with the others.
-BUDGET_S = 200.0
+BUDGET_S = 140.0
 
 
 async def _settle(service: ServiceProc, seconds: float = 2.0) -> float:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import io
 import json
@@ -117,12 +118,18 @@ class LocalFiles:
     answers cannot be used to map the machine's files.
     """
 
-    dirs: tuple[Path, ...]
+    given: tuple[Path, ...]
     max_bytes: int
 
     @classmethod
     def under(cls, dirs: Sequence[Path], max_bytes: int) -> LocalFiles:
-        return cls(tuple(Path(d).resolve() for d in dirs), max_bytes)
+        return cls(tuple(Path(d) for d in dirs), max_bytes)
+
+    @functools.cached_property
+    def dirs(self) -> tuple[Path, ...]:
+        """The dirs, symlinks resolved, on first use: every attempt builds a
+        LocalFiles, few read a file, and resolving costs a syscall per part."""
+        return tuple(d.resolve() for d in self.given)
 
     def find(self, text: str) -> Path | None:
         """The regular file `text` names inside the dirs, or None."""

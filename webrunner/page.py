@@ -127,6 +127,28 @@ def _navigated(exc: TransientError) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _HoldLook:
+    """The page's account markers as one look saw them."""
+
+    challenge: bool  # the human-check marker is visible
+    limit: bool  # the usage-cap marker is visible
+    body: str | None  # the page's text, when only `limit_text` can spot a cap
+
+
+@dataclass(frozen=True)
+class _Look:
+    """A generating page as one look saw it."""
+
+    error: bool
+    logged_out: bool
+    busy: bool
+    text: str | None  # the latest answer's text
+    done_text: str | None  # the text of the latest answer marked done
+    media: list[str]  # the media elements' sources, as the page has them
+    hold: _HoldLook
+
+
 class PageDriver:
     """One task's conversation with one page."""
 
@@ -142,6 +164,8 @@ class PageDriver:
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
         self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
+        # The media sources seen by the look that found the answer finished.
+        self._answer_media: list[str] | None = None
 
     # -- small helpers ---------------------------------------------------
 
@@ -209,14 +233,32 @@ class PageDriver:
                 f"(timed out after {self.budget.label})",
                 kind="page_load",
             ) from exc
-        if await self._visible(spec.logged_out, "checking for the logged-out marker"):
+        # The markers together: one round trip, not three (each is ~10-50 ms
+        # of a warm task's time, in series with the account's generations).
+        logged_out, hold = await asyncio.gather(
+            self._visible(spec.logged_out, "checking for the logged-out marker"),
+            self._hold_look(),
+        )
+        if logged_out:
             raise self._logged_out_error()
-        await self.check_account()
+        await self._raise_hold(hold)
 
-    async def check_account(self) -> None:
+    async def _hold_look(self) -> _HoldLook:
+        """What `_raise_hold` needs from the page, read in one round trip."""
+        spec = self.spec
+        # Without a cap selector the pattern is looked for in the whole page.
+        body_needed = not spec.limit and self._limit_re is not None
+        challenge, limit, body = await asyncio.gather(
+            self._visible(spec.challenge, "checking for a human check"),
+            self._visible(spec.limit, "checking for a usage cap"),
+            self._text("body" if body_needed else None, "reading the page for a usage cap"),
+        )
+        return _HoldLook(challenge, limit, body)
+
+    async def _raise_hold(self, look: _HoldLook) -> None:
         """A human check or a usage cap on the page: the account, not the task, is held."""
         spec = self.spec
-        if await self._visible(spec.challenge, "checking for a human check"):
+        if look.challenge:
             shown = await self._text(spec.challenge, "reading the human check")
             raise AccountHold(
                 f"{spec.url} asks account {self.ctx.account!r} for a human check "
@@ -227,11 +269,11 @@ class PageDriver:
         if not spec.limit and self._limit_re is None:
             return
         if spec.limit:
-            if not await self._visible(spec.limit, "checking for a usage cap"):
+            if not look.limit:
                 return
             text = await self._text(spec.limit, "reading the usage cap") or ""
         else:
-            text = await self._text("body", "reading the page for a usage cap") or ""
+            text = look.body or ""
         reset = text
         if self._limit_re is not None:
             match = self._limit_re.search(text)
@@ -245,10 +287,31 @@ class PageDriver:
             until=parse_reset(reset, self.ctx.clock.now()),
         )
 
-    async def _media_count(self) -> int:
+    async def _look(self) -> _Look:
+        """All the markers of a generating page at once: the calls travel
+        together to the browser, so a look costs one round trip, not eight."""
+        spec = self.spec
+        (error, logged_out, busy, text, done_text), media, hold = await asyncio.gather(
+            asyncio.gather(
+                self._visible(spec.error, "checking for an error banner"),
+                self._visible(spec.logged_out, "checking for the logged-out marker"),
+                self._visible(spec.busy, "checking whether it is generating"),
+                self._text(spec.answer, "reading the answer"),
+                self._text(spec.done, "checking the done marker"),
+            ),
+            self._media_look(),
+            self._hold_look(),
+        )
+        return _Look(error, logged_out, busy, text, done_text, media, hold)
+
+    async def _media_look(self) -> list[str]:
+        """The media elements' sources as the page has them (empty for none yet)."""
         if not self.spec.media:
-            return 0
-        return int(await self._call(self._loc(self.spec.media).count(), "counting media"))
+            return []
+        sources = await self._call(
+            self._loc(self.spec.media).evaluate_all(_MEDIA_SOURCES_JS), "listing media results"
+        )
+        return [str(src) for src in sources]
 
     async def submit(self, message: str, images: Sequence[Prepared] = ()) -> str | None:
         """Attach the images, type the message and send it; return the answer
@@ -325,26 +388,9 @@ class PageDriver:
             self.ctx.check_canceled()
             if self.budget.remaining(clock) <= 0:
                 raise self.budget.exceeded("waiting for the answer")
-            # One look = all the markers at once: the calls travel together
-            # to the browser, so a look costs one round trip, not five.
-            # Sent in the same turn, so it travels with the other looks.
-            account_check = asyncio.ensure_future(self.check_account())
             try:
-                try:
-                    error_shown, logged_out, busy, text, done_text, media = await asyncio.gather(
-                        self._visible(spec.error, "checking for an error banner"),
-                        self._visible(spec.logged_out, "checking for the logged-out marker"),
-                        self._visible(spec.busy, "checking whether it is generating"),
-                        self._text(spec.answer, "reading the answer"),
-                        self._text(spec.done, "checking the done marker"),
-                        self._media_count(),
-                    )
-                except BaseException:
-                    account_check.cancel()
-                    with contextlib.suppress(Exception, asyncio.CancelledError):
-                        await account_check
-                    raise
-                await account_check
+                look = await self._look()
+                await self._raise_hold(look.hold)
             except TransientError as exc:
                 # A site that signs the session out (or hits a check) often
                 # navigates: the look meets a page that is going away. Look
@@ -360,6 +406,7 @@ class PageDriver:
                     "waiting for the page the site navigated to",
                 )
                 continue
+            error_shown, logged_out, busy, text = look.error, look.logged_out, look.busy, look.text
             if error_shown:
                 shown = await self._text(spec.error, "reading the error banner")
                 raise TransientError(
@@ -368,6 +415,7 @@ class PageDriver:
             if logged_out:
                 raise self._logged_out_error()
             now = clock.monotonic()
+            media = len(look.media)
             if text != last_text or media != last_media:
                 last_text, last_media, last_change = text, media, now
             if busy or (text is not None and text != before):
@@ -379,12 +427,13 @@ class PageDriver:
                     "(the profile's stall_s) while the page still shows it generating",
                     kind="stalled",
                 )
-            if started and not busy and text:
-                # The done marker must be on this answer, not on an earlier one.
-                if done_text is not None and done_text == text:
-                    return text
-                if now - last_change >= self.stable_s:
-                    return text
+            # The done marker must be on this answer, not on an earlier one.
+            marked = look.done_text is not None and look.done_text == text
+            if started and not busy and text and (marked or now - last_change >= self.stable_s):
+                # The look that saw it finished saw its media too: no further
+                # round trip to list them.
+                self._answer_media = look.media
+                return text
             await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
@@ -414,11 +463,10 @@ class PageDriver:
     # -- media -------------------------------------------------------------
 
     async def media_sources(self) -> list[str]:
-        if not self.spec.media:
-            return []
-        sources = await self._call(
-            self._loc(self.spec.media).evaluate_all(_MEDIA_SOURCES_JS), "listing media results"
-        )
+        """The answer's media URLs, from the look that saw it finished (else read now)."""
+        sources = self._answer_media
+        if sources is None:
+            sources = await self._media_look()
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]
 

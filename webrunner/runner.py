@@ -393,6 +393,7 @@ class WebRunner:
         ctx.check_canceled()
         driver.budget = self._generation_budget(spec)
         before = await driver.submit(message, images)
+        t_submitted = time.monotonic()
         await ctx.set_stage(Stage.GENERATING)
         text = await driver.wait_answer(before)
         t_answer = time.monotonic()
@@ -408,6 +409,9 @@ class WebRunner:
         timings = {
             **({} if run.reused else session.timings_ms),
             "ready": (t_ready - t0) * 1000,
+            # Typing and sending, part of `generation` (which runs until the
+            # answer was seen finished).
+            "submit": (t_submitted - t_ready) * 1000,
             "generation": (t_answer - t_ready) * 1000,
         }
         result = RunResult(
