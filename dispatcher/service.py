@@ -451,11 +451,16 @@ class Service:
         ]
 
     async def _take_over(self, host: str) -> None:
-        """A dead host's running tasks, recovered here by the start-up rules."""
+        """A dead host's running tasks, recovered here by the start-up rules.
+
+        All of them, its models loaded here or not: a web task goes back to
+        the queue, for a host with an account of its model, and this is the
+        one host that won `mark_host_dead`: nobody else will look again."""
+        orphans = await self.store.tasks_in_state(State.RUNNING, host=host)
         counts = await recover(
-            await self.store.tasks_in_state(State.RUNNING, host=host),
+            orphans,
             ledger=self.ledger,
-            models=self.profiles.keys(),
+            models={task.model for task in orphans},
             adopt=self.scheduler.adopt,
             now=self.clock.now(),
             expire_after_s=self.clock.scaled(EXPIRE_AFTER_S),
