@@ -81,6 +81,8 @@ class HostWatch:
         self.leases: dict[str, Lease] = {}
         self.refused: dict[str, LeaseRefused] = {}
         self._loop: asyncio.Task[None] | None = None
+        # Set once the scheduler runs: a dead host's tasks need it to resume.
+        self.take_over_dead = False
         self.beats = 0
 
     @property
@@ -165,6 +167,8 @@ class HostWatch:
                 who,
             )
             await self._on_lost(account)
+        if not self.take_over_dead:
+            return
         hosts = await self.store.list_hosts()
         for dead in dead_hosts(hosts, me=self.host, now=now, stale_after_s=self.stale_s):
             if await self.store.mark_host_dead(dead.host, now - self.stale_s, now):

@@ -305,7 +305,15 @@ class Service:
             on_lost=self._on_lease_lost,
         )
         await self.hosts.register()
+        # Beating from here on: a start that takes longer than the stale bound
+        # (browsers, logins) must not get this host declared dead, nor let its
+        # leases lapse. Released last at stop, once the runs have stopped.
+        self.hosts.start()
+        stack.push_async_callback(self.hosts.aclose)
         lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+        # Runners for every kind configured: a web account refused now (another
+        # host holds it) may be taken on by a reload once that host lets it go.
+        kinds = {lane.kind for lane in lanes.values()}
         lanes = await self._bound(lanes)
         self.accounts = await AccountBook.load(self.store, self.clock, self.events)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
@@ -328,7 +336,7 @@ class Service:
         concurrency = {
             lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
-        self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
+        self._make_runners(kinds, concurrency)
         for runner in self.runners.values():
             # Pushed before start: a runner's aclose undoes a start that failed halfway.
             stack.push_async_callback(_close_runner, runner)
@@ -387,11 +395,8 @@ class Service:
         stack.callback(self.events.close)
         _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
-        # Its leases are released after the scheduler has stopped the runs
-        # (last in, first out): their last writes still carry a held token.
-        self.hosts.start()
-        stack.push_async_callback(self.hosts.aclose)
         self.scheduler.start()
+        self.hosts.take_over_dead = True
         stack.push_async_callback(self.scheduler.shutdown)
         # Last in, first out: a draining account waits on the scheduler's
         # lanes, so it is given up before the scheduler stops them.

@@ -150,9 +150,7 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                 raise AssertionError("host A never ran a web task and an API job at once")
             hosts["a"].kill9()
             killed_at = time.time()
-            orphans = _rows(
-                db, "SELECT id FROM tasks WHERE host = 'host-a' AND state = 'running'"
-            )
+            orphans = _rows(db, "SELECT id FROM tasks WHERE host = 'host-a' AND state = 'running'")
             assert orphans
 
             # The others declare it dead and take its running tasks over.
