@@ -64,6 +64,7 @@ async def recover(
     expire_after_s: float,
     retry_delay_s: float,
     what: str = "start-up reconciliation",
+    why: str = "recovered at start-up",
 ) -> dict[str, int]:
     """Apply each loaded model's task's fate; log one line; the counts by action.
 
@@ -82,15 +83,14 @@ async def recover(
         if fate.action is RecoveryAction.EXPIRE:
             await ledger.expire(task, fenced=False)
         elif fate.action is RecoveryAction.REQUEUE:
-            why = f"recovered ({what}): never reached the provider"
-            await ledger.requeue(task, why, fenced=False)
+            await ledger.requeue(task, f"{why}: never reached the provider", fenced=False)
         elif fate.reclaim is not None:
             await ledger.reclaim(task, fate.reclaim, fenced=False)
         elif not await adopt(task):
             # Its provider is not served here: the job it holds there is
             # out of reach, and no other provider may poll it.
-            why = f"recovered ({what}): its lane api:{task.account} is gone"
-            await ledger.requeue(task, why, forget_remote=True, fenced=False)
+            gone = f"{why}: its lane api:{task.account} is not served here"
+            await ledger.requeue(task, gone, forget_remote=True, fenced=False)
     log.info(
         "%s: %d resumed polling, %d re-queued, %d web stale, %d expired",
         what,

@@ -471,6 +471,7 @@ class Service:
             expire_after_s=self.clock.scaled(EXPIRE_AFTER_S),
             retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
             what=f"taken over from dead host {host!r}",
+            why=f"recovered from dead host {host!r}",
         )
         for action, n in counts.items():
             self.taken_over[action] = self.taken_over.get(action, 0) + n
