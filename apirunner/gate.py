@@ -92,8 +92,9 @@ class RetryGate:
 
     async def wait(self) -> float:
         """Return once the gate is open; real seconds waited."""
-        start = self._clock.monotonic()
+        # Read first: what it costs is a round trip, not a wait for the provider.
         await self._read_shared()
+        start = self._clock.monotonic()
         # A loop, not one sleep: another task may push the gate further while
         # we slept, and that later instruction binds us too.
         while (remaining := self.remaining_s) > 0:
