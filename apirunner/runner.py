@@ -37,7 +37,7 @@ from apirunner.client import (
     build_http_client,
 )
 from apirunner.comfyui import run_comfyui
-from apirunner.gate import RetryGate
+from apirunner.gate import RetryGate, SharedGates
 from apirunner.polling import Rand
 from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.templates import (
@@ -76,8 +76,10 @@ class ApiRunner:
         *,
         rand: Rand | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        shared_gates: SharedGates | None = None,
     ) -> None:
         self._settings = settings
+        self._shared_gates = shared_gates  # several hosts: Retry-After told to all
         self._transport = transport  # None: the network (tests pass a MockTransport)
         self._profiles = {name: p for name, p in profiles.items() if p.api is not None}
         self._clock = clock
@@ -128,7 +130,7 @@ class ApiRunner:
                 limit = self._settings.provider_concurrency(provider)
             if limit < 1:
                 raise ConfigError(f"concurrency for API provider {provider!r} must be >= 1")
-            gate = RetryGate(self._clock)
+            gate = RetryGate(self._clock, self._shared_gates, provider)
             http = build_http_client(
                 limit,
                 self._settings.http_timeout_s,

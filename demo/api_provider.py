@@ -83,6 +83,9 @@ class Stats:
     hangups: int = 0  # chat clients that left before their answer
     faults: int = 0
     max_concurrent: int = 0
+    # The most generations a key ever asked for at once, refused ones
+    # included: a client that respects the quota keeps this at or below it.
+    max_demanded: int = 0
     max_concurrent_by_vendor: dict[str, int] = field(default_factory=dict)
     early_log: list[dict[str, float]] = field(default_factory=list)  # the last early ones
     # sha256 of every reference image each job received (demo.api_files)
@@ -158,6 +161,7 @@ class DemoProvider:
         now = time.monotonic()
         running = self.running_jobs(key, vendor, now)
         active = len(running) + self.chats_in_flight[(key, vendor)]
+        self.stats.max_demanded = max(self.stats.max_demanded, active + 1)
         if active >= self.quota:
             # Like real vendors, say when a slot frees up: the earliest end.
             ends = [j.ends for j in running]

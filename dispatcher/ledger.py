@@ -115,9 +115,13 @@ class Ledger:
         results_dir: Path | None = None,
         reference_files: LocalFiles | None = None,
         host: str | None = None,
+        shared: bool = False,
     ) -> None:
         self.store = store
         self.host = host  # recorded on every task this host claims
+        # Several hosts on one database: this host reclaims only its own stale
+        # tasks; a silent host's are recovered as a whole (`HostWatch`).
+        self.shared = shared
         self.clock = clock
         self.events = events
         self.retry_delay_s = retry_delay_s
@@ -261,7 +265,16 @@ class Ledger:
         return await self.store.get_task(task_id)
 
     async def stale_running(self, heartbeat_before: float) -> list[Task]:
-        return await self.store.stale_running(heartbeat_before)
+        """Stale running tasks this host ran (on one host: all of them).
+
+        Another host's task is not ours to reclaim: while that host lives it
+        reclaims its own, and once it is declared dead its tasks are recovered
+        by the dead-host rules, which resume a remote job instead of
+        submitting it again."""
+        stale = await self.store.stale_running(heartbeat_before)
+        if not self.shared:
+            return stale
+        return [t for t in stale if t.host in (self.host, None)]
 
     async def queue_depth(self, task: Task) -> int:
         """Pending tasks of its queue ahead of this one."""
@@ -294,6 +307,7 @@ class Ledger:
         *,
         why: str = "",
         unless_cancel_requested: bool = False,
+        fenced: bool = True,
     ) -> Task | None:
         states.check_transition(task.state, new_state)
         changes = _redacted(changes)
@@ -305,7 +319,7 @@ class Ledger:
             changes={**changes, "state": new_state},
             unless_cancel_requested=unless_cancel_requested,
             ended=self._ended(task, new_state, changes, why),
-            fence=_fence(task),
+            fence=_fence(task) if fenced else None,
         )
         if updated is None:
             if not unless_cancel_requested:
@@ -337,6 +351,28 @@ class Ledger:
         )
 
     def _rejected(self, task: Task, new_state: State, current: Task | None, why: str) -> None:
+        if (
+            current is not None
+            and current.state is task.state
+            and current.attempt == task.attempt
+            and _fence(task) is not None
+        ):
+            # The row has not moved: the account's lease has (another host
+            # holds it now, with a newer token).
+            log.warning(
+                "%s task %s attempt %d: write %s->%s dropped: account %r lease token %s "
+                "is no longer held by this host%s",
+                lane_prefix(task),
+                task.id,
+                task.attempt,
+                task.state.value,
+                new_state.value,
+                task.account,
+                task.lease_token,
+                f": {why}" if why else "",
+                extra=log_fields(task, attempt=task.attempt),
+            )
+            return
         log.warning(
             "%s task %s attempt %d: late write %s->%s rejected (now %s attempt %s)%s",
             lane_prefix(task),
@@ -412,6 +448,16 @@ class Ledger:
         if updated is None:
             raise StateConflict(f"task {task.id} moved on before its remote id was stored")
         return updated
+
+    async def adopt(self, task: Task) -> Task | None:
+        """This host takes over a running task (its own from a previous run, or
+        a dead host's): a fresh heartbeat, and the task is this host's now."""
+        return await self._write(
+            task,
+            State.RUNNING,
+            {"heartbeat_at": self.clock.now(), "stage": task.stage, "host": self.host},
+            fenced=False,
+        )
 
     async def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
         return await self._write(
@@ -515,7 +561,9 @@ class Ledger:
             changes["stage_durations"] = dict(stage_durations)
         return await self._write(task, State.CANCELED, changes)
 
-    async def requeue(self, task: Task, why: str, *, forget_remote: bool = False) -> Task | None:
+    async def requeue(
+        self, task: Task, why: str, *, forget_remote: bool = False, fenced: bool = True
+    ) -> Task | None:
         """Back to pending on the same attempt: it never got far enough to count.
 
         `forget_remote`: its remote job lives on a provider that no longer
@@ -525,7 +573,7 @@ class Ledger:
         changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "account": None}
         if forget_remote:
             changes["remote_id"] = None
-        return await self._write(task, State.PENDING, changes, why=why)
+        return await self._write(task, State.PENDING, changes, why=why, fenced=fenced)
 
     async def hold_unloaded(self, task: Task, delay_s: float) -> Task | None:
         """Back to pending, same attempt, for a while: its model is not loaded now."""
@@ -541,7 +589,7 @@ class Ledger:
             why=f"model {task.model!r} is not loaded",
         )
 
-    async def expire(self, task: Task) -> Task | None:
+    async def expire(self, task: Task, *, fenced: bool = True) -> Task | None:
         return await self._write(
             task,
             State.FAILED,
@@ -552,13 +600,16 @@ class Ledger:
                 "finished_at": self.clock.now(),
             },
             why="expired",
+            fenced=fenced,
         )
 
-    async def reclaim(self, task: Task, plan: Reclaim) -> Task | None:
+    async def reclaim(self, task: Task, plan: Reclaim, *, fenced: bool = True) -> Task | None:
         self.stale_reclaims += 1
         changes: dict[str, Any] = {"error": TaskError(kind="stale", message=plan.reason)}
         changes.update(self._after_attempt(plan.next_state, plan.next_attempt, plan.not_before))
-        return await self._write(task, plan.next_state, changes, why=f"stale: {plan.reason}")
+        return await self._write(
+            task, plan.next_state, changes, why=f"stale: {plan.reason}", fenced=fenced
+        )
 
     # -- operator actions ------------------------------------------------------
     async def request_cancel(self, task_id: str) -> Task:
@@ -570,7 +621,10 @@ class Ledger:
                 task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True}
             )
         else:
-            updated = await self._write(task, State.RUNNING, {"cancel_requested": True})
+            # An operator's request, from any host: not a write of the run.
+            updated = await self._write(
+                task, State.RUNNING, {"cancel_requested": True}, fenced=False
+            )
             if updated is not None:
                 self.events.publish(TaskChanged(updated))
         if updated is None:

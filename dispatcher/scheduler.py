@@ -43,8 +43,13 @@ from dispatcher.ledger import Ledger, lane_prefix, log_fields
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption, RunContext, Runner, RunResult
+from dispatcher.store.hosts import Fence, Quota
 
 log = logging.getLogger("dispatcher.scheduler")
+
+# A lane and its concurrency -> the lease a claim proves and the global quota
+# it respects (`hostwatch.claim_guard`).
+ClaimGuard = Callable[[LaneSpec, int], tuple[Fence | None, Quota | None]]
 
 RECENT_RUNS = 20  # run times per model behind an ETA
 # Failures of one class in a row on one account before it is taken out of
@@ -76,6 +81,7 @@ class Scheduler:
         results_dir: Path,
         failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
+        claim_guard: ClaimGuard | None = None,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -103,6 +109,8 @@ class Scheduler:
         self._streaks: dict[str, Streak] = {}  # owner -> failures of one class in a row
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
         self.effective_concurrency = effective_concurrency
+        # What a claim proves in the store across hosts (a lease, a quota).
+        self.claim_guard = claim_guard
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -224,8 +232,14 @@ class Scheduler:
             enabled=self.accounts.is_open(lane.owner),
             running=len(self._lane_running[lane.name]),
         )
-        for _ in range(free_slots(snapshot)):
-            task = await self.ledger.claim(lane.queues, lane.owner)
+        slots = free_slots(snapshot)
+        fence, quota = (
+            self.claim_guard(lane, snapshot.concurrency)
+            if slots and self.claim_guard is not None
+            else (None, None)
+        )
+        for _ in range(slots):
+            task = await self.ledger.claim(lane.queues, lane.owner, fence=fence, quota=quota)
             if task is None:
                 break
             if task.model not in self.profiles:
@@ -274,13 +288,14 @@ class Scheduler:
         return None
 
     async def adopt(self, task: Task) -> bool:
-        """Resume a task a previous run left running (an API job with a remote id)."""
+        """Resume a task a previous run (or a dead host) left running: an API job
+        with a remote id, polled here from now on."""
         lane = self.lane_for(task)
         if lane is None:
             return False
         # Its last heartbeat is as old as our downtime; without a fresh one the
         # first round would reclaim the very task we are resuming.
-        refreshed = await self.ledger.heartbeat(task, task.stage)
+        refreshed = await self.ledger.adopt(task)
         if refreshed is None:
             return False
         self._start(refreshed, lane)

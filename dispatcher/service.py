@@ -31,6 +31,7 @@ from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
+from dispatcher.hostwatch import HostWatch
 from dispatcher.http.app import create_app
 from dispatcher.http.security import Credentials
 from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
@@ -46,7 +47,7 @@ from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
-from dispatcher.store import Store, open_store
+from dispatcher.store import Store, dialect_of, open_store
 from dispatcher.webhooks import Webhooks
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class Service:
         # What stop undoes: set once start has finished, emptied by stop.
         self._parts: contextlib.AsyncExitStack | None = None
         self.recovery_summary: dict[str, int] = {}
+        self.taken_over: dict[str, int] = {}  # dead hosts' tasks recovered here, by action
         self.lag_probe = LoopLagProbe()
         self.profile_problems: list[ProfileProblem] = []
         self._reloading = asyncio.Lock()
@@ -188,7 +190,11 @@ class Service:
             from apirunner.runner import ApiRunner
 
             self.runners[Kind.API] = ApiRunner(
-                self.settings, self.profiles, self.clock, concurrency
+                self.settings,
+                self.profiles,
+                self.clock,
+                concurrency,
+                shared_gates=self.store if self.hosts.shared else None,
             )
         if Kind.WEB in kinds:
             from webrunner.runner import WebRunner
@@ -290,7 +296,25 @@ class Service:
             ttl_s=settings.cache_ttl_s,
         )
         self.cache.startup()
+        self.hosts = HostWatch(
+            self.store,
+            self.clock,
+            settings.host_id,
+            shared=dialect_of(settings.resolved_database_url) == "postgresql",
+            on_dead=self._take_over,
+            on_lost=self._on_lease_lost,
+        )
+        await self.hosts.register()
+        # Beating from here on: a start that takes longer than the stale bound
+        # (browsers, logins) must not get this host declared dead, nor let its
+        # leases lapse. Released last at stop, once the runs have stopped.
+        self.hosts.start()
+        stack.push_async_callback(self.hosts.aclose)
         lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+        # Runners for every kind configured: a web account refused now (another
+        # host holds it) may be taken on by a reload once that host lets it go.
+        kinds = {lane.kind for lane in lanes.values()}
+        lanes = await self._bound(lanes)
         self.accounts = await AccountBook.load(self.store, self.clock, self.events)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         await self._check_api_keys()
@@ -306,12 +330,13 @@ class Service:
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
             host=settings.host_id,
+            shared=self.hosts.shared,
         )
         self.ledger.invalid_models = found.invalid_models()
         concurrency = {
             lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
-        self._make_runners({lane.kind for lane in lanes.values()}, concurrency)
+        self._make_runners(kinds, concurrency)
         for runner in self.runners.values():
             # Pushed before start: a runner's aclose undoes a start that failed halfway.
             stack.push_async_callback(_close_runner, runner)
@@ -334,6 +359,7 @@ class Service:
             results_dir=self.state_dir / "results",
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
+            claim_guard=self.hosts.guard,
         )
         self.roster = Roster(
             store=self.store,
@@ -370,6 +396,7 @@ class Service:
         _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
         self.scheduler.start()
+        self.hosts.take_over_dead = True
         stack.push_async_callback(self.scheduler.shutdown)
         # Last in, first out: a draining account waits on the scheduler's
         # lanes, so it is given up before the scheduler stops them.
@@ -392,13 +419,71 @@ class Service:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
         lanes = build_lanes(self.profiles, self.settings)
         lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+        lanes = await self._bound(lanes)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
 
+    async def _bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
+        """The lanes this host may open: each web account leased to it (one
+        refused before is asked again, so a reload picks up an account whose
+        owner has gone)."""
+        await self.hosts.bind(lane.owner for lane in lanes.values() if lane.kind is Kind.WEB)
+        return self.hosts.bound(lanes)
+
+    async def _on_lease_lost(self, account: str) -> None:
+        if self.phase is Phase.STARTED:
+            await self._relane()
+
+    def refused_lanes(self) -> list[JSON]:
+        """A lane per web account another host holds, for the lanes list."""
+        return [
+            {
+                "name": f"web:{account}",
+                "kind": Kind.WEB.value,
+                "owner": account,
+                "account": account,
+                "models": [],
+                "concurrency": 0,
+                "enabled": False,
+                "needs_attention": False,
+                "reason": refusal.message,
+                "invalid": refusal.message,
+                "refused": refusal.owner,
+                "queued": 0,
+                "running": [],
+            }
+            for account, refusal in sorted(self.hosts.refused.items())
+        ]
+
+    async def _take_over(self, host: str) -> None:
+        """A dead host's running tasks, recovered here by the start-up rules.
+
+        All of them, its models loaded here or not: a web task goes back to
+        the queue, for a host with an account of its model, and this is the
+        one host that won `mark_host_dead`: nobody else will look again."""
+        orphans = await self.store.tasks_in_state(State.RUNNING, host=host)
+        counts = await recover(
+            orphans,
+            ledger=self.ledger,
+            models={task.model for task in orphans},
+            adopt=self.scheduler.adopt,
+            now=self.clock.now(),
+            expire_after_s=self.clock.scaled(EXPIRE_AFTER_S),
+            retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
+            what=f"taken over from dead host {host!r}",
+            why=f"recovered from dead host {host!r}",
+        )
+        for action, n in counts.items():
+            self.taken_over[action] = self.taken_over.get(action, 0) + n
+
     async def _reconcile(self) -> None:
-        """Decide the fate of everything a previous run left running; log one line."""
+        """Decide the fate of everything a previous run left running; log one line.
+
+        On a shared database only this host's own tasks: the others' belong to
+        live hosts, or to dead ones whose tasks `_take_over` recovers."""
+        own = self.settings.host_id if self.hosts.shared else None
         self.recovery_summary = await recover(
-            await self.store.tasks_in_state(State.RUNNING),
+            await self.store.tasks_in_state(State.RUNNING, host=own),
             ledger=self.ledger,
             models=self.profiles.keys(),
             adopt=self.scheduler.adopt,

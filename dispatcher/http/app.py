@@ -287,7 +287,11 @@ class Api:
 
     # -- lanes and accounts ------------------------------------------------------
     async def lanes(self, request: Request) -> Response:
-        return JSONResponse(await self.service.scheduler.lanes_view() + self._invalid_lanes())
+        return JSONResponse(
+            await self.service.scheduler.lanes_view()
+            + self.service.refused_lanes()
+            + self._invalid_lanes()
+        )
 
     def _invalid_lanes(self) -> list[JSON]:
         """One entry per invalid profile file, so lists show it beside the lanes."""

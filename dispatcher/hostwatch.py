@@ -1,0 +1,192 @@
+"""This host among the hosts sharing one PostgreSQL database.
+
+At start the host registers itself and binds its web accounts with leases
+(`Store.acquire_lease`); a heartbeat loop then keeps the host alive in the
+registry, renews the leases and declares dead any host silent past the stale
+bound, whose running tasks this host then recovers (`Service._take_over`).
+
+What to do is decided by pure functions (`dead_hosts`, `claim_guard`); this
+class only carries the answers to the store. On SQLite one host owns the
+file: the host registers, and nothing else here runs (no leases, no quota in
+the claim, no dead hosts), so a single host pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dispatcher.clock import Clock
+from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
+from dispatcher.errors import StoreError
+from dispatcher.lanes import LaneSpec
+from dispatcher.models import Kind
+from dispatcher.store import Store
+from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
+
+log = logging.getLogger("dispatcher.hosts")
+
+
+@dataclass(frozen=True)
+class DeadHost:
+    host: str
+    silent_s: float
+
+
+def dead_hosts(
+    hosts: Sequence[Host], *, me: str, now: float, stale_after_s: float
+) -> list[DeadHost]:
+    """Live hosts other than this one silent for longer than the stale bound."""
+    return [
+        DeadHost(h.id, now - h.heartbeat_at)
+        for h in hosts
+        if h.alive and h.id != me and now - h.heartbeat_at > stale_after_s
+    ]
+
+
+def claim_guard(
+    lane: LaneSpec, limit: int, leases: Mapping[str, Lease], *, shared: bool
+) -> tuple[Fence | None, Quota | None]:
+    """What a claim of this lane must prove in the store: the web account's
+    lease (its fencing token), or the provider's quota over all hosts."""
+    if not shared:
+        return None, None
+    if lane.kind is Kind.WEB:
+        lease = leases.get(lane.owner)
+        # No lease (lost): a token no lease has, so the claim takes nothing.
+        return Fence(lane.owner, lease.token if lease is not None else 0), None
+    return None, Quota(lane.owner, limit)
+
+
+class HostWatch:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        host: str,
+        *,
+        shared: bool,
+        on_dead: Callable[[str], Awaitable[None]],
+        on_lost: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.host = host
+        self.shared = shared
+        self._on_dead = on_dead
+        self._on_lost = on_lost
+        self.leases: dict[str, Lease] = {}
+        self.refused: dict[str, LeaseRefused] = {}
+        self._loop: asyncio.Task[None] | None = None
+        # Set once the scheduler runs: a dead host's tasks need it to resume.
+        self.take_over_dead = False
+        self.beats = 0
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.clock.scaled(HEARTBEAT_INTERVAL_S)
+
+    @property
+    def stale_s(self) -> float:
+        return self.clock.scaled(STALE_AFTER_S)
+
+    async def register(self, url: str | None = None) -> None:
+        await self.store.register_host(self.host, self.clock.now(), url)
+
+    # -- web accounts ------------------------------------------------------------
+    async def bind(self, accounts: Iterable[str]) -> None:
+        """Take a lease on each account not bound yet; a refusal is logged and kept."""
+        if not self.shared:
+            return
+        for account in sorted(set(accounts) - set(self.leases)):
+            got = await self.store.acquire_lease(account, self.host, self.clock.now(), self.stale_s)
+            if isinstance(got, LeaseRefused):
+                if account not in self.refused:
+                    log.error("%s; its lane is not opened on host %r", got.message, self.host)
+                self.refused[account] = got
+            else:
+                if self.refused.pop(account, None) is not None:
+                    log.info("web account %r is now served by host %r", account, self.host)
+                self.leases[account] = got
+
+    def bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
+        """The lanes this host may open: not those of a web account it was refused."""
+        return {
+            name: lane
+            for name, lane in lanes.items()
+            if not (lane.kind is Kind.WEB and lane.owner in self.refused)
+        }
+
+    def guard(self, lane: LaneSpec, limit: int) -> tuple[Fence | None, Quota | None]:
+        return claim_guard(lane, limit, self.leases, shared=self.shared)
+
+    # -- the heartbeat -------------------------------------------------------------
+    def start(self) -> None:
+        if self.shared:
+            self._loop = asyncio.create_task(self._run(), name="host-heartbeat")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self.beat()
+            except StoreError as exc:
+                # The database is away: our leases lapse after the stale bound
+                # unless a later beat renews them in time.
+                log.error("host heartbeat failed: %s", exc)
+
+    async def beat(self) -> None:
+        """One heartbeat: alive, leases renewed, dead hosts found and recovered."""
+        now = self.clock.now()
+        self.beats += 1
+        if not await self.store.host_heartbeat(self.host, now):
+            log.warning(
+                "host %r was declared dead by another host (silent past %.1f s); "
+                "its running tasks were recovered there; registering again",
+                self.host,
+                self.stale_s,
+            )
+            await self.register()
+        for account, lease in list(self.leases.items()):
+            renewed = await self.store.renew_lease(lease, now, self.stale_s)
+            if renewed is not None:
+                self.leases[account] = renewed
+                continue
+            del self.leases[account]
+            owner = next((x for x in await self.store.list_leases() if x.account == account), None)
+            who = owner.host if owner is not None else "nobody"
+            self.refused[account] = LeaseRefused(account, who, owner.expires_at if owner else 0.0)
+            log.error(
+                "web account %r: lease token %d lost (now held by %s); its lane is closed "
+                "here and its running task's writes are dropped",
+                account,
+                lease.token,
+                who,
+            )
+            await self._on_lost(account)
+        if not self.take_over_dead:
+            return
+        hosts = await self.store.list_hosts()
+        for dead in dead_hosts(hosts, me=self.host, now=now, stale_after_s=self.stale_s):
+            if await self.store.mark_host_dead(dead.host, now - self.stale_s, now):
+                log.warning(
+                    "host %r is dead (no heartbeat for %.1f s); recovering its running tasks",
+                    dead.host,
+                    dead.silent_s,
+                )
+                await self._on_dead(dead.host)
+
+    async def aclose(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
+        for lease in list(self.leases.values()):
+            # Released at a clean stop: the account may move at once.
+            with contextlib.suppress(StoreError):
+                await self.store.release_lease(lease)
+        self.leases.clear()

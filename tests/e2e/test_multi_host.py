@@ -1,0 +1,215 @@
+"""Three real services on one fresh PostgreSQL database; one is killed with -9 mid-batch.
+
+Each `python -m dispatcher` has its own state dir and host id; the demo
+vendor and the demo web model run in processes of their own, so they see
+every host's requests and keep the honest count: no job submitted twice,
+never more generations at once than the key's quota, never two generations
+in one web session. The web accounts are split between hosts A and B; host C
+serves the API provider only. Host A dies with tasks in flight: the others
+declare it dead after the stale bound and finish its work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from demo.web_model import demo_login
+from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
+from dispatcher.settings import find_browser
+from tests.helpers import REPO
+from tests.pgdb import fresh_database
+from tests.procs import Proc, demo_stats, service_client, start_service, stop_proc
+from webrunner.runner import user_data_dir_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(170)]
+
+TIME_SCALE = 0.05
+QUOTA = 3
+API_TASKS = 130
+WEB_TASKS = 20
+WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
+STALE_S = STALE_AFTER_S * TIME_SCALE
+HEARTBEAT_S = HEARTBEAT_INTERVAL_S * TIME_SCALE
+
+
+def _demo(kind: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "demo", kind, "--time-scale", str(TIME_SCALE)]
+        + (["--quota", str(QUOTA)] if kind == "api" else []),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    return proc, url
+
+
+def _profiles(where: Path, accounts: tuple[str, ...]) -> Path:
+    where.mkdir(parents=True)
+    shutil.copy(REPO / "profiles" / "demo-video.toml", where)
+    if accounts:
+        text = (REPO / "profiles" / "demo-chat.toml").read_text()
+        listed = ", ".join(f'"{a}"' for a in accounts)
+        (where / "demo-chat.toml").write_text(
+            text.replace('accounts = ["demo-1", "demo-2"]', f"accounts = [{listed}]")
+        )
+    return where
+
+
+async def _log_in(state_dirs: dict[str, Path], web_url: str, browser: str) -> None:
+    await asyncio.gather(
+        *(
+            demo_login(browser, user_data_dir_for(state_dirs[h], a), f"{web_url}/chat", username=a)
+            for h, accounts in WEB_ACCOUNTS.items()
+            for a in accounts
+        )
+    )
+
+
+def _rows(url: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _batch() -> list[dict[str, Any]]:
+    rng = random.Random(12)
+    api = [
+        {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": rng.uniform(6, 14)}}
+        for i in range(API_TASKS)
+    ]
+    web = [
+        {"model": "demo-chat", "params": {"prompt": f"answer {i} [duration=10]"}}
+        for i in range(WEB_TASKS)
+    ]
+    tasks = api + web
+    rng.shuffle(tasks)
+    return tasks
+
+
+def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
+    browser = find_browser()
+    assert browser is not None, "no Chromium on this machine"
+    vendor, vendor_url = _demo("api")
+    web, web_url = _demo("web")
+    hosts: dict[str, Proc] = {}
+    try:
+        with fresh_database() as db:
+            state_dirs = {h: tmp_path / f"state-{h}" for h in "abc"}
+            asyncio.run(_log_in(state_dirs, web_url, browser))
+            key = "e2e-" + os.urandom(6).hex()  # one key: the vendor's quota spans hosts
+            for h in "abc":
+                env = {
+                    "DISPATCHER_DATABASE_URL": db,
+                    "DISPATCHER_HOST_ID": f"host-{h}",
+                    "DISPATCHER_TIME_SCALE": str(TIME_SCALE),
+                    "DISPATCHER_PROFILES_DIR": str(
+                        _profiles(tmp_path / f"profiles-{h}", WEB_ACCOUNTS.get(h, ()))
+                    ),
+                    "DISPATCHER_BROWSER_KEEP_ALIVE_S": "30",
+                    "DEMO_API_URL": vendor_url,
+                    "DEMO_WEB_URL": web_url,
+                    "DEMO_API_KEY": key,
+                }
+                hosts[h] = start_service(state_dirs[h], env, tmp_path / f"host-{h}.log")
+            started = time.monotonic()
+            with service_client(state_dirs["b"]) as client:
+                job = client.post("/v1/jobs", json={"name": "three hosts", "tasks": _batch()})
+                assert job.status_code == 201, job.text
+                job_id = job.json()["id"]
+
+            # Kill host A while it runs a web task and polls a remote job.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                web_running, api_polling, done = _rows(
+                    db,
+                    "SELECT "
+                    "COUNT(*) FILTER (WHERE host = 'host-a' AND state = 'running' "
+                    "AND model = 'demo-chat'), "
+                    "COUNT(*) FILTER (WHERE host = 'host-a' AND state = 'running' "
+                    "AND remote_id IS NOT NULL), "
+                    "COUNT(*) FILTER (WHERE state = 'success') FROM tasks",
+                )[0]
+                if web_running and api_polling and done >= 15:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("host A never ran a web task and an API job at once")
+            hosts["a"].kill9()
+            killed_at = time.time()
+            orphans = _rows(db, "SELECT id FROM tasks WHERE host = 'host-a' AND state = 'running'")
+            assert orphans
+
+            # The others declare it dead and take its running tasks over.
+            recovered_after_s = None
+            while time.time() - killed_at < 60:
+                left = _rows(
+                    db,
+                    "SELECT COUNT(*) FROM tasks WHERE host = 'host-a' AND state = 'running'",
+                )[0][0]
+                if left == 0:
+                    recovered_after_s = time.time() - killed_at
+                    break
+                time.sleep(0.05)
+            assert recovered_after_s is not None, "host A's tasks were never recovered"
+            (dead_at,) = _rows(db, "SELECT dead_at FROM hosts WHERE id = 'host-a'")[0]
+            assert dead_at is not None
+
+            with service_client(state_dirs["c"]) as client:
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    final = client.get(f"/v1/jobs/{job_id}").json()
+                    if final["state"] != "running":
+                        break
+                    time.sleep(0.2)
+            elapsed_s = time.monotonic() - started
+            by_host = dict(
+                _rows(db, "SELECT host, COUNT(*) FROM tasks WHERE state = 'success' GROUP BY host")
+            )
+            attempts = _rows(db, "SELECT COUNT(*) FROM attempts")[0][0]
+            for h in "bc":
+                assert hosts[h].terminate() == 0, hosts[h].log()[-3000:]
+            logs = {h: hosts[h].log() for h in "abc"}
+    finally:
+        for proc in hosts.values():
+            stop_proc(proc.popen)
+        api_stats = demo_stats(vendor_url)
+        web_stats = demo_stats(web_url)
+        stop_proc(vendor)
+        stop_proc(web)
+
+    assert final["total"] == API_TASKS + WEB_TASKS
+    assert final["counts"].get("success") == API_TASKS + WEB_TASKS, final["counts"]
+    # Every API task made exactly one remote job: resumed by polling, never resubmitted.
+    assert api_stats["duplicate_submits"] == 0, api_stats
+    assert api_stats["jobs_created"] == API_TASKS, api_stats
+    # Three hosts of quota 3 each, one quota at the vendor: never asked for more.
+    assert api_stats["max_demanded"] <= QUOTA, api_stats
+    assert api_stats["rate_limited"] == 0, api_stats
+    assert web_stats["collisions"] == 0, web_stats
+    # Declared dead once silent past the stale bound, seen at the next heartbeat.
+    assert recovered_after_s <= STALE_S + 3 * HEARTBEAT_S, recovered_after_s
+    assert "host 'host-a' is dead" in logs["b"] + logs["c"]
+    assert set(by_host) == {"host-a", "host-b", "host-c"}, by_host
+    assert all(n > 0 for n in by_host.values()), by_host
+    print(
+        f"\nseveral hosts: {API_TASKS + WEB_TASKS} tasks on 3 hosts in {elapsed_s:.1f} s; "
+        f"host A killed, its {len(orphans)} running tasks recovered {recovered_after_s:.1f} s "
+        f"later (stale bound {STALE_S:.1f} s, heartbeat {HEARTBEAT_S:.2f} s); "
+        f"duplicates {api_stats['duplicate_submits']}, max demanded "
+        f"{api_stats['max_demanded']} of {QUOTA}, collisions {web_stats['collisions']}; "
+        f"successes by host {by_host}; attempts {attempts}"
+    )
