@@ -499,9 +499,15 @@ class Scheduler:
             if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
                 # Otherwise no sign of life since the last write: let staleness speak.
                 written_beat = running.ctx.last_beat_monotonic
-                updated = await self.ledger.heartbeat(running.task, running.live.stage)
-                if updated is not None:
-                    running.task = updated
+                seen = await self.ledger.heartbeat(running.task, running.live.stage)
+                if seen is not None:
+                    running.task = seen
+            else:
+                seen = await self.ledger.current(running.task.id)
+            if seen is not None and seen.cancel_requested:
+                # The fallback for a cancel whose notice was lost (asked on
+                # another host while our listener was reconnecting).
+                running.ctx.interrupt(Interruption.CANCELED)
             await asyncio.sleep(self.heartbeat_s)
 
     # -- what the scheduler hears ---------------------------------------------------

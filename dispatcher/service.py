@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
+from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus, ProfilesReloaded
@@ -46,7 +47,7 @@ from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
-from dispatcher.store import Store, open_store
+from dispatcher.store import Store, dialect_of, open_store
 from dispatcher.webhooks import Webhooks
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ class Service:
         self.lag_probe = LoopLagProbe()
         self.profile_problems: list[ProfileProblem] = []
         self._reloading = asyncio.Lock()
+        self.remote: RemoteTasks | None = None  # other hosts' writes (PostgreSQL only)
 
     @property
     def state_dir(self) -> Path:
@@ -369,6 +371,13 @@ class Service:
         stack.callback(self.events.close)
         _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
+        if dialect_of(settings.resolved_database_url) == "postgresql":
+            # Other hosts' task writes reach this host's bus (wake-ups, cancels, SSE).
+            self.remote = RemoteTasks(
+                settings.resolved_database_url, settings.host_id, self.store, self.events
+            )
+            await self.remote.start()
+            stack.push_async_callback(self.remote.aclose)
         self.scheduler.start()
         stack.push_async_callback(self.scheduler.shutdown)
         # Last in, first out: a draining account waits on the scheduler's

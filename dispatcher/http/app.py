@@ -148,6 +148,7 @@ class Api:
         self, task: Task, *, deduped: bool = False, with_attempts: bool = False
     ) -> JSON:
         answer = task.to_json()
+        answer["host"] = task.host
         answer["deduped"] = deduped
         answer.update(await self.service.scheduler.progress(task))
         if task.state is State.PENDING:

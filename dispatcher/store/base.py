@@ -39,6 +39,9 @@ class Store(Protocol):
 
     async def get_task(self, task_id: str) -> Task | None: ...
 
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task]:
+        """The tasks of these ids that exist, oldest first (one read for many)."""
+
     async def update_task(
         self,
         task_id: str,

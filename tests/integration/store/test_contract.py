@@ -82,6 +82,8 @@ async def test_tasks_and_jobs_round_trip_and_list(store: Store) -> None:
     assert [t.seq for t in stored] == sorted(t.seq for t in stored) and single.seq > stored[1].seq
     assert await store.get_task("t-a") == stored[0]
     assert await store.get_task("nope") is None
+    assert [t.id for t in await store.get_tasks(["t-c", "nope", "t-a"])] == ["t-a", "t-c"]
+    assert await store.get_tasks([]) == []
     got_job = await store.get_job("job-1")
     assert got_job is not None and (got_job.name, got_job.created_at) == ("a batch", 5.0)
     assert await store.list_jobs() == [got_job]
