@@ -128,6 +128,7 @@ class Ledger:
             cache=cache,
             results_dir=results_dir,
             reference_files=reference_files,
+            host=host,
         )
         self.dedup_hits = 0
         self.retries = 0

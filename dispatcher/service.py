@@ -275,8 +275,8 @@ class Service:
                 if auth_env:
                     redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
-        for name in ("results", "cache"):
-            _make_private_dir(self.state_dir / name, f"{name} dir")
+        _make_private_dir(settings.results_dir, "results dir")
+        _make_private_dir(self.state_dir / "cache", "cache dir")
         if not settings.input_dirs:
             _make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = _sqlite_files(settings.resolved_database_url)
@@ -303,7 +303,7 @@ class Service:
             self.events,
             retry_delay_s=settings.retry_delay_s,
             cache=self.cache,
-            results_dir=self.state_dir / "results",
+            results_dir=settings.results_dir,
             reference_files=LocalFiles.under(
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
@@ -333,7 +333,7 @@ class Service:
             runners=self.runners,
             accounts=self.accounts,
             profiles=self.profiles,
-            results_dir=self.state_dir / "results",
+            results_dir=settings.results_dir,
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
         )

@@ -35,7 +35,7 @@ PROMPT_S = 1.0
 
 @asynccontextmanager
 async def two_hosts(
-    tmp_path: Path, a_profiles: tuple[str, ...], b_profiles: tuple[str, ...]
+    tmp_path: Path, a_profiles: tuple[str, ...], b_profiles: tuple[str, ...], **overrides: Any
 ) -> AsyncIterator[tuple[Harness, Harness, str]]:
     with fresh_database() as url:
         async with AsyncExitStack() as stack:
@@ -50,6 +50,7 @@ async def two_hosts(
                             time_scale=SCALE,
                             database_url=url,
                             host_id=name,
+                            **overrides,
                         )
                     )
                 )
@@ -156,3 +157,29 @@ async def test_a_task_submitted_on_one_host_wakes_an_idle_host_and_streams_every
         seen = states[other["id"]]
         # Each state once, in order (one may have passed before A read the row).
         assert seen == [s for s in ("pending", "running", "success") if s in seen], seen
+
+        # A text answer lives in the database: any host serves it. A file is on
+        # B's disk: A says where it is, B serves it.
+        text = await a.http.get(f"/v1/tasks/{task['id']}/result")
+        assert text.status_code == 200 and text.json()["text"], text.text
+        elsewhere = await a.http.get(f"/v1/tasks/{other['id']}/result")
+        assert elsewhere.status_code == 409, elsewhere.text
+        error = elsewhere.json()["error"]
+        assert error["kind"] == "on_another_host" and error["host"] == "host-b"
+        assert "host 'host-b'" in error["message"]
+        assert (await b.http.get(f"/v1/tasks/{other['id']}/result")).status_code == 200
+
+
+async def test_with_a_shared_results_dir_any_host_serves_any_result(tmp_path: Path) -> None:
+    shared = tmp_path / "shared-results"
+    async with two_hosts(
+        tmp_path, ("demo-chat-api",), ("demo-video",), shared_results_dir=shared
+    ) as (a, b, _):
+        made = await b.submit("demo-video", "a pan kept for everyone", gen_s=1)
+        done = await b.wait_task(made["id"], timeout_s=20)
+        assert done["state"] == "success" and done["host"] == "host-b"
+        (file,) = done["result"]["files"]
+        assert Path(file["path"]).is_relative_to(shared)
+        served = await a.http.get(f"/v1/tasks/{made['id']}/result")
+        assert served.status_code == 200
+        assert served.content == Path(file["path"]).read_bytes()
