@@ -268,6 +268,10 @@ class Ledger:
         """Pending tasks of its queue ahead of this one."""
         return await self.store.count_ahead(task.queue, task.seq)
 
+    async def running_owners(self, task: Task) -> int:
+        """Lane owners running tasks of its queue now, on every host."""
+        return await self.store.running_owners(task.queue)
+
     async def queued_counts(self) -> dict[str, int]:
         return await self.store.queued_counts()
 

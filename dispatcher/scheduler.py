@@ -76,6 +76,7 @@ class Scheduler:
         results_dir: Path,
         failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
+        shared_queues: bool = False,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -103,6 +104,9 @@ class Scheduler:
         self._streaks: dict[str, Streak] = {}  # owner -> failures of one class in a row
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
         self.effective_concurrency = effective_concurrency
+        # Other hosts serve the same queues (PostgreSQL): an ETA counts their
+        # lanes busy on a queue too, as the database shows them.
+        self.shared_queues = shared_queues
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -542,6 +546,10 @@ class Scheduler:
                 for lane in self.lanes.values()
                 if task.queue in lane.queues and self.accounts.is_open(lane.owner)
             )
+            if self.shared_queues:
+                # A provider's quota is global (its lanes here already count
+                # it); web accounts of other hosts add their own slot each.
+                concurrency = max(concurrency, await self.ledger.running_owners(task))
             info["ahead"] = ahead
             info["eta_s"] = eta_s(
                 ahead=ahead, concurrency=concurrency, recent_durations_s=durations

@@ -336,6 +336,7 @@ class Service:
             results_dir=settings.results_dir,
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
+            shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
         )
         self.roster = Roster(
             store=self.store,

@@ -356,6 +356,14 @@ class PostgresStore(PostgresHostOps):
         )
         return int(rows[0]["n"])
 
+    async def running_owners(self, lane_group: str) -> int:
+        rows = await self._query(
+            "SELECT COUNT(DISTINCT account) AS n FROM tasks "
+            "WHERE state = 'running' AND lane_group = ?",
+            (lane_group,),
+        )
+        return int(rows[0]["n"])
+
     async def queued_counts(self) -> dict[str, int]:
         rows = await self._query(
             "SELECT lane_group, COUNT(*) AS n FROM tasks WHERE state = 'pending' "

@@ -321,6 +321,13 @@ class SqliteStore(SqliteHostOps):
     async def count_ahead(self, lane_group: str, seq: int) -> int:
         return self._pending.ahead(lane_group, seq)
 
+    async def running_owners(self, lane_group: str) -> int:
+        rows = self._query(
+            "SELECT COUNT(DISTINCT account) FROM tasks WHERE state = 'running' AND lane_group = ?",
+            (lane_group,),
+        )
+        return int(rows[0][0])
+
     async def queued_counts(self) -> dict[str, int]:
         return self._pending.counts()
 
