@@ -18,6 +18,15 @@ logged and skipped: a cache problem must never fail a task that succeeded.
 
 Paths inside stored results are rebuilt from `directory` on every read, so a
 state dir that moved keeps its cache.
+
+Several hosts on one PostgreSQL database: each host's cache is its own
+directory, and its index sees only the entries whose files that host holds
+(`store.cacheindex`). Another host's entry is a **miss** here, by choice:
+fetching its files through that host would need hosts to reach each other,
+and running the task again costs one generation, after which this host has
+its own copy. So start-up reconciliation and eviction only ever drop this
+host's own entries. (A shared results dir does not change this: the cache
+lives in each host's state dir.)
 """
 
 from __future__ import annotations

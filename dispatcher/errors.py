@@ -6,6 +6,7 @@
     │   ├── NotFound         no such task, job or account (HTTP 404)
     │   └── AmbiguousId      an id prefix names several tasks or jobs (HTTP 409)
     ├── StateConflict        the state guard refused a transition (HTTP 409)
+    │   └── OnAnotherHost    a task's result files are on another host's disk (HTTP 409)
     ├── StoreError           the database failed underneath us
     ├── LockHeld             another dispatcher holds an account or the state dir
     ├── ServiceError         the local service is unreachable or answered badly (CLI)
@@ -54,6 +55,14 @@ class AmbiguousId(InputError):
 
 class StateConflict(DispatcherError):
     """The state guard refused a transition (e.g. retrying a task that succeeded)."""
+
+
+class OnAnotherHost(StateConflict):
+    """The files asked for are on another host sharing the database; names it."""
+
+    def __init__(self, message: str, host: str) -> None:
+        super().__init__(message)
+        self.host = host
 
 
 class StoreError(DispatcherError):

@@ -24,6 +24,11 @@ class TaskChanged:
     # The ledger's fresh copy of the row; nothing changes a `Task` in place, so
     # serialising it when a subscriber reads the event shows the row as written.
     task: Task
+    # The other host whose write this was (heard through the database; see
+    # `dispatcher.crosshost`); None for this host's own. Counters and
+    # webhooks count only their own host's writes, so that several hosts
+    # never count or announce one change twice.
+    origin: str | None = None
 
     def to_json(self) -> JSON:
         return {"type": "task", "task": self.task.to_json()}

@@ -81,6 +81,7 @@ class Intake:
     cache: ResultStore | None = None
     results_dir: Path | None = None
     reference_files: LocalFiles | None = None
+    host: str | None = None  # this host: a cache answer's files are copied here
     cache_hits: int = 0
     # Models whose profile is broken (or not applied live): why, for a clear refusal.
     invalid_models: dict[str, str] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class Intake:
             state=State.SUCCESS,
             result=cached,
             from_cache=True,
+            host=self.host,
             started_at=now,
             finished_at=now,
         )

@@ -132,6 +132,7 @@ class Ledger:
             cache=cache,
             results_dir=results_dir,
             reference_files=reference_files,
+            host=host,
         )
         self.dedup_hits = 0
         self.retries = 0
@@ -279,6 +280,10 @@ class Ledger:
     async def queue_depth(self, task: Task) -> int:
         """Pending tasks of its queue ahead of this one."""
         return await self.store.count_ahead(task.queue, task.seq)
+
+    async def running_owners(self, task: Task) -> int:
+        """Lane owners running tasks of its queue now, on every host."""
+        return await self.store.running_owners(task.queue)
 
     async def queued_counts(self) -> dict[str, int]:
         return await self.store.queued_counts()

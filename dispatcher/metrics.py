@@ -218,7 +218,7 @@ class Metrics:
 
     def on_event(self, event: Event) -> None:
         match event:
-            case TaskChanged(task=task) if task.is_terminal:
+            case TaskChanged(task=task, origin=None) if task.is_terminal:
                 self._finished(task)
 
     def _finished(self, task: Task) -> None:

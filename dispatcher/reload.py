@@ -32,6 +32,8 @@ LIVE_SETTINGS = (
 PINNED_SETTINGS = (
     "state_dir",
     "database_url",
+    "host_id",
+    "shared_results_dir",
     "port",
     "demo",
     "time_scale",

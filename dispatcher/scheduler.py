@@ -82,6 +82,7 @@ class Scheduler:
         failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
         claim_guard: ClaimGuard | None = None,
+        shared_queues: bool = False,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -111,6 +112,9 @@ class Scheduler:
         self.effective_concurrency = effective_concurrency
         # What a claim proves in the store across hosts (a lease, a quota).
         self.claim_guard = claim_guard
+        # Other hosts serve the same queues (PostgreSQL): an ETA counts their
+        # lanes busy on a queue too, as the database shows them.
+        self.shared_queues = shared_queues
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -514,9 +518,15 @@ class Scheduler:
             if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
                 # Otherwise no sign of life since the last write: let staleness speak.
                 written_beat = running.ctx.last_beat_monotonic
-                updated = await self.ledger.heartbeat(running.task, running.live.stage)
-                if updated is not None:
-                    running.task = updated
+                seen = await self.ledger.heartbeat(running.task, running.live.stage)
+                if seen is not None:
+                    running.task = seen
+            else:
+                seen = await self.ledger.current(running.task.id)
+            if seen is not None and seen.cancel_requested:
+                # The fallback for a cancel whose notice was lost (asked on
+                # another host while our listener was reconnecting).
+                running.ctx.interrupt(Interruption.CANCELED)
             await asyncio.sleep(self.heartbeat_s)
 
     # -- what the scheduler hears ---------------------------------------------------
@@ -551,6 +561,10 @@ class Scheduler:
                 for lane in self.lanes.values()
                 if task.queue in lane.queues and self.accounts.is_open(lane.owner)
             )
+            if self.shared_queues:
+                # A provider's quota is global (its lanes here already count
+                # it); web accounts of other hosts add their own slot each.
+                concurrency = max(concurrency, await self.ledger.running_owners(task))
             info["ahead"] = ahead
             info["eta_s"] = eta_s(
                 ahead=ahead, concurrency=concurrency, recent_durations_s=durations

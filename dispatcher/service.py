@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
+from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.events import EventBus, ProfilesReloaded
@@ -157,6 +158,7 @@ class Service:
         self.lag_probe = LoopLagProbe()
         self.profile_problems: list[ProfileProblem] = []
         self._reloading = asyncio.Lock()
+        self.remote: RemoteTasks | None = None  # other hosts' writes (PostgreSQL only)
 
     @property
     def state_dir(self) -> Path:
@@ -279,8 +281,8 @@ class Service:
                 if auth_env:
                     redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
-        for name in ("results", "cache"):
-            _make_private_dir(self.state_dir / name, f"{name} dir")
+        _make_private_dir(settings.results_dir, "results dir")
+        _make_private_dir(self.state_dir / "cache", "cache dir")
         if not settings.input_dirs:
             _make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = _sqlite_files(settings.resolved_database_url)
@@ -325,7 +327,7 @@ class Service:
             self.events,
             retry_delay_s=settings.retry_delay_s,
             cache=self.cache,
-            results_dir=self.state_dir / "results",
+            results_dir=settings.results_dir,
             reference_files=LocalFiles.under(
                 settings.resolved_input_dirs, settings.max_reference_image_bytes
             ),
@@ -356,10 +358,11 @@ class Service:
             runners=self.runners,
             accounts=self.accounts,
             profiles=self.profiles,
-            results_dir=self.state_dir / "results",
+            results_dir=settings.results_dir,
             failures_for_attention=settings.account_failures_for_attention,
             effective_concurrency=self._effective_concurrency,
             claim_guard=self.hosts.guard,
+            shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
         )
         self.roster = Roster(
             store=self.store,
@@ -395,6 +398,13 @@ class Service:
         stack.callback(self.events.close)
         _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
+        if dialect_of(settings.resolved_database_url) == "postgresql":
+            # Other hosts' task writes reach this host's bus (wake-ups, cancels, SSE).
+            self.remote = RemoteTasks(
+                settings.resolved_database_url, settings.host_id, self.store, self.events
+            )
+            await self.remote.start()
+            stack.push_async_callback(self.remote.aclose)
         self.scheduler.start()
         self.hosts.take_over_dead = True
         stack.push_async_callback(self.scheduler.shutdown)

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     database_url: str | None = None  # default: SQLite in the state dir
     # This machine's name among the hosts sharing one PostgreSQL database.
     host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    # One directory mounted at this same path on every host sharing the
+    # database: each host writes its results there and serves any host's.
+    # Unset, results stay in <state dir>/results and only their host serves them.
+    shared_results_dir: Path | None = None
     profiles_dir: Path = BUNDLED_PROFILES_DIR
     port: int | None = None  # default: a free one in 49152-65535
     browser_executable: str | None = None  # default: a Chromium found on the machine
@@ -146,6 +150,11 @@ class Settings(BaseSettings):
     @property
     def artifacts_retention(self) -> Retention:
         return Retention(max_bytes=self.artifacts_max_bytes, max_count=self.artifacts_max_count)
+
+    @property
+    def results_dir(self) -> Path:
+        """Where result files are written (and served from)."""
+        return self.shared_results_dir or self.state_dir / "results"
 
     @property
     def resolved_database_url(self) -> str:

@@ -170,7 +170,7 @@ class Webhooks:
     def on_event(self, event: Event) -> None:
         """EventBus listener; called on the event loop's thread."""
         match event:
-            case TaskChanged(task=task) if task.job_id:
+            case TaskChanged(task=task, origin=None) if task.job_id:
                 if task.is_terminal:
                     self._put((JOB_FINISHED, task.job_id))
                 else:

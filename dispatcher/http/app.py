@@ -27,7 +27,14 @@ from starlette.types import Scope
 
 from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
-from dispatcher.errors import AmbiguousId, DispatcherError, InputError, NotFound, StateConflict
+from dispatcher.errors import (
+    AmbiguousId,
+    DispatcherError,
+    InputError,
+    NotFound,
+    OnAnotherHost,
+    StateConflict,
+)
 from dispatcher.http import bodies
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
@@ -148,6 +155,7 @@ class Api:
         self, task: Task, *, deduped: bool = False, with_attempts: bool = False
     ) -> JSON:
         answer = task.to_json()
+        answer["host"] = task.host
         answer["deduped"] = deduped
         answer.update(await self.service.scheduler.progress(task))
         if task.state is State.PENDING:
@@ -156,7 +164,7 @@ class Api:
                 answer["note"] = note
         if with_attempts:
             answer["attempts"] = [a.to_json() for a in await self.service.ledger.attempts(task)]
-        answer["artifacts"] = task_artifacts(self.service.state_dir / "results", task)
+        answer["artifacts"] = task_artifacts(self.service.settings.results_dir, task)
         return answer
 
     async def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
@@ -238,16 +246,30 @@ class Api:
             raise InputError(f"file must be an index below {len(files)}")
         meta = files[int(index_raw)]
         path = Path(meta["path"])
+        self._check_here(task)
         if not await asyncio.to_thread(path.is_file):
             raise NotFound(f"the result file of task {task.id} is gone from disk")
         return FileResponse(path, media_type=meta.get("content_type"), filename=meta.get("name"))
+
+    def _check_here(self, task: Task) -> None:
+        """Result files live on the disk of the host that made them; this one
+        serves another host's only from a shared results dir. No proxying:
+        hosts need not reach each other, only the database."""
+        settings = self.service.settings
+        if task.host is None or task.host == settings.host_id or settings.shared_results_dir:
+            return
+        raise OnAnotherHost(
+            f"the result files of task {task.id} are on host {task.host!r}; ask the "
+            f"dispatcher there (or give every host one DISPATCHER_SHARED_RESULTS_DIR)",
+            task.host,
+        )
 
     async def task_artifact(self, request: Request) -> Response:
         """A failed attempt's screenshot, page HTML (as text), trace or vendor answer."""
         task = await self.service.ledger.get(request.path_params["id"])
         attempt, name = request.path_params["attempt"], request.path_params["name"]
         path, kind = await asyncio.to_thread(
-            artifact_file, self.service.state_dir / "results", task.id, attempt, name
+            artifact_file, self.service.settings.results_dir, task.id, attempt, name
         )
         return FileResponse(
             path,
@@ -478,6 +500,11 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
             return _error(404, "not_found", str(exc))
         if isinstance(exc, InputError):
             return _error(400, "invalid", str(exc))
+        if isinstance(exc, OnAnotherHost):
+            return JSONResponse(
+                {"error": {"kind": "on_another_host", "message": str(exc), "host": exc.host}},
+                status_code=409,
+            )
         if isinstance(exc, StateConflict):
             return _error(409, "conflict", str(exc))
         log.exception("request failed: %s", request.url.path)

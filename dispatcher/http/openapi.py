@@ -125,6 +125,10 @@ class TaskAnswer(_Answer):
     overdue_s: float | None = Field(
         default=None, description="how far a running task is past its estimate"
     )
+    host: str | None = Field(
+        default=None,
+        description="the host that ran its current attempt (and holds its result files)",
+    )
     artifacts: dict[str, list[ArtifactInfo]] = Field(
         default_factory=dict,
         description="per attempt: what a failed, stalled or canceled attempt left",

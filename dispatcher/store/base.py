@@ -39,6 +39,9 @@ class Store(Protocol):
 
     async def get_task(self, task_id: str) -> Task | None: ...
 
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task]:
+        """The tasks of these ids that exist, oldest first (one read for many)."""
+
     async def update_task(
         self,
         task_id: str,
@@ -100,6 +103,10 @@ class Store(Protocol):
 
     async def count_ahead(self, lane_group: str, seq: int) -> int:
         """Pending tasks of the group inserted before `seq`."""
+
+    async def running_owners(self, lane_group: str) -> int:
+        """Lane owners (accounts, providers) running a task of the group now, on
+        any host: the capacity serving a queue that other hosts share."""
 
     async def queued_counts(self) -> dict[str, int]:
         """Pending tasks per lane group."""

@@ -25,6 +25,7 @@ from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
+from dispatcher.store.pglisten import host_option
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.rows import (
@@ -74,7 +75,13 @@ class PostgresStore(PostgresHostOps):
             max_size=pool_max,
             open=False,
             timeout=CONNECT_TIMEOUT_S,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            # `dispatcher.host` names this host in the notices its task writes
+            # send (see store.pglisten), so that it does not hear itself.
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                **({"options": host_option(host)} if host else {}),
+            },
         )
         self._opened = False
         self._cache_index = PostgresCacheIndex(url, host)
@@ -202,6 +209,12 @@ class PostgresStore(PostgresHostOps):
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
         return row_to_task(rows[0]) if rows else None
+
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        rows = await self._query(f"{SELECT_TASK} WHERE id = ANY(?) ORDER BY seq", (list(task_ids),))
+        return [row_to_task(r) for r in rows]
 
     async def update_task(
         self,
@@ -340,6 +353,14 @@ class PostgresStore(PostgresHostOps):
             "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND lane_group = ? "
             "AND seq < ?",
             (lane_group, seq),
+        )
+        return int(rows[0]["n"])
+
+    async def running_owners(self, lane_group: str) -> int:
+        rows = await self._query(
+            "SELECT COUNT(DISTINCT account) AS n FROM tasks "
+            "WHERE state = 'running' AND lane_group = ?",
+            (lane_group,),
         )
         return int(rows[0]["n"])
 

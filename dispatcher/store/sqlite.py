@@ -189,6 +189,13 @@ class SqliteStore(SqliteHostOps):
         rows = self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
         return row_to_task(rows[0]) if rows else None
 
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        marks = ", ".join("?" for _ in task_ids)
+        rows = self._query(f"{SELECT_TASK} WHERE id IN ({marks}) ORDER BY seq", tuple(task_ids))
+        return [row_to_task(r) for r in rows]
+
     async def update_task(
         self,
         task_id: str,
@@ -313,6 +320,13 @@ class SqliteStore(SqliteHostOps):
 
     async def count_ahead(self, lane_group: str, seq: int) -> int:
         return self._pending.ahead(lane_group, seq)
+
+    async def running_owners(self, lane_group: str) -> int:
+        rows = self._query(
+            "SELECT COUNT(DISTINCT account) FROM tasks WHERE state = 'running' AND lane_group = ?",
+            (lane_group,),
+        )
+        return int(rows[0][0])
 
     async def queued_counts(self) -> dict[str, int]:
         return self._pending.counts()

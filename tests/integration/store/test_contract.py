@@ -82,6 +82,8 @@ async def test_tasks_and_jobs_round_trip_and_list(store: Store) -> None:
     assert [t.seq for t in stored] == sorted(t.seq for t in stored) and single.seq > stored[1].seq
     assert await store.get_task("t-a") == stored[0]
     assert await store.get_task("nope") is None
+    assert [t.id for t in await store.get_tasks(["t-c", "nope", "t-a"])] == ["t-a", "t-c"]
+    assert await store.get_tasks([]) == []
     got_job = await store.get_job("job-1")
     assert got_job is not None and (got_job.name, got_job.created_at) == ("a batch", 5.0)
     assert await store.list_jobs() == [got_job]
@@ -197,6 +199,7 @@ async def test_queue_positions_and_counts(store: Store) -> None:
     await store.claim_next(["g"], 10.0, RUN)
     assert await store.count_ahead("g", tasks[5].seq) == 1
     assert await store.queued_counts() == {"g": 2, "h": 3}
+    assert await store.running_owners("g") == 1 and await store.running_owners("h") == 0
 
 
 async def test_concurrent_claims_from_several_connections_never_share_a_task(
@@ -405,6 +408,25 @@ async def test_a_cache_entry_belongs_to_the_host_holding_its_files() -> None:
             assert b.cache_index.cache_get("fp") == CacheEntry(
                 "fp", "m", {"text": "y"}, 3, 2.0, 2.0
             )
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_queue_positions_count_every_hosts_tasks() -> None:
+    """PostgreSQL only (SQLite serves one host): the positions are the database's."""
+    with fresh_database() as url:
+        a, b = await open_store(url, "host-a"), await open_store(url, "host-b")
+        try:
+            first = await a.insert_tasks([_task("x1"), _task("x2")])
+            (mine,) = await b.insert_tasks([_task("x3")])
+            assert await b.count_ahead("g", mine.seq) == 2
+            assert await b.queued_counts() == {"g": 3}
+            await a.claim_next(["g"], 10.0, RUN)
+            assert await b.count_ahead("g", mine.seq) == 1
+            assert await a.count_ahead("g", first[1].seq) == 0
+            await b.claim_next(["g"], 10.0, {"account": "other", "host": "host-b"})
+            assert await a.running_owners("g") == 2 and await a.running_owners("h") == 0
         finally:
             await a.close()
             await b.close()

@@ -1,0 +1,202 @@
+"""Benchmark 6: dispatch on PostgreSQL with one and three hosts, beside SQLite.
+
+The same instant chat tasks as benchmark 3 (`gen_s = 0`, one `POST
+/v1/tasks` each, 16 in flight), fewer of them (`TASKS`) to keep `make bench`
+short, through three set-ups, each a fresh database:
+
+* SQLite, one service (the embedded default);
+* PostgreSQL, one service;
+* PostgreSQL, three services (`python -m dispatcher` each, own state dir and
+  host id, one database), the client spreading its submits over them.
+
+Each host's provider concurrency is 5 and the vendor takes 15 at once, so no
+set-up is held back by 429s. Every process shares the same 2 cores: three
+hosts here measure the database's coordination cost (row locks, NOTIFY, a
+claim racing two others), not the scale-out that three machines would give.
+
+Figures, from the task rows after the services stopped: tasks/s = tasks /
+(last `finished_at` - first submit), and the queue wait (`started_at -
+created_at`: submit to claimed; mostly the backlog, since submits outrun
+the lanes), p50 and p99. Then the claim latency proper: `Store.claim_next`
+timed over `CLAIMS` pending tasks on each backend, one caller (p50, p99).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import (
+    BenchResult,
+    Check,
+    ServiceProc,
+    Vendor,
+    fresh_dir,
+    percentile,
+    profiles_dir,
+    r,
+    read_tasks,
+    service_env,
+)
+from bench.dispatch import MODEL, submit_all, wait_drained
+from dispatcher.models import Kind, Task
+from dispatcher.store import open_store
+
+TASKS = 600
+IN_FLIGHT = 16
+CONCURRENCY = 5
+VENDOR_QUOTA = 15
+CLAIMS = 500
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+SUBMIT_BUDGET_S = 45.0
+DRAIN_BUDGET_S = 30.0
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    name = f"dispatcher_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pg_tasks(url: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return list(
+            cur.execute(
+                "SELECT state, host, created_at, started_at, finished_at FROM tasks ORDER BY seq"
+            ).fetchall()
+        )
+
+
+async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict[str, Any]:
+    work = fresh_dir(work / label)
+    profiles = profiles_dir(work / "profiles", [MODEL])
+    with Vendor(time_scale=1.0, quota=VENDOR_QUOTA) as vendor:
+        env = service_env(profiles, vendor.url, time_scale=1.0, concurrency={"demo": CONCURRENCY})
+        async with contextlib.AsyncExitStack() as stack:
+            services = []
+            for index in range(hosts):
+                host_env = dict(env, DISPATCHER_HOST_ID=f"bench-{index}")
+                if url is not None:
+                    host_env["DISPATCHER_DATABASE_URL"] = url
+                services.append(
+                    stack.enter_context(
+                        ServiceProc(work / f"state-{index}", host_env, work / f"host-{index}.log")
+                    )
+                )
+            clients = [
+                await stack.enter_async_context(services[i % hosts].async_client(limit=1))
+                for i in range(IN_FLIGHT)
+            ]
+            start, submitted_at, _ = await submit_all(
+                clients, TASKS, f"b6-{label}", budget_s=SUBMIT_BUDGET_S
+            )
+            drained = all([await wait_drained(clients[i], DRAIN_BUDGET_S) for i in range(hosts)])
+    rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
+    done = [t for t in rows if t["state"] == "success"]
+    last = max((t["finished_at"] for t in done), default=float("nan"))
+    claim = [t["started_at"] - t["created_at"] for t in done if t["started_at"]]
+    per_host: dict[str, int] = {}
+    for t in done:
+        per_host[str(t.get("host"))] = per_host.get(str(t.get("host")), 0) + 1
+    return {
+        "hosts": hosts,
+        "submitted": len(rows),
+        "succeeded": len(done),
+        "drained": drained,
+        "tasks_per_s": r(len(done) / (last - start), 1) if last > start else 0.0,
+        "submit_rate_per_s": r(len(rows) / max(1e-9, submitted_at - start), 1),
+        "queue_wait_p50_ms": r(percentile(claim, 50) * 1000, 1),
+        "queue_wait_p99_ms": r(percentile(claim, 99) * 1000, 1),
+        "tasks_per_host": per_host if hosts > 1 else None,
+    }
+
+
+async def claim_statement(url: str) -> dict[str, float]:
+    """`claim_next` alone: CLAIMS pending tasks, claimed one by one."""
+    store = await open_store(url, "bench")
+    try:
+        now = time.time()
+        tasks = [
+            Task(
+                id=f"c{i:05d}",
+                model=MODEL,
+                kind=Kind.API,
+                lane_group=f"api-model:{MODEL}",
+                params={"prompt": f"claim {i}"},
+                fingerprint=f"claim-{i}",
+                created_at=now,
+            )
+            for i in range(CLAIMS)
+        ]
+        for first in range(0, CLAIMS, 100):
+            await store.insert_tasks(tasks[first : first + 100])
+        took = []
+        for _ in range(CLAIMS):
+            t0 = time.perf_counter()
+            claimed = await store.claim_next(
+                [f"api-model:{MODEL}"], time.time(), {"account": "demo", "host": "bench"}
+            )
+            took.append(time.perf_counter() - t0)
+            assert claimed is not None
+    finally:
+        await store.close()
+    return {
+        "p50_ms": r(percentile(took, 50) * 1000, 3),
+        "p99_ms": r(percentile(took, 99) * 1000, 3),
+    }
+
+
+async def run(work: Path) -> BenchResult:
+    work = fresh_dir(work)
+    setups: dict[str, dict[str, Any]] = {}
+    setups["sqlite_1_host"] = await one_setup(work, "sqlite-1", 1, None)
+    with pg_database() as url:
+        setups["postgresql_1_host"] = await one_setup(work, "pg-1", 1, url)
+    with pg_database() as url:
+        setups["postgresql_3_hosts"] = await one_setup(work, "pg-3", 3, url)
+    statement = {"sqlite": await claim_statement(f"sqlite:///{work / 'claims.db'}")}
+    with pg_database() as url:
+        statement["postgresql"] = await claim_statement(url)
+    figures: dict[str, Any] = {
+        "tasks": TASKS,
+        "in_flight": IN_FLIGHT,
+        **setups,
+        "claim_statement": statement,
+    }
+    checks = [
+        Check(
+            f"hosts: tasks/s ({name.replace('_', ' ')})",
+            "reported",
+            f"{s['tasks_per_s']} tasks/s; queue wait p50 {s['queue_wait_p50_ms']} ms, "
+            f"p99 {s['queue_wait_p99_ms']} ms ({s['succeeded']}/{TASKS} done)",
+            None,
+        )
+        for name, s in setups.items()
+    ]
+    checks.append(
+        Check(
+            "hosts: claim latency (claim_next) p50/p99",
+            "reported",
+            ", ".join(f"{k} {v['p50_ms']}/{v['p99_ms']} ms" for k, v in statement.items()),
+            None,
+        )
+    )
+    notes = [
+        "every host, the vendor and the client share the same 2 cores: three hosts "
+        "measure coordination cost, not scale-out",
+        json.dumps({k: s["tasks_per_host"] for k, s in setups.items() if s["tasks_per_host"]}),
+    ]
+    return BenchResult("hosts", "Several hosts on PostgreSQL", figures, checks, notes)

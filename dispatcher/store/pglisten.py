@@ -1,0 +1,162 @@
+"""Hearing other hosts' task writes on PostgreSQL: one LISTEN connection per service.
+
+A trigger (migration `postgresql/0002_task_notify.sql`) sends a notice on
+`CHANNEL` from every write that creates a task, changes its state or asks
+to cancel it, naming the host whose connection wrote it (`dispatcher.host`,
+set on every connection of the store's pool by `host_option`). This module
+keeps one connection listening, turns each notice of another host into a
+`TaskNotice` for its callback, and reconnects after a lost connection: the
+notices sent meanwhile are gone, so it says so (`on_reconnect`) and the
+caller looks again at what matters (the scheduler's round and heartbeats
+read the rows anyway; they are the fallback for a lost notice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+
+log = logging.getLogger("dispatcher.store.listen")
+
+CHANNEL = "dispatcher_tasks"
+# With no notice for this long, a query proves the connection alive: a peer
+# that vanished without a FIN would otherwise leave us waiting forever.
+PING_S = 5.0
+RECONNECT_FIRST_S = 0.2
+RECONNECT_MAX_S = 10.0
+CONNECT_TIMEOUT_S = 10
+
+
+def host_option(host: str) -> str:
+    """libpq `options` that set `dispatcher.host` on a connection (its notices
+    name it). Spaces separate options there unless escaped with a backslash."""
+    escaped = host.replace("\\", "\\\\").replace(" ", "\\ ")
+    return f"-c dispatcher.host={escaped}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskNotice:
+    """A task row another host wrote: what changed is in the row itself."""
+
+    task_id: str
+    state: str
+    cancel_requested: bool
+    origin: str  # the host whose write it was
+
+
+def parse_notice(payload: str) -> TaskNotice | None:
+    """`<id> <state> <cancel 0|1> <host>` (the host may hold spaces); None if malformed."""
+    parts = payload.split(" ", 3)
+    if len(parts) < 3:
+        return None
+    task_id, state, cancel = parts[0], parts[1], parts[2]
+    return TaskNotice(
+        task_id=task_id,
+        state=state,
+        cancel_requested=cancel == "1",
+        origin=parts[3] if len(parts) == 4 else "",
+    )
+
+
+def listener_name(host: str) -> str:
+    """The listening connection's `application_name` (what `pg_stat_activity` shows)."""
+    return f"dispatcher-listen {host}"[:63]
+
+
+class TaskListener:
+    """LISTEN on `CHANNEL` for as long as it runs; reconnects when the connection drops."""
+
+    def __init__(
+        self,
+        url: str,
+        host: str,
+        on_notice: Callable[[TaskNotice], None],
+        *,
+        on_reconnect: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.url = url
+        self.host = host
+        self.on_notice = on_notice
+        self.on_reconnect = on_reconnect
+        self.reconnects = 0  # connections lost and made again
+        self.received = 0  # notices of other hosts passed on
+        self._job: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+
+    async def start(self) -> None:
+        """Listening once this returns; a first connection that fails says why."""
+        conn = await self._connect()
+        self._job = asyncio.create_task(self._run(conn), name="pg-listen")
+
+    async def aclose(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+
+    async def wait_listening(self) -> None:
+        """Until the (re)connected listener hears notices again."""
+        await self._listening.wait()
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        conn = await psycopg.AsyncConnection.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            application_name=listener_name(self.host),
+            # libpq's TCP keepalives: a dead server is noticed by the kernel too.
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+        )
+        try:
+            await conn.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            await conn.close()
+            raise
+        self._listening.set()
+        return conn
+
+    async def _run(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        delay_s = RECONNECT_FIRST_S
+        while True:
+            try:
+                await self._listen(conn)
+            except psycopg.Error as exc:
+                self._listening.clear()
+                log.warning("lost the PostgreSQL listener connection (%s); reconnecting", exc)
+            finally:
+                await conn.close()
+            while True:
+                try:
+                    conn = await self._connect()
+                    break
+                except psycopg.Error as exc:
+                    log.warning(
+                        "PostgreSQL listener: reconnect failed (%s); next try in %.1f s",
+                        exc,
+                        delay_s,
+                    )
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(RECONNECT_MAX_S, delay_s * 2)
+            delay_s = RECONNECT_FIRST_S
+            self.reconnects += 1
+            log.info("PostgreSQL listener reconnected; notices sent meanwhile are looked up")
+            self.on_reconnect()
+
+    async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        while True:
+            async for notify in conn.notifies(timeout=PING_S):
+                notice = parse_notice(notify.payload)
+                if notice is None:
+                    log.warning("PostgreSQL listener: malformed notice %r", notify.payload)
+                elif notice.origin != self.host:
+                    self.received += 1
+                    self.on_notice(notice)
+            await conn.execute("SELECT 1")

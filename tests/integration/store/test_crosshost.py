@@ -1,0 +1,185 @@
+"""Two services on one PostgreSQL database: what one host does, the other hears.
+
+A cancel asked on host A reaches the task host B runs within a second (a
+notice from the write, not B's next heartbeat, which is seconds away at
+this time scale), also after B's listening connection was cut; with B deaf
+altogether, its heartbeat's read of the row still delivers the cancel. A
+task submitted on A wakes B, which runs it; A's event stream shows B's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from dispatcher.events import Event, TaskChanged
+from dispatcher.models import State
+from dispatcher.store.pglisten import listener_name
+from tests.harness import Harness, running_service
+from tests.pgdb import fresh_database
+
+pytestmark = pytest.mark.timeout(90)
+
+# Heartbeats every 15 s x 0.2 = 3 s: a cancel within a second came by notice.
+SCALE = 0.2
+PROMPT_S = 1.0
+
+
+@asynccontextmanager
+async def two_hosts(
+    tmp_path: Path, a_profiles: tuple[str, ...], b_profiles: tuple[str, ...], **overrides: Any
+) -> AsyncIterator[tuple[Harness, Harness, str]]:
+    with fresh_database() as url:
+        async with AsyncExitStack() as stack:
+            hosts = []
+            for name, profiles in (("host-a", a_profiles), ("host-b", b_profiles)):
+                (tmp_path / name).mkdir()
+                hosts.append(
+                    await stack.enter_async_context(
+                        running_service(
+                            tmp_path / name,
+                            profiles=profiles,
+                            time_scale=SCALE,
+                            database_url=url,
+                            host_id=name,
+                            **overrides,
+                        )
+                    )
+                )
+            yield hosts[0], hosts[1], url
+
+
+async def cancel_and_time(a: Harness, task_id: str, timeout_s: float) -> float:
+    """Ask host A to cancel; seconds until A reads the task canceled."""
+    started = time.monotonic()
+    response = await a.http.post(f"/v1/tasks/{task_id}/cancel")
+    assert response.status_code == 200, response.text
+    done = await a.wait_task(task_id, timeout_s=timeout_s)
+    assert done["state"] == "canceled", done
+    return time.monotonic() - started
+
+
+async def test_a_cancel_asked_on_one_host_reaches_the_host_running_the_task(
+    tmp_path: Path,
+) -> None:
+    # A does not even serve the model: it only relays the operator's cancel.
+    async with two_hosts(tmp_path, ("demo-chat-api",), ("demo-video",)) as (a, b, url):
+        assert b.service.remote is not None
+        slow = await b.submit("demo-video", "a very slow pan", gen_s=600)
+        await b.wait_task(slow["id"], {"running"})
+        assert await cancel_and_time(a, slow["id"], timeout_s=10) < PROMPT_S
+        assert (await b.task(slow["id"]))["host"] == "host-b"
+
+        # B's listening connection is cut: it reconnects (and says so in its
+        # log), and the next cancel is as prompt.
+        with psycopg.connect(url, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (listener_name("host-b"),),
+            ).fetchall()
+        assert cut == [(True,)]
+        deadline = time.monotonic() + 20
+        while b.service.remote.listener.reconnects < 1:
+            assert time.monotonic() < deadline, "the listener never reconnected"
+            await asyncio.sleep(0.05)
+        second = await b.submit("demo-video", "another slow pan", gen_s=600)
+        await b.wait_task(second["id"], {"running"})
+        assert await cancel_and_time(a, second["id"], timeout_s=10) < PROMPT_S
+
+        # B hears nothing any more: its heartbeat's read of the row is the fallback.
+        await b.service.remote.aclose()
+        third = await b.submit("demo-video", "a third slow pan", gen_s=600)
+        await b.wait_task(third["id"], {"running"})
+        beat_s = b.service.scheduler.heartbeat_s
+        took_s = await cancel_and_time(a, third["id"], timeout_s=4 * beat_s)
+        assert took_s > PROMPT_S  # not by notice: B was deaf
+
+
+async def test_a_task_submitted_on_one_host_wakes_an_idle_host_and_streams_everywhere(
+    tmp_path: Path,
+) -> None:
+    async with two_hosts(tmp_path, ("demo-chat-api",), ("demo-chat-api", "demo-video")) as (
+        a,
+        b,
+        _,
+    ):
+        # A takes tasks but runs none (its lanes stopped); B is idle.
+        await a.service.scheduler.shutdown()
+        assert b.service.remote is not None
+        heard: list[TaskChanged] = []
+
+        def on_b(event: Event) -> None:
+            if isinstance(event, TaskChanged) and event.origin == "host-a":
+                heard.append(event)
+
+        b.service.events.listen(on_b)
+        before = b.service.remote.listener.received
+        task = await a.submit("demo-chat-api", "made on A, run on B", gen_s=1)
+        done = await b.wait_task(task["id"], timeout_s=20)
+        assert done["state"] == "success" and done["host"] == "host-b"
+        # B heard A's insert (the only write A made). Its bus was told the task
+        # is pending unless B's own round had claimed it before the row was read.
+        assert b.service.remote.listener.received > before
+        assert all(e.task.state is State.PENDING for e in heard if e.task.id == task["id"])
+
+        # A's event stream shows a task B created and ran, through to its end.
+        states: dict[str, list[str]] = {}
+        opened = asyncio.Event()
+
+        async def listen() -> None:
+            async with a.http.stream("GET", "/v1/events") as stream:
+                opened.set()
+                async for line in stream.aiter_lines():
+                    if line.startswith("data: "):
+                        data: dict[str, Any] = json.loads(line[6:])
+                        if data.get("type") == "task":
+                            states.setdefault(data["task"]["id"], []).append(data["task"]["state"])
+
+        streaming = asyncio.create_task(listen())
+        try:
+            await asyncio.wait_for(opened.wait(), 10)
+            other = await b.submit("demo-video", "made and run on B", gen_s=2)
+            deadline = time.monotonic() + 30
+            while states.get(other["id"], [""])[-1] != "success":
+                assert time.monotonic() < deadline, states.get(other["id"])
+                await asyncio.sleep(0.02)
+        finally:
+            streaming.cancel()
+        seen = states[other["id"]]
+        # Each state once, in order (one may have passed before A read the row).
+        assert seen == [s for s in ("pending", "running", "success") if s in seen], seen
+
+        # A text answer lives in the database: any host serves it. A file is on
+        # B's disk: A says where it is, B serves it.
+        text = await a.http.get(f"/v1/tasks/{task['id']}/result")
+        assert text.status_code == 200 and text.json()["text"], text.text
+        elsewhere = await a.http.get(f"/v1/tasks/{other['id']}/result")
+        assert elsewhere.status_code == 409, elsewhere.text
+        error = elsewhere.json()["error"]
+        assert error["kind"] == "on_another_host" and error["host"] == "host-b"
+        assert "host 'host-b'" in error["message"]
+        assert (await b.http.get(f"/v1/tasks/{other['id']}/result")).status_code == 200
+
+
+async def test_with_a_shared_results_dir_any_host_serves_any_result(tmp_path: Path) -> None:
+    shared = tmp_path / "shared-results"
+    async with two_hosts(
+        tmp_path, ("demo-chat-api",), ("demo-video",), shared_results_dir=shared
+    ) as (a, b, _):
+        made = await b.submit("demo-video", "a pan kept for everyone", gen_s=1)
+        done = await b.wait_task(made["id"], timeout_s=20)
+        assert done["state"] == "success" and done["host"] == "host-b"
+        (file,) = done["result"]["files"]
+        assert Path(file["path"]).is_relative_to(shared)
+        served = await a.http.get(f"/v1/tasks/{made['id']}/result")
+        assert served.status_code == 200
+        assert served.content == Path(file["path"]).read_bytes()
