@@ -112,6 +112,14 @@ class HostWatch:
                     log.info("web account %r is now served by host %r", account, self.host)
                 self.leases[account] = got
 
+    async def release(self, account: str) -> None:
+        """Give up an account this host no longer serves: another host may bind it now."""
+        lease = self.leases.pop(account, None)
+        self.refused.pop(account, None)
+        if lease is not None:
+            await self.store.release_lease(lease)
+            log.info("web account %r released by host %r", account, self.host)
+
     def bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
         """The lanes this host may open: not those of a web account it was refused."""
         return {

@@ -123,6 +123,7 @@ class Roster:
         try:
             await self._scheduler.wait_lane_idle(lane)
             await self._release(name)
+            await self._relane()  # its lease can go now that its task has ended
         finally:
             self._draining.pop(name, None)
 

@@ -437,7 +437,14 @@ class Service:
         """The lanes this host may open: each web account leased to it (one
         refused before is asked again, so a reload picks up an account whose
         owner has gone)."""
-        await self.hosts.bind(lane.owner for lane in lanes.values() if lane.kind is Kind.WEB)
+        served = {lane.owner for lane in lanes.values() if lane.kind is Kind.WEB}
+        for account in set(self.hosts.leases) - served:
+            # Taken off this host: its lease goes once its last task has ended
+            # (a drained removal comes back here when it has), so the account
+            # can move without restarting this host.
+            if not self.scheduler.lane_tasks(f"web:{account}"):
+                await self.hosts.release(account)
+        await self.hosts.bind(served)
         return self.hosts.bound(lanes)
 
     async def _on_lease_lost(self, account: str) -> None:

@@ -63,3 +63,44 @@ async def test_a_second_host_is_refused_an_account_until_its_owner_lets_it_go(
         finally:
             if h1 is not None:
                 await first.__aexit__(None, None, None)
+
+
+async def test_an_account_removed_on_its_host_moves_to_another_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """`accounts remove` gives the lease back at once: the other host, still
+    running all along, adds the account and serves it."""
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+    with fresh_database() as url:
+        hosts = [
+            running_service(
+                tmp_path / name,
+                profiles=PROFILES,
+                time_scale=SCALE,
+                database_url=url,
+                host_id=f"host-{n}",
+            )
+            for n, name in ((1, "one"), (2, "two"))
+        ]
+        async with hosts[0] as h1, hosts[1] as h2:
+            added = await h1.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert added.status_code == 201, added.text
+            # The account row is shared: host 2 sees it at its next reload and is refused it.
+            await h2.http.post("/v1/reload")
+            lanes = {lane["name"]: lane for lane in (await h2.http.get("/v1/lanes")).json()}
+            assert lanes["web:extra"]["refused"] == "host-1"
+
+            gone = await h1.http.delete("/v1/accounts/extra")
+            assert gone.status_code == 200, gone.text
+            assert gone.json()["removed"] is True
+            moved = await h2.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert moved.status_code == 201, moved.text
+            lanes = {lane["name"]: lane for lane in (await h2.http.get("/v1/lanes")).json()}
+            assert "invalid" not in lanes["web:extra"], lanes["web:extra"]
+            lanes = {lane["name"]: lane for lane in (await h1.http.get("/v1/lanes")).json()}
+            assert "web:extra" not in lanes or lanes["web:extra"].get("refused") == "host-2"
