@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ QUOTA = 3
 API_TASKS = 130
 WEB_TASKS = 20
 WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
+# The batch takes 30-40 s on a busy 2-core machine; a task still unfinished
+# well past that is stuck, and the message says where.
+FINISH_WITHIN_S = 75
 STALE_S = STALE_AFTER_S * TIME_SCALE
 HEARTBEAT_S = HEARTBEAT_INTERVAL_S * TIME_SCALE
 
@@ -85,6 +90,32 @@ def _rows(url: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...
         return conn.execute(sql, args).fetchall()
 
 
+def _unfinished(url: str, since: float, logs: dict[str, str]) -> str:
+    """Every task not `success`: where it is, and what the hosts logged of it."""
+    rows = _rows(
+        url,
+        "SELECT id, model, host, state, stage, attempt, max_attempts, remote_id, error_kind, "
+        "error_message, started_at, heartbeat_at, not_before FROM tasks "
+        "WHERE state <> 'success' ORDER BY seq",
+    )
+    now = time.time()
+    lines = []
+    for tid, model, host, state, stage, attempt, most, remote, kind, error, start, beat, nb in rows:
+        ago = {n: f"{now - t:.1f}s ago" for n, t in (("started", start), ("beat", beat)) if t}
+        lines.append(
+            f"task {tid} {model} on {host}: {state} stage={stage} attempt {attempt}/{most} "
+            f"remote={remote} error={kind}: {error} not_before={nb - since:+.1f}s "
+            f"(batch-relative) {ago}"
+        )
+        lines += [
+            f"  {h}| {line}"
+            for h, text in logs.items()
+            for line in text.splitlines()
+            if tid in line or (remote and remote in line)
+        ][-20:]
+    return "\n".join(lines)
+
+
 def _batch() -> list[dict[str, Any]]:
     rng = random.Random(12)
     api = [
@@ -111,8 +142,8 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
             state_dirs = {h: tmp_path / f"state-{h}" for h in "abc"}
             asyncio.run(_log_in(state_dirs, web_url, browser))
             key = "e2e-" + os.urandom(6).hex()  # one key: the vendor's quota spans hosts
-            for h in "abc":
-                env = {
+            envs = {
+                h: {
                     "DISPATCHER_DATABASE_URL": db,
                     "DISPATCHER_HOST_ID": f"host-{h}",
                     "DISPATCHER_TIME_SCALE": str(TIME_SCALE),
@@ -124,8 +155,22 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                     "DEMO_WEB_URL": web_url,
                     "DEMO_API_KEY": key,
                 }
-                hosts[h] = start_service(state_dirs[h], env, tmp_path / f"host-{h}.log")
+                for h in "abc"
+            }
+            # Started side by side: each start is seconds of imports on a busy machine.
+            with ThreadPoolExecutor(3) as pool:
+                starting = {
+                    h: pool.submit(
+                        start_service, state_dirs[h], envs[h], tmp_path / f"host-{h}.log"
+                    )
+                    for h in "abc"
+                }
+            # Every host that came up is in `hosts` (stopped below) before a failed start raises.
+            hosts.update({h: f.result() for h, f in starting.items() if f.exception() is None})
+            for f in starting.values():
+                f.result()
             started = time.monotonic()
+            started_epoch = time.time()
             with service_client(state_dirs["b"]) as client:
                 job = client.post("/v1/jobs", json={"name": "three hosts", "tasks": _batch()})
                 assert job.status_code == 201, job.text
@@ -169,13 +214,15 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
             assert dead_at is not None
 
             with service_client(state_dirs["c"]) as client:
-                deadline = time.monotonic() + 90
+                deadline = time.monotonic() + FINISH_WITHIN_S
                 while time.monotonic() < deadline:
                     final = client.get(f"/v1/jobs/{job_id}").json()
                     if final["state"] != "running":
                         break
                     time.sleep(0.2)
             elapsed_s = time.monotonic() - started
+            logs = {h: hosts[h].log() for h in "abc"}
+            unfinished = _unfinished(db, started_epoch, logs)
             by_host = dict(
                 _rows(db, "SELECT host, COUNT(*) FROM tasks WHERE state = 'success' GROUP BY host")
             )
@@ -192,10 +239,20 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
         stop_proc(web)
 
     assert final["total"] == API_TASKS + WEB_TASKS
-    assert final["counts"].get("success") == API_TASKS + WEB_TASKS, final["counts"]
+    assert final["counts"].get("success") == API_TASKS + WEB_TASKS, (
+        f"{final['counts']} after {elapsed_s:.1f} s (logs in {tmp_path}; vendor {api_stats})\n"
+        f"{unfinished}"
+    )
     # Every API task made exactly one remote job: resumed by polling, never resubmitted.
-    assert api_stats["duplicate_submits"] == 0, api_stats
     assert api_stats["jobs_created"] == API_TASKS, api_stats
+    # A submit sent again is only one A had sent but not yet recorded when it
+    # died, re-queued on the same attempt: its Idempotency-Key made the
+    # vendor answer with the job it had made (a replay, not a second job).
+    requeued = sum(
+        int(n)
+        for n in re.findall(r"taken over from dead host.*?(\d+) re-queued", logs["b"] + logs["c"])
+    )
+    assert api_stats["duplicate_submits"] <= requeued, (api_stats, requeued)
     # Three hosts of quota 3 each, one quota at the vendor: never asked for more.
     assert api_stats["max_demanded"] <= QUOTA, api_stats
     assert api_stats["rate_limited"] == 0, api_stats
