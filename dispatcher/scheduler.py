@@ -39,11 +39,12 @@ from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
-from dispatcher.ledger import Ledger, lane_prefix, log_fields
+from dispatcher.ledger import Ledger
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption, RunContext, Runner, RunResult
 from dispatcher.store.hosts import Fence, Quota
+from dispatcher.tasklines import lane_prefix, log_fields
 
 log = logging.getLogger("dispatcher.scheduler")
 
