@@ -20,7 +20,7 @@ from urllib.parse import quote
 from dispatcher.errors import ServiceError
 
 PORT_FILE = "port"  # == dispatcher.service.PORT_FILE
-TOKEN_FILE = "token"  # == dispatcher.service.TOKEN_FILE
+TOKEN_FILE = "token"  # == dispatcher.statedir.TOKEN_FILE
 FULL_ID_CHARS = 32  # uuid4().hex, as dispatcher.models.new_id makes them
 DOWNLOAD_CHUNK_BYTES = 1 << 16
 

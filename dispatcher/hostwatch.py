@@ -23,7 +23,7 @@ from dispatcher.clock import Clock
 from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
 from dispatcher.errors import StoreError
 from dispatcher.lanes import LaneSpec
-from dispatcher.models import Kind
+from dispatcher.models import JSON, Kind
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 
@@ -127,6 +127,27 @@ class HostWatch:
             for name, lane in lanes.items()
             if not (lane.kind is Kind.WEB and lane.owner in self.refused)
         }
+
+    def refused_lanes(self) -> list[JSON]:
+        """A lane per web account another host holds, for the lanes list."""
+        return [
+            {
+                "name": f"web:{account}",
+                "kind": Kind.WEB.value,
+                "owner": account,
+                "account": account,
+                "models": [],
+                "concurrency": 0,
+                "enabled": False,
+                "needs_attention": False,
+                "reason": refusal.message,
+                "invalid": refusal.message,
+                "refused": refusal.owner,
+                "queued": 0,
+                "running": [],
+            }
+            for account, refusal in sorted(self.refused.items())
+        ]
 
     def guard(self, lane: LaneSpec, limit: int) -> tuple[Fence | None, Quota | None]:
         return claim_guard(lane, limit, self.leases, shared=self.shared)

@@ -22,7 +22,7 @@ from typing import Any
 from dispatcher import states
 from dispatcher.clock import Clock
 from dispatcher.decisions import Reclaim
-from dispatcher.errors import AmbiguousId, InputError, NotFound, RunError, StateConflict
+from dispatcher.errors import InputError, RunError, StateConflict
 from dispatcher.events import EventBus, TaskChanged
 from dispatcher.fingerprint import (
     LocalFiles,
@@ -33,8 +33,6 @@ from dispatcher.models import (
     JSON,
     Attempt,
     Job,
-    JobSummary,
-    Kind,
     Stage,
     State,
     Task,
@@ -44,36 +42,19 @@ from dispatcher.models import (
 from dispatcher.profiles import Profile
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Quota
+from dispatcher.tasklines import lane_prefix, log_fields, log_rejected, log_transition
+from dispatcher.taskreads import TaskReads
 from dispatcher.taskspec import TaskSpec
 
 log = logging.getLogger("dispatcher.tasks")
 
 MAX_JOB_TASKS = 10_000
-MIN_ID_PREFIX = 4
-MAX_CANDIDATES = 10
 
 
 @dataclass(frozen=True)
 class Submitted:
     task: Task
     deduped: bool = False
-
-
-def lane_of(task: Task) -> str:
-    """Where a log line places a task: its lane once claimed, its queue before."""
-    if task.kind is Kind.WEB:
-        return f"web:{task.owner or task.model}"
-    # The provider once claimed (its lane's name); the model's queue before.
-    return f"api:{task.owner}" if task.owner else task.queue
-
-
-def lane_prefix(task: Task) -> str:
-    return f"[{lane_of(task)}]"
-
-
-def log_fields(task: Task, **more: Any) -> dict[str, Any]:
-    """The structured fields of a log line about a task (`extra`; see `dispatcher.logs`)."""
-    return {"lane": lane_of(task), "task_id": task.id, **more}
 
 
 def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -102,7 +83,10 @@ def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     return out
 
 
-class Ledger:
+class Ledger(TaskReads):
+    """Changes tasks (submit, claim, the ends of an attempt, cancel, retry); its
+    reads come from `TaskReads`."""
+
     def __init__(
         self,
         store: Store,
@@ -225,84 +209,6 @@ class Ledger:
             self._announce(task, None)
         return job, stored
 
-    # -- reading -------------------------------------------------------------
-    async def get(self, task_id: str) -> Task:
-        """A task by its id or a unique prefix of it (4+ characters), as git does."""
-        task = await self.store.get_task(task_id)
-        if task is None:
-            task = await self.store.get_task(await self._resolve("task", task_id))
-        if task is None:
-            raise NotFound(f"no task {task_id!r}")
-        return task
-
-    async def get_job(self, job_id: str) -> Job:
-        """A job by its id or a unique prefix of it (4+ characters)."""
-        job = await self.store.get_job(job_id)
-        if job is None:
-            job = await self.store.get_job(await self._resolve("job", job_id))
-        if job is None:
-            raise NotFound(f"no job {job_id!r}")
-        return job
-
-    async def attempts(self, task: Task) -> list[Attempt]:
-        return await self.store.task_attempts(task.id)
-
-    async def list_tasks(self, **filters: Any) -> list[Task]:
-        """Newest first, filtered and paged as `Store.list_tasks` documents."""
-        return await self.store.list_tasks(**filters)
-
-    async def list_jobs(self, **filters: Any) -> list[Job]:
-        """Newest first, filtered and paged as `Store.list_jobs` documents."""
-        return await self.store.list_jobs(**filters)
-
-    async def job_tasks(self, job: Job) -> list[Task]:
-        return await self.store.job_tasks(job.id)
-
-    async def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
-        return await self.store.job_summaries([job.id for job in jobs])
-
-    async def current(self, task_id: str) -> Task | None:
-        """The task as stored now (exact id), or None once it is gone."""
-        return await self.store.get_task(task_id)
-
-    async def stale_running(self, heartbeat_before: float) -> list[Task]:
-        """Stale running tasks this host ran (on one host: all of them).
-
-        Another host's task is not ours to reclaim: while that host lives it
-        reclaims its own, and once it is declared dead its tasks are recovered
-        by the dead-host rules, which resume a remote job instead of
-        submitting it again."""
-        stale = await self.store.stale_running(heartbeat_before)
-        if not self.shared:
-            return stale
-        return [t for t in stale if t.host in (self.host, None)]
-
-    async def queue_depth(self, task: Task) -> int:
-        """Pending tasks of its queue ahead of this one."""
-        return await self.store.count_ahead(task.queue, task.seq)
-
-    async def running_owners(self, task: Task) -> int:
-        """Lane owners running tasks of its queue now, on every host."""
-        return await self.store.running_owners(task.queue)
-
-    async def queued_counts(self) -> dict[str, int]:
-        return await self.store.queued_counts()
-
-    async def recent_durations(self, model: str, limit: int) -> list[float]:
-        return await self.store.recent_durations(model, limit)
-
-    async def _resolve(self, what: str, prefix: str) -> str:
-        if len(prefix) < MIN_ID_PREFIX:
-            raise NotFound(f"no {what} {prefix!r} (a prefix needs {MIN_ID_PREFIX}+ characters)")
-        found = await self.store.ids_with_prefix(f"{what}s", prefix, limit=MAX_CANDIDATES + 1)
-        if not found:
-            raise NotFound(f"no {what} {prefix!r}")
-        if len(found) > 1:
-            raise AmbiguousId(
-                what, prefix, found[:MAX_CANDIDATES], more=len(found) > MAX_CANDIDATES
-            )
-        return found[0]
-
     # -- writing -------------------------------------------------------------
     async def _write(
         self,
@@ -328,7 +234,8 @@ class Ledger:
         )
         if updated is None:
             if not unless_cancel_requested:
-                self._rejected(task, new_state, await self.store.get_task(task.id), why)
+                current = await self.store.get_task(task.id)
+                log_rejected(task, new_state, current, why, fenced=_fence(task) is not None)
             return None
         if new_state is not task.state:
             self._announce(updated, task.state, why)
@@ -355,65 +262,8 @@ class Ledger:
             stage_durations=dict(changes.get("stage_durations", task.stage_durations)),
         )
 
-    def _rejected(self, task: Task, new_state: State, current: Task | None, why: str) -> None:
-        if (
-            current is not None
-            and current.state is task.state
-            and current.attempt == task.attempt
-            and _fence(task) is not None
-        ):
-            # The row has not moved: the account's lease has (another host
-            # holds it now, with a newer token).
-            log.warning(
-                "%s task %s attempt %d: write %s->%s dropped: account %r lease token %s "
-                "is no longer held by this host%s",
-                lane_prefix(task),
-                task.id,
-                task.attempt,
-                task.state.value,
-                new_state.value,
-                task.account,
-                task.lease_token,
-                f": {why}" if why else "",
-                extra=log_fields(task, attempt=task.attempt),
-            )
-            return
-        log.warning(
-            "%s task %s attempt %d: late write %s->%s rejected (now %s attempt %s)%s",
-            lane_prefix(task),
-            task.id,
-            task.attempt,
-            task.state.value,
-            new_state.value,
-            current.state.value if current else "missing",
-            current.attempt if current else "-",
-            f": {why}" if why else "",
-            extra=log_fields(task, attempt=task.attempt),
-        )
-
     def _announce(self, task: Task, old: State | None, why: str = "") -> None:
-        # Every transition passes here: build the line only when it is written.
-        if log.isEnabledFor(logging.INFO):
-            stage = task.stage.value if task.stage else None
-            log.info(
-                "%s task %s attempt %d/%d %s%s stage=%s%s",
-                lane_prefix(task),
-                task.id,
-                task.attempt,
-                task.max_attempts,
-                f"{old.value}->" if old else "new ",
-                task.state.value,
-                stage or "-",
-                f" ({why})" if why else "",
-                extra=log_fields(
-                    task,
-                    attempt=task.attempt,
-                    max_attempts=task.max_attempts,
-                    from_state=old.value if old else None,
-                    state=task.state.value,
-                    stage=stage,
-                ),
-            )
+        log_transition(task, old, why)
         self.events.publish(TaskChanged(task))
 
     async def claim(
@@ -523,7 +373,7 @@ class Ledger:
                 extra=log_fields(task, attempt=task.attempt),
             )
             return await self.mark_canceled(current, changes.get("stage_durations"))
-        self._rejected(task, new_state, current, why)
+        log_rejected(task, new_state, current, why, fenced=_fence(task) is not None)
         return None
 
     async def fail(

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -15,6 +15,13 @@ from prometheus_client.registry import Collector
 
 from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State, Task
+
+if TYPE_CHECKING:
+    from dispatcher.accounts import AccountBook
+    from dispatcher.ledger import Ledger
+    from dispatcher.runner import Runner
+    from dispatcher.scheduler import Scheduler
+    from dispatcher.store import Store
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
@@ -232,3 +239,35 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE
+
+
+async def live_numbers(
+    store: Store,
+    ledger: Ledger,
+    scheduler: Scheduler,
+    accounts: AccountBook,
+    runners: Iterable[Runner],
+    lag_probe: LoopLagProbe,
+) -> dict[str, Any]:
+    """What a scrape reads: task counts, lanes, accounts, counters, remote calls, lag."""
+    counters: dict[str, int] = {
+        "dedup_hits": ledger.dedup_hits,
+        "cache_hits": ledger.cache_hits,
+        "retries": ledger.retries,
+        "stale_reclaims": ledger.stale_reclaims,
+        "stalled_reclaims": scheduler.stalled_reclaims,
+    }
+    remote: dict[tuple[str, str], int] = {}
+    for runner in runners:
+        stats = runner.stats()
+        remote.update(stats.remote_requests)
+        for key, value in stats.counters.items():
+            counters[key] = counters.get(key, 0) + value
+    return {
+        "state_counts": await store.state_counts(),
+        "lanes": await scheduler.lanes_view(),
+        "accounts": accounts.views(),
+        "counters": counters,
+        "remote_requests": remote,
+        "event_loop_lag_s": lag_probe.max_lag_s(),
+    }

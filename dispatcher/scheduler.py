@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
+from dispatcher.account_health import AccountHealth
+from dispatcher.accounts import AccountBook
 from dispatcher.attempt import Canceled, Live, Outcome, Running, TaskLog, disk_full_error
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
@@ -29,21 +30,20 @@ from dispatcher.decisions import (
     plan_reclaims,
 )
 from dispatcher.errors import (
-    AccountHold,
-    AuthError,
     RunError,
     TaskCanceled,
     TransientError,
 )
 from dispatcher.events import AccountChanged, Event, TaskChanged
-from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
+from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
-from dispatcher.ledger import Ledger, lane_prefix, log_fields
+from dispatcher.ledger import Ledger
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption, RunContext, Runner, RunResult
 from dispatcher.store.hosts import Fence, Quota
+from dispatcher.tasklines import lane_prefix, log_fields
 
 log = logging.getLogger("dispatcher.scheduler")
 
@@ -52,15 +52,6 @@ log = logging.getLogger("dispatcher.scheduler")
 ClaimGuard = Callable[[LaneSpec, int], tuple[Fence | None, Quota | None]]
 
 RECENT_RUNS = 20  # run times per model behind an ETA
-# Failures of one class in a row on one account before it is taken out of
-# service (`dispatcher.health.after_outcome`): one can be a hiccup (a busy
-# machine, a port taken); three, each after its retry delay, mean the account
-# or its browser is broken (a bad executable, a banned account, a full disk),
-# and a lane that kept trying would spend every task's attempts on it.
-# The setting `account_failures_for_attention` overrides it.
-BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
-# Error kinds that name the task, not the account: they never count.
-_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
 
 
 def polls(profile: Profile) -> bool:
@@ -106,8 +97,7 @@ class Scheduler:
         self._durations: dict[str, deque[float]] = {}
         self.run_history = RunHistory()
         self.rounds = 0
-        self.failures_for_attention = failures_for_attention
-        self._streaks: dict[str, Streak] = {}  # owner -> failures of one class in a row
+        self.health = AccountHealth(ledger, clock, accounts, failures_for_attention)
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
         self.effective_concurrency = effective_concurrency
         # What a claim proves in the store across hosts (a lease, a quota).
@@ -438,7 +428,7 @@ class Scheduler:
         durations = running.live.closed_durations(self.clock.now())
         match outcome:
             case RunResult():
-                self._streaks.pop(running.lane.owner, None)
+                self.health.succeeded(running.lane.owner)
                 done = await self.ledger.succeed(task, outcome.to_json(), durations)
                 if done is not None and done.state is State.SUCCESS and done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
@@ -453,7 +443,7 @@ class Scheduler:
                 await self._failed(running, outcome, durations)
 
     async def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
-        if await self._hold(running, error, durations):
+        if await self.health.hold(running, error, durations):
             return
         if error.kind == "stalled":
             self.stalled_reclaims += 1
@@ -463,53 +453,7 @@ class Scheduler:
         if running.lane.kind is Kind.WEB:
             # Only web accounts: a provider's bad spell (5xx, timeouts)
             # passes by itself, and retries already space out its tasks.
-            await self._count_failure(running.lane.owner, error)
-
-    async def _hold(self, running: Running, error: RunError, durations: dict[str, float]) -> bool:
-        """The account, not the task, failed: the task goes back to pending on
-        the same attempt (another account of its model may take it) and the
-        account changes state. True when that is what happened."""
-        owner, lane = running.lane.owner, running.lane
-        if isinstance(error, AccountHold) and error.kind == "usage_limit":
-            until = error.until
-            if until is None:
-                web = running.ctx.profile.web
-                cooldown_s = web.cooldown_s if web is not None else 3600.0
-                until = self.clock.now() + self.clock.scaled(cooldown_s)
-            await self.accounts.cool_down(owner, until, f"usage limit: {error}")
-        elif isinstance(error, AccountHold):
-            await self.accounts.needs_attention(owner, f"{error.kind}: {error}")
-        elif isinstance(error, AuthError) and lane.kind is Kind.WEB:
-            await self.accounts.needs_attention(owner, f"logged out: {error}")
-        elif lane.kind is Kind.API and error.kind in ("http_401", "http_403"):
-            await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
-        else:
-            return False
-        self._streaks.pop(owner, None)
-        stored = await self.ledger.current(running.task.id)
-        if stored is not None and stored.cancel_requested:
-            # Asked to cancel while it ran: that outcome wins over waiting.
-            await self.ledger.mark_canceled(running.task, durations)
-        else:
-            await self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
-        return True
-
-    async def _count_failure(self, owner: str, error: RunError) -> None:
-        """N failures of one class in a row on one lane owner: it needs an operator."""
-        kind = None if error.kind in _TASK_FAULTS else error.kind
-        decision = after_outcome(self._streaks.get(owner), kind, self.failures_for_attention)
-        if decision.streak is None:
-            self._streaks.pop(owner, None)
-        else:
-            self._streaks[owner] = decision.streak
-        if decision.attention is not None:
-            what = (
-                f"the browser failed to start {decision.failures} times in a row"
-                if error.kind == BROWSER_START_KIND
-                else decision.attention
-            )
-            reason = f"{what}; last: {error}"
-            await self.accounts.needs_attention(owner, reason[:MAX_REASON_CHARS])
+            await self.health.count_failure(running.lane.owner, error)
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""

@@ -11,25 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import os
 import signal
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import filelock
-import httpx
-from pydantic import ValidationError
 
 from dispatcher.accounts import AccountBook
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
-from dispatcher.errors import ConfigError, InputError, LockHeld
+from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.hostwatch import HostWatch
@@ -38,16 +36,27 @@ from dispatcher.http.security import Credentials
 from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
-from dispatcher.metrics import LoopLagProbe, Metrics
+from dispatcher.metrics import LoopLagProbe, Metrics, live_numbers
 from dispatcher.models import JSON, Kind, State
-from dispatcher.profiles import Profile, ProfileProblem, read_profiles
+from dispatcher.profiles import ProfileProblem, read_profiles
 from dispatcher.recovery import recover
-from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes, plan_reload
+from dispatcher.reload import plan_reload
+from dispatcher.reload_apply import add_api_providers, reload_settings, web_runner, why_not_live
 from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
 from dispatcher.serving import RunningServer, start_server
 from dispatcher.settings import Settings
+from dispatcher.statedir import (
+    LOCK_FILE,
+    PORT_FILE,
+    TOKEN_FILE,
+    make_private_dir,
+    make_private_files,
+    probe_running,
+    sqlite_files,
+    write_private,
+)
 from dispatcher.store import Store, dialect_of, open_store
 from dispatcher.webhooks import Webhooks
 
@@ -55,77 +64,6 @@ if TYPE_CHECKING:
     from webrunner.runner import WebRunner
 
 log = logging.getLogger("dispatcher.service")
-
-PORT_FILE = "port"
-TOKEN_FILE = "token"
-LOCK_FILE = "service.lock"
-
-
-def read_state_file(state_dir: Path, name: str) -> str | None:
-    try:
-        return (state_dir / name).read_text().strip()
-    except OSError:
-        return None
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, without a window where others could."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def _sqlite_files(url: str) -> list[Path]:
-    """The database file and its WAL companions, for a SQLite URL."""
-    if not url.startswith("sqlite:///"):
-        return []
-    main = Path(url.removeprefix("sqlite:///"))
-    return [main, main.with_name(main.name + "-wal"), main.with_name(main.name + "-shm")]
-
-
-def _make_private_dir(path: Path, what: str) -> None:
-    """Create `path` 0700, or tighten it to 0700; refuse one another user owns.
-
-    Another user's dir cannot be made private by us (they can always chmod
-    it back), so the service refuses it rather than writing prompts there.
-    """
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise ConfigError(
-            f"{what} {path} is owned by uid {info.st_uid}, not by this user (uid "
-            f"{os.getuid()}); it holds prompts, results and the token, so it must be "
-            "this user's own: use another DISPATCHER_STATE_DIR or chown it"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        os.chmod(path, 0o700)
-        log.warning("%s %s was mode %o; tightened to 700", what, path, mode)
-
-
-def _make_private_files(paths: list[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_IMODE(path.stat().st_mode) != 0o600:
-                os.chmod(path, 0o600)
-
-
-async def probe_running(state_dir: Path) -> int | None:
-    """The port of a dispatcher still answering for this state dir, if any."""
-    port = read_state_file(state_dir, PORT_FILE)
-    if not port or not port.isdigit():
-        return None
-    try:
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            response = await client.get(f"http://127.0.0.1:{port}/healthz")
-    except httpx.HTTPError:
-        return None
-    return (
-        int(port) if response.headers.get("x-dispatcher") or response.status_code == 200 else None
-    )
 
 
 class Phase(enum.Enum):
@@ -174,7 +112,7 @@ class Service:
         # Everything the service writes (database, results, logs of prompts)
         # is for this user only; restored at stop for in-process callers.
         stack.callback(os.umask, os.umask(0o077))
-        _make_private_dir(self.state_dir, "state dir")
+        make_private_dir(self.state_dir, "state dir")
         lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
         try:
             lock.acquire()
@@ -281,15 +219,15 @@ class Service:
                 if auth_env:
                     redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
-        _make_private_dir(settings.results_dir, "results dir")
-        _make_private_dir(self.state_dir / "cache", "cache dir")
+        make_private_dir(settings.results_dir, "results dir")
+        make_private_dir(self.state_dir / "cache", "cache dir")
         if not settings.input_dirs:
-            _make_private_dir(self.state_dir / "inputs", "inputs dir")
-        database = _sqlite_files(settings.resolved_database_url)
-        _make_private_files(database)  # one an older version made 0644
+            make_private_dir(self.state_dir / "inputs", "inputs dir")
+        database = sqlite_files(settings.resolved_database_url)
+        make_private_files(database)  # one an older version made 0644
         self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
         stack.push_async_callback(self.store.close)
-        _make_private_files(database)
+        make_private_files(database)
         self.cache = ResultCache(
             self.store.cache_index,
             self.state_dir / "cache",
@@ -396,7 +334,7 @@ class Service:
         # Event streams end before the server stops: an open one would hold
         # its graceful shutdown for the whole grace period.
         stack.callback(self.events.close)
-        _write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
+        write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
         (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
         if dialect_of(settings.resolved_database_url) == "postgresql":
             # Other hosts' task writes reach this host's bus (wake-ups, cancels, SSE).
@@ -420,10 +358,7 @@ class Service:
         )
 
     def _web_runner(self) -> WebRunner | None:
-        from webrunner.runner import WebRunner
-
-        runner = self.runners.get(Kind.WEB)
-        return runner if isinstance(runner, WebRunner) else None
+        return web_runner(self.runners)
 
     async def _relane(self) -> None:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
@@ -453,24 +388,7 @@ class Service:
 
     def refused_lanes(self) -> list[JSON]:
         """A lane per web account another host holds, for the lanes list."""
-        return [
-            {
-                "name": f"web:{account}",
-                "kind": Kind.WEB.value,
-                "owner": account,
-                "account": account,
-                "models": [],
-                "concurrency": 0,
-                "enabled": False,
-                "needs_attention": False,
-                "reason": refusal.message,
-                "invalid": refusal.message,
-                "refused": refusal.owner,
-                "queued": 0,
-                "running": [],
-            }
-            for account, refusal in sorted(self.hosts.refused.items())
-        ]
+        return self.hosts.refused_lanes()
 
     async def _take_over(self, host: str) -> None:
         """A dead host's running tasks, recovered here by the start-up rules.
@@ -509,56 +427,18 @@ class Service:
             retry_delay_s=self.clock.scaled(self.settings.retry_delay_s),
         )
 
-    async def _live_numbers(self) -> dict[str, Any]:
-        counters: dict[str, int] = {
-            "dedup_hits": self.ledger.dedup_hits,
-            "cache_hits": self.ledger.cache_hits,
-            "retries": self.ledger.retries,
-            "stale_reclaims": self.ledger.stale_reclaims,
-            "stalled_reclaims": self.scheduler.stalled_reclaims,
-        }
-        remote: dict[tuple[str, str], int] = {}
-        for runner in self.runners.values():
-            stats = runner.stats()
-            remote.update(stats.remote_requests)
-            for key, value in stats.counters.items():
-                counters[key] = counters.get(key, 0) + value
-        return {
-            "state_counts": await self.store.state_counts(),
-            "lanes": await self.scheduler.lanes_view(),
-            "accounts": self.accounts.views(),
-            "counters": counters,
-            "remote_requests": remote,
-            "event_loop_lag_s": self.lag_probe.max_lag_s(),
-        }
-
     async def metrics_payload(self) -> tuple[bytes, str]:
-        self._scraped = await self._live_numbers()
+        self._scraped = await live_numbers(
+            self.store,
+            self.ledger,
+            self.scheduler,
+            self.accounts,
+            self.runners.values(),
+            self.lag_probe,
+        )
         return self.metrics.render()
 
     # -- reload ----------------------------------------------------------------
-    def _why_not_live(self, profile: Profile) -> str | None:
-        """Why a new or changed profile cannot be served without a restart, if so.
-
-        A web account it brings is taken on here (locked, its dir made), so
-        that its lane can open with the reload.
-        """
-        runner = self.runners.get(profile.kind)
-        if runner is None:
-            kind = profile.kind.value
-            return f"no {kind} runner was started (no {kind} model at start)"
-        url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
-        if not runner.allowlist.allows(url):
-            return f"host of {url} is not on this run's outbound allowlist"
-        web = self._web_runner()
-        if profile.kind is Kind.WEB and web is not None:
-            for account in profile.accounts:
-                try:
-                    web.add_account(account)
-                except (InputError, LockHeld, ConfigError) as exc:
-                    return str(exc)
-        return None
-
     async def reload(self) -> JSON:
         """Re-read the profiles; apply what running lanes can serve; report what changed.
 
@@ -566,13 +446,15 @@ class Service:
         removed model wait (their answer says why) until it comes back.
         """
         async with self._reloading:
-            settings_answer = self._reload_settings()
+            self.settings, settings_answer = reload_settings(
+                self.settings, self.profiles, self.runners, self.cache
+            )
             found = await asyncio.to_thread(
                 read_profiles, self.settings.profiles_dir, self.demo_urls
             )
-            plan = plan_reload(self.profiles, found, self._why_not_live)
+            plan = plan_reload(self.profiles, found, functools.partial(why_not_live, self.runners))
             lanes = build_lanes(plan.profiles, self.settings)
-            await self._add_api_providers(plan.profiles, lanes)
+            await add_api_providers(self.runners, plan.profiles, lanes)
             # In place: the ledger and the scheduler hold this very mapping.
             self.profiles.clear()
             self.profiles.update(plan.profiles)
@@ -585,50 +467,6 @@ class Service:
         answer = {**plan.to_json(found), **settings_answer}
         self.events.publish(ProfilesReloaded(answer))
         return answer
-
-    def _reload_settings(self) -> JSON:
-        """Read the settings again; apply the live ones (LIVE_SETTINGS) or say why not."""
-        running = self.settings
-        try:
-            fresh = type(running)(**{name: getattr(running, name) for name in PINNED_SETTINGS})
-            changed = live_changes(running, fresh)
-            candidate = running.model_copy(update=changed)
-            self._check_concurrency(candidate)
-        except (ValidationError, ConfigError) as exc:
-            log.error("reload: settings not applied: %s", exc)
-            return {"settings": {}, "settings_error": str(exc)}
-        self.settings = candidate
-        web = self._web_runner()
-        if web is not None:
-            web.set_keep_alive(candidate.browser_keep_alive_s)
-        self.cache.max_bytes = candidate.cache_max_bytes
-        self.cache.ttl_s = candidate.cache_ttl_s
-        if changed:
-            log.info(
-                "reload: settings changed: %s",
-                ", ".join(f"{k}={v}" for k, v in sorted(changed.items())),
-            )
-        return {"settings": changed, "settings_error": None}
-
-    def _check_concurrency(self, settings: Settings) -> None:
-        from apirunner.runner import ApiRunner
-
-        runner = self.runners.get(Kind.API)
-        pools = runner.pool_size if isinstance(runner, ApiRunner) else lambda _: None
-        check_pools(build_lanes(self.profiles, settings), pools)
-
-    async def _add_api_providers(
-        self, profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]
-    ) -> None:
-        """A client for every API provider a reload brought (on an allowed host)."""
-        from apirunner.runner import ApiRunner
-
-        runner = self.runners.get(Kind.API)
-        if isinstance(runner, ApiRunner):
-            concurrency = {
-                lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
-            }
-            await runner.add_profiles(profiles, concurrency)
 
     def unloaded_note(self, model: str) -> str | None:
         """Why a pending task of `model` waits, when its model is not loaded."""

@@ -11,32 +11,23 @@ deadline still work.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import hashlib
-import mimetypes
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urljoin
+from urllib.parse import urljoin
 
-import httpx
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import FilePayload, Locator, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from apirunner.refimages import Prepared
-from dispatcher import fetch
 from dispatcher.clock import Clock
-from dispatcher.errors import AccountHold, AuthError, PermanentError, TransientError
-from dispatcher.fetch import HostCheck
+from dispatcher.errors import AccountHold, AuthError, TransientError
 from dispatcher.health import parse_reset
-from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
-from dispatcher.runner import ResultFile, RunContext
+from dispatcher.runner import RunContext
 
 T = TypeVar("T")
 
@@ -51,17 +42,6 @@ STOP_CLICK_S = 2.0
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
         ? e.querySelector('source[src]').src : '') || e.getAttribute('src') || '')"""
-
-# None when the blob is larger than the cap: it never crosses to Python.
-_BLOB_JS = """async ([url, maxBytes]) => {
-    const blob = await (await fetch(url)).blob();
-    if (blob.size > maxBytes) return null;
-    const buf = new Uint8Array(await blob.arrayBuffer());
-    let s = '';
-    for (let i = 0; i < buf.length; i += 0x8000)
-        s += String.fromCharCode.apply(null, buf.subarray(i, i + 0x8000));
-    return btoa(s);
-}"""
 
 
 def compose_message(spec: WebSpec, prompt: str) -> str:
@@ -89,7 +69,7 @@ class Budget:
         return TransientError(f"timed out after {self.label} while {what}", kind="timeout")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return str(text).strip().splitlines()[0][:300]
 
@@ -110,9 +90,9 @@ async def page_step(
             aw, budget.remaining(ctx.clock), what=what, budget_label=budget.label, alive=alive
         )
     except PlaywrightTimeoutError as exc:
-        raise TransientError(f"{what}: {_first_line(exc)}", kind="timeout") from exc
+        raise TransientError(f"{what}: {first_line(exc)}", kind="timeout") from exc
     except PlaywrightError as exc:
-        raise TransientError(f"{what}: {_first_line(exc)}", kind="browser") from exc
+        raise TransientError(f"{what}: {first_line(exc)}", kind="browser") from exc
 
 
 # A page that keeps navigating while we wait is broken, not signed out.
@@ -469,159 +449,3 @@ class PageDriver:
             sources = await self._media_look()
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]
-
-    async def download_media(
-        self, urls: list[str], result_dir: Path, *, allowlist: HostCheck, max_bytes: int
-    ) -> list[ResultFile]:
-        """Fetch the media the answer shows, through the one fetch path.
-
-        Every hop is checked against the allowlist (a page is untrusted: it
-        may point at any host, or redirect there). The site's cookies and
-        the full Referer go to the page's own origin only, host and port.
-        """
-        if not urls:
-            return []
-        await self.ctx.set_stage(Stage.DOWNLOADING, 0.0)
-        _make_dir(result_dir)
-        files: list[ResultFile] = []
-        page_url = self.page.url
-        cookies = await self._call(
-            self.page.context.cookies([page_url]), "reading the page's cookies"
-        )
-        user_agent = await self._call(
-            self.page.evaluate("navigator.userAgent"), "reading the user agent"
-        )
-        page = httpx.URL(page_url)
-        credentials = {"Referer": page_url}
-        cookie_header = "; ".join(
-            f"{c['name']}={c['value']}" for c in cookies if c.get("name") and "value" in c
-        )
-        if cookie_header:
-            credentials["Cookie"] = cookie_header
-        # Elsewhere only the page's origin, as a browser's default policy sends.
-        headers = {"User-Agent": user_agent, "Referer": f"{page.scheme}://{page.netloc.decode()}/"}
-        client = fetch.without_cookie_jar(
-            httpx.AsyncClient(timeout=httpx.Timeout(60.0), follow_redirects=False)
-        )
-        async with client:
-            for index, url in enumerate(urls):
-                self.ctx.check_canceled()
-                prefix = f"{index:02d}-"
-                if url.startswith("data:"):
-                    target = result_dir / f"{prefix}media-{index}"
-                    files.append(_save_data_url(url, target, max_bytes))
-                elif url.startswith("blob:"):
-                    b64 = await self._call(
-                        self.page.evaluate(_BLOB_JS, [url, max_bytes]), "reading a blob"
-                    )
-                    if b64 is None:
-                        raise fetch.too_large(f"the media blob {index}", max_bytes)
-                    target = result_dir / f"{prefix}media-{index}"
-                    files.append(_save_bytes(base64.b64decode(b64), target, None))
-                else:
-                    out = fetch.Outbound(
-                        "GET",
-                        url,
-                        headers=headers,
-                        credentials=credentials,
-                        credentials_origin=fetch.origin_of(page),
-                    )
-                    files.append(
-                        await self._download(client, allowlist, out, result_dir, index, max_bytes)
-                    )
-                await self.ctx.set_stage(Stage.DOWNLOADING, (index + 1) / len(urls))
-        return files
-
-    async def _download(
-        self,
-        client: httpx.AsyncClient,
-        allowlist: HostCheck,
-        out: fetch.Outbound,
-        result_dir: Path,
-        index: int,
-        max_bytes: int,
-    ) -> ResultFile:
-        # The fetch's own deadline is the phase's budget and ends it with a
-        # permanent error; the guard gets a second more, as a backstop only.
-        remaining_s = self.budget.remaining(self.ctx.clock)
-        backstop = Budget(self.budget.deadline + 1.0, self.budget.label)
-        return await page_step(
-            self.ctx,
-            self._stream(client, allowlist, out, result_dir, index, max_bytes, remaining_s),
-            what=f"downloading {out.url}",
-            budget=backstop,
-            alive=True,
-        )
-
-    async def _stream(
-        self,
-        client: httpx.AsyncClient,
-        allowlist: HostCheck,
-        out: fetch.Outbound,
-        result_dir: Path,
-        index: int,
-        max_bytes: int,
-        deadline_s: float,
-    ) -> ResultFile:
-        url = str(out.url)
-        try:
-            async with (
-                fetch.deadline(deadline_s, f"downloading {url}", self.budget.label),
-                fetch.open_stream(client, allowlist, out) as response,
-            ):
-                status = response.status_code
-                if status >= 300:
-                    retryable = status >= 500 or status in (408, 429)
-                    error = TransientError if retryable else PermanentError
-                    raise error(f"downloading {url}: HTTP {status}", kind=f"http_{status}")
-                return await fetch.save_stream(
-                    response,
-                    result_dir,
-                    stem=f"media-{index}",
-                    max_bytes=max_bytes,
-                    prefix=f"{index:02d}-",
-                    on_chunk=self.ctx.beat,
-                )
-        except httpx.HTTPError as exc:
-            raise TransientError(f"downloading {url}: {_first_line(exc)}", kind="download") from exc
-
-
-def _content_type(header: str | None, target: Path) -> str:
-    if header:
-        return header.split(";")[0].strip() or "application/octet-stream"
-    guessed, _ = mimetypes.guess_type(target.name)
-    return guessed or "application/octet-stream"
-
-
-def _make_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-
-
-def _result_file(target: Path, size: int, content_type: str | None, sha256: str) -> ResultFile:
-    return ResultFile(
-        path=str(target.resolve()),
-        name=target.name,
-        size=size,
-        content_type=_content_type(content_type, target),
-        sha256=sha256,
-    )
-
-
-def _save_bytes(data: bytes, target: Path, content_type: str | None) -> ResultFile:
-    target.write_bytes(data)
-    return _result_file(target, len(data), content_type, hashlib.sha256(data).hexdigest())
-
-
-def _save_data_url(url: str, target: Path, max_bytes: int) -> ResultFile:
-    header, _, payload = url.partition(",")
-    if len(payload) // 4 * 3 > max_bytes:  # the decoded size, at least
-        raise fetch.too_large("a media data: URL", max_bytes)
-    meta = header[len("data:") :]
-    content_type = meta.split(";")[0] or "text/plain"
-    try:
-        data = base64.b64decode(payload) if meta.endswith(";base64") else unquote(payload).encode()
-    except (binascii.Error, ValueError) as exc:
-        raise PermanentError("a media result is a malformed data: URL", kind="download") from exc
-    if len(data) > max_bytes:
-        raise fetch.too_large("a media data: URL", max_bytes)
-    return _save_bytes(data, target, content_type)

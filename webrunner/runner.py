@@ -46,6 +46,7 @@ from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_b
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
+from webrunner.media import download_media
 from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, page_step
 
 # Real seconds for self-check, launch and CDP connect together (each step
@@ -398,7 +399,8 @@ class WebRunner:
         text = await driver.wait_answer(before)
         t_answer = time.monotonic()
         driver.budget = self._generation_budget(spec)
-        files = await driver.download_media(
+        files = await download_media(
+            driver,
             await driver.media_sources(),
             ctx.result_dir,
             allowlist=self.allowlist,

@@ -17,9 +17,9 @@ from dispatcher.fetch import result_file_name
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import Interruption, RunContext
+from webrunner.media import _save_data_url
 from webrunner.page import (
     Budget,
-    _save_data_url,
     compose_message,
     page_step,
 )

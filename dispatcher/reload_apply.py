@@ -1,0 +1,114 @@
+"""The apply step of a reload (`reload.py` plans it): what the running parts take live.
+
+The settings are read again and the live ones pushed into the runners and
+the cache; a profile is checked against the runners it would need; an API
+provider a reload brings gets its client. The service calls these in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from dispatcher.errors import ConfigError, InputError, LockHeld
+from dispatcher.lanes import LaneSpec, build_lanes
+from dispatcher.models import JSON, Kind
+from dispatcher.profiles import Profile
+from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes
+from dispatcher.runner import Runner
+from dispatcher.settings import Settings
+
+if TYPE_CHECKING:
+    from dispatcher.cache import ResultCache
+    from webrunner.runner import WebRunner
+
+# The reload's lines are the service's own (operators filter on this name).
+log = logging.getLogger("dispatcher.service")
+
+
+def web_runner(runners: Mapping[Kind, Runner]) -> WebRunner | None:
+    from webrunner.runner import WebRunner
+
+    runner = runners.get(Kind.WEB)
+    return runner if isinstance(runner, WebRunner) else None
+
+
+def why_not_live(runners: Mapping[Kind, Runner], profile: Profile) -> str | None:
+    """Why a new or changed profile cannot be served without a restart, if so.
+
+    A web account it brings is taken on here (locked, its dir made), so
+    that its lane can open with the reload.
+    """
+    runner = runners.get(profile.kind)
+    if runner is None:
+        kind = profile.kind.value
+        return f"no {kind} runner was started (no {kind} model at start)"
+    url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
+    if not runner.allowlist.allows(url):
+        return f"host of {url} is not on this run's outbound allowlist"
+    web = web_runner(runners)
+    if profile.kind is Kind.WEB and web is not None:
+        for account in profile.accounts:
+            try:
+                web.add_account(account)
+            except (InputError, LockHeld, ConfigError) as exc:
+                return str(exc)
+    return None
+
+
+def reload_settings(
+    running: Settings,
+    profiles: Mapping[str, Profile],
+    runners: Mapping[Kind, Runner],
+    cache: ResultCache,
+) -> tuple[Settings, JSON]:
+    """Read the settings again; apply the live ones (LIVE_SETTINGS) or say why not.
+
+    Returns the settings now in force (the running ones when refused) and
+    the reload answer's settings part."""
+    try:
+        fresh = type(running)(**{name: getattr(running, name) for name in PINNED_SETTINGS})
+        changed = live_changes(running, fresh)
+        candidate = running.model_copy(update=changed)
+        _check_concurrency(profiles, candidate, runners)
+    except (ValidationError, ConfigError) as exc:
+        log.error("reload: settings not applied: %s", exc)
+        return running, {"settings": {}, "settings_error": str(exc)}
+    web = web_runner(runners)
+    if web is not None:
+        web.set_keep_alive(candidate.browser_keep_alive_s)
+    cache.max_bytes = candidate.cache_max_bytes
+    cache.ttl_s = candidate.cache_ttl_s
+    if changed:
+        log.info(
+            "reload: settings changed: %s",
+            ", ".join(f"{k}={v}" for k, v in sorted(changed.items())),
+        )
+    return candidate, {"settings": changed, "settings_error": None}
+
+
+def _check_concurrency(
+    profiles: Mapping[str, Profile], settings: Settings, runners: Mapping[Kind, Runner]
+) -> None:
+    from apirunner.runner import ApiRunner
+
+    runner = runners.get(Kind.API)
+    pools = runner.pool_size if isinstance(runner, ApiRunner) else lambda _: None
+    check_pools(build_lanes(profiles, settings), pools)
+
+
+async def add_api_providers(
+    runners: Mapping[Kind, Runner], profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]
+) -> None:
+    """A client for every API provider a reload brought (on an allowed host)."""
+    from apirunner.runner import ApiRunner
+
+    runner = runners.get(Kind.API)
+    if isinstance(runner, ApiRunner):
+        concurrency = {
+            lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
+        }
+        await runner.add_profiles(profiles, concurrency)

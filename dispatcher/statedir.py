@@ -1,0 +1,91 @@
+"""The state dir: its port, token and lock files, and its files private to this user.
+
+The state dir holds prompts, results, the database and the token; nothing
+the service writes there may be readable by another user, not even for the
+moment between creating a file and tightening it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+import httpx
+
+from dispatcher.errors import ConfigError
+
+log = logging.getLogger("dispatcher.service")
+
+PORT_FILE = "port"
+TOKEN_FILE = "token"
+LOCK_FILE = "service.lock"
+
+
+def read_state_file(state_dir: Path, name: str) -> str | None:
+    try:
+        return (state_dir / name).read_text().strip()
+    except OSError:
+        return None
+
+
+async def probe_running(state_dir: Path) -> int | None:
+    """The port of a dispatcher still answering for this state dir, if any."""
+    port = read_state_file(state_dir, PORT_FILE)
+    if not port or not port.isdigit():
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            response = await client.get(f"http://127.0.0.1:{port}/healthz")
+    except httpx.HTTPError:
+        return None
+    return (
+        int(port) if response.headers.get("x-dispatcher") or response.status_code == 200 else None
+    )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, without a window where others could."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def sqlite_files(url: str) -> list[Path]:
+    """The database file and its WAL companions, for a SQLite URL."""
+    if not url.startswith("sqlite:///"):
+        return []
+    main = Path(url.removeprefix("sqlite:///"))
+    return [main, main.with_name(main.name + "-wal"), main.with_name(main.name + "-shm")]
+
+
+def make_private_dir(path: Path, what: str) -> None:
+    """Create `path` 0700, or tighten it to 0700; refuse one another user owns.
+
+    Another user's dir cannot be made private by us (they can always chmod
+    it back), so the service refuses it rather than writing prompts there.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{what} {path} is owned by uid {info.st_uid}, not by this user (uid "
+            f"{os.getuid()}); it holds prompts, results and the token, so it must be "
+            "this user's own: use another DISPATCHER_STATE_DIR or chown it"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        os.chmod(path, 0o700)
+        log.warning("%s %s was mode %o; tightened to 700", what, path, mode)
+
+
+def make_private_files(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(path.stat().st_mode) != 0o600:
+                os.chmod(path, 0o600)
