@@ -43,7 +43,10 @@ async def test_cache_file_copies_run_off_the_event_loop(
 
 
 async def test_identical_submits_racing_through_the_cache_make_one_task(tmp_path: Path) -> None:
-    time_scale = 0.005
+    # The scaled de-dup window (1.5 s here) must outlast four submits on a
+    # loaded machine: at 0.005 it was 0.15 s, and a slow cache copy let the
+    # last submit fall outside its twin's window.
+    time_scale = 0.05
     async with running_service(tmp_path, time_scale=time_scale) as h:
         first = await h.submit("demo-video", "race me", gen_s=1)
         assert (await h.wait_task(first["id"]))["state"] == "success"
