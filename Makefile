@@ -21,8 +21,7 @@ demo: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	# Two workers, a test file each at a time: 12.5 min serial, 9 min here.
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q
 
 lint: venv
 	$(BIN)/ruff check .
