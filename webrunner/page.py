@@ -125,7 +125,7 @@ class _Look:
     busy: bool
     text: str | None  # the latest answer's text
     done_text: str | None  # the text of the latest answer marked done
-    media: list[str]  # the media elements' sources, as the page has them
+    media: int  # how many media elements the answer has so far
     hold: _HoldLook
 
 
@@ -144,8 +144,6 @@ class PageDriver:
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
         self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
-        # The media sources seen by the look that found the answer finished.
-        self._answer_media: list[str] | None = None
 
     # -- small helpers ---------------------------------------------------
 
@@ -279,12 +277,20 @@ class PageDriver:
                 self._text(spec.answer, "reading the answer"),
                 self._text(spec.done, "checking the done marker"),
             ),
-            self._media_look(),
+            self._media_count(),
             self._hold_look(),
         )
         return _Look(error, logged_out, busy, text, done_text, media, hold)
 
-    async def _media_look(self) -> list[str]:
+    async def _media_count(self) -> int:
+        """How many media elements the answer has: a look counts them, and
+        only the finished answer's sources are read (a `data:` URL can be
+        megabytes, too much to ship on every look)."""
+        if not self.spec.media:
+            return 0
+        return await self._call(self._loc(self.spec.media).count(), "counting media results")
+
+    async def _media_list(self) -> list[str]:
         """The media elements' sources as the page has them (empty for none yet)."""
         if not self.spec.media:
             return []
@@ -395,7 +401,7 @@ class PageDriver:
             if logged_out:
                 raise self._logged_out_error()
             now = clock.monotonic()
-            media = len(look.media)
+            media = look.media
             if text != last_text or media != last_media:
                 last_text, last_media, last_change = text, media, now
             if busy or (text is not None and text != before):
@@ -410,9 +416,6 @@ class PageDriver:
             # The done marker must be on this answer, not on an earlier one.
             marked = look.done_text is not None and look.done_text == text
             if started and not busy and text and (marked or now - last_change >= self.stable_s):
-                # The look that saw it finished saw its media too: no further
-                # round trip to list them.
-                self._answer_media = look.media
                 return text
             await self.ctx.guard(asyncio.sleep(self.poll_s))
 
@@ -443,9 +446,7 @@ class PageDriver:
     # -- media -------------------------------------------------------------
 
     async def media_sources(self) -> list[str]:
-        """The answer's media URLs, from the look that saw it finished (else read now)."""
-        sources = self._answer_media
-        if sources is None:
-            sources = await self._media_look()
+        """The finished answer's media URLs."""
+        sources = await self._media_list()
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]
