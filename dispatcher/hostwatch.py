@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from dispatcher.clock import Clock
 from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
 from dispatcher.errors import StoreError
 from dispatcher.lanes import LaneSpec
-from dispatcher.models import JSON, Kind
+from dispatcher.models import JSON, Kind, State
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 
@@ -202,7 +203,8 @@ class HostWatch:
         for dead in dead_hosts(hosts, me=self.host, now=now, stale_after_s=self.stale_s):
             if await self.store.mark_host_dead(dead.host, now - self.stale_s, now):
                 log.warning(
-                    "host %r is dead (no heartbeat for %.1f s); recovering its running tasks",
+                    "host %r is silent for %.1f s (dead, or stopped with tasks running); "
+                    "recovering its running tasks",
                     dead.host,
                     dead.silent_s,
                 )
@@ -219,3 +221,22 @@ class HostWatch:
             with contextlib.suppress(StoreError):
                 await self.store.release_lease(lease)
         self.leases.clear()
+        if self.shared:
+            with contextlib.suppress(StoreError):
+                await self._sign_off()
+
+    async def _sign_off(self) -> None:
+        """A clean stop that leaves nothing running leaves the registry too, so
+        the other hosts do not report it dead 90 s later. One that leaves API
+        jobs running stays registered: if it is not back within the stale
+        bound, a live host resumes them (they are not stranded until a
+        restart that may never come)."""
+        if await self.store.tasks_in_state(State.RUNNING, host=self.host):
+            log.info(
+                "host %r stops with tasks still running: it resumes them at its next start, "
+                "or another host does if it is not back within %.0f s",
+                self.host,
+                self.stale_s,
+            )
+            return
+        await self.store.mark_host_dead(self.host, math.inf, self.clock.now())

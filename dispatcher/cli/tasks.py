@@ -170,6 +170,8 @@ def _task_table(task: dict[str, Any]) -> Table:
         ("job", task.get("job_id") or "-"),
         ("model", f"{task['model']} ({task['kind']})"),
         ("lane", f"{task['kind']}:{task['owner']}" if task.get("owner") else "-"),
+        # With several hosts on one database, where it ran says where its files are.
+        ("host", task.get("host") or "-"),
         (
             "state",
             task["state"]

@@ -134,6 +134,8 @@ def test_status_takes_a_prefix_and_says_where_the_result_is(
     path = clip["result"]["files"][0]["path"]
     assert path in shown.stdout.replace("\n", "") and Path(path).is_file()
     assert "clip" in shown.stdout and "attempts" in shown.stdout
+    # Which host made it (with several hosts, where its files are).
+    assert clip["host"] and f"host     │ {clip['host']}" in shown.stdout
     job = service.cli("status", finished_job[:4], "--json")
     assert json.loads(job.stdout)["id"] == finished_job
 

@@ -1,0 +1,75 @@
+"""A host that stops cleanly is not reported dead by the others; one that
+stops with API jobs still running is, after the stale bound, and its jobs are
+recovered (PostgreSQL: the only store several hosts share)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.clock import FakeClock
+from dispatcher.hostwatch import HostWatch
+from dispatcher.models import Kind, State, Task
+from dispatcher.store import Store, open_store
+from tests.pgdb import fresh_database
+
+
+def _watch(store: Store, clock: FakeClock, host: str, dead: list[str]) -> HostWatch:
+    async def on_dead(name: str) -> None:
+        dead.append(name)
+
+    async def on_lost(account: str) -> None:
+        raise AssertionError(f"no lease here: {account}")
+
+    watch = HostWatch(store, clock, host, shared=True, on_dead=on_dead, on_lost=on_lost)
+    watch.take_over_dead = True
+    return watch
+
+
+def _task(task_id: str, now: float) -> Task:
+    return Task(
+        id=task_id,
+        model="m",
+        kind=Kind.API,
+        lane_group="g",
+        params={"prompt": "p"},
+        fingerprint=f"fp-{task_id}",
+        created_at=now,
+    )
+
+
+@pytest.mark.parametrize("leaves_a_job_running", [False, True])
+async def test_a_clean_stop_is_not_a_death_unless_it_leaves_jobs_running(
+    leaves_a_job_running: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    with fresh_database() as url:
+        a_store, b_store = await open_store(url, "a"), await open_store(url, "b")
+        try:
+            dead: list[str] = []
+            a, b = _watch(a_store, clock, "a", dead), _watch(b_store, clock, "b", [])
+            await a.register()
+            await b.register()
+            if leaves_a_job_running:
+                await b_store.insert_tasks([_task("t1", clock.now())])
+                run = {"account": "prov", "host": "b", "started_at": clock.now()}
+                assert await b_store.claim_next(["g"], 10.0, run) is not None
+            await b.aclose()
+
+            clock.advance(a.stale_s + 1)
+            await a.beat()
+
+            silent = [r.getMessage() for r in caplog.records if "is silent for" in r.getMessage()]
+            if leaves_a_job_running:
+                assert dead == ["b"] and len(silent) == 1
+                still = await a_store.tasks_in_state(State.RUNNING, host="b")
+                assert [t.id for t in still] == ["t1"]  # left for `_take_over`
+            else:
+                assert dead == [] and silent == []
+                (b_row,) = [h for h in await a_store.list_hosts() if h.id == "b"]
+                assert not b_row.alive
+                # And it comes back as a live host when it starts again.
+                await b.register()
+                assert [h.id for h in await a_store.list_hosts() if h.alive] == ["a", "b"]
+        finally:
+            await a_store.close()
+            await b_store.close()
