@@ -274,6 +274,10 @@ class Webhooks:
         self._announced[job_id] = None
         while len(self._announced) > MAX_REMEMBERED_JOBS:
             self._announced.popitem(last=False)
+        if not await self._store.tell_job_finish(job_id, summary.last_finished_at or 0.0):
+            # Another host finished the job's other last task at the same
+            # moment and tells this finish (each host tells its own writes).
+            return None
         failed = await self._store.list_tasks(
             states=[State.FAILED], job_id=job_id, limit=MAX_FAILED_LISTED
         )

@@ -144,6 +144,10 @@ class Store(Protocol):
     async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
         """Counts per state, cache answers and the last finish, for each job."""
 
+    async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
+        """True for exactly one caller (of all hosts) per finish of the job,
+        named by its latest task `finished_at`: `job.finished` is told once."""
+
     # -- accounts (web accounts and API providers) ---------------------------
     async def get_accounts(self) -> dict[str, Account]: ...
 

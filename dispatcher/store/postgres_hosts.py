@@ -51,6 +51,10 @@ class PostgresHostOps:
     async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
         return bool(await self._write1(sql.HOST_DEAD, (now, host, heartbeat_before)))
 
+    async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
+        rows = await self._write1(sql.JOB_FINISH_TELL, (last_finished_at, job_id, last_finished_at))
+        return bool(rows)
+
     # -- account leases --------------------------------------------------------
     async def acquire_lease(
         self, account: str, host: str, now: float, ttl_s: float

@@ -88,6 +88,11 @@ HOSTS_STALE = (
 HOST_DEAD = """UPDATE hosts SET dead_at = ? WHERE id = ? AND dead_at IS NULL AND heartbeat_at < ?
     RETURNING id"""
 
+# One host wins the telling of each finish of a job: the finish is named by
+# the job's latest `finished_at` (a retry's new finish has another).
+JOB_FINISH_TELL = """UPDATE jobs SET finish_told_at = ?
+    WHERE id = ? AND (finish_told_at IS NULL OR finish_told_at <> ?) RETURNING id"""
+
 GATE_SET = """INSERT INTO gates (provider, not_before) VALUES (?, ?)
     ON CONFLICT (provider) DO UPDATE SET not_before = excluded.not_before
     WHERE excluded.not_before > gates.not_before"""

@@ -41,6 +41,9 @@ class SqliteHostOps:
     async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
         return bool(self._write1(sql.HOST_DEAD, (now, host, heartbeat_before)))
 
+    async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
+        return bool(self._write1(sql.JOB_FINISH_TELL, (last_finished_at, job_id, last_finished_at)))
+
     # -- account leases --------------------------------------------------------
     async def acquire_lease(
         self, account: str, host: str, now: float, ttl_s: float

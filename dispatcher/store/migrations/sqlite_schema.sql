@@ -2,7 +2,8 @@
 CREATE TABLE jobs (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    finish_told_at REAL  -- the job's last finish `job.finished` was told for
 );
 
 CREATE TABLE tasks (

@@ -430,3 +430,15 @@ async def test_queue_positions_count_every_hosts_tasks() -> None:
         finally:
             await a.close()
             await b.close()
+
+
+async def test_each_finish_of_a_job_is_told_by_exactly_one_host(open_stores: OpenStore) -> None:
+    a, b = await open_stores("h1"), await open_stores("h2")
+    await a.insert_tasks([_task("t1", job_id="job-1")], Job("job-1", "a batch", 5.0))
+    # Both hosts saw the job end at 20.0 (each finished one of its last tasks).
+    told = await asyncio.gather(*(s.tell_job_finish("job-1", 20.0) for s in (a, b, a, b)))
+    assert sorted(told) == [False, False, False, True]
+    # A retried task's new finish is another finish: told once more.
+    assert await b.tell_job_finish("job-1", 31.5) is True
+    assert await a.tell_job_finish("job-1", 31.5) is False
+    assert await a.tell_job_finish("no-such-job", 31.5) is False
