@@ -75,8 +75,10 @@ def _jsonl(path: Path, raw: str) -> list[BatchLine]:
                 )
             task = item
         else:
-            task = {"model": item.get("model"),
-                    "params": {k: v for k, v in item.items() if k not in _CSV_TOP}}
+            task = {
+                "model": item.get("model"),
+                "params": {k: v for k, v in item.items() if k not in _CSV_TOP},
+            }
             for key in ("force", "ref"):
                 if key in item:
                     task[key] = item[key]

@@ -27,9 +27,17 @@ SESSION_TTL_S = 12 * 3600.0
 # Reachable without the token: the dashboard shell (it shows no data by
 # itself), the one-time-code exchange that gives it a session, and `/livez`
 # for process monitors (it says "alive" and nothing else).
-PUBLIC_PATHS = frozenset({"/", "/v1/session", "/livez", "/static/dashboard.js",
-                          "/static/dashboard-pages.js", "/static/dashboard.css",
-                          "/static/dashboard-login.js"})
+PUBLIC_PATHS = frozenset(
+    {
+        "/",
+        "/v1/session",
+        "/livez",
+        "/static/dashboard.js",
+        "/static/dashboard-pages.js",
+        "/static/dashboard.css",
+        "/static/dashboard-login.js",
+    }
+)
 # Only the token opens these: a dashboard session must not mint more sessions.
 TOKEN_ONLY_PATHS = frozenset({"/v1/dashboard-code"})
 # Writes made with the session cookie must carry this header. A cross-site page
