@@ -15,7 +15,8 @@ exceed its concurrency quota, dedupes ``Idempotency-Key`` replays, and fails
 on demand: ``POST /__mode`` (storms of 429/5xx, slow answers, dropped
 connections, failing jobs) or per prompt (``[fail=permanent]``,
 ``[fail=transient]``, ``[status=400]``, ``[duration=2]``). ``GET /__stats``
-shows what it saw; ``POST /__reset`` forgets everything. Generation times are
+shows what it saw, ``GET /__jobs`` when each job ends (wall clock);
+``POST /__reset`` forgets everything. Generation times are
 nominal seconds times `time_scale`; Retry-After values are real time.
 """
 
@@ -537,6 +538,19 @@ class DemoProvider:
             }
         )
 
+    async def get_jobs(self, request: Request) -> Response:
+        """Each job's end as a wall-clock epoch: a benchmark measures how late a
+        client noticed the end against the vendor's own, not its submit time."""
+        now, wall = time.monotonic(), time.time()
+        return JSONResponse(
+            {
+                "jobs": [
+                    {"id": j.id, "phase": j.phase(now), "ends_at": wall + (j.ends - now)}
+                    for j in self.jobs.values()
+                ]
+            }
+        )
+
     async def post_reset(self, request: Request) -> Response:
         self.reset()
         return JSONResponse({"ok": True})
@@ -556,6 +570,7 @@ class DemoProvider:
     def routes(self) -> list[Route]:
         return [
             Route("/__stats", self.get_stats, methods=["GET"]),
+            Route("/__jobs", self.get_jobs, methods=["GET"]),
             Route("/__reset", self.post_reset, methods=["POST"]),
             Route("/__mode", self.post_mode, methods=["POST"]),
             Route("/__keys/{switch}", self.plan.switch_keys, methods=["POST"]),
