@@ -1,7 +1,7 @@
 """`make venv`'s last step: make sure a Chromium exists for the web runner.
 
-Playwright's own installer first; when that fails (no download allowed, an
-unsupported distribution) and we are root, the system package manager.
+The system package manager first when we are root; Playwright's own
+download only when that is not possible (not root, not a Debian-like system).
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ def ensure_browser() -> str | None:
     if found:
         return found
     print("no Chromium found; installing one", flush=True)
-    if _run([sys.executable, "-m", "playwright", "install", "chromium"]) and find_browser():
-        return find_browser()
+    # The distribution's package first: it gets security updates with the
+    # system, and needs no download from outside the package mirrors.
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env_ok = _run(["apt-get", "update", "-qq"])
-        if env_ok and _run(["apt-get", "install", "-y", "-qq", "chromium"]):
+        if env_ok and _run(["apt-get", "install", "-y", "-qq", "chromium"]) and find_browser():
             return find_browser()
+    if _run([sys.executable, "-m", "playwright", "install", "chromium"]) and find_browser():
+        return find_browser()
     return None
 
 

@@ -44,6 +44,7 @@ _PORT_BUSY = "Cannot start http server for devtools"
 STARTUP_TIMEOUT_S = 30.0
 # How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
 SWEEP_S = 5.0
+SWEEP_CONFIRM_S = 0.05
 # How long a SIGKILLed browser (and each known child) may take to be gone
 # before the sweep looks for what is left.
 KILL_WAIT_S = 2.0
@@ -393,12 +394,19 @@ def sweep_profile(user_data_dir: Path, port: int | None) -> list[int]:
     """
     deadline = time.monotonic() + SWEEP_S
     alive: list[psutil.Process] = []
+    seen_empty = False
     while time.monotonic() < deadline:
         matches, _ = find_leftovers(user_data_dir, port=port)
-        if not matches:
-            alive = []
-            break
         alive = [proc for proc, _found in matches]
+        if not matches:
+            # One empty look may have raced a fork (a process table walk
+            # passes a new low PID once PIDs wrap): clean means twice in a row.
+            if seen_empty:
+                break
+            seen_empty = True
+            time.sleep(SWEEP_CONFIRM_S)
+            continue
+        seen_empty = False
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()

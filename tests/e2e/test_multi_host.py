@@ -40,6 +40,10 @@ TIME_SCALE = 0.05
 QUOTA = 3
 API_TASKS = 130
 WEB_TASKS = 20
+# Nominal seconds per web answer: 20 answers on 4 accounts keep host A's
+# web lane busy ~10 s real, a window the kill below cannot miss on a busy
+# machine (at 10, all of A's answers could be over in 2 s).
+WEB_DURATION = 40
 WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
 # The batch takes 30-40 s on a busy 2-core machine; a task still unfinished
 # well past that is stuck, and the message says where.
@@ -123,7 +127,7 @@ def _batch() -> list[dict[str, Any]]:
         for i in range(API_TASKS)
     ]
     web = [
-        {"model": "demo-chat", "params": {"prompt": f"answer {i} [duration=10]"}}
+        {"model": "demo-chat", "params": {"prompt": f"answer {i} [duration={WEB_DURATION}]"}}
         for i in range(WEB_TASKS)
     ]
     tasks = api + web
@@ -178,6 +182,7 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
 
             # Kill host A while it runs a web task and polls a remote job.
             deadline = time.monotonic() + 60
+            seen: list[tuple[float, int, int, int]] = []
             while time.monotonic() < deadline:
                 web_running, api_polling, done = _rows(
                     db,
@@ -190,9 +195,17 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                 )[0]
                 if web_running and api_polling and done >= 15:
                     break
+                if not seen or seen[-1][1:] != (web_running, api_polling, done):
+                    seen.append((time.monotonic() - started, web_running, api_polling, done))
                 time.sleep(0.05)
             else:
-                raise AssertionError("host A never ran a web task and an API job at once")
+                changes = "\n".join(
+                    f"  {t:5.1f} s: A web {w}, A polling {a}, done {d}" for t, w, a, d in seen
+                )
+                raise AssertionError(
+                    f"host A never ran a web task and an API job at once:\n{changes}\n"
+                    + "\n".join(hosts["a"].log().splitlines()[-40:])
+                )
             hosts["a"].kill9()
             killed_at = time.time()
             orphans = _rows(db, "SELECT id FROM tasks WHERE host = 'host-a' AND state = 'running'")
