@@ -123,7 +123,7 @@ def service_client(state_dir: Path) -> httpx.Client:
     return httpx.Client(
         base_url=f"http://127.0.0.1:{port}",
         headers={"Authorization": f"Bearer {token}"},
-        timeout=10,
+        timeout=30,  # a busy 2-core machine starting browsers can take seconds to answer
     )
 
 
