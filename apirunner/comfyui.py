@@ -70,6 +70,7 @@ from apirunner.comfy_protocol import (
 )
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
+from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
 from dispatcher.fingerprint import LocalFiles, read_image
@@ -419,9 +420,7 @@ class _ComfyAttempt(AttemptBase):
     async def close_socket(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await stop_job(reader)
         socket, self.socket = self.socket, None
         if socket is not None:
             with contextlib.suppress(Exception):

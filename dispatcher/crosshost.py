@@ -18,9 +18,9 @@ host: it has no relay, its bus hears everything in process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from dispatcher.background import stop_job
 from dispatcher.events import EventBus, TaskChanged
 from dispatcher.models import State, Task
 from dispatcher.store import Store
@@ -51,9 +51,7 @@ class RemoteTasks:
         await self.listener.aclose()
         relay, self._relay = self._relay, None
         if relay is not None:
-            relay.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await relay
+            await stop_job(relay)
 
     def _caught(self) -> None:
         """After a lost connection: a `None` in the queue asks for a look at

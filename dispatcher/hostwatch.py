@@ -20,6 +20,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
 from dispatcher.errors import StoreError
@@ -212,9 +213,7 @@ class HostWatch:
 
     async def aclose(self) -> None:
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await stop_job(self._loop)
             self._loop = None
         for lease in list(self.leases.values()):
             # Released at a clean stop: the account may move at once.

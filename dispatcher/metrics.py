@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -13,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dispatcher.background import stop_job
 from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State, Task
 
@@ -72,9 +72,7 @@ class LoopLagProbe:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_job(self._task)
             self._task = None
 
     def max_lag_s(self) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 from dispatcher.account_health import AccountHealth
 from dispatcher.accounts import AccountBook
 from dispatcher.attempt import Canceled, Live, Outcome, Running, TaskLog, disk_full_error
+from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -349,11 +350,14 @@ class Scheduler:
                 outcome = await self._run_one(running, runner)
             finally:
                 first_beat.cancel()
-                for beat in beats:
-                    beat.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await beat
+                # Unregistered first: a heartbeat loop that missed its cancel
+                # (see dispatcher.background) ends at its next turn all the same.
                 self.running.pop(running.task.id, None)
+                for beat in beats:
+                    # A reclaim or shutdown arriving meanwhile must not skip
+                    # the outcome's write below.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await stop_job(beat)
                 self._lane_running[running.lane.name].discard(running.task.id)
                 if not self._lane_running[running.lane.name]:
                     idle = self._idle.pop(running.lane.name, None)
@@ -458,7 +462,7 @@ class Scheduler:
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
         """Started when the first beat is due (one heartbeat after the start)."""
         written_beat = running.started_monotonic
-        while True:
+        while self.running.get(running.task.id) is running:
             if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
                 # Otherwise no sign of life since the last write: let staleness speak.
                 written_beat = running.ctx.last_beat_monotonic

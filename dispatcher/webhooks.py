@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hashlib
 import hmac
 import json
@@ -31,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError
 from dispatcher.events import AccountChanged, Event, TaskChanged
@@ -208,9 +208,7 @@ class Webhooks:
 
     async def aclose(self) -> None:
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+            await stop_job(self._worker)
             self._worker = None
         if self._deliveries:
             # A delivery under way gets a moment to land; retries waiting for

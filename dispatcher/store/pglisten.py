@@ -14,12 +14,13 @@ read the rows anyway; they are the fallback for a lost notice).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+
+from dispatcher.background import stop_job
 
 log = logging.getLogger("dispatcher.store.listen")
 
@@ -96,9 +97,7 @@ class TaskListener:
     async def aclose(self) -> None:
         job, self._job = self._job, None
         if job is not None:
-            job.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await job
+            await stop_job(job)
 
     async def wait_listening(self) -> None:
         """Until the (re)connected listener hears notices again."""

@@ -8,6 +8,7 @@ lets it finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,10 @@ import pytest
 
 from dispatcher.accounts import AccountBook
 from dispatcher.clock import FakeClock
-from dispatcher.events import EventBus
+from dispatcher.events import Event, EventBus, TaskChanged
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger
-from dispatcher.models import Kind, State, Task
+from dispatcher.models import Kind, Stage, State, Task
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.scheduler import Scheduler
 from dispatcher.store.sqlite import SqliteStore
@@ -80,9 +81,15 @@ def _lane(provider: str, model: str, concurrency: int) -> LaneSpec:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with _world(tmp_path) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def _world(tmp_path: Path, time_scale: float = 1.0) -> AsyncIterator[World]:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
-    clock = FakeClock()
+    clock = FakeClock(time_scale=time_scale)
     events = EventBus()
     profiles = {p.name: p for p in (api_profile("m-a", "prov-a"), api_profile("m-b", "prov-b"))}
     ledger = Ledger(store, clock, profiles, events, retry_delay_s=0.0)
@@ -158,3 +165,39 @@ async def test_a_stale_running_task_is_reclaimed_and_retried(world: World) -> No
     # Back in the queue on its next attempt, and started again on it.
     assert reclaimed.attempt == 2
     assert world.runner.started == ["goes silent", "goes silent"]
+
+
+async def test_a_heartbeat_that_loses_its_cancel_does_not_hold_the_outcome(tmp_path: Path) -> None:
+    # On Python 3.11 a cancel that meets `asyncio.wait_for` as its inner wait
+    # completes is lost (psycopg_pool waits for a connection that way). The
+    # heartbeat loop then carried on, the run's end waited on it for ever, and
+    # the task stayed running with fresh heartbeats until the service stopped.
+    async with _world(tmp_path, time_scale=0.001) as world:  # a beat every 15 ms
+        ledger = world.ledger
+        write_beat = ledger.heartbeat
+        beating = asyncio.Event()
+
+        async def heartbeat_losing_cancels(task: Task, stage: Stage | None) -> Task | None:
+            beating.set()
+            # Waiting for a free database connection, which arrives in the
+            # same turn as the cancel: the cancel is lost.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+            return await write_beat(task, stage)
+
+        ledger.heartbeat = heartbeat_losing_cancels  # type: ignore[method-assign]
+        finished = asyncio.Event()
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, TaskChanged) and event.task.state is State.SUCCESS:
+                finished.set()
+
+        ledger.events.listen(on_event)
+        task = await world.submit("m-a", "beats")
+        await world.scheduler.round()
+        await asyncio.wait_for(beating.wait(), timeout=5)
+
+        world.runner.release["beats"].set()
+        await asyncio.wait_for(finished.wait(), timeout=5)
+        assert (await ledger.get(task.id)).state is State.SUCCESS
+        assert task.id not in world.scheduler.running

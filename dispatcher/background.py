@@ -1,0 +1,38 @@
+"""Stopping a background job: an asyncio task the service runs beside the others.
+
+A cancel can be lost. On Python 3.11 `asyncio.wait_for` returns its inner
+result, and swallows the cancel, when the inner wait completes in the same
+turn of the loop as the cancel arrives (fixed in 3.12), and libraries wait
+that way: psycopg_pool's wait for a free connection does. A loop that meets
+such a lost cancel simply carries on, and whoever awaits it after `cancel()`
+waits for ever. That is how a task once stayed `running`, its heartbeats
+fresh, until the service stopped: its runner had finished, but the scheduler
+waited on a heartbeat loop that had swallowed its cancel while waiting for a
+PostgreSQL connection.
+
+So a job is cancelled again, every `RECANCEL_S`, until it has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+# Short: a lost cancel is rare, and each extra round costs one timer.
+RECANCEL_S = 0.05
+
+
+async def stop_job(job: asyncio.Task[Any]) -> None:
+    """Cancel `job` and return once it has ended, cancelling it again while it goes on.
+
+    A job that failed (rather than being cancelled) raises its exception here,
+    as `await job` would. The caller's own cancellation is never swallowed.
+    """
+    while not job.done():
+        job.cancel()
+        await asyncio.wait((job,), timeout=RECANCEL_S)
+    if job.cancelled():
+        return
+    error = job.exception()
+    if error is not None:
+        raise error
