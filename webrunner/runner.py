@@ -298,8 +298,11 @@ class WebRunner:
             f"the profile's timeout_s ({spec.timeout_s:g} s)",
         )
 
-    async def _session_for(self, ctx: RunContext, account: str) -> tuple[BrowserSession, bool]:
-        """The account's open browser if it is still healthy, else a new one; (session, reused)."""
+    async def _session_for(
+        self, ctx: RunContext, account: str, url: str
+    ) -> tuple[BrowserSession, bool]:
+        """The account's open browser if it is still healthy, else a new one
+        whose first tab starts loading `url` at launch; (session, reused)."""
         session = self._keeper.session(account)
         if session is not None:
             if session.usable:
@@ -323,6 +326,7 @@ class WebRunner:
                 user_data_dir=self.user_data_dir(account),
                 headless=self._settings.headless,
                 log=ctx.log,
+                start_url=url,
             ),
             what="starting the browser",
             budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
@@ -348,13 +352,36 @@ class WebRunner:
             budget=budget,
         )
         if preloaded is not None:
-            page = preloaded.page
+            page, fresh = preloaded.page, preloaded.fresh
         else:
             page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
+            fresh = not run.reused and await self._started_on(ctx, page, session, spec, budget)
         run.page = page  # the tab the evidence shows, should `open` fail
         driver = PageDriver(page, spec, ctx, budget=budget)
-        await driver.open(load=preloaded is None or not preloaded.fresh)
+        await driver.open(load=not fresh)
         return driver
+
+    @staticmethod
+    async def _started_on(
+        ctx: RunContext, page: Page, session: BrowserSession, spec: WebSpec, budget: Budget
+    ) -> bool:
+        """Whether a just-launched browser's first tab has loaded the model's
+        page it was started on (it loads while Playwright connects); if it
+        has not (an error page, a redirect elsewhere), the task loads it."""
+        if session.start_url != spec.url:
+            return False
+        try:
+            await page_step(
+                ctx,
+                page.wait_for_load_state(
+                    "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
+                ),
+                what=f"loading {spec.url}",
+                budget=budget,
+            )
+        except TransientError:
+            return False
+        return page.url == spec.url
 
     async def _run_in_browser(
         self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
@@ -453,7 +480,7 @@ class WebRunner:
 
     async def _ready_page(self, ctx: RunContext, run: _BrowserRun, spec: WebSpec) -> PageDriver:
         """The account's browser (kept or new) with the model's page ready for a prompt."""
-        run.session, run.reused = await self._session_for(ctx, run.account)
+        run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
         run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
         page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
         try:
@@ -467,7 +494,7 @@ class WebRunner:
                 "kept browser pid %d failed (%s); starting a new one", run.session.pid, exc
             )
             await self._kill(run.account, run.session)
-            run.session, run.reused = await self._session_for(ctx, run.account)
+            run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
             run.driver = await self._open_page(ctx, run, spec, page_budget)
         return run.driver
 
