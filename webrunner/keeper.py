@@ -43,6 +43,9 @@ from webrunner.browser import BrowserSession, Log
 _OUT_OF_SERVICE = frozenset({AccountState.DISABLED, AccountState.NEEDS_ATTENTION})
 PRELOAD_FRESH_S = 30.0
 PRELOAD_TIMEOUT_S = 30.0
+# The read after the load is a couple of round trips; a page that does not
+# answer it within this keeps the next task waiting no longer than that.
+PRIME_TIMEOUT_S = 5.0
 
 Closer = Callable[[BrowserSession, Log], Awaitable[None]]
 # After the page has loaded: a first read of it, so that Playwright's own
@@ -76,7 +79,7 @@ async def _load(page: Page, url: str, prime: Primer | None) -> float | None:
     if prime is not None:
         # Best effort: a page that does not answer here is the task's to judge.
         with contextlib.suppress(PlaywrightError, TimeoutError):
-            async with asyncio.timeout(PRELOAD_TIMEOUT_S):
+            async with asyncio.timeout(PRIME_TIMEOUT_S):
                 await prime(page)
     return loaded_at
 
