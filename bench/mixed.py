@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -359,13 +360,29 @@ def _fmt(value: Any, unit: str = " s", digits: int = 1) -> str:
 BASELINE_CAPS = {"lock": 1.4, "shared": 0.67}
 
 
+def baselines_from_env(default: Sequence[str] = tuple(BASELINE_CAPS)) -> tuple[str, ...]:
+    """`BENCH_MIXED_BASELINES`: which baselines to run after ours, comma-separated
+    (empty: none, for A/B runs of ours alone); unset: both, as `make bench` runs."""
+    raw = os.environ.get("BENCH_MIXED_BASELINES")
+    if raw is None:
+        return tuple(default)
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    unknown = [n for n in names if n not in BASELINE_CAPS]
+    if unknown:
+        raise ValueError(f"BENCH_MIXED_BASELINES: unknown {unknown}; known {list(BASELINE_CAPS)}")
+    return names
+
+
 async def run(
     work: Path,
     *,
     target_lb_s: float = TARGET_LB_S,
-    baselines: Sequence[str] = ("lock", "shared"),
+    baselines: Sequence[str] | None = None,
 ) -> BenchResult:
     from bench.baseline import run_baseline
+
+    if baselines is None:
+        baselines = baselines_from_env()
 
     work = fresh_dir(work)
     tasks = plan()

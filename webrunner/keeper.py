@@ -3,9 +3,13 @@
 Launching Chromium and connecting to it cost seconds, loading the model's
 page a few hundred milliseconds more: both are paid on the account's lane,
 in series with its generations. So after a task that succeeded the browser
-stays open and starts loading a fresh copy of the model's page at once,
-while the lane is between tasks; the next task of the account finds it
-ready. What the keeper guarantees:
+stays open on a fresh copy of the model's page for the account's next task.
+That copy is loaded in a spare tab while the task's generation runs (the
+page is only loaded, nothing is typed into it: one generation at a time
+still holds), and the finished conversation's tab is closed after the
+answer; when the account's generations run longer than a pre-loaded page
+stays fresh, the spare would be stale by then, so the page is loaded again
+in the same tab after the answer instead. What the keeper guarantees:
 
 - an account has at most one browser, and the runner knows its PID;
 - a kept browser is closed after `keep_alive_s` without a task, when its
@@ -25,8 +29,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Page
 
 from dispatcher.events import AccountChanged, Event
 from dispatcher.health import AccountState
@@ -39,22 +43,71 @@ from webrunner.browser import BrowserSession, Log
 _OUT_OF_SERVICE = frozenset({AccountState.DISABLED, AccountState.NEEDS_ATTENTION})
 PRELOAD_FRESH_S = 30.0
 PRELOAD_TIMEOUT_S = 30.0
+# The read after the load is a couple of round trips; a page that does not
+# answer it within this keeps the next task waiting no longer than that.
+PRIME_TIMEOUT_S = 5.0
 
 Closer = Callable[[BrowserSession, Log], Awaitable[None]]
+# After the page has loaded: a first read of it, so that Playwright's own
+# scripts are in place in the new document before a task needs them (the
+# first call into each of a document's worlds costs ~25-40 ms; see
+# `PageDriver.prime`). It must not change the page.
+Primer = Callable[[Page], Awaitable[None]]
 
 
 @dataclass
 class _Preload:
     url: str
-    task: asyncio.Task[float | None]  # -> when the page had loaded, None if it failed
+    # -> (the tab, when its page had loaded: None if the load failed)
+    task: asyncio.Task[tuple[Page | None, float | None]]
 
 
-async def _load(page: Page, url: str) -> float | None:
+@dataclass(frozen=True)
+class Preloaded:
+    """The tab the next task types into, and whether its page is loaded and fresh."""
+
+    page: Page
+    fresh: bool
+
+
+async def _load(page: Page, url: str, prime: Primer | None) -> float | None:
     try:
         await page.goto(url, wait_until="domcontentloaded", timeout=PRELOAD_TIMEOUT_S * 1000)
     except PlaywrightError:
         return None  # the next task loads it itself (or finds the browser dead)
-    return time.monotonic()
+    loaded_at = time.monotonic()
+    if prime is not None:
+        # Best effort: a page that does not answer here is the task's to judge.
+        with contextlib.suppress(PlaywrightError, TimeoutError):
+            async with asyncio.timeout(PRIME_TIMEOUT_S):
+                await prime(page)
+    return loaded_at
+
+
+async def _load_in(page: Page, url: str, prime: Primer | None) -> tuple[Page | None, float | None]:
+    return page, await _load(page, url, prime)
+
+
+async def _load_spare(
+    context: BrowserContext, url: str, prime: Primer | None
+) -> tuple[Page | None, float | None]:
+    try:
+        page = await context.new_page()
+    except PlaywrightError:
+        return None, None
+    return page, await _load(page, url, prime)
+
+
+async def _close_tab(page: Page) -> None:
+    with contextlib.suppress(PlaywrightError):
+        await page.close()
+
+
+async def _discard(spare: _Preload) -> None:
+    """A spare tab not used after all: let its load end, then close it."""
+    page, _ = await spare.task
+    if page is not None:
+        await _close_tab(page)
 
 
 class BrowserKeeper:
@@ -66,6 +119,14 @@ class BrowserKeeper:
         self._idle_since: dict[str, float] = {}
         self._closers: dict[str, asyncio.Task[None]] = {}
         self._preloads: dict[str, _Preload] = {}
+        # A spare tab loading the model's page while the account's task generates.
+        self._spares: dict[str, _Preload] = {}
+        # Real seconds the account's last generation took: whether a spare
+        # loaded at its start would still be fresh at its end.
+        self._last_generation_s: dict[str, float] = {}
+        # Tabs of finished conversations being closed, in the background: a
+        # task does not wait for them (nothing reads those tabs again).
+        self._tab_closers: dict[str, list[asyncio.Task[None]]] = {}
         self._released: set[str] = set()
 
     # -- used by the runner, under the account's lock -----------------------
@@ -89,30 +150,83 @@ class BrowserKeeper:
         self._sessions.pop(account, None)
         await self._drop_preload(account)
 
-    async def preloaded(self, account: str, url: str) -> bool:
-        """Wait for the page loaded after the last task; True if it is `url` and still fresh."""
+    async def preloaded(self, account: str, url: str) -> Preloaded | None:
+        """Wait for the page loaded for this task; None if there is none.
+        `fresh`: it loaded `url` less than `PRELOAD_FRESH_S` ago."""
         preload = self._preloads.pop(account, None)
         if preload is None:
-            return False
-        loaded_at = await preload.task
-        return (
+            return None
+        page, loaded_at = await preload.task
+        if page is None:
+            return None
+        fresh = (
             loaded_at is not None
             and preload.url == url
             and time.monotonic() - loaded_at < PRELOAD_FRESH_S
         )
+        return Preloaded(page, fresh)
 
-    def keep(self, account: str, session: BrowserSession, page: Page, next_url: str) -> bool:
-        """After a success: keep the browser, pre-load `next_url`, close it when idle.
+    def spare(self, account: str, session: BrowserSession, url: str, prime: Primer) -> None:
+        """The account's task has started generating: load the next task's page
+        in a spare tab meanwhile, if it can still be fresh when this one ends
+        and the browser is to be kept at all."""
+        last_s = self._last_generation_s.get(account, 0.0)
+        if (
+            self.keep_alive_s <= 0
+            or account in self._released
+            or account in self._spares
+            or last_s >= PRELOAD_FRESH_S / 2
+        ):
+            return
+        self._spares[account] = _Preload(
+            url,
+            asyncio.create_task(
+                _load_spare(session.context, url, prime), name=f"spare tab for {account}"
+            ),
+        )
+
+    def keep(
+        self,
+        account: str,
+        session: BrowserSession,
+        page: Page,
+        next_url: str,
+        *,
+        generation_s: float,
+        prime: Primer | None = None,
+    ) -> bool:
+        """After a success: keep the browser with the next task's page (the
+        spare tab, or `page` loaded again), close it when idle.
 
         False when it should be closed instead (keep-alive off, the account
         was taken out of service during the task, or the browser is unwell).
         """
+        self._last_generation_s[account] = generation_s
+        spare = self._spares.pop(account, None)
         if self.keep_alive_s <= 0 or account in self._released or not session.usable:
+            if spare is not None:
+                spare.task.cancel()  # the browser is closed with its tabs
             return False
         self._idle_since[account] = time.monotonic()
-        self._preloads[account] = _Preload(
-            next_url, asyncio.create_task(_load(page, next_url), name=f"pre-load for {account}")
-        )
+        closers = [t for t in self._tab_closers.get(account, []) if not t.done()]
+        self._tab_closers[account] = closers
+        if spare is not None and spare.url == next_url:
+            # The finished conversation is not needed any more.
+            closers.append(
+                asyncio.create_task(_close_tab(page), name=f"close the last tab of {account}")
+            )
+            self._preloads[account] = spare
+        else:
+            self._preloads[account] = _Preload(
+                next_url,
+                asyncio.create_task(
+                    _load_in(page, next_url, prime), name=f"pre-load for {account}"
+                ),
+            )
+            if spare is not None:
+                closers.append(
+                    asyncio.create_task(_discard(spare), name=f"close a spare tab of {account}")
+                )
         self._close_after(account, session, self.keep_alive_s)
         return True
 
@@ -136,6 +250,7 @@ class BrowserKeeper:
                 await self._close(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
         self.locks.pop(account, None)
         self._idle_since.pop(account, None)
+        self._last_generation_s.pop(account, None)
         self._released.discard(account)
 
     # -- events from outside --------------------------------------------------
@@ -176,11 +291,16 @@ class BrowserKeeper:
     # -- internals ----------------------------------------------------------------
 
     async def _drop_preload(self, account: str) -> None:
-        preload = self._preloads.pop(account, None)
-        if preload is not None and not preload.task.done():
-            preload.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await preload.task
+        tasks: list[asyncio.Task[object]] = list(self._tab_closers.pop(account, []))
+        for preloads in (self._preloads, self._spares):
+            preload = preloads.pop(account, None)
+            if preload is not None:
+                tasks.append(preload.task)
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, PlaywrightError):
+                await task
 
     def _close_after(self, account: str, session: BrowserSession, idle_limit_s: float) -> None:
         previous = self._closers.pop(account, None)

@@ -15,7 +15,7 @@ import contextlib
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
@@ -127,6 +127,21 @@ class _Look:
     done_text: str | None  # the text of the latest answer marked done
     media: int  # how many media elements the answer has so far
     hold: _HoldLook
+
+
+async def prime(page: Page, spec: WebSpec) -> None:
+    """Read a freshly loaded page once, changing nothing, as a task's first
+    calls would: Playwright sets its scripts up in each of a document's
+    worlds on the first call into it (~25-40 ms each on the 2-core VM), and
+    a page pre-loaded for the next task pays that before the task needs it.
+    The task still checks the page itself (`PageDriver.open`)."""
+    either = page.locator(spec.logged_in)
+    if spec.logged_out:
+        either = either.or_(page.locator(spec.logged_out))
+    # The utility world (actionability checks, `fill`), then the main world
+    # (`evaluate_all`: the looks' text reads).
+    await either.first.is_visible()
+    await page.locator(spec.answer).evaluate_all("els => els.length")
 
 
 class PageDriver:
@@ -417,7 +432,36 @@ class PageDriver:
             marked = look.done_text is not None and look.done_text == text
             if started and not busy and text and (marked or now - last_change >= self.stable_s):
                 return text
+            await self._until_next_look(look)
+
+    async def _until_next_look(self, look: _Look) -> None:
+        """Wait `poll_s` for the next look, or less: a generation's end shows
+        as the busy marker going hidden or a done marker appearing, and a
+        Playwright wait for that wakes the loop at once (it polls the page in
+        the utility world every ~20 ms, not from here), instead of up to
+        `poll_s` late. Whatever else the page shows (an error, a logout, a
+        cap, a stall) the next look reads, as before."""
+        spec = self.spec
+        target: Locator | None = None
+        state: Literal["hidden", "visible"] = "hidden"
+        if spec.busy and look.busy:
+            target = self._loc(spec.busy).first
+        elif spec.done and look.done_text is None:
+            # Only while no answer is marked done: one marked earlier would
+            # satisfy the wait at once and turn the loop into a busy poll.
+            target, state = self._loc(spec.done).first, "visible"
+        if target is None:
             await self.ctx.guard(asyncio.sleep(self.poll_s))
+            return
+        try:
+            await self._call(
+                target.wait_for(state=state, timeout=self.poll_s * 1000),
+                "waiting for the page to change",
+            )
+        except TransientError as exc:
+            # Nothing changed within `poll_s` (or the page navigated): look.
+            if exc.kind != "timeout" and not _navigated(exc):
+                raise
 
     async def click_stop(self) -> bool:
         """Click the profile's stop control if it is showing; bounded, never raises.

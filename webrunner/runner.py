@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from playwright.async_api import Playwright, async_playwright
+from playwright.async_api import Page, Playwright, async_playwright
 
 from apirunner.allowlist import Allowlist
 from apirunner.refimages import Prepared
@@ -47,7 +48,7 @@ from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
 from webrunner.media import download_media
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, page_step
+from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, page_step, prime
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
@@ -297,8 +298,11 @@ class WebRunner:
             f"the profile's timeout_s ({spec.timeout_s:g} s)",
         )
 
-    async def _session_for(self, ctx: RunContext, account: str) -> tuple[BrowserSession, bool]:
-        """The account's open browser if it is still healthy, else a new one; (session, reused)."""
+    async def _session_for(
+        self, ctx: RunContext, account: str, url: str
+    ) -> tuple[BrowserSession, bool]:
+        """The account's open browser if it is still healthy, else a new one
+        whose first tab starts loading `url` at launch; (session, reused)."""
         session = self._keeper.session(account)
         if session is not None:
             if session.usable:
@@ -322,6 +326,7 @@ class WebRunner:
                 user_data_dir=self.user_data_dir(account),
                 headless=self._settings.headless,
                 log=ctx.log,
+                start_url=url,
             ),
             what="starting the browser",
             budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
@@ -336,18 +341,47 @@ class WebRunner:
         return session, False
 
     async def _open_page(
-        self, ctx: RunContext, session: BrowserSession, spec: WebSpec, budget: Budget
+        self, ctx: RunContext, run: _BrowserRun, spec: WebSpec, budget: Budget
     ) -> PageDriver:
+        session = run.session
+        assert session is not None
         preloaded = await page_step(
             ctx,
             self._keeper.preloaded(ctx.account, spec.url),
             what=f"loading {spec.url}",
             budget=budget,
         )
-        page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
+        if preloaded is not None:
+            page, fresh = preloaded.page, preloaded.fresh
+        else:
+            page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
+            fresh = not run.reused and await self._started_on(ctx, page, session, spec, budget)
+        run.page = page  # the tab the evidence shows, should `open` fail
         driver = PageDriver(page, spec, ctx, budget=budget)
-        await driver.open(load=not preloaded)
+        await driver.open(load=not fresh)
         return driver
+
+    @staticmethod
+    async def _started_on(
+        ctx: RunContext, page: Page, session: BrowserSession, spec: WebSpec, budget: Budget
+    ) -> bool:
+        """Whether a just-launched browser's first tab has loaded the model's
+        page it was started on (it loads while Playwright connects); if it
+        has not (an error page, a redirect elsewhere), the task loads it."""
+        if session.start_url != spec.url:
+            return False
+        try:
+            await page_step(
+                ctx,
+                page.wait_for_load_state(
+                    "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
+                ),
+                what=f"loading {spec.url}",
+                budget=budget,
+            )
+        except TransientError:
+            return False
+        return page.url == spec.url
 
     async def _run_in_browser(
         self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
@@ -357,7 +391,7 @@ class WebRunner:
             result = await self._generate(ctx, run, message, images)
         except TaskCanceled:
             clicked = await run.driver.click_stop() if run.driver is not None else False
-            await self._keep_evidence(ctx, run.session, run.driver, run.tracing)
+            await self._keep_evidence(ctx, run)
             ctx.log.info(
                 "canceled%s; closing the browser",
                 " after clicking stop" if clicked else "",
@@ -368,7 +402,7 @@ class WebRunner:
             raise
         except RunError as exc:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
-            await self._keep_evidence(ctx, run.session, run.driver, run.tracing)
+            await self._keep_evidence(ctx, run)
             if exc.kind == "stalled" and run.session is not None:
                 # A stuck renderer may not close politely: kill, confirm dead.
                 await self._kill(account, run.session)
@@ -395,6 +429,9 @@ class WebRunner:
         driver.budget = self._generation_budget(spec)
         before = await driver.submit(message, images)
         t_submitted = time.monotonic()
+        assert run.session is not None
+        # While it generates, the next task's page loads in a spare tab.
+        self._keeper.spare(run.account, run.session, spec.url, functools.partial(prime, spec=spec))
         await ctx.set_stage(Stage.GENERATING)
         text = await driver.wait_answer(before)
         t_answer = time.monotonic()
@@ -431,16 +468,23 @@ class WebRunner:
         )
         if run.tracing:
             await evidence.drop_trace(session.context)
-        run.kept = self._keeper.keep(run.account, session, driver.page, spec.url)
+        run.kept = self._keeper.keep(
+            run.account,
+            session,
+            driver.page,
+            spec.url,
+            generation_s=t_answer - t_submitted,
+            prime=functools.partial(prime, spec=spec),
+        )
         return result
 
     async def _ready_page(self, ctx: RunContext, run: _BrowserRun, spec: WebSpec) -> PageDriver:
         """The account's browser (kept or new) with the model's page ready for a prompt."""
-        run.session, run.reused = await self._session_for(ctx, run.account)
+        run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
         run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
         page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
         try:
-            run.driver = await self._open_page(ctx, run.session, spec, page_budget)
+            run.driver = await self._open_page(ctx, run, spec, page_budget)
         except TransientError as exc:
             if not run.reused or exc.kind not in ("browser", "page_load"):
                 raise
@@ -450,8 +494,8 @@ class WebRunner:
                 "kept browser pid %d failed (%s); starting a new one", run.session.pid, exc
             )
             await self._kill(run.account, run.session)
-            run.session, run.reused = await self._session_for(ctx, run.account)
-            run.driver = await self._open_page(ctx, run.session, spec, page_budget)
+            run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
+            run.driver = await self._open_page(ctx, run, spec, page_budget)
         return run.driver
 
     async def _interrupted(self, ctx: RunContext, run: _BrowserRun) -> None:
@@ -464,7 +508,7 @@ class WebRunner:
         if session is None:
             return
         if ctx.interruption is Interruption.RECLAIMED:
-            await self._keep_evidence(ctx, session, run.driver, run.tracing)
+            await self._keep_evidence(ctx, run)
         await self._kill(run.account, session)
         ctx.log.warning(
             "run interrupted; browser pid %d killed%s",
@@ -472,20 +516,16 @@ class WebRunner:
             f" (survivors: {session.survivors})" if session.survivors else "",
         )
 
-    async def _keep_evidence(
-        self,
-        ctx: RunContext,
-        session: BrowserSession | None,
-        driver: PageDriver | None,
-        tracing: bool,
-    ) -> None:
+    async def _keep_evidence(self, ctx: RunContext, run: _BrowserRun) -> None:
         """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
+        session, driver, tracing = run.session, run.driver, run.tracing
         if session is None or not session.usable:
             return
         # Without a driver the attempt failed while opening the page (logged
-        # out, the page never became ready): the tab still shows why.
+        # out, the page never became ready): its tab still shows why. (The
+        # browser may hold other tabs: a spare, a conversation being closed.)
         pages = session.context.pages
-        page = driver.page if driver is not None else (pages[0] if pages else None)
+        page = driver.page if driver is not None else run.page or (pages[0] if pages else None)
         await evidence.capture(
             ctx.result_dir,
             page,
@@ -539,6 +579,7 @@ class _BrowserRun:
     session: BrowserSession | None = None
     reused: bool = False
     driver: PageDriver | None = None
+    page: Page | None = None  # the tab `driver` is being made for
     tracing: bool = False
     kept: bool = False  # handed to the keeper for the account's next task
 

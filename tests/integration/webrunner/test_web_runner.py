@@ -18,10 +18,13 @@ import pytest
 from dispatcher.errors import AuthError, LockHeld, TaskCanceled, TransientError
 from dispatcher.models import Stage
 from dispatcher.runner import Interruption
+from webrunner import keeper
 from webrunner.browser import chromium_flags, free_port
 
 if TYPE_CHECKING:
     from conftest import WebEnv
+
+    from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
@@ -108,6 +111,47 @@ async def test_an_idle_browser_is_closed_and_a_dead_one_replaced(web: WebEnv) ->
         await asyncio.sleep(0.1)
     assert runner.open_browsers() == {}
     assert runner.stats().counters["browser_launches"] == 2
+
+
+async def _tabs_during_generation(web: WebEnv, runner: WebRunner, prompt: str) -> int:
+    """Run one task; the most tabs its browser had open while it generated."""
+    task = web.task(prompt)
+    ctx, recorder = web.context(task)
+    run = asyncio.create_task(runner.run(task, ctx))
+    await recorder.wait_for_stage(Stage.GENERATING)
+    most = 0
+    while not run.done():
+        session = runner.running_browser("demo-1")
+        if session is not None:
+            most = max(most, len(session.context.pages))
+        await asyncio.sleep(0.02)
+    assert (await run).text == f"(brief) echo: {prompt.split(' [')[0]}"
+    return most
+
+
+async def test_the_next_page_loads_in_a_spare_tab_unless_generations_run_long(
+    web: WebEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = await web.runner()
+    # While the first task generates, the next task's page loads beside it.
+    assert await _tabs_during_generation(web, runner, "one [duration=30]") == 2
+    session = runner._keeper.session("demo-1")
+    assert session is not None
+    deadline = time.monotonic() + 10
+    while len(session.context.pages) > 1:  # the finished conversation's tab is closed
+        assert time.monotonic() < deadline, "the last conversation's tab stayed open"
+        await asyncio.sleep(0.05)
+    (parked,) = session.context.pages
+    assert parked.url == f"{web.url}/chat" and await parked.locator(".msg").count() == 0
+
+    # Generations longer than half a pre-loaded page's freshness: no spare
+    # (it would be stale by the end); the stale one is loaded again.
+    monkeypatch.setattr(keeper, "PRELOAD_FRESH_S", 0.5)
+    assert await _tabs_during_generation(web, runner, "two [duration=30]") == 1
+    stats = await web.stats()
+    assert stats["generations"] == 2 and stats["collisions"] == 0
+    assert runner.stats().counters["browser_launches"] == 1
+    await runner.aclose()
 
 
 async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
