@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
 
+from dispatcher.background import stop_job
 from dispatcher.events import AccountChanged, Event
 from dispatcher.health import AccountState
 from dispatcher.models import Kind
@@ -297,10 +298,8 @@ class BrowserKeeper:
             if preload is not None:
                 tasks.append(preload.task)
         for task in tasks:
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, PlaywrightError):
-                await task
+            with contextlib.suppress(PlaywrightError):
+                await stop_job(task)
 
     def _close_after(self, account: str, session: BrowserSession, idle_limit_s: float) -> None:
         previous = self._closers.pop(account, None)
