@@ -32,6 +32,7 @@ from apirunner.classify import (
 )
 from apirunner.gate import RetryGate
 from apirunner.polling import Rand, parse_retry_after
+from apirunner.wire import head_holding_transport
 from dispatcher import fetch
 from dispatcher.clock import Clock
 from dispatcher.errors import TransientError
@@ -119,16 +120,19 @@ def build_http_client(
         allowlist.check(request.url)
         await gate.wait()
 
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     client = httpx.AsyncClient(
         http2=True,
         verify=ssl_context,
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        limits=limits,
         timeout=httpx.Timeout(timeout_s),
         # Redirects are followed hop by hop in `dispatcher.fetch`, which drops
         # credentials off their origin; cookies live there too, per origin.
         follow_redirects=False,
         event_hooks={"request": [last_check]},
-        transport=transport,
+        # A request's head and body in one send, idle checks without
+        # getpeername (`apirunner.wire`).
+        transport=transport or head_holding_transport(ssl_context, limits),
     )
     return fetch.without_cookie_jar(client)
 

@@ -3,7 +3,8 @@
 2,000 chat tasks whose remote side answers at once (`gen_s = 0` on the demo
 provider, quota 5, `DISPATCHER_CONCURRENCY={"demo": 5}`) are submitted over
 HTTP, one `POST /v1/tasks` each, by a client that keeps 32 requests in
-flight: as fast as the service accepts them. The service (`python -m
+flight (32 keep-alive connections of `bench.lightclient`): as fast as the
+service accepts them. The service (`python -m
 dispatcher`, logging at INFO to a file as in production), the vendor and this
 client are three processes on the same 2 cores.
 
@@ -42,6 +43,7 @@ from bench.common import (
     read_tasks,
     service_env,
 )
+from bench.lightclient import LightClient
 
 TASKS = 2000
 IN_FLIGHT = 32
@@ -54,7 +56,7 @@ DRAIN_BUDGET_S = 30.0
 
 
 async def submit_all(
-    clients: Sequence[httpx.AsyncClient], count: int, tag: str, budget_s: float
+    clients: Sequence[LightClient], count: int, tag: str, budget_s: float
 ) -> tuple[float, float, list[float]]:
     """POST `count` tasks, one outstanding per client; (start, end, latencies).
 
@@ -64,17 +66,17 @@ async def submit_all(
     latencies: list[float] = []
     deadline = time.monotonic() + budget_s
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: LightClient) -> None:
         while (i := next(counter)) < count and time.monotonic() < deadline:
             body = {"model": MODEL, "params": {"prompt": f"{tag} task {i}", "gen_s": 0}}
             t0 = time.perf_counter()
             for _ in range(5):
-                answer = await call(client, "POST", "/v1/tasks", json=body)
-                if answer.status_code in (200, 201):
+                status, text = await client.post_json("/v1/tasks", body)
+                if status in (200, 201):
                     break
                 await asyncio.sleep(0.05)
             else:
-                raise RuntimeError(f"submit refused: {answer.status_code} {answer.text[:300]}")
+                raise RuntimeError(f"submit refused: {status} {text[:300]!r}")
             latencies.append(time.perf_counter() - t0)
 
     start = time.time()
@@ -109,22 +111,21 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
             startup_s = time.monotonic() - launched
             cpu0 = service.cpu_s()
             times0 = psutil.Process(service.pid).cpu_times()
-            # One client (one connection) per request in flight, not one client
-            # with a pool of 32: httpcore's pool scans all its connections for
-            # each of them on every request (quadratic), which made this client
-            # burn more CPU than the service it measures, on the same 2 cores.
-            # On the wire it is the same: 32 keep-alive connections, 32 POSTs
-            # in flight.
+            # One light client (one keep-alive connection) per request in
+            # flight: 32 connections, 32 POSTs in flight. Not httpx: its
+            # AsyncClient cost as much CPU per request as the service spent on
+            # the whole task, on the same 2 cores (`bench.lightclient`).
             async with contextlib.AsyncExitStack() as stack:
                 peak = stack.enter_context(PeakRss(service.pid))
                 clients = [
-                    await stack.enter_async_context(service.async_client(limit=1))
+                    await stack.enter_async_context(LightClient(service.url, service.token))
                     for _ in range(IN_FLIGHT)
                 ]
                 start, submitted_at, submit_lat = await submit_all(
                     clients, tasks, "b3", budget_s=SUBMIT_BUDGET_S
                 )
-                drained = await wait_drained(clients[0], timeout_s=DRAIN_BUDGET_S)
+                reader = await stack.enter_async_context(service.async_client(limit=1))
+                drained = await wait_drained(reader, timeout_s=DRAIN_BUDGET_S)
             cpu_s = service.cpu_s() - cpu0
             times = psutil.Process(service.pid).cpu_times()
             # Kernel time (socket sends and receives, SQLite's file writes) is

@@ -46,6 +46,7 @@ from bench.common import (
     service_env,
 )
 from bench.dispatch import MODEL, submit_all, wait_drained
+from bench.lightclient import LightClient
 from dispatcher.models import Kind, Task
 from dispatcher.store import open_store
 
@@ -96,14 +97,21 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
                         ServiceProc(work / f"state-{index}", host_env, work / f"host-{index}.log")
                     )
                 )
+            # The same light submitting client as benchmark 3 (`bench.lightclient`).
             clients = [
-                await stack.enter_async_context(services[i % hosts].async_client(limit=1))
+                await stack.enter_async_context(
+                    LightClient(services[i % hosts].url, services[i % hosts].token)
+                )
                 for i in range(IN_FLIGHT)
             ]
             start, submitted_at, _ = await submit_all(
                 clients, TASKS, f"b6-{label}", budget_s=SUBMIT_BUDGET_S
             )
-            drained = all([await wait_drained(clients[i], DRAIN_BUDGET_S) for i in range(hosts)])
+            readers = [
+                await stack.enter_async_context(service.async_client(limit=1))
+                for service in services
+            ]
+            drained = all([await wait_drained(reader, DRAIN_BUDGET_S) for reader in readers])
     rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
     done = [t for t in rows if t["state"] == "success"]
     last = max((t["finished_at"] for t in done), default=float("nan"))

@@ -229,6 +229,58 @@ class ResultCache:
             self.hits += 1
             return result
 
+    def miss_here(self, fingerprint: str) -> bool:
+        """True (and counted) when `lookup` would find nothing: answered on the
+        caller's thread, without the hop to a worker thread `lookup` needs.
+
+        Nearly every new task misses, and a miss is one indexed read of a
+        local index with no file work: the hop to a worker thread and back
+        cost more than the read (BENCHMARKS.md, finding 2). False means "ask
+        `lookup`": the index is across the network, or holds the fingerprint
+        (a hit, or an expired entry to delete, is file work), or a thread
+        holds the lock (an eviction deleting files: never waited for here).
+        """
+        if not self.store.inline or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if _FINGERPRINT.fullmatch(fingerprint) and self.store.cache_get(fingerprint):
+                return False
+            self.misses += 1
+            return True
+        finally:
+            self._lock.release()
+
+    def store_text_here(self, fingerprint: str, model: str, result: Mapping[str, Any]) -> bool:
+        """True when `store_result` was done on the caller's thread: a result
+        without files, nothing on disk to replace, no eviction due. False means
+        "call `store_result`" (in a worker thread), which does the same plus
+        the file work; see `miss_here` for why and when it declines.
+        """
+        if (
+            not self.store.inline
+            or result.get("files")
+            or not _FINGERPRINT.fullmatch(fingerprint)
+            or not self._lock.acquire(blocking=False)
+        ):
+            return False
+        try:
+            try:
+                cached: JSON = dict(result)
+                size = len(canonical_json(cached).encode("utf-8"))
+            except (TypeError, ValueError):
+                return False  # `store_result` logs why
+            # An older entry's folder to delete, or an eviction after the
+            # put, is file work (a stat of a local directory is not).
+            now = self.clock.now()
+            if self._eviction_possible(now, adding=size) or os.path.lexists(
+                self.directory / fingerprint
+            ):
+                return False
+            self._put(fingerprint, model, cached, size, now)
+            return True
+        finally:
+            self._lock.release()
+
     def store_result(self, fingerprint: str, model: str, result: Mapping[str, Any]) -> None:
         """Keep a successful result under its fingerprint (replacing an older
         one), then evict. Disk errors are logged, never raised."""
@@ -287,8 +339,10 @@ class ResultCache:
             if os.path.lexists(folder):
                 _remove(folder)
 
-    def _put(self, fingerprint: str, model: str, cached: JSON, size: int) -> None:
-        now = self.clock.now()
+    def _put(
+        self, fingerprint: str, model: str, cached: JSON, size: int, now: float | None = None
+    ) -> None:
+        now = self.clock.now() if now is None else now
         self.store.cache_put(
             CacheEntry(
                 fingerprint=fingerprint,
@@ -316,15 +370,17 @@ class ResultCache:
 
     # -- internals -----------------------------------------------------------
 
-    def _eviction_possible(self, now: float) -> bool:
-        """Whether a full eviction plan could drop anything.
+    def _eviction_possible(self, now: float, adding: int = 0) -> bool:
+        """Whether a full eviction plan could drop anything (once `adding`
+        more bytes are held, put at `now`).
 
         Reading every index row after every write made each task cost O(cache
         size); the running totals answer the same question in O(1). They only
         ever over-estimate (an overwritten entry counts twice), which merely
         triggers the full plan, which then resets them exactly.
         """
-        return self._held_bytes > self.max_bytes or now - self._oldest_created_at >= self.ttl_s
+        oldest = min(self._oldest_created_at, now)
+        return self._held_bytes + adding > self.max_bytes or now - oldest >= self.ttl_s
 
     def _evict(self) -> EvictionPlan:
         entries = self.store.cache_entries()

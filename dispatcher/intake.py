@@ -43,6 +43,10 @@ class ResultStore(Protocol):
 
     def store_result(self, fingerprint: str, model: str, result: JSON) -> None: ...
 
+    def miss_here(self, fingerprint: str) -> bool: ...
+
+    def store_text_here(self, fingerprint: str, model: str, result: JSON) -> bool: ...
+
 
 def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[JSON, str]:
     """A ComfyUI task's stored params and fingerprint.
@@ -173,6 +177,14 @@ class Intake:
                 continue
             copy_to = self.results_dir.joinpath(task.id, "cache") if self.results_dir else None
             found.append(self.cache.lookup(task.fingerprint, copy_to=copy_to))
+        return found
+
+    async def cache_lookup(self, task: Task) -> JSON | None:
+        """`cache_lookups` of one task: a plain miss is answered on the loop's
+        thread (`ResultCache.miss_here`), anything else in a worker thread."""
+        if task.force or self.cache is None or self.cache.miss_here(task.fingerprint):
+            return None
+        (found,) = await asyncio.to_thread(self.cache_lookups, [task])
         return found
 
     def completed(self, task: Task, cached: JSON | None) -> Task:

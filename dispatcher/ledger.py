@@ -150,7 +150,8 @@ class Ledger(TaskReads):
     async def submit(self, spec: TaskSpec) -> Submitted:
         """Store a task, or answer with its twin, or complete it from the cache.
 
-        Image hashing and cache file copies run in worker threads. The twin
+        Image hashing and cache file copies run in worker threads (a plain
+        cache miss does not need one). The twin
         check that counts is the store's, atomic with the insert (across
         hosts too): two identical submits racing through the threads, or on
         two hosts, still make one task. The early look skips the cache work
@@ -164,7 +165,7 @@ class Ledger(TaskReads):
             existing = await self.intake.twin(task)
             if existing is not None:
                 return self._deduped(task, existing)
-            (cached,) = await asyncio.to_thread(self.intake.cache_lookups, [task])
+            cached = await self.intake.cache_lookup(task)
         task = self.intake.completed(task, cached)
         if since is None:
             (stored,) = await self.store.insert_tasks([task])
@@ -326,7 +327,9 @@ class Ledger(TaskReads):
 
         The cache keeps what the task stored (secrets already masked).
         Linking or copying its files is file work: a thread does it while
-        the loop serves every other lane.
+        the loop serves every other lane. A result without files is one
+        upsert of a local index, kept on the loop's thread when nothing
+        else needs doing (`ResultCache.store_text_here`).
         """
         done = await self._end_attempt(
             task,
@@ -342,7 +345,11 @@ class Ledger(TaskReads):
         cache = self.intake.cache
         if cache is None or done is None or done.state is not State.SUCCESS:
             return done
-        if not done.from_cache and done.result is not None:
+        if (
+            not done.from_cache
+            and done.result is not None
+            and not cache.store_text_here(done.fingerprint, done.model, done.result)
+        ):
             await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, done.result)
         return done
 

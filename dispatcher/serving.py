@@ -12,9 +12,12 @@ import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
+import h11
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dispatcher.errors import ConfigError
 
@@ -54,6 +57,85 @@ def bind_loopback(port: int | None) -> socket.socket:
         except OSError as exc:
             last = exc
     raise ConfigError(f"no free port in {EPHEMERAL_RANGE} after {PORT_TRIES} tries: {last}")
+
+
+class _OneSendTransport:
+    """A connection's transport that sends a response's head with its body.
+
+    uvicorn writes the status line and headers, then the body, as two
+    writes: two sends, two segments (TCP_NODELAY), two wake-ups of the
+    client, for every answer. A head is held back instead until the next
+    write (the body, sent with it) or, at the latest, the end of this turn
+    of the event loop (a response without a body, a 100 Continue); closing
+    sends it first. Everything else is the real transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held = b""
+        self._flush_handle: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if self._held:
+            data = self._held + bytes(data)
+            self._held = b""
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+                self._flush_handle = None
+        elif _is_response_head(data):
+            self._held = bytes(data)
+            self._flush_handle = asyncio.get_running_loop().call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        self._flush_handle = None
+        held, self._held = self._held, b""
+        if held and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._held = b""
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+_MAX_HEAD = 16 * 1024
+
+
+def _is_response_head(data: bytes | bytearray | memoryview) -> bool:
+    head = bytes(data[:9])
+    return head == b"HTTP/1.1 " and len(data) <= _MAX_HEAD and bytes(data[-4:]) == b"\r\n\r\n"
+
+
+class _OneSendH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol on `_OneSendTransport`; its flow control
+    (pausing and resuming reads) stays on the real transport."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._real_transport = transport
+        self.transport = cast(asyncio.Transport, _OneSendTransport(transport))
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # A websocket protocol takes over the connection: the real transport.
+        if isinstance(self.transport, _OneSendTransport):
+            self.transport.flush()
+        self.transport = self._real_transport
+        super().handle_websocket_upgrade(event)
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -112,6 +194,8 @@ async def start_server(
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=2,
+        # h11, what "auto" picks without httptools, with one send per answer.
+        http=_OneSendH11Protocol,
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

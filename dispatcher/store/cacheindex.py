@@ -15,6 +15,13 @@ from dispatcher.models import CacheEntry
 
 
 class CacheIndex(Protocol):
+    # True for an index in a local file (SQLite), whose reads take
+    # microseconds: the cache may then answer a miss, or keep a result
+    # without files, on the event loop's thread instead of a worker thread's
+    # (`ResultCache.miss_here`, `ResultCache.store_text_here`). False for one
+    # across the network, which only worker threads may wait for.
+    inline: bool
+
     def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
 
     def cache_put(self, entry: CacheEntry) -> None: ...

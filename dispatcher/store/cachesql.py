@@ -24,6 +24,8 @@ _COLUMNS = "fingerprint, model, result, size_bytes, created_at, last_used_at"
 class SqlCacheIndex:
     """The statements; `_run` executes one with `?` marks."""
 
+    inline = False
+
     def __init__(self, host: str, *, scoped: bool) -> None:
         self._host = host
         self._scope = " AND host = ?" if scoped else ""
@@ -81,6 +83,8 @@ class SqlCacheIndex:
 class SqliteCacheIndex(SqlCacheIndex):
     """Shares the store's connection and lock: the cache calls it from worker
     threads, the store from the event loop's thread."""
+
+    inline = True  # the store's own file: as quick as the store's reads
 
     def __init__(self, db: sqlite3.Connection, lock: threading.RLock, host: str) -> None:
         super().__init__(host, scoped=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,64 @@ def test_a_text_result_replaces_an_entry_with_files(
     assert cache.lookup(FP_A) == {"text": "now text", "files": [], "meta": {}}
     assert not (cache_dir / FP_A).exists()  # the old entry's files went with it
     assert make_cache().lookup(FP_A) == {"text": "now text", "files": [], "meta": {}}
+
+
+def test_a_miss_is_answered_here_and_a_hit_is_not(
+    make_cache: Callable[..., ResultCache], produce: Callable[..., dict[str, Any]]
+) -> None:
+    cache = make_cache()
+    assert cache.miss_here(FP_A) and cache.miss_here("../../etc")
+    cache.store_result(FP_B, "m", produce("b"))
+    assert not cache.miss_here(FP_B)  # a hit is file work: `lookup` in a thread
+    assert (cache.hits, cache.misses) == (0, 2)
+
+
+def test_nothing_is_answered_here_while_a_thread_holds_the_lock(
+    make_cache: Callable[..., ResultCache],
+) -> None:
+    cache = make_cache()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with cache._lock:
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(5)
+    try:
+        assert not cache.miss_here(FP_A)
+        assert not cache.store_text_here(FP_A, "chat", {"text": "hi", "files": [], "meta": {}})
+    finally:
+        release.set()
+        thread.join()
+    assert (cache.misses, cache.stored) == (0, 0)
+
+
+def test_a_text_result_is_kept_here_unless_there_is_file_work(
+    make_cache: Callable[..., ResultCache],
+    produce: Callable[..., dict[str, Any]],
+    cache_dir: Path,
+    clock: FakeClock,
+) -> None:
+    cache = make_cache()
+    text = {"text": "hello", "files": [], "meta": {}}
+    assert cache.store_text_here(FP_A, "chat", text)
+    assert cache.lookup(FP_A) == text and cache.stored == 1
+    # Files to copy, or an older entry's folder to delete: `store_result`.
+    with_files = produce("b")
+    assert not cache.store_text_here(FP_B, "m", with_files)
+    cache.store_result(FP_B, "m", with_files)
+    assert not cache.store_text_here(FP_B, "chat", text)
+    assert (cache_dir / FP_B).exists()
+    # An eviction due after the put (over the cap, or the TTL run out): too.
+    cache.max_bytes = cache.size_bytes()
+    assert not cache.store_text_here(FP_C, "chat", text)
+    cache.max_bytes = 10**9
+    clock.advance(TTL)
+    assert not cache.store_text_here(FP_C, "chat", text)
+    assert cache.stored == 2
 
 
 def test_index_survives_a_restart(

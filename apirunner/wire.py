@@ -1,0 +1,156 @@
+"""The provider pool's network streams: one send per request, cheap idle checks.
+
+httpcore writes an HTTP/1.1 request's head (request line and headers) and
+its body as two separate sends. With TCP_NODELAY (asyncio sets it) that is
+two segments and two wake-ups of the server for every request, and two
+system calls here: on the dispatch benchmark the sends were the largest
+single cost of the provider call (BENCHMARKS.md, finding 2). The stream
+below holds a request head back until the next write (the body: sent
+together) or the next read (a request without a body: sent before it).
+
+Before reusing a kept-alive connection, httpcore's pool asks every idle
+connection of the pool whether its socket is readable (a server that closed
+it), on every request and every release: through anyio, each question also
+built the socket's attribute table, one `getpeername` system call with it.
+The stream answers it from the socket it keeps (one `poll`, as httpcore's
+own check does).
+
+Nothing else changes: httpx and httpcore still build, send, time and read
+every request, and every check above the transport stays where it is. Only
+HTTP/1.1 heads are held back: a TLS connection that agreed on HTTP/2 keeps
+its stream as it is (its frames interleave across requests, where holding
+one back could wait on another request's read).
+"""
+
+# The `timeout` parameters are httpcore's stream and backend interface.
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+import httpx
+
+_HEAD_END = b"\r\n\r\n"
+_HTTP11 = b" HTTP/1.1"
+# A head is a few hundred bytes; anything larger is sent as it comes.
+_MAX_HELD = 16 * 1024
+
+
+def _is_request_head(buffer: bytes) -> bool:
+    if len(buffer) > _MAX_HELD or not buffer.endswith(_HEAD_END):
+        return False
+    line_end = buffer.find(b"\r\n")
+    return buffer[:line_end].endswith(_HTTP11)
+
+
+class HeadHoldingStream(httpcore.AsyncNetworkStream):
+    """One connection's stream; a request head waits for its body (or a read),
+    and "is it readable?" is one `poll` of the socket it keeps."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+        self._held = b""
+        self._socket: socket.socket | None = inner.get_extra_info("socket")
+        self._poll: Any = None
+        if self._socket is not None and hasattr(select, "poll"):
+            self._poll = select.poll()
+            self._poll.register(self._socket.fileno(), select.POLLIN)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        if self._held:
+            buffer, self._held = self._held + buffer, b""
+        elif _is_request_head(buffer):
+            self._held = buffer
+            return
+        await self._inner.write(buffer, timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:
+            held, self._held = self._held, b""
+            # What httpcore does with a failed request write: read on, the
+            # server may have answered (an early 4xx) before closing.
+            with contextlib.suppress(httpcore.WriteError):
+                await self._inner.write(held, timeout)
+        return await self._inner.read(max_bytes, timeout)
+
+    async def aclose(self) -> None:
+        self._held = b""
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        tls = await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        ssl_object = tls.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            return tls
+        return HeadHoldingStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable" and self._poll is not None and self._socket is not None:
+            # httpcore's answer for a socket that is gone: readable (it reads b"").
+            return self._socket.fileno() < 0 or bool(self._poll.poll(0))
+        return self._inner.get_extra_info(info)
+
+
+class HeadHoldingBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's asyncio backend, its streams wrapped in `HeadHoldingStream`."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return HeadHoldingStream(stream)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        return HeadHoldingStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def head_holding_transport(
+    ssl_context: ssl.SSLContext, limits: httpx.Limits
+) -> httpx.AsyncHTTPTransport:
+    """httpx's own transport (HTTP/1.1 and HTTP/2, this TLS context, these
+    limits: what `httpx.AsyncClient(http2=True, ...)` builds), its pool on
+    `HeadHoldingBackend`."""
+    transport = httpx.AsyncHTTPTransport(verify=ssl_context, http2=True, limits=limits)
+    # httpx has no parameter for httpcore's network backend: the pool is
+    # built again, with the same settings, on ours.
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        http1=True,
+        http2=True,
+        network_backend=HeadHoldingBackend(),
+    )
+    return transport
