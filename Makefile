@@ -4,6 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Two workers, a whole file at a time (module-scoped services and browsers
+# stay in one process), in the order tests/conftest.py puts the files: the
+# longest first. `make test PYTEST_PARALLEL=` runs serially.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
+
 .PHONY: venv demo test lint typecheck bench clean
 
 venv: $(STAMP)
@@ -21,7 +26,7 @@ demo: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 lint: venv
 	$(BIN)/ruff check .

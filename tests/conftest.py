@@ -3,5 +3,44 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 # Tests import shared builders as `tests.helpers`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# `make test` runs the files on two workers (pytest-xdist, `--dist loadfile
+# --no-loadscope-reorder`): a file goes to whichever worker is free, in the
+# order collected. The files that take longest on a 2-core machine (tens of
+# seconds each, measured with `--durations=0`) are collected first, so that
+# none of them starts last and leaves one worker idle while the other runs
+# it; the many short files then even out the two workers' ends. A file not
+# listed keeps its usual place after these; a renamed one only loses its
+# head start.
+HEAVY_FIRST = (
+    "tests/e2e/test_multi_host.py",
+    "tests/e2e/test_recovery_kill.py",
+    "tests/integration/test_account_health.py",
+    "tests/e2e/test_remote_login.py",
+    "tests/integration/test_web_lanes.py",
+    "tests/integration/store/test_account_leases.py",
+    "tests/unit/test_ledger_stateful.py",
+    "tests/e2e/test_dashboard_pages.py",
+    "tests/integration/test_failure_evidence.py",
+    "tests/integration/test_browser_faults.py",
+    "tests/integration/store/test_service_postgres.py",
+    "tests/integration/test_cli_history.py",
+    "tests/integration/test_cli_reload.py",
+    "tests/integration/webrunner/test_web_runner.py",
+    "tests/integration/test_cli.py",
+    "tests/integration/store/test_crosshost.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    root = config.rootpath
+
+    def place(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+
+    items.sort(key=place)  # stable: each file's own order, and the rest's, is kept

@@ -28,22 +28,36 @@ def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def run_cli(args: Iterable[str], env: Mapping[str, str], cwd: Path,
-            timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: Iterable[str], env: Mapping[str, str], cwd: Path, timeout_s: float = 90.0
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher", *args], env=dict(env), cwd=cwd,
-        capture_output=True, text=True, timeout=timeout_s, check=False,
+        [sys.executable, "-m", "dispatcher", *args],
+        env=dict(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 
-def run_many(commands: Iterable[Iterable[str]], env: Mapping[str, str], cwd: Path,
-             timeout_s: float = 90.0) -> list[subprocess.CompletedProcess[str]]:
+def run_many(
+    commands: Iterable[Iterable[str]], env: Mapping[str, str], cwd: Path, timeout_s: float = 90.0
+) -> list[subprocess.CompletedProcess[str]]:
     """Several CLI commands at once (they are independent); results in order."""
     started = [
-        (list(args), subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", *args], env=dict(env), cwd=cwd,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        (
+            list(args),
+            subprocess.Popen(
+                [sys.executable, "-m", "dispatcher", *args],
+                env=dict(env),
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
         for args in commands
     ]
     results = []
@@ -76,13 +90,15 @@ class ServiceProcess:
     def cli(self, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
         return run_cli(args, self.env, self.cwd, timeout_s)
 
-    def cli_many(self, *commands: Iterable[str],
-                 timeout_s: float = 90.0) -> list[subprocess.CompletedProcess[str]]:
+    def cli_many(
+        self, *commands: Iterable[str], timeout_s: float = 90.0
+    ) -> list[subprocess.CompletedProcess[str]]:
         return run_many(commands, self.env, self.cwd, timeout_s)
 
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"},
-                            timeout=10)
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -99,23 +115,33 @@ class ServiceProcess:
         return self.popen.returncode
 
 
-def start_service(tmp_path: Path, *, args: Iterable[str] = ("--demo",),
-                  profiles: Iterable[str] = API_PROFILES,
-                  env: Mapping[str, str] | None = None) -> ServiceProcess:
+def start_service(
+    tmp_path: Path,
+    *,
+    args: Iterable[str] = ("--demo",),
+    profiles: Iterable[str] = API_PROFILES,
+    env: Mapping[str, str] | None = None,
+) -> ServiceProcess:
     """Start the service with the demo backends; return once it answers."""
     state_dir = tmp_path / "state"
-    full_env = clean_env({
-        "DISPATCHER_STATE_DIR": str(state_dir),
-        "DISPATCHER_PROFILES_DIR": str(profiles_dir(tmp_path, profiles)),
-        "DISPATCHER_TIME_SCALE": TIME_SCALE,
-        "DEMO_API_KEY": DEMO_API_KEY,
-        **(env or {}),
-    })
+    full_env = clean_env(
+        {
+            "DISPATCHER_STATE_DIR": str(state_dir),
+            "DISPATCHER_PROFILES_DIR": str(profiles_dir(tmp_path, profiles)),
+            "DISPATCHER_TIME_SCALE": TIME_SCALE,
+            "DEMO_API_KEY": DEMO_API_KEY,
+            **(env or {}),
+        }
+    )
     log_path = tmp_path / "service.log"
     with log_path.open("w") as handle:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", *args], env=full_env, cwd=tmp_path,
-            stdout=handle, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "dispatcher", *args],
+            env=full_env,
+            cwd=tmp_path,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
     service = ServiceProcess(popen, state_dir, log_path, full_env, tmp_path)
     if wait_until_serving(state_dir, alive=lambda: popen.poll() is None, timeout_s=90):

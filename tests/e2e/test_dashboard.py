@@ -20,8 +20,11 @@ from tests.harness import running_service
 
 # One browser for the module (starting Chromium is the slow part); a fresh
 # context, so fresh cookies and storage, for every test (tests/e2e/conftest.py).
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(120),
-              pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(120),
+    pytest.mark.asyncio(loop_scope="module"),
+]
 
 expect.set_options(timeout=15_000)
 
@@ -35,7 +38,8 @@ async def test_without_a_session_the_page_shows_no_data(tmp_path: Path, browser:
         assert response is not None and response.status == 200
         await expect(page.get_by_test_id("signed-out")).to_be_visible()
         await expect(page.get_by_test_id("signed-out")).to_contain_text(
-            "python -m dispatcher dashboard")
+            "python -m dispatcher dashboard"
+        )
         await expect(page.get_by_test_id("app")).to_be_hidden()
         for testid in ("lane-row", "account-row", "job-row", "task-row"):
             assert await page.get_by_test_id(testid).count() == 0
@@ -59,10 +63,13 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         await page.evaluate("window.__no_reload = 42")
 
         # Created after the page loaded: it must arrive through the event stream.
-        job = await h.job("story shots", [
-            {"model": "demo-chat-api", "params": {"prompt": f"shot {i}", "gen_s": 25}}
-            for i in range(5)
-        ])
+        job = await h.job(
+            "story shots",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": f"shot {i}", "gen_s": 25}}
+                for i in range(5)
+            ],
+        )
         row = job_row(page, job["id"])
         await expect(row).to_be_visible()
         await expect(row).to_contain_text("story shots")
@@ -152,10 +159,13 @@ async def test_buttons_disable_enable_cancel_and_retry(tmp_path: Path, browser: 
         await expect(row).to_have_count(0)  # gone from the active tasks
 
         # Cancel a whole job from its row.
-        job = await h.job("to cancel", [
-            {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 3000}}
-            for i in range(3)
-        ])
+        job = await h.job(
+            "to cancel",
+            [
+                {"model": "demo-video", "params": {"prompt": f"slow {i}", "gen_s": 3000}}
+                for i in range(3)
+            ],
+        )
         await h.wait_task(job["tasks"][0]["id"], {"running"})
         jrow = job_row(page, job["id"])
         await jrow.get_by_test_id("job-cancel").click()
@@ -164,9 +174,12 @@ async def test_buttons_disable_enable_cancel_and_retry(tmp_path: Path, browser: 
         assert done["counts"]["canceled"] == 3
 
         # Retry a failed task from the job's task list.
-        job = await h.job("with a refusal", [
-            {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
-        ])
+        job = await h.job(
+            "with a refusal",
+            [
+                {"model": "demo-chat-api", "params": {"prompt": "refused [status=400]"}},
+            ],
+        )
         failed = (await h.wait_job(job["id"]))["tasks"][0]
         assert failed["state"] == "failed"
         jrow = job_row(page, job["id"])
@@ -194,12 +207,18 @@ async def test_writes_with_the_session_need_the_dashboard_header(tmp_path: Path)
             assert (await anon.get("/v1/lanes", headers=jar)).status_code == 200
             bare = await anon.post("/v1/accounts/demo/disable", json={"reason": "x"}, headers=jar)
             assert bare.status_code == 403 and "X-Requested-With" in bare.json()["error"]["message"]
-            marked = await anon.post("/v1/accounts/demo/disable", json={"reason": "x"},
-                                     headers={**jar, "X-Requested-With": "dispatcher-dashboard"})
+            marked = await anon.post(
+                "/v1/accounts/demo/disable",
+                json={"reason": "x"},
+                headers={**jar, "X-Requested-With": "dispatcher-dashboard"},
+            )
             assert marked.status_code == 200 and marked.json()["enabled"] is False
             # A session cannot mint more sessions: that needs the token.
-            minted = await anon.post("/v1/dashboard-code", json={},
-                                     headers={**jar, "X-Requested-With": "dispatcher-dashboard"})
+            minted = await anon.post(
+                "/v1/dashboard-code",
+                json={},
+                headers={**jar, "X-Requested-With": "dispatcher-dashboard"},
+            )
             assert minted.status_code == 403
             stale = await anon.get("/v1/lanes", headers={"Cookie": "dispatcher_session=old"})
             assert stale.status_code == 403 and "dashboard" in stale.json()["error"]["message"]

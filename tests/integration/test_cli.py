@@ -41,8 +41,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
         assert token not in log and DEMO_API_KEY not in log
 
 
-def wait_state(service: ServiceProcess, task_id: str, states: set[str],
-               timeout_s: float = 30) -> dict:  # type: ignore[type-arg]
+def wait_state(
+    service: ServiceProcess, task_id: str, states: set[str], timeout_s: float = 30
+) -> dict:  # type: ignore[type-arg]
     deadline = time.monotonic() + timeout_s
     with service.http() as client:
         while True:
@@ -107,8 +108,9 @@ def test_batch_jsonl_with_a_failing_line_exits_1_with_a_summary(
     assert re.search(r"failed [0-9a-f]{32} demo-chat-api attempt 1/3: http_400", out)
     assert "partial" in out and "3 success, 1 failed of 4" in out
 
-    status, text = service.cli_many(("status", job_id.group(1), "--json"),
-                                    ("status", job_id.group(1)))
+    status, text = service.cli_many(
+        ("status", job_id.group(1), "--json"), ("status", job_id.group(1))
+    )
     assert status.returncode == 0
     job = json.loads(status.stdout)
     assert job["counts"]["success"] == 3 and job["counts"]["failed"] == 1
@@ -126,12 +128,14 @@ def test_batch_csv_and_json_output(service: ServiceProcess, tmp_path: Path) -> N
     batch = tmp_path / "assets.csv"
     batch.write_text(
         "model,prompt,gen_s,image_size\n"
-        "demo-chat-api,\"tagline, with a comma\",5,\n"
+        'demo-chat-api,"tagline, with a comma",5,\n'
         "demo-queue,banner,5,landscape_16_9\n"
         "demo-video,clip,5,\n"
     )
-    result, as_json = service.cli_many(("batch", str(batch), "--name", "assets"),
-                                       ("batch", str(batch), "--name", "assets again", "--json"))
+    result, as_json = service.cli_many(
+        ("batch", str(batch), "--name", "assets"),
+        ("batch", str(batch), "--name", "assets again", "--json"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "success — 3 success of 3" in result.stdout
     assert "api:demo-queue" in result.stdout
@@ -150,13 +154,16 @@ def test_bad_batch_files_are_refused_with_their_line(
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"model": "demo-chat-api", "prompt": "ok"}\n\n{"model": oops}\n')
     unknown = tmp_path / "unknown.jsonl"
-    unknown.write_text('{"model": "demo-chat-api", "prompt": "ok"}\n'
-                       '{"model": "demo-chat-api", "prompt": "ok too"}\n'
-                       '{"model": "no-such-model", "prompt": "x"}\n')
+    unknown.write_text(
+        '{"model": "demo-chat-api", "prompt": "ok"}\n'
+        '{"model": "demo-chat-api", "prompt": "ok too"}\n'
+        '{"model": "no-such-model", "prompt": "x"}\n'
+    )
     no_model = tmp_path / "no-model.csv"
     no_model.write_text("prompt,gen_s\nhello,1\n")
-    results = service.cli_many(*(("batch", str(path)) for path in (
-        broken, unknown, no_model, tmp_path / "nope.jsonl")))
+    results = service.cli_many(
+        *(("batch", str(path)) for path in (broken, unknown, no_model, tmp_path / "nope.jsonl"))
+    )
     assert all(r.returncode == 2 for r in results), [r.stderr for r in results]
     assert f"{broken}:3: not valid JSON" in results[0].stderr
     assert f"{unknown}:3: unknown model 'no-such-model'" in results[1].stderr
@@ -171,9 +178,12 @@ def test_status_cancel_and_retry_a_task_and_cancel_a_job(
     service: ServiceProcess, tmp_path: Path
 ) -> None:
     batch = tmp_path / "slow.jsonl"
-    batch.write_text("".join(
-        json.dumps({"model": "demo-queue", "prompt": f"slow poster {i}", "gen_s": 5000}) + "\n"
-        for i in range(4)))
+    batch.write_text(
+        "".join(
+            json.dumps({"model": "demo-queue", "prompt": f"slow poster {i}", "gen_s": 5000}) + "\n"
+            for i in range(4)
+        )
+    )
     long, failed, detached = service.cli_many(
         ("submit", "demo-video", "a very long clip", "-p", "gen_s=5000"),
         ("submit", "demo-chat-api", "refused again [status=400]", "--wait"),
@@ -184,8 +194,11 @@ def test_status_cancel_and_retry_a_task_and_cancel_a_job(
     wait_state(service, task_id, {"running"})
 
     status, canceled, retried, job_cancel, nothing = service.cli_many(
-        ("status", task_id), ("cancel", task_id), ("retry", failed_id),
-        ("cancel", job_id, "--json"), ("status", "0" * 32),
+        ("status", task_id),
+        ("cancel", task_id),
+        ("retry", failed_id),
+        ("cancel", job_id, "--json"),
+        ("status", "0" * 32),
     )
     assert status.returncode == 0
     # (the cancel runs alongside: the status may already show it)
@@ -215,13 +228,21 @@ def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) ->
     held = tmp_path / "held.jsonl"
     held.write_text('{"model": "demo-queue", "prompt": "waits for its lane", "gen_s": 1}\n')
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher", "batch", str(held)], env=service.env,
-        cwd=service.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "dispatcher", "batch", str(held)],
+        env=service.env,
+        cwd=service.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         listed, lanes_json, lanes_text, accounts_text, no_reason, nobody = service.cli_many(
-            ("accounts", "--json"), ("lanes", "--json"), ("lanes",), ("accounts",),
-            ("accounts", "disable", "demo-queue"), ("accounts", "enable", "nobody"),
+            ("accounts", "--json"),
+            ("lanes", "--json"),
+            ("lanes",),
+            ("accounts",),
+            ("accounts", "disable", "demo-queue"),
+            ("accounts", "enable", "nobody"),
         )
         queue = {a["name"]: a for a in json.loads(listed.stdout)}["demo-queue"]
         assert queue["enabled"] is False and queue["reason"] == "quota used up"
@@ -277,10 +298,13 @@ def test_clear_messages_when_the_service_is_not_there(
     (stale / "token").write_text("a-token-from-an-earlier-start\n")
     never = clean_env({"DISPATCHER_STATE_DIR": str(tmp_path / "never-started")})
     not_running, dead, refused = run_many(
-        [["lanes"],
-         ["--state-dir", str(crashed), "submit", "demo-chat-api", "hi"],
-         ["--state-dir", str(stale), "status", "x"]],
-        never, tmp_path,
+        [
+            ["lanes"],
+            ["--state-dir", str(crashed), "submit", "demo-chat-api", "hi"],
+            ["--state-dir", str(stale), "status", "x"],
+        ],
+        never,
+        tmp_path,
     )
     assert not_running.returncode == 3
     assert "not running" in not_running.stderr and "python -m dispatcher" in not_running.stderr

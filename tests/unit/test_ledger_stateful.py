@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -20,13 +22,18 @@ from dispatcher.store.sqlite import SqliteStore
 from dispatcher.taskspec import TaskSpec
 from tests.helpers import api_profile
 
+T = TypeVar("T")
+
 
 class LedgerMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
+        # One event loop per run, as in the service: a new loop per call
+        # (`asyncio.run`) cost most of this test's time, to no purpose.
+        self.runner = asyncio.Runner()
         self.tmp = tempfile.TemporaryDirectory()
         self.store = SqliteStore(Path(self.tmp.name) / "d.db")
-        asyncio.run(self.store.migrate())
+        self.run(self.store.migrate())
         self.clock = FakeClock()
         profile = api_profile()
         self.ledger = Ledger(
@@ -39,8 +46,25 @@ class LedgerMachine(RuleBasedStateMachine):
         self.snapshots: list[Task] = []  # old views of running tasks, for late writes
         self.counter = 0
 
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(coro)
+
+    def tasks_now(self) -> list[Task]:
+        """Every task as the store has it, each read with `get_task`, in one turn."""
+
+        async def read() -> list[Task]:
+            tasks = []
+            for task_id in self.ids:
+                task = await self.store.get_task(task_id)
+                assert task is not None, task_id
+                tasks.append(task)
+            return tasks
+
+        return self.run(read())
+
     def teardown(self) -> None:
-        asyncio.run(self.store.close())
+        self.run(self.store.close())
+        self.runner.close()
         self.tmp.cleanup()
 
     def _prompt(self) -> str:
@@ -49,12 +73,12 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def submit(self) -> None:
-        task = asyncio.run(self.ledger.submit(TaskSpec("m-api", {"prompt": self._prompt()}))).task
+        task = self.run(self.ledger.submit(TaskSpec("m-api", {"prompt": self._prompt()}))).task
         self.ids.append(task.id)
 
     @rule(n=st.integers(min_value=1, max_value=4))
     def create_job(self, n: int) -> None:
-        job, tasks = asyncio.run(
+        job, tasks = self.run(
             self.ledger.create_job(
                 "j", [TaskSpec("m-api", {"prompt": self._prompt()}) for _ in range(n)]
             )
@@ -65,7 +89,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def claim(self) -> None:
         self.clock.advance(1000.0)  # any retry delay has passed
-        task = asyncio.run(self.ledger.claim(["api-model:m-api"], "prov"))
+        task = self.run(self.ledger.claim(["api-model:m-api"], "prov"))
         if task is not None:
             self.snapshots.append(task)
 
@@ -78,65 +102,61 @@ class LedgerMachine(RuleBasedStateMachine):
     def heartbeat(self, index: int) -> None:
         snap = self._running_snapshot(index)
         if snap is not None:
-            asyncio.run(self.ledger.heartbeat(snap, None))
+            self.run(self.ledger.heartbeat(snap, None))
 
     @rule(index=st.integers(min_value=0, max_value=50))
     def finish(self, index: int) -> None:
         snap = self._running_snapshot(index)
         if snap is not None:  # may be late: the store's CAS must drop it
-            asyncio.run(self.ledger.succeed(snap, {"text": "ok"}, {}))
+            self.run(self.ledger.succeed(snap, {"text": "ok"}, {}))
 
     @rule(index=st.integers(min_value=0, max_value=50), retryable=st.booleans())
     def fail(self, index: int, retryable: bool) -> None:
         snap = self._running_snapshot(index)
         if snap is not None:
             error = TransientError("boom") if retryable else PermanentError("no")
-            asyncio.run(self.ledger.fail(snap, error))
+            self.run(self.ledger.fail(snap, error))
 
     @precondition(lambda self: bool(self.ids))
     @rule(index=st.integers(min_value=0, max_value=200))
     def cancel(self, index: int) -> None:
         task_id = self.ids[index % len(self.ids)]
         try:
-            task = asyncio.run(self.ledger.request_cancel(task_id))
+            task = self.run(self.ledger.request_cancel(task_id))
         except StateConflict:
             return
         if task.state is State.RUNNING:
-            asyncio.run(self.ledger.mark_canceled(task))
+            self.run(self.ledger.mark_canceled(task))
 
     @precondition(lambda self: bool(self.ids))
     @rule(index=st.integers(min_value=0, max_value=200))
     def retry(self, index: int) -> None:
         with contextlib.suppress(StateConflict):
-            asyncio.run(self.ledger.retry(self.ids[index % len(self.ids)]))
+            self.run(self.ledger.retry(self.ids[index % len(self.ids)]))
 
     @precondition(lambda self: bool(self.job_ids))
     @rule(index=st.integers(min_value=0, max_value=20))
     def retry_job(self, index: int) -> None:
-        asyncio.run(self.ledger.retry_job(self.job_ids[index % len(self.job_ids)]))
+        self.run(self.ledger.retry_job(self.job_ids[index % len(self.job_ids)]))
 
     @invariant()
     def success_and_canceled_are_never_overwritten(self) -> None:
         if not hasattr(self, "store"):
             return
-        for task_id in self.ids:
-            task = asyncio.run(self.store.get_task(task_id))
-            assert task is not None
-            if task_id in self.terminal:
-                assert task.state is self.terminal[task_id], (task_id, task.state)
+        for task in self.tasks_now():
+            if task.id in self.terminal:
+                assert task.state is self.terminal[task.id], (task.id, task.state)
             elif task.state in (State.SUCCESS, State.CANCELED):
-                self.terminal[task_id] = task.state
+                self.terminal[task.id] = task.state
 
     @invariant()
     def attempt_never_decreases_nor_exceeds_max(self) -> None:
         if not hasattr(self, "store"):
             return
-        for task_id in self.ids:
-            task = asyncio.run(self.store.get_task(task_id))
-            assert task is not None
+        for task in self.tasks_now():
             assert 1 <= task.attempt <= task.max_attempts
-            assert task.attempt >= self.attempts.get(task_id, 1)
-            self.attempts[task_id] = task.attempt
+            assert task.attempt >= self.attempts.get(task.id, 1)
+            self.attempts[task.id] = task.attempt
 
     @invariant()
     def queue_positions_match_the_rows(self) -> None:
@@ -145,15 +165,18 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.store._query(
             "SELECT lane_group, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY lane_group"
         )
-        assert asyncio.run(self.store.queued_counts()) == {r[0]: r[1] for r in rows}
-        for task_id in self.ids:
-            task = asyncio.run(self.store.get_task(task_id))
-            assert task is not None
+        assert self.run(self.store.queued_counts()) == {r[0]: r[1] for r in rows}
+        tasks = self.tasks_now()
+
+        async def ahead() -> list[int]:
+            return [await self.store.count_ahead(t.lane_group, t.seq) for t in tasks]
+
+        for task, counted in zip(tasks, self.run(ahead()), strict=True):
             (expected,) = self.store._query(
                 "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
                 (task.lane_group, task.seq),
             )[0]
-            assert asyncio.run(self.store.count_ahead(task.lane_group, task.seq)) == expected
+            assert counted == expected, task.id
 
     @invariant()
     def exactly_one_row_per_task(self) -> None:
@@ -168,9 +191,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def job_counts_match_their_tasks(self) -> None:
         if not hasattr(self, "store"):
             return
-        for job_id in self.job_ids:
-            tasks = asyncio.run(self.store.job_tasks(job_id))
-            counts = asyncio.run(self.store.job_counts(job_id))
+
+        async def read() -> list[tuple[list[Task], dict[State, int]]]:
+            return [
+                (await self.store.job_tasks(job_id), await self.store.job_counts(job_id))
+                for job_id in self.job_ids
+            ]
+
+        for tasks, counts in self.run(read()):
             for state in State:
                 assert counts.get(state, 0) == sum(1 for t in tasks if t.state is state)
 

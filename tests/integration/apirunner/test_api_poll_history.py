@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
+from apirunner.polling import JITTER, MAX_POLL_WAIT_S
 from tests.harness import running_service
 
 pytestmark = pytest.mark.slow
 
-TIME_SCALE = 0.01
-JOB_S = 300.0  # nominal: five minutes, three real seconds
+# One nominal second is 30 ms: a busy machine's hiccups (a third of a real
+# second seen at load 20 on two cores) stay within the bound below, and the
+# progress readings the schedule rests on stay within a few nominal seconds.
+TIME_SCALE = 0.03
+JOB_S = 300.0  # nominal: five minutes, nine real seconds
+# The fixed schedule alone, at its cap for a job this long: a finish is seen
+# up to one capped poll late (15 s nominal, +20 % jitter). The history-led
+# schedule's far waits are ~57 nominal s (a fifth of the expected run), so a
+# schedule that stayed far past the end would miss this by tens of seconds.
+FIXED_SCHEDULE_LATE_S = MAX_POLL_WAIT_S * (1 + JITTER)
 
 
 async def test_a_second_job_of_the_same_shape_polls_less_and_is_noticed_near_its_end(
@@ -20,6 +30,8 @@ async def test_a_second_job_of_the_same_shape_polls_less_and_is_noticed_near_its
     async with running_service(tmp_path, time_scale=TIME_SCALE) as h:
         first = await h.wait_task((await h.submit("demo-video", "one", gen_s=JOB_S))["id"])
         second = await h.wait_task((await h.submit("demo-video", "two", gen_s=JOB_S))["id"])
+        async with httpx.AsyncClient() as client:
+            jobs = (await client.get(f"{h.demo_api}/__jobs")).json()["jobs"]
     assert first["state"] == second["state"] == "success"
     polls = [t["result"]["meta"]["polls"] for t in (first, second)]
     # The first knows only the vendor's progress (the fixed schedule alone
@@ -27,13 +39,17 @@ async def test_a_second_job_of_the_same_shape_polls_less_and_is_noticed_near_its
     assert polls[0] <= 20
     assert polls[1] < polls[0] and polls[1] <= 10
 
-    # Noticed near the end its history predicts, within one capped poll (15 s
-    # nominal, +20 % jitter). Measured against the first job's own run time, not
-    # the nominal 300 s: on a busy machine both runs carry the same real-second
-    # overheads, which at this time scale are tens of nominal seconds. The delay
-    # target itself is measured by `python -m bench polling`.
-    def run_s(task: dict[str, float]) -> float:
-        return (task["finished_at"] - task["started_at"]) / TIME_SCALE
-
-    expected_s = max(JOB_S, run_s(first))
-    assert run_s(second) - expected_s < 18.0
+    # Noticed after the vendor's own end of the remote job (its wall clock,
+    # `GET /__jobs`), and within the fixed schedule's capped poll of the later
+    # of that end and the end its history predicts (the first job's run from
+    # our start). Not from our start plus 300 s: the submit's latency on a
+    # busy machine is tens of nominal seconds at this time scale and says
+    # nothing about when the end was seen. The delay target itself (<= 2
+    # nominal s) is measured by `python -m bench polling`.
+    ends = {j["id"]: j["ends_at"] for j in jobs}
+    late_s = [(t["finished_at"] - ends[t["remote_id"]]) / TIME_SCALE for t in (first, second)]
+    assert all(late >= 0 for late in late_s), late_s
+    predicted_end = second["started_at"] + (first["finished_at"] - first["started_at"])
+    expected_end = max(ends[second["remote_id"]], predicted_end)
+    late_second_s = (second["finished_at"] - expected_end) / TIME_SCALE
+    assert late_second_s < FIXED_SCHEDULE_LATE_S, (late_s, late_second_s)
