@@ -358,19 +358,24 @@ class Scheduler:
                     # the outcome's write below.
                     with contextlib.suppress(asyncio.CancelledError):
                         await stop_job(beat)
-                self._lane_running[running.lane.name].discard(running.task.id)
-                if not self._lane_running[running.lane.name]:
-                    idle = self._idle.pop(running.lane.name, None)
-                    if idle is not None:
-                        idle.set()
             if outcome is not None:
                 # The outcome's write is an await (a round trip on PostgreSQL):
                 # a reclaim or shutdown cancelling us meanwhile must not lose it.
                 await asyncio.shield(self._finish(running, outcome))
         finally:
-            # Once the outcome is on record, so that a lane's runs never
-            # appear to overlap (a web account runs one at a time).
+            # The slot is given back once the outcome is on record, so that a
+            # lane's runs never appear to overlap (a web account runs one at
+            # a time): a round in between would start the next one early.
+            self._release_slot(running)
             await self._refill(running.lane)
+
+    def _release_slot(self, running: Running) -> None:
+        lane_running = self._lane_running[running.lane.name]
+        lane_running.discard(running.task.id)
+        if not lane_running:
+            idle = self._idle.pop(running.lane.name, None)
+            if idle is not None:
+                idle.set()
 
     async def _refill(self, lane: LaneSpec) -> None:
         """The slot just freed takes the lane's next task at once: waiting for

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,3 +202,36 @@ async def test_a_heartbeat_that_loses_its_cancel_does_not_hold_the_outcome(tmp_p
         await asyncio.wait_for(finished.wait(), timeout=5)
         assert (await ledger.get(task.id)).state is State.SUCCESS
         assert task.id not in world.scheduler.running
+
+
+async def test_a_round_while_an_outcome_is_written_does_not_start_the_next_run(
+    world: World,
+) -> None:
+    ledger = world.ledger
+    write_success = ledger.succeed
+    writing, written = asyncio.Event(), asyncio.Event()
+
+    async def slow_succeed(*args: Any, **kwargs: Any) -> Task | None:
+        writing.set()
+        await written.wait()  # a round trip to PostgreSQL, say
+        return await write_success(*args, **kwargs)
+
+    ledger.succeed = slow_succeed  # type: ignore[method-assign]
+    first = await world.submit("m-a", "first")
+    queued = await world.submit("m-a", "second")
+    await world.scheduler.round()
+    await world.settle()
+    world.runner.release["first"].set()
+    await asyncio.wait_for(writing.wait(), timeout=5)
+
+    await world.scheduler.round()  # the slot is not free until the outcome is on record
+    await world.settle()
+    assert world.runner.started == ["first"]
+
+    written.set()
+    await world.settle()
+    assert world.runner.started == ["first", "second"]
+    done = await ledger.get(first.id)
+    second = await ledger.get(queued.id)
+    assert done.finished_at is not None and second.started_at is not None
+    assert done.finished_at <= second.started_at
