@@ -12,6 +12,7 @@ declare it dead after the stale bound and finish its work.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -44,6 +45,7 @@ WEB_TASKS = 20
 # web lane busy ~10 s real, a window the kill below cannot miss on a busy
 # machine (at 10, all of A's answers could be over in 2 s).
 WEB_DURATION = 40
+HOST_CONCURRENCY = {"a": QUOTA, "b": 1, "c": 1}
 WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
 # The batch takes 30-40 s on a busy 2-core machine; a task still unfinished
 # well past that is stuck, and the message says where.
@@ -158,6 +160,11 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                     "DEMO_API_URL": vendor_url,
                     "DEMO_WEB_URL": web_url,
                     "DEMO_API_KEY": key,
+                    # The vendor's quota spans the hosts, and a host whose
+                    # freed slot claims again at once keeps it: on a quiet
+                    # machine B and C left A no API job to die with. A
+                    # larger share for A keeps one running there.
+                    "DISPATCHER_CONCURRENCY": json.dumps({"demo": HOST_CONCURRENCY[h]}),
                 }
                 for h in "abc"
             }
