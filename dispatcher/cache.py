@@ -265,8 +265,7 @@ class ResultCache:
             return False
         try:
             try:
-                cached: JSON = dict(result)
-                size = len(canonical_json(cached).encode("utf-8"))
+                cached, size = _text_entry(result)
             except (TypeError, ValueError):
                 return False  # `store_result` logs why
             # An older entry's folder to delete, or an eviction after the
@@ -328,8 +327,7 @@ class ResultCache:
         start-up deletes.
         """
         try:
-            cached: JSON = dict(result)
-            size = len(canonical_json(cached).encode("utf-8"))
+            cached, size = _text_entry(result)
         except (TypeError, ValueError) as exc:
             log.warning("cache: not caching %s: %s", fingerprint, exc)
             return
@@ -476,3 +474,10 @@ def _with_paths(result: Mapping[str, Any], folder: Path) -> JSON:
 
 
 __all__ = ["CacheIndex", "EvictionPlan", "ResultCache", "is_expired", "plan_eviction"]
+
+
+def _text_entry(result: Mapping[str, Any]) -> tuple[JSON, int]:
+    """A result without files as the index keeps it, and its size in bytes;
+    TypeError or ValueError when it is not JSON."""
+    cached: JSON = dict(result)
+    return cached, len(canonical_json(cached).encode("utf-8"))
