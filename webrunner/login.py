@@ -27,6 +27,7 @@ from dispatcher.clock import Clock
 from dispatcher.errors import InputError, StateConflict
 from dispatcher.profiles import WebSpec
 from webrunner.browser import BrowserSession, start_browser
+from webrunner.page import login_markers
 
 if TYPE_CHECKING:
     from webrunner.runner import WebRunner
@@ -214,10 +215,7 @@ async def shows_logged_in(page: Page, spec: WebSpec) -> bool:
     """Load the model's page and see which marker it shows, as a task would."""
     try:
         await page.goto(spec.url, wait_until="domcontentloaded", timeout=CHECK_S * 1000)
-        either = page.locator(spec.logged_in)
-        if spec.logged_out:
-            either = either.or_(page.locator(spec.logged_out))
-        await either.first.wait_for(state="visible", timeout=CHECK_S * 1000)
+        await login_markers(page, spec).first.wait_for(state="visible", timeout=CHECK_S * 1000)
         return await page.locator(spec.logged_in).first.is_visible()
     except PlaywrightError:
         return False

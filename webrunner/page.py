@@ -129,15 +129,21 @@ class _Look:
     hold: _HoldLook
 
 
+def login_markers(page: Page, spec: WebSpec) -> Locator:
+    """What a loaded page shows first: the logged-in marker, or the logged-out one."""
+    either = page.locator(spec.logged_in)
+    if spec.logged_out:
+        either = either.or_(page.locator(spec.logged_out))
+    return either
+
+
 async def prime(page: Page, spec: WebSpec) -> None:
     """Read a freshly loaded page once, changing nothing, as a task's first
     calls would: Playwright sets its scripts up in each of a document's
     worlds on the first call into it (~25-40 ms each on the 2-core VM), and
     a page pre-loaded for the next task pays that before the task needs it.
     The task still checks the page itself (`PageDriver.open`)."""
-    either = page.locator(spec.logged_in)
-    if spec.logged_out:
-        either = either.or_(page.locator(spec.logged_out))
+    either = login_markers(page, spec)
     # The utility world (actionability checks, `fill`), then the main world
     # (`evaluate_all`: the looks' text reads).
     await either.first.is_visible()
@@ -210,9 +216,7 @@ class PageDriver:
                 )
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
-        either = self._loc(spec.logged_in)
-        if spec.logged_out:
-            either = either.or_(self._loc(spec.logged_out))
+        either = login_markers(self.page, spec)
         try:
             await self._call(
                 either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
