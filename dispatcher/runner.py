@@ -8,6 +8,15 @@ owns every state write; the runner reports through its `RunContext`
 (liveness, stage, the remote id). A reclaim or a shutdown reaches the run as
 an asyncio cancellation (`RunContext.interrupt`), and its ending is not
 recorded.
+
+A cancel can be lost: on Python 3.11 `asyncio.wait_for` returns its inner
+result, and swallows the cancel, when the inner wait completes in the turn
+the cancel arrives (see `dispatcher.background`), and runners wait through
+libraries that wait that way. So the context remembers a reclaim or a
+shutdown: a guard entered afterwards raises CancelledError at once, one in
+progress raises it instead of returning, and one still waiting is cancelled
+again every `RECANCEL_S` until it has ended. The run's own cleanup (outside
+any guard) is never cancelled twice.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from dispatcher.background import RECANCEL_S
 from dispatcher.clock import Clock
 from dispatcher.errors import TaskCanceled, TransientError
 from dispatcher.models import JSON, Stage, Task
@@ -151,9 +161,32 @@ class RunContext:
                     self._cut.add(task)
                     task.cancel()
             return
+        first = self.interruption is None or not self.interruption.withdraws
         self.interruption = reason
         if self.job is not None and not self.job.done():
             self.job.cancel()
+        if first:
+            asyncio.get_running_loop().call_later(RECANCEL_S, self._recancel)
+
+    @property
+    def withdrawn(self) -> bool:
+        """A reclaim or a shutdown has stopped the run: no guard returns from now on."""
+        return self.interruption is not None and self.interruption.withdraws
+
+    def _recancel(self) -> None:
+        """Cancel again whatever still waits in a guard since the run was withdrawn.
+
+        No guard can start once the run is withdrawn, so each of these was
+        waiting when the cancel came, and is waiting still: its cancel was
+        lost (or its work swallowed it). A cancel that was delivered has been
+        handled by now (its wake-up runs in the loop's next turn, long before
+        this timer), so this never cancels twice what is already unwinding.
+        """
+        waiting = [task for task in self._guarded if not task.done()]
+        for task in waiting:
+            task.cancel()
+        if waiting:
+            asyncio.get_running_loop().call_later(RECANCEL_S, self._recancel)
 
     def check_canceled(self) -> None:
         """A checkpoint: raise TaskCanceled once an operator has asked to cancel."""
@@ -174,15 +207,20 @@ class RunContext:
         Raises TaskCanceled when an operator cancels (before or while it
         runs), and TransientError(kind="timeout") "timed out after
         <budget_label> while <what>" when `budget_s` real seconds pass
-        first. A reclaim or a shutdown passes through as CancelledError. Work
-        that swallows the interrupt and returns keeps its result (a write it
-        finished is not lost); the next guard or checkpoint raises instead.
+        first. A reclaim or a shutdown raises CancelledError: before the work
+        starts, while it runs, and when it returns or fails after losing
+        that cancel (no verdict is recorded, so its result has no use). Work
+        that swallows an operator's cancel and returns keeps its result (a
+        write it finished is not lost); the next guard or checkpoint raises.
         Guards nest, in one task or across tasks (`asyncio.gather`).
 
         The run beats once the work has returned; `alive` says the wait
         itself proves liveness (a step bounded by its own timeout that does
         not depend on a page: a launch, a download), so it counts as beating.
         """
+        if self.withdrawn:
+            _close(work)
+            raise self._withdrawn_error()
         if self.canceled:
             _close(work)
             raise TaskCanceled(f"task {self.task.id} canceled")
@@ -202,11 +240,14 @@ class RunContext:
         except asyncio.CancelledError:
             if task in self._cut:
                 self._cut.discard(task)
-                if task.uncancel() == 0:  # ours alone: the work was unwound
+                # Ours alone (and no reclaim or shutdown since): the work was unwound.
+                if task.uncancel() == 0 and not self.withdrawn:
                     raise TaskCanceled(f"task {self.task.id} canceled") from None
             raise
-        except TimeoutError:
-            if timeout.expired():
+        except Exception as exc:
+            if self.withdrawn:
+                raise self._withdrawn_error() from exc
+            if isinstance(exc, TimeoutError) and timeout.expired():
                 assert budget_s is not None
                 raise self._timed_out(budget_s, what, budget_label) from None
             raise
@@ -221,8 +262,13 @@ class RunContext:
                 # `asyncio.timeout` in this task would count it as another's.
                 self._cut.discard(task)
                 task.uncancel()
+        if self.withdrawn:
+            raise self._withdrawn_error()
         self.beat()
         return result
+
+    def _withdrawn_error(self) -> asyncio.CancelledError:
+        return asyncio.CancelledError(f"task {self.task.id}: {self.interruption}")
 
     @staticmethod
     def _timed_out(budget_s: float, what: str, label: str | None) -> TransientError:

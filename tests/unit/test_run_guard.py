@@ -348,3 +348,94 @@ async def test_an_alive_wait_counts_as_beating_while_it_lasts(tmp_path: Path) ->
     await ctx.guard(page_call())
     assert beats == [30.0, 30.0]  # a page call proves nothing until it returns
     assert ctx.last_beat_monotonic == 60.0
+
+
+# -- a reclaim or a shutdown whose cancel is lost ----------------------------------
+# On Python 3.11 `asyncio.wait_for` returns its inner result, and swallows the
+# cancel, when its inner wait completed in the turn the cancel arrives
+# (psycopg_pool waits for a connection that way; see dispatcher.background).
+# Each test below completes that inner wait and interrupts in one turn; the
+# run must still end promptly, not at its next natural end (an hour here).
+
+
+def _lose_the_cancel(ctx: RunContext, inner: asyncio.Future[str], why: Interruption) -> None:
+    """Complete the inner wait and interrupt the run in one turn of the loop."""
+    inner.set_result("connection")
+    ctx.interrupt(why)
+
+
+async def _ended(job: asyncio.Task[None]) -> bool:
+    # A hang guard only: on the fixed code the job ends within a few turns.
+    done, _ = await asyncio.wait({job}, timeout=5)
+    return job in done
+
+
+@pytest.mark.parametrize("reason", [Interruption.SHUTDOWN, Interruption.RECLAIMED])
+async def test_a_lost_cancel_ends_the_run_at_the_guard_that_lost_it(
+    tmp_path: Path, reason: Interruption
+) -> None:
+    ctx = context(tmp_path)
+    inner: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    steps: list[str] = []
+
+    async def run() -> None:
+        steps.append(await ctx.guard(asyncio.wait_for(inner, timeout=3600)))
+        steps.append("polling")
+        await ctx.guard(asyncio.sleep(3600))  # the next natural end
+
+    ctx.job = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    _lose_the_cancel(ctx, inner, reason)
+    assert await _ended(ctx.job)
+    assert ctx.job.cancelled()
+    assert steps == []  # the swallowed wait's result was not acted on
+
+
+async def test_a_lost_cancel_outside_any_guard_ends_the_run_at_its_next_guard(
+    tmp_path: Path,
+) -> None:
+    ctx = context(tmp_path)
+    inner: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    started: list[str] = []
+
+    async def poll() -> None:
+        started.append("poll")
+        await asyncio.sleep(3600)
+
+    async def run() -> None:
+        await asyncio.wait_for(inner, timeout=3600)  # not guarded: reading references, say
+        await ctx.guard(poll())
+
+    ctx.job = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    _lose_the_cancel(ctx, inner, Interruption.SHUTDOWN)
+    assert await _ended(ctx.job)
+    assert ctx.job.cancelled()
+    assert started == []  # refused before it started (and closed: no warning)
+
+
+async def test_a_guarded_wait_that_lost_the_cancel_and_waits_on_is_cancelled_again(
+    tmp_path: Path,
+) -> None:
+    ctx = context(tmp_path)
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[str] = loop.create_future()
+    second: asyncio.Future[str] = loop.create_future()
+    heard: list[str] = []
+
+    async def connections() -> None:
+        # A library loop inside one guarded wait: the cancel is lost in its
+        # first wait, and it goes on to wait again.
+        for inner in (first, second):
+            heard.append(await asyncio.wait_for(inner, timeout=3600))
+
+    async def run() -> None:
+        await ctx.guard(connections())
+
+    ctx.job = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    _lose_the_cancel(ctx, first, Interruption.RECLAIMED)
+    assert await _ended(ctx.job)
+    assert ctx.job.cancelled()
+    assert heard == ["connection"]  # it did lose the first cancel
+    assert not second.done() or second.cancelled()

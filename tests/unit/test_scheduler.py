@@ -235,3 +235,28 @@ async def test_a_round_while_an_outcome_is_written_does_not_start_the_next_run(
     second = await ledger.get(queued.id)
     assert done.finished_at is not None and second.started_at is not None
     assert done.finished_at <= second.started_at
+
+
+async def test_a_run_that_loses_the_shutdowns_cancel_does_not_hold_up_the_shutdown(
+    world: World,
+) -> None:
+    # The shutdown's cancel meets `asyncio.wait_for` as its inner wait
+    # completes (Python 3.11 loses it there; see dispatcher.background): the
+    # run must end anyway, and its task go back to the queue, rather than the
+    # shutdown waiting for the run's next natural end.
+    inner: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.Event()
+
+    async def run(task: Task, ctx: RunContext) -> RunResult:
+        waiting.set()
+        await ctx.guard(asyncio.wait_for(inner, timeout=3600))
+        await ctx.guard(asyncio.sleep(3600))  # a long poll
+        return RunResult(text="never")
+
+    world.runner.run = run  # type: ignore[method-assign]
+    task = await world.submit("m-a", "long")
+    await world.scheduler.round()
+    await asyncio.wait_for(waiting.wait(), timeout=5)
+    inner.set_result("connection")
+    await asyncio.wait_for(world.scheduler.shutdown(), timeout=5)
+    assert (await world.ledger.get(task.id)).state is State.PENDING
