@@ -296,10 +296,18 @@ class ServiceProc:
             time.sleep(0.02)
         return dict(json.loads(path.read_text()))
 
-    def forget_child_stats(self) -> None:
+    def forget_child_stats(self, timeout_s: float = 30.0) -> None:
         """Make `bench.service_child` drop the event counts behind `child_stats`
-        (SIGUSR2): kept across cycles, they would read as service memory."""
+        (SIGUSR2): kept across cycles, they would read as service memory. It
+        also runs a full garbage collection; this returns once both are done."""
+        path = self.state_dir / "bench-forgot"
+        path.unlink(missing_ok=True)
         os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline or self.popen.poll() is not None:
+                raise RuntimeError(f"the service child did not answer SIGUSR2:\n{self.log()}")
+            time.sleep(0.02)
 
     def stop(self) -> int | None:
         return _stop(self.popen)
