@@ -260,3 +260,22 @@ async def test_a_run_that_loses_the_shutdowns_cancel_does_not_hold_up_the_shutdo
     inner.set_result("connection")
     await asyncio.wait_for(world.scheduler.shutdown(), timeout=5)
     assert (await world.ledger.get(task.id)).state is State.PENDING
+
+
+async def test_finished_tasks_leave_nothing_behind_in_the_scheduler(world: World) -> None:
+    # A service drains tens of thousands of tasks between restarts (issue 14's
+    # memory benchmark): whatever it keeps per task must go when the task ends.
+    prompts = [f"p{i}" for i in range(30)]
+    for prompt in prompts:
+        world.runner.release[prompt] = asyncio.Event()
+        world.runner.release[prompt].set()
+        await world.submit("m-a" if len(prompt) % 2 else "m-b", prompt)
+    for _ in range(len(prompts)):
+        await world.scheduler.round()
+        await world.settle()
+    tasks = await world.ledger.store.list_tasks(limit=100)
+    assert [t.state for t in tasks] == [State.SUCCESS] * len(prompts)
+    scheduler = world.scheduler
+    assert scheduler.running == {}
+    assert all(not scheduler.lane_tasks(name) for name in scheduler.lanes)
+    assert len(scheduler.run_history) <= 2  # one shape per model, not one per task
