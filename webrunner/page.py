@@ -15,7 +15,7 @@ import contextlib
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
@@ -26,10 +26,37 @@ from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
 from dispatcher.errors import AccountHold, AuthError, TransientError
 from dispatcher.health import parse_reset
+from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
-from dispatcher.runner import RunContext
 
 T = TypeVar("T")
+
+
+class PageContext(Protocol):
+    """What driving a page needs from whoever drives it: a task's
+    `RunContext`, or a browser started before any task (`prewarm.py`)."""
+
+    clock: Clock
+    account: str
+
+    def check_canceled(self) -> None: ...
+
+    def beat(self) -> None: ...
+
+    async def set_stage(
+        self, stage: Stage, progress: float | None = None, queue_position: int | None = None
+    ) -> None: ...
+
+    async def guard(
+        self,
+        work: Awaitable[T],
+        budget_s: float | None = None,
+        *,
+        what: str = "waiting",
+        budget_label: str | None = None,
+        alive: bool = False,
+    ) -> T: ...
+
 
 # Real seconds between two looks at a generating page: short enough to see a
 # `stable_ms` of a scaled-down test, cheap enough for a 10-minute generation.
@@ -75,7 +102,7 @@ def first_line(exc: BaseException) -> str:
 
 
 async def page_step(
-    ctx: RunContext,
+    ctx: PageContext,
     aw: Awaitable[T],
     *,
     what: str,
@@ -93,6 +120,28 @@ async def page_step(
         raise TransientError(f"{what}: {first_line(exc)}", kind="timeout") from exc
     except PlaywrightError as exc:
         raise TransientError(f"{what}: {first_line(exc)}", kind="browser") from exc
+
+
+async def started_on(
+    ctx: PageContext, page: Page, start_url: str, spec: WebSpec, budget: Budget
+) -> bool:
+    """Whether a just-launched browser's first tab (told to open `start_url`)
+    has loaded the model's page: it loads while Playwright connects. If it
+    has not (an error page, a redirect elsewhere), the caller loads it."""
+    if start_url != spec.url:
+        return False
+    try:
+        await page_step(
+            ctx,
+            page.wait_for_load_state(
+                "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
+            ),
+            what=f"loading {spec.url}",
+            budget=budget,
+        )
+    except TransientError:
+        return False
+    return page.url == spec.url
 
 
 # A page that keeps navigating while we wait is broken, not signed out.
@@ -153,7 +202,7 @@ async def prime(page: Page, spec: WebSpec) -> None:
 class PageDriver:
     """One task's conversation with one page."""
 
-    def __init__(self, page: Page, spec: WebSpec, ctx: RunContext, *, budget: Budget) -> None:
+    def __init__(self, page: Page, spec: WebSpec, ctx: PageContext, *, budget: Budget) -> None:
         self.page = page
         self.spec = spec
         self.ctx = ctx
