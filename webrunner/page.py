@@ -209,6 +209,8 @@ class PageDriver:
         # The runner gives each phase (page load, generation, downloads) its own.
         self.budget = budget
         self.submitted = False
+        # Media elements on the page when the answer was seen finished.
+        self.finished_media: int | None = None
         stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
@@ -266,6 +268,30 @@ class PageDriver:
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
         either = login_markers(self.page, spec)
+        # A page loaded (and read) ahead for this task, in a spare tab or at
+        # the browser's start, shows its markers already: one look reads the
+        # login and the account markers together, one round trip. Only a
+        # page that shows neither marker yet (still rendering, or navigating)
+        # is waited for, then looked at again.
+        try:
+            shown, logged_out, hold = await asyncio.gather(
+                self._call(either.first.is_visible(), "checking that it is logged in"),
+                self._visible(spec.logged_out, "checking for the logged-out marker"),
+                self._hold_look(),
+            )
+        except TransientError as exc:
+            if not _navigated(exc):
+                raise
+            shown = False
+        if not shown:
+            logged_out, hold = await self._wait_login_markers(either)
+        if logged_out:
+            raise self._logged_out_error()
+        await self._raise_hold(hold)
+
+    async def _wait_login_markers(self, either: Locator) -> tuple[bool, _HoldLook]:
+        """Wait for the page to show either login marker, then read the markers."""
+        spec = self.spec
         try:
             await self._call(
                 either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
@@ -281,13 +307,10 @@ class PageDriver:
             ) from exc
         # The markers together: one round trip, not three (each is ~10-50 ms
         # of a warm task's time, in series with the account's generations).
-        logged_out, hold = await asyncio.gather(
+        return await asyncio.gather(
             self._visible(spec.logged_out, "checking for the logged-out marker"),
             self._hold_look(),
         )
-        if logged_out:
-            raise self._logged_out_error()
-        await self._raise_hold(hold)
 
     async def _hold_look(self) -> _HoldLook:
         """What `_raise_hold` needs from the page, read in one round trip."""
@@ -484,6 +507,7 @@ class PageDriver:
             # The done marker must be on this answer, not on an earlier one.
             marked = look.done_text is not None and look.done_text == text
             if started and not busy and text and (marked or now - last_change >= self.stable_s):
+                self.finished_media = media
                 return text
             await self._until_next_look(look)
 
@@ -544,6 +568,11 @@ class PageDriver:
 
     async def media_sources(self) -> list[str]:
         """The finished answer's media URLs."""
+        if self.finished_media == 0:
+            # The look that saw the answer finished counted none on the page
+            # (a page is loaded fresh for each task): nothing to list, and
+            # one round trip fewer after every text answer.
+            return []
         sources = await self._media_list()
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]
