@@ -10,7 +10,11 @@ again, logged in again, its cooldown over). The start itself is the web
 runner's (`webrunner/prewarm.py`); what is decided here is which accounts,
 and what a login problem found then does to the account: exactly what a
 task's page check would do (`AccountHealth.hold_account`), with no task
-spent or held. The setting `browser_prewarm` turns it off.
+spent or held. A task claimed while a start is under way waits for the
+account's lock, then finds the browser; had the start met a login problem
+(and closed it), the task starts its own, meets the same problem and is
+held on its attempt, as without a pre-start. The setting `browser_prewarm`
+turns it off.
 """
 
 from __future__ import annotations

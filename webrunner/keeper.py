@@ -12,6 +12,8 @@ stays fresh, the spare would be stale by then, so the page is loaded again
 in the same tab after the answer instead. What the keeper guarantees:
 
 - an account has at most one browser, and the runner knows its PID;
+- a browser started before the account's first task (`prewarm.py`) is
+  kept the same way, on its checked page;
 - a kept browser is closed after `keep_alive_s` without a task, when its
   account is taken out of service (disabled, or needs a new login: the
   operator will open the profile, and Chromium allows one browser per
@@ -158,18 +160,20 @@ class BrowserKeeper:
         """The account's lane has opened (before any task): in service again."""
         self._released.discard(account)
 
-    def prestarted(self, account: str, session: BrowserSession, page: Page, url: str) -> bool:
-        """A browser started before the account's first task, `page` just
-        loaded on `url` and checked: kept like one a task left, closed when
-        idle. False when it should be closed instead (keep-alive off, the
-        account was taken out of service meanwhile, the browser is unwell)."""
+    def prestarted(
+        self, account: str, session: BrowserSession, page: Page, url: str, loaded_at: float
+    ) -> bool:
+        """A browser started before the account's first task, `page` loaded on
+        `url` (at `loaded_at`, monotonic) and checked: kept like one a task
+        left, closed when idle. False when it should be closed instead
+        (keep-alive off, the account was taken out of service meanwhile, the
+        browser is unwell)."""
         if self.keep_alive_s <= 0 or account in self._released or not session.usable:
             return False
         self._sessions[account] = session
         self._idle_since[account] = time.monotonic()
         self._preloads[account] = _Preload(
-            url,
-            asyncio.create_task(_loaded(page, time.monotonic()), name=f"pre-started {account}"),
+            url, asyncio.create_task(_loaded(page, loaded_at), name=f"pre-started {account}")
         )
         self._close_after(account, session, self.keep_alive_s)
         return True

@@ -151,7 +151,7 @@ async def prestart_browser(
         leftovers = session.selfcheck
         runner.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
         try:
-            page = await _checked_page(runner.clock, account, session, spec)
+            page, loaded_at = await _checked_page(runner.clock, account, session, spec)
         except asyncio.CancelledError:
             await keeper.forget(account)
             await session.abort()
@@ -160,7 +160,7 @@ async def prestart_browser(
             log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
             await keeper.close(account, session, log)
             raise
-        if not keeper.prestarted(account, session, page, spec.url):
+        if not keeper.prestarted(account, session, page, spec.url, loaded_at):
             log.info("browser pid %d not kept (the account left service); closing it", session.pid)
             await keeper.close(account, session, log)
             return False
@@ -174,15 +174,19 @@ async def prestart_browser(
         return True
 
 
-async def _checked_page(clock: Clock, account: str, session: BrowserSession, spec: WebSpec) -> Page:
-    """The first tab on the model's page, checked as a task checks it, then primed."""
+async def _checked_page(
+    clock: Clock, account: str, session: BrowserSession, spec: WebSpec
+) -> tuple[Page, float]:
+    """The first tab on the model's page, checked as a task checks it, then
+    primed; (the tab, when it was found loaded and checked: monotonic)."""
     ctx = PrestartContext(account, clock)
     budget = Budget.after(clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
     page = await session.page()
     loaded = await started_on(ctx, page, session.start_url, spec, budget)
     await PageDriver(page, spec, ctx, budget=budget).open(load=not loaded)
+    loaded_at = time.monotonic()
     # Best effort, as for a spare tab: the task checks the page again itself.
     with contextlib.suppress(PlaywrightError, TimeoutError):
         async with asyncio.timeout(PRIME_TIMEOUT_S):
             await prime(page, spec)
-    return page
+    return page, loaded_at
