@@ -12,7 +12,12 @@ from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
 from dispatcher.attempt import Running
 from dispatcher.clock import Clock
 from dispatcher.errors import AccountHold, AuthError, RunError
-from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION, Streak, after_outcome
+from dispatcher.health import (
+    DEFAULT_COOLDOWN_S,
+    DEFAULT_FAILURES_FOR_ATTENTION,
+    Streak,
+    after_outcome,
+)
 from dispatcher.ledger import Ledger
 from dispatcher.models import Kind
 
@@ -50,29 +55,40 @@ class AccountHealth:
         """The account, not the task, failed: the task goes back to pending on
         the same attempt (another account of its model may take it) and the
         account changes state. True when that is what happened."""
-        owner, lane = running.lane.owner, running.lane
-        if isinstance(error, AccountHold) and error.kind == "usage_limit":
-            until = error.until
-            if until is None:
-                web = running.ctx.profile.web
-                cooldown_s = web.cooldown_s if web is not None else 3600.0
-                until = self.clock.now() + self.clock.scaled(cooldown_s)
-            await self.accounts.cool_down(owner, until, f"usage limit: {error}")
-        elif isinstance(error, AccountHold):
-            await self.accounts.needs_attention(owner, f"{error.kind}: {error}")
-        elif isinstance(error, AuthError) and lane.kind is Kind.WEB:
-            await self.accounts.needs_attention(owner, f"logged out: {error}")
-        elif lane.kind is Kind.API and error.kind in ("http_401", "http_403"):
-            await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
-        else:
+        web = running.ctx.profile.web
+        cooldown_s = web.cooldown_s if web is not None else DEFAULT_COOLDOWN_S
+        if not await self.hold_account(running.lane.owner, running.lane.kind, error, cooldown_s):
             return False
-        self._streaks.pop(owner, None)
         stored = await self.ledger.current(running.task.id)
         if stored is not None and stored.cancel_requested:
             # Asked to cancel while it ran: that outcome wins over waiting.
             await self.ledger.mark_canceled(running.task, durations)
         else:
-            await self.ledger.requeue(running.task, f"held: {error.kind} on {lane.name}")
+            await self.ledger.requeue(running.task, f"held: {error.kind} on {running.lane.name}")
+        return True
+
+    async def hold_account(
+        self, owner: str, kind: Kind, error: RunError, cooldown_s: float
+    ) -> bool:
+        """Change the account's state for an account-level failure (a usage
+        cap: cooldown, until the page's reset time or for `cooldown_s`
+        nominal seconds; a login wall or a human check: needs attention),
+        whether a task's run met it or its browser's start before any task
+        (`dispatcher.prewarm`). False when `error` is not one of those."""
+        if isinstance(error, AccountHold) and error.kind == "usage_limit":
+            until = error.until
+            if until is None:
+                until = self.clock.now() + self.clock.scaled(cooldown_s)
+            await self.accounts.cool_down(owner, until, f"usage limit: {error}")
+        elif isinstance(error, AccountHold):
+            await self.accounts.needs_attention(owner, f"{error.kind}: {error}")
+        elif isinstance(error, AuthError) and kind is Kind.WEB:
+            await self.accounts.needs_attention(owner, f"logged out: {error}")
+        elif kind is Kind.API and error.kind in ("http_401", "http_403"):
+            await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
+        else:
+            return False
+        self._streaks.pop(owner, None)
         return True
 
     async def count_failure(self, owner: str, error: RunError) -> None:

@@ -171,6 +171,11 @@ class _LiveCollector(Collector):
                 "browser_reuses",
             ),
             (
+                "dispatcher_browser_prestarts",
+                "Browsers started and kept ready before their account's first task",
+                "browser_prestarts",
+            ),
+            (
                 "dispatcher_leftover_processes_ended",
                 "Leftover browser processes ended by the self-check",
                 "leftovers_ended",

@@ -38,6 +38,7 @@ from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics, live_numbers
 from dispatcher.models import JSON, Kind, State
+from dispatcher.prewarm import BrowserPrewarm
 from dispatcher.profiles import ProfileProblem, read_profiles
 from dispatcher.recovery import recover
 from dispatcher.reload import plan_reload
@@ -97,6 +98,8 @@ class Service:
         self.profile_problems: list[ProfileProblem] = []
         self._reloading = asyncio.Lock()
         self.remote: RemoteTasks | None = None  # other hosts' writes (PostgreSQL only)
+        # Web accounts' browsers started as their lanes open (a web runner only).
+        self.prewarm: BrowserPrewarm | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -302,6 +305,20 @@ class Service:
             claim_guard=self.hosts.guard,
             shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
         )
+        if web is not None:
+            self.prewarm = BrowserPrewarm(
+                web=web,
+                accounts=self.accounts,
+                health=self.scheduler.health,
+                profiles=self.profiles,
+                enabled=settings.browser_prewarm,
+            )
+            self.events.listen(self.prewarm.on_event)
+            # Closed before the runners are: a start under way closes what it launched.
+            stack.push_async_callback(self.prewarm.aclose)
+            # After any demo login (it holds the profiles) and before the
+            # scheduler claims a task; in the background: serving is not delayed.
+            self.prewarm.lanes_changed(lanes)
         self.roster = Roster(
             store=self.store,
             clock=self.clock,
@@ -367,6 +384,8 @@ class Service:
         lanes = await self._bound(lanes)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
         self.scheduler.replace_lanes(lanes)
+        if self.prewarm is not None:
+            self.prewarm.lanes_changed(lanes)
 
     async def _bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
         """The lanes this host may open: each web account leased to it (one

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # Real seconds a web account's browser stays open after a task, so the
     # next task skips the launch (~2-7 s); 0 closes it after every task.
     browser_keep_alive_s: float = Field(default=60.0, ge=0)
+    # Start each web account's browser (on its model's page, logged-in
+    # check done) when its lane opens, in the background, so its first task
+    # skips the start; closed after `browser_keep_alive_s` without a task.
+    browser_prewarm: bool = True
     concurrency: dict[str, int] = Field(default_factory=dict)  # per API provider
     default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
     cache_max_bytes: int = 2 * 1024**3

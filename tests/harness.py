@@ -93,6 +93,18 @@ class Harness:
                 raise AssertionError(f"job {job_id} still running: {job['counts']}")
             await asyncio.sleep(0.05)
 
+    async def browsers_started(self, timeout_s: float = 60.0) -> None:
+        """Until the web accounts' browsers started as their lanes opened are
+        up (`dispatcher.prewarm`): a test that changes the demo site's state
+        (a logout, a cap) after the start means its task to meet the change,
+        not a start still under way in the background."""
+        prewarm = self.service.prewarm
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while prewarm is not None and prewarm.starting:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"browsers still starting: {prewarm.starting}")
+            await asyncio.sleep(0.02)
+
     async def demo_stats(self, base: str | None = None) -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
             response = await client.get(f"{base or self.demo_api}/__stats")

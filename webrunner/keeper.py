@@ -12,6 +12,8 @@ stays fresh, the spare would be stale by then, so the page is loaded again
 in the same tab after the answer instead. What the keeper guarantees:
 
 - an account has at most one browser, and the runner knows its PID;
+- a browser started before the account's first task (`prewarm.py`) is
+  kept the same way, on its checked page;
 - a kept browser is closed after `keep_alive_s` without a task, when its
   account is taken out of service (disabled, or needs a new login: the
   operator will open the profile, and Chromium allows one browser per
@@ -99,6 +101,10 @@ async def _load_spare(
     return page, await _load(page, url, prime)
 
 
+async def _loaded(page: Page, loaded_at: float) -> tuple[Page | None, float | None]:
+    return page, loaded_at
+
+
 async def _close_tab(page: Page) -> None:
     with contextlib.suppress(PlaywrightError):
         await page.close()
@@ -129,6 +135,9 @@ class BrowserKeeper:
         # task does not wait for them (nothing reads those tabs again).
         self._tab_closers: dict[str, list[asyncio.Task[None]]] = {}
         self._released: set[str] = set()
+        # Tasks that have run on each account (`resume`): a browser start
+        # asked for before one of them is not wanted any more.
+        self._tasks_run: dict[str, int] = {}
 
     # -- used by the runner, under the account's lock -----------------------
 
@@ -142,6 +151,37 @@ class BrowserKeeper:
     def resume(self, account: str) -> None:
         """A task runs on the account: it is in service again."""
         self._released.discard(account)
+        self._tasks_run[account] = self._tasks_run.get(account, 0) + 1
+
+    def tasks_run(self, account: str) -> int:
+        return self._tasks_run.get(account, 0)
+
+    def reopen(self, account: str) -> None:
+        """The account's lane has opened (before any task): in service again."""
+        self._released.discard(account)
+
+    def prestarted(
+        self, account: str, session: BrowserSession, page: Page, url: str, loaded_at: float
+    ) -> bool:
+        """A browser started before the account's first task, `page` loaded on
+        `url` (at `loaded_at`, monotonic) and checked: kept like one a task
+        left, closed when idle. False when it should be closed instead
+        (keep-alive off, the account was taken out of service meanwhile, the
+        browser is unwell)."""
+        if self.keep_alive_s <= 0 or account in self._released or not session.usable:
+            return False
+        self._sessions[account] = session
+        self._idle_since[account] = time.monotonic()
+        self._preloads[account] = _Preload(
+            url, asyncio.create_task(_loaded(page, loaded_at), name=f"pre-started {account}")
+        )
+        self._close_after(account, session, self.keep_alive_s)
+        return True
+
+    async def close(self, account: str, session: BrowserSession, log: Log) -> None:
+        """Stop keeping the account's browser and close it (gracefully, then by kill)."""
+        await self.forget(account)
+        await self._close(session, log)
 
     def idle_s(self, account: str) -> float:
         return time.monotonic() - self._idle_since.get(account, time.monotonic())
@@ -253,6 +293,7 @@ class BrowserKeeper:
         self._idle_since.pop(account, None)
         self._last_generation_s.pop(account, None)
         self._released.discard(account)
+        self._tasks_run.pop(account, None)
 
     # -- events from outside --------------------------------------------------
 

@@ -15,7 +15,7 @@ import contextlib
 import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
@@ -26,10 +26,37 @@ from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
 from dispatcher.errors import AccountHold, AuthError, TransientError
 from dispatcher.health import parse_reset
+from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
-from dispatcher.runner import RunContext
 
 T = TypeVar("T")
+
+
+class PageContext(Protocol):
+    """What driving a page needs from whoever drives it: a task's
+    `RunContext`, or a browser started before any task (`prewarm.py`)."""
+
+    clock: Clock
+    account: str
+
+    def check_canceled(self) -> None: ...
+
+    def beat(self) -> None: ...
+
+    async def set_stage(
+        self, stage: Stage, progress: float | None = None, queue_position: int | None = None
+    ) -> None: ...
+
+    async def guard(
+        self,
+        work: Awaitable[T],
+        budget_s: float | None = None,
+        *,
+        what: str = "waiting",
+        budget_label: str | None = None,
+        alive: bool = False,
+    ) -> T: ...
+
 
 # Real seconds between two looks at a generating page: short enough to see a
 # `stable_ms` of a scaled-down test, cheap enough for a 10-minute generation.
@@ -75,7 +102,7 @@ def first_line(exc: BaseException) -> str:
 
 
 async def page_step(
-    ctx: RunContext,
+    ctx: PageContext,
     aw: Awaitable[T],
     *,
     what: str,
@@ -93,6 +120,28 @@ async def page_step(
         raise TransientError(f"{what}: {first_line(exc)}", kind="timeout") from exc
     except PlaywrightError as exc:
         raise TransientError(f"{what}: {first_line(exc)}", kind="browser") from exc
+
+
+async def started_on(
+    ctx: PageContext, page: Page, start_url: str, spec: WebSpec, budget: Budget
+) -> bool:
+    """Whether a just-launched browser's first tab (told to open `start_url`)
+    has loaded the model's page: it loads while Playwright connects. If it
+    has not (an error page, a redirect elsewhere), the caller loads it."""
+    if start_url != spec.url:
+        return False
+    try:
+        await page_step(
+            ctx,
+            page.wait_for_load_state(
+                "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
+            ),
+            what=f"loading {spec.url}",
+            budget=budget,
+        )
+    except TransientError:
+        return False
+    return page.url == spec.url
 
 
 # A page that keeps navigating while we wait is broken, not signed out.
@@ -153,13 +202,15 @@ async def prime(page: Page, spec: WebSpec) -> None:
 class PageDriver:
     """One task's conversation with one page."""
 
-    def __init__(self, page: Page, spec: WebSpec, ctx: RunContext, *, budget: Budget) -> None:
+    def __init__(self, page: Page, spec: WebSpec, ctx: PageContext, *, budget: Budget) -> None:
         self.page = page
         self.spec = spec
         self.ctx = ctx
         # The runner gives each phase (page load, generation, downloads) its own.
         self.budget = budget
         self.submitted = False
+        # Media elements on the page when the answer was seen finished.
+        self.finished_media: int | None = None
         stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
@@ -217,6 +268,30 @@ class PageDriver:
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
         either = login_markers(self.page, spec)
+        # A page loaded (and read) ahead for this task, in a spare tab or at
+        # the browser's start, shows its markers already: one look reads the
+        # login and the account markers together, one round trip. Only a
+        # page that shows neither marker yet (still rendering, or navigating)
+        # is waited for, then looked at again.
+        try:
+            shown, logged_out, hold = await asyncio.gather(
+                self._call(either.first.is_visible(), "checking that it is logged in"),
+                self._visible(spec.logged_out, "checking for the logged-out marker"),
+                self._hold_look(),
+            )
+        except TransientError as exc:
+            if not _navigated(exc):
+                raise
+            shown = False
+        if not shown:
+            logged_out, hold = await self._wait_login_markers(either)
+        if logged_out:
+            raise self._logged_out_error()
+        await self._raise_hold(hold)
+
+    async def _wait_login_markers(self, either: Locator) -> tuple[bool, _HoldLook]:
+        """Wait for the page to show either login marker, then read the markers."""
+        spec = self.spec
         try:
             await self._call(
                 either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
@@ -232,13 +307,10 @@ class PageDriver:
             ) from exc
         # The markers together: one round trip, not three (each is ~10-50 ms
         # of a warm task's time, in series with the account's generations).
-        logged_out, hold = await asyncio.gather(
+        return await asyncio.gather(
             self._visible(spec.logged_out, "checking for the logged-out marker"),
             self._hold_look(),
         )
-        if logged_out:
-            raise self._logged_out_error()
-        await self._raise_hold(hold)
 
     async def _hold_look(self) -> _HoldLook:
         """What `_raise_hold` needs from the page, read in one round trip."""
@@ -435,6 +507,7 @@ class PageDriver:
             # The done marker must be on this answer, not on an earlier one.
             marked = look.done_text is not None and look.done_text == text
             if started and not busy and text and (marked or now - last_change >= self.stable_s):
+                self.finished_media = media
                 return text
             await self._until_next_look(look)
 
@@ -495,6 +568,11 @@ class PageDriver:
 
     async def media_sources(self) -> list[str]:
         """The finished answer's media URLs."""
+        if self.finished_media == 0:
+            # The look that saw the answer finished counted none on the page
+            # (a page is loaded fresh for each task): nothing to list, and
+            # one round trip fewer after every text answer.
+            return []
         sources = await self._media_list()
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]

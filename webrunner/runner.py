@@ -48,7 +48,15 @@ from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
 from webrunner.media import download_media
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message, page_step, prime
+from webrunner.page import (
+    PAGE_READY_S,
+    Budget,
+    PageDriver,
+    compose_message,
+    page_step,
+    prime,
+    started_on,
+)
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
@@ -116,6 +124,7 @@ class WebRunner:
         self.counts: dict[str, int] = {
             "browser_launches": 0,
             "browser_reuses": 0,
+            "browser_prestarts": 0,  # started before the account's first task (`prewarm.py`)
             "leftovers_ended": 0,
         }
         self._shared_playwright = playwright
@@ -132,6 +141,15 @@ class WebRunner:
     @property
     def web_profiles(self) -> Mapping[str, Profile]:
         return self._profiles
+
+    @property
+    def keeper(self) -> BrowserKeeper:
+        """Each account's browser between tasks (also one started before its first task)."""
+        return self._keeper
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     @property
     def playwright(self) -> Playwright:
@@ -281,7 +299,10 @@ class WebRunner:
         # alive (beating) and cancellable, instead of being reclaimed as stale.
         lock = self._keeper.locks[account]
         if lock.locked():
-            ctx.log.info("waiting for the account's profile (a login or import holds it)")
+            ctx.log.info(
+                "waiting for the account's profile (its browser is starting, or a login or "
+                "import holds it)"
+            )
         await ctx.guard(lock.acquire(), alive=True)
         try:
             self._keeper.resume(account)
@@ -355,33 +376,11 @@ class WebRunner:
             page, fresh = preloaded.page, preloaded.fresh
         else:
             page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
-            fresh = not run.reused and await self._started_on(ctx, page, session, spec, budget)
+            fresh = not run.reused and await started_on(ctx, page, session.start_url, spec, budget)
         run.page = page  # the tab the evidence shows, should `open` fail
         driver = PageDriver(page, spec, ctx, budget=budget)
         await driver.open(load=not fresh)
         return driver
-
-    @staticmethod
-    async def _started_on(
-        ctx: RunContext, page: Page, session: BrowserSession, spec: WebSpec, budget: Budget
-    ) -> bool:
-        """Whether a just-launched browser's first tab has loaded the model's
-        page it was started on (it loads while Playwright connects); if it
-        has not (an error page, a redirect elsewhere), the task loads it."""
-        if session.start_url != spec.url:
-            return False
-        try:
-            await page_step(
-                ctx,
-                page.wait_for_load_state(
-                    "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
-                ),
-                what=f"loading {spec.url}",
-                budget=budget,
-            )
-        except TransientError:
-            return False
-        return page.url == spec.url
 
     async def _run_in_browser(
         self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()

@@ -55,7 +55,9 @@ def runner_of(h: Harness) -> WebRunner:
 
 
 async def log_everyone_out(h: Harness) -> None:
-    """The demo site forgets every session."""
+    """The demo site forgets every session (once the account's browser, started
+    as its lane opened, is up: the logout comes while the service runs)."""
+    await h.browsers_started()
     await h.demo_mode({"mode": "expired"}, base=h.demo_web)
     await h.demo_mode({"mode": "normal"}, base=h.demo_web)
 

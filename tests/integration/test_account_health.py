@@ -72,6 +72,7 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
 ) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "start on demo-1"})
+        await h.browsers_started()  # the cap comes while the service runs
         capped_at = time.time()
         await set_user(h, "demo-1", {"state": "limited", "reset_in_s": 8})
         async with account_events(h) as events:
@@ -110,6 +111,7 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
 async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+        await h.browsers_started()  # the check comes while the service runs
         for condition, reason in (("challenge", "challenge"), ("logged_out", "logged out")):
             await set_user(h, "demo-1", {"state": condition})
             task = await h.submit("demo-chat", f"meets a {condition}")

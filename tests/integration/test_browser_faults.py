@@ -40,7 +40,11 @@ async def wait_stage(h: Harness, task_id: str, stage: str, timeout_s: float = 60
 async def test_a_renderer_killed_mid_generation_is_retried_and_leaves_no_process(
     tmp_path: Path,
 ) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    # Prewarm off: the launches counted are the first task's and its retry's
+    # (pre-started browsers, one per account, would add to them).
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_prewarm=False
+    ) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one web lane"})
         task = await h.submit("demo-chat", "a long answer [duration=40]")
         await wait_stage(h, task["id"], "generating")
@@ -90,8 +94,15 @@ async def test_a_browser_that_cannot_start_takes_the_account_out_without_a_launc
     real = find_browser()
     assert real is not None
     script, launches, broken = breakable_browser(tmp_path, real)
+    # Prewarm off: every launch of the wrapper is counted from `at_start` on,
+    # and a browser started in the background as the lanes open would race
+    # that reading.
     async with running_service(
-        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_executable=str(script)
+        tmp_path,
+        profiles=("demo-chat",),
+        time_scale=SCALE,
+        browser_executable=str(script),
+        browser_prewarm=False,
     ) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one web lane"})
         at_start = launch_count(launches)  # the demo's log-ins

@@ -84,7 +84,13 @@ async def test_a_frozen_page_is_reclaimed_without_waiting_on_it_and_its_trace_ke
 @pytest.mark.browser
 @pytest.mark.timeout(120)
 async def test_a_logged_out_account_leaves_the_page_that_says_so(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=WEB_SCALE) as h:
+    # Prewarm off: the task's own page load meets the expired session, and its
+    # page (the login form, settled) is the evidence; a page loaded ahead of
+    # the task, before the expiry, would meet it only after the submit, in the
+    # middle of the site's navigation to its login page.
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=WEB_SCALE, browser_prewarm=False
+    ) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
         await h.demo_mode({"mode": "expired"}, h.demo_web)
         task = await h.submit("demo-chat", "are we logged in?")

@@ -96,7 +96,12 @@ async def test_api_tasks_never_wait_for_a_busy_web_lane(tmp_path: Path) -> None:
 
 
 async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+    # Prewarm off: this checks the keeper's reuse between two tasks (the first
+    # starts the browser, the second finds it); a browser started before the
+    # first task would make both reuses (tests/integration/test_browser_prewarm.py).
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_prewarm=False
+    ) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
         job = await h.job(
             "one account",
@@ -161,6 +166,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
 async def test_expired_session_holds_the_task_and_marks_the_account(tmp_path: Path) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "single account run"})
+        await h.browsers_started()  # the session expires while the service runs
         await h.demo_mode({"mode": "expired"}, h.demo_web)
         task = await h.submit("demo-chat", "are we logged in?")
         deadline = asyncio.get_running_loop().time() + 60

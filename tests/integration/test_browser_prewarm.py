@@ -1,0 +1,231 @@
+"""Each web account's browser started when its lane opens, before its first
+task: real service, real Chromium, the bundled demo web model."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from demo.web_model import demo_login, start_demo_web
+from dispatcher.models import Kind
+from dispatcher.prewarm import BrowserPrewarm
+from dispatcher.service import Service
+from dispatcher.settings import Settings, find_browser
+from tests.harness import Harness, running_service
+from tests.helpers import REPO
+from tests.integration.test_account_health import accounts, wait_account
+from tests.integration.test_web_lanes import account_browsers, unknown_browsers
+from webrunner.runner import WebRunner, user_data_dir_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
+
+SCALE = 0.05  # 90 s stale -> 4.5 s: long enough for a browser start
+
+
+async def until(check: Callable[[], Awaitable[bool] | bool], what: str) -> None:
+    """Wait for something the service does in the background (bounded; not a timing)."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = check()
+        if seen if isinstance(seen, bool) else await seen:
+            return
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.05)
+
+
+def web_runner(h: Harness) -> WebRunner:
+    runner = h.service.runners[Kind.WEB]
+    assert isinstance(runner, WebRunner)
+    return runner
+
+
+def prewarm(h: Harness) -> BrowserPrewarm:
+    assert h.service.prewarm is not None
+    return h.service.prewarm
+
+
+def counter(h: Harness, name: str) -> int:
+    return web_runner(h).stats().counters[name]
+
+
+async def metric(h: Harness, name: str) -> float:
+    text = (await h.http.get("/metrics")).text
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert found, text
+    return float(found.group(1))
+
+
+async def test_the_browser_starts_with_the_lane_and_the_first_task_reuses_it(
+    tmp_path: Path,
+) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        runner = web_runner(h)
+        # Nothing is submitted: both lanes' browsers start by themselves.
+        await until(lambda: counter(h, "browser_prestarts") == 2, "both browsers pre-started")
+        pids = runner.open_browsers()
+        assert set(pids) == {"demo-1", "demo-2"}
+        for account, pid in pids.items():
+            # The one browser on the profile is the runner's, with its known PID.
+            assert pid in {p.pid for p in account_browsers(h.state_dir, account)}
+            assert unknown_browsers(h, account) == []
+        assert await metric(h, "dispatcher_browser_prestarts_total") == 2.0
+
+        # Taken out of service, an account gives its pre-started browser back.
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+        await until(lambda: account_browsers(h.state_dir, "demo-2") == [], "demo-2's browser gone")
+        assert "demo-2" not in runner.open_browsers()
+
+        task = await h.submit("demo-chat", "the first task [duration=10]")
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert done["state"] == "success", done
+        meta = done["result"]["meta"]
+        assert (meta["browser_reused"], meta["browser_pid"]) == (True, pids["demo-1"])
+        assert "launch" not in meta["timings_ms"]  # no start paid by the task
+        assert await metric(h, "dispatcher_browser_reuses_total") == 1.0
+        assert await metric(h, "dispatcher_browser_launches_total") == 2.0
+
+
+async def test_with_prewarm_off_no_browser_opens_before_the_first_task(tmp_path: Path) -> None:
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_prewarm=False
+    ) as h:
+        runner = web_runner(h)
+        # A start would be under way by now: they are decided as the service starts.
+        assert prewarm(h).starting == set()
+        assert runner.open_browsers() == {}
+        assert account_browsers(h.state_dir, "demo-1") == []
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+        task = await h.submit("demo-chat", "the first task [duration=10]")
+        done = await h.wait_task(task["id"], timeout_s=60)
+        assert (done["state"], done["result"]["meta"]["browser_reused"]) == ("success", False)
+        assert counter(h, "browser_launches") == 1
+        assert counter(h, "browser_prestarts") == 0
+
+
+async def test_a_disabled_account_gets_no_browser_and_an_idle_one_is_closed(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    # The switch persists across restarts; this first run only sets it (no
+    # browser needed, so none is started).
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_prewarm=False
+    ) as h:
+        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "kept off"})
+    async with running_service(
+        tmp_path,
+        profiles=("demo-chat",),
+        time_scale=SCALE,
+        state_dir=state_dir,
+        browser_keep_alive_s=1.0,
+    ) as h:
+        runner = web_runner(h)
+        assert prewarm(h).starting <= {"demo-1"}
+        await until(lambda: counter(h, "browser_prestarts") == 1, "demo-1's browser pre-started")
+        assert account_browsers(h.state_dir, "demo-2") == []
+        # No task comes: after keep-alive it is closed like any idle kept browser.
+        await until(lambda: account_browsers(h.state_dir, "demo-1") == [], "the idle browser gone")
+        assert runner.open_browsers() == {}
+        assert counter(h, "browser_launches") == 1
+
+
+@asynccontextmanager
+async def own_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Settings, str]]:
+    """Settings for a service (no --demo: no login is done for it) with one
+    account, demo-1, on a demo web site started here, whose users the test
+    sets up before the service starts."""
+    site = await start_demo_web(time_scale=SCALE)
+    monkeypatch.setenv("DEMO_WEB_URL", site.url)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    text = (REPO / "profiles" / "demo-chat.toml").read_text()
+    (profiles / "demo-chat.toml").write_text(
+        text.replace('accounts = ["demo-1", "demo-2"]', 'accounts = ["demo-1"]')
+    )
+    settings = Settings(state_dir=tmp_path / "state", profiles_dir=profiles, time_scale=SCALE)
+    try:
+        yield settings, site.url
+    finally:
+        await site.stop()
+
+
+@asynccontextmanager
+async def started(settings: Settings) -> AsyncIterator[Harness]:
+    async with (
+        Service(settings) as service,
+        httpx.AsyncClient(
+            base_url=service.url,
+            headers={"Authorization": f"Bearer {service.credentials.token}"},
+            timeout=30,
+        ) as http,
+    ):
+        yield Harness(service=service, http=http, state_dir=settings.state_dir)
+
+
+async def log_in(browser: str, state_dir: Path, site: str) -> None:
+    """What an operator (or the benchmark) does before starting the service."""
+    assert await demo_login(browser, user_data_dir_for(state_dir, "demo-1"), f"{site}/chat")
+
+
+@pytest.mark.parametrize(
+    ("condition", "state", "reason"),
+    [
+        ("never logged in", "needs_attention", "logged out"),
+        ("challenge", "needs_attention", "challenge"),
+        ("limited", "cooldown", "usage limit"),
+    ],
+)
+async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, condition: str, state: str, reason: str
+) -> None:
+    browser = find_browser()
+    assert browser is not None
+    async with own_site(tmp_path, monkeypatch) as (settings, site):
+        if condition != "never logged in":
+            await log_in(browser, settings.state_dir, site)
+            body: dict[str, Any] = {"state": condition}
+            if condition == "limited":
+                body["reset_in_s"] = 3600
+            async with httpx.AsyncClient() as client:
+                (await client.post(f"{site}/__users/demo", json=body)).raise_for_status()
+        async with started(settings) as h:
+            runner = web_runner(h)
+            account = await wait_account(h, "demo-1", state)
+            assert reason in account["reason"], account
+            await until(lambda: not prewarm(h).starting, "the start has ended")
+            assert runner.open_browsers() == {}
+            assert account_browsers(h.state_dir, "demo-1") == []
+            assert (counter(h, "browser_launches"), counter(h, "browser_prestarts")) == (1, 0)
+
+            # Its task waits, on its first attempt: nothing was spent on it.
+            task = await h.submit("demo-chat", "waits for the account [duration=5]")
+            lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
+            assert lanes["web:demo-1"]["running"] == []
+            held = await h.task(task["id"])
+            assert (held["state"], held["attempt"], held["account"]) == ("pending", 1, None)
+            if condition != "never logged in":
+                return
+
+            # The operator logs it in and switches it back on: the browser is
+            # started again for it and the task runs, still on attempt 1.
+            async with runner.hold_profile("demo-1") as profile:
+                assert await demo_login(
+                    browser, profile, f"{site}/chat", playwright=runner.playwright
+                )
+            await h.http.post("/v1/accounts/demo-1/enable")
+            done = await h.wait_task(task["id"], timeout_s=60)
+            assert (done["state"], done["attempt"]) == ("success", 1), done
+            # One browser at start, one after (pre-started, or the task's own
+            # if it took the profile first).
+            assert counter(h, "browser_launches") == 2
+            assert (await accounts(h))["demo-1"]["state"] == "ok"

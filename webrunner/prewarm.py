@@ -1,0 +1,192 @@
+"""An account's browser started when its lane opens, before its first task.
+
+Starting Chromium (self-check, launch, CDP connect) and loading the model's
+page cost the first task of a lane about a second, in series with the
+account's generations. Started when the lane opens instead, the first task
+finds the browser as a later task finds one kept by the keeper: open, on a
+freshly loaded and primed copy of the model's page.
+
+It is the same start as a task's: under the account's lock (so no task and
+no operator's login uses the profile meanwhile), through `start_browser`
+(the self-check, then the launch on the model's page), and the page is
+checked with the task's own page check (`PageDriver.open`: the logged-in,
+logged-out, human-check and usage-cap markers in one look). A page that
+shows a login problem raises what a task's check raises (`AuthError`,
+`AccountHold`) for the caller to hand to the account's health; the browser
+is closed first, as after a failed attempt. A kept pre-started browser is
+closed after `keep_alive_s` idle like any kept browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Page
+
+from dispatcher.clock import Clock
+from dispatcher.errors import TransientError
+from dispatcher.models import Stage
+from dispatcher.profiles import WebSpec
+from webrunner.browser import BrowserSession, start_browser
+from webrunner.keeper import PRIME_TIMEOUT_S
+from webrunner.page import PAGE_READY_S, Budget, PageDriver, prime, started_on
+
+if TYPE_CHECKING:
+    from webrunner.runner import WebRunner
+
+T = TypeVar("T")
+
+# Real seconds for self-check, launch and CDP connect together, as a task's
+# start has (`runner.START_LIMIT_S`).
+PRESTART_LIMIT_S = 90.0
+
+
+class PrestartContext:
+    """What the page check needs (`page.PageContext`) when no task runs: no
+    cancel to notice (a stop cancels the start itself), no stage to report,
+    no heartbeat to write; only bounded waits."""
+
+    def __init__(self, account: str, clock: Clock) -> None:
+        self.account = account
+        self.clock = clock
+
+    def check_canceled(self) -> None:
+        return None
+
+    def beat(self) -> None:
+        return None
+
+    async def set_stage(
+        self, stage: Stage, progress: float | None = None, queue_position: int | None = None
+    ) -> None:
+        return None
+
+    async def guard(
+        self,
+        work: Awaitable[T],
+        budget_s: float | None = None,
+        *,
+        what: str = "waiting",
+        budget_label: str | None = None,
+        alive: bool = False,
+    ) -> T:
+        timeout = asyncio.timeout(budget_s)
+        try:
+            async with timeout:
+                return await work
+        except TimeoutError:
+            if timeout.expired():
+                label = budget_label or f"{budget_s:g} s"
+                raise TransientError(
+                    f"timed out after {label} while {what}", kind="timeout"
+                ) from None
+            raise
+
+
+class _LaneLog(logging.LoggerAdapter[logging.Logger]):
+    """The lane's prefix on each line, as a task's log lines have it."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return f"[{extra['lane']}] {msg}", kwargs
+
+
+def lane_log(account: str) -> _LaneLog:
+    lane = f"web:{account}"
+    return _LaneLog(logging.getLogger(f"dispatcher.lane.{lane}"), {"lane": lane})
+
+
+async def prestart_browser(
+    runner: WebRunner,
+    account: str,
+    spec: WebSpec,
+    *,
+    wanted: Callable[[], bool],
+    tasks_seen: int,
+) -> bool:
+    """Start `account`'s browser on `spec`'s page and keep it for its first task.
+
+    False when nothing was started: the account has a browser already, a
+    task has run on it since the start was asked for (`tasks_seen`: the
+    keeper's count then), it is not `wanted` any more (checked under the
+    lock, just before the launch), or it was taken out of service during
+    the start (then the browser is closed again). Raises what the start or
+    the page check raised (`AuthError`, `AccountHold`, `RunError`), with the
+    browser closed.
+    """
+    keeper = runner.keeper
+    lock = keeper.locks.get(account)
+    if lock is None:
+        return False  # removed meanwhile
+    log = lane_log(account)
+    async with lock:
+        if (
+            keeper.session(account) is not None
+            or keeper.tasks_run(account) != tasks_seen
+            or not wanted()
+        ):
+            return False
+        keeper.reopen(account)
+        t0 = time.monotonic()
+        async with asyncio.timeout(PRESTART_LIMIT_S):
+            session = await start_browser(
+                runner.playwright,
+                executable=runner.browser_executable,
+                user_data_dir=runner.user_data_dir(account),
+                headless=runner.headless,
+                log=log,
+                start_url=spec.url,
+            )
+        # Known to the keeper at once: a stop or an operator's login that
+        # comes now finds it (and waits for the lock held here).
+        keeper.adopt(account, session)
+        runner.counts["browser_launches"] += 1
+        leftovers = session.selfcheck
+        runner.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
+        try:
+            page, loaded_at = await _checked_page(runner.clock, account, session, spec)
+        except asyncio.CancelledError:
+            await keeper.forget(account)
+            await session.abort()
+            raise
+        except BaseException as exc:
+            log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
+            await keeper.close(account, session, log)
+            raise
+        if not keeper.prestarted(account, session, page, spec.url, loaded_at):
+            log.info("browser pid %d not kept (the account left service); closing it", session.pid)
+            await keeper.close(account, session, log)
+            return False
+        runner.counts["browser_prestarts"] += 1
+        log.info(
+            "browser pid %d started before the lane's first task, on %s (%.0f ms)",
+            session.pid,
+            spec.url,
+            (time.monotonic() - t0) * 1000,
+        )
+        return True
+
+
+async def _checked_page(
+    clock: Clock, account: str, session: BrowserSession, spec: WebSpec
+) -> tuple[Page, float]:
+    """The first tab on the model's page, checked as a task checks it, then
+    primed; (the tab, when it was found loaded and checked: monotonic)."""
+    ctx = PrestartContext(account, clock)
+    budget = Budget.after(clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
+    page = await session.page()
+    loaded = await started_on(ctx, page, session.start_url, spec, budget)
+    await PageDriver(page, spec, ctx, budget=budget).open(load=not loaded)
+    loaded_at = time.monotonic()
+    # Best effort, as for a spare tab: the task checks the page again itself.
+    with contextlib.suppress(PlaywrightError, TimeoutError):
+        async with asyncio.timeout(PRIME_TIMEOUT_S):
+            await prime(page, spec)
+    return page, loaded_at
