@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dispatcher import eventloop
 from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
 from dispatcher.service import Service
@@ -73,12 +74,12 @@ async def main() -> None:
 def run() -> None:
     profile_path = os.environ.get("BENCH_PROFILE")
     if not profile_path:
-        asyncio.run(main())
+        eventloop.run(main(), Settings().event_loop)
         return
     profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     try:
-        asyncio.run(main())
+        eventloop.run(main(), Settings().event_loop)
     finally:
         profiler.disable()
         profiler.dump_stats(profile_path)
