@@ -34,6 +34,7 @@ from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
+from dispatcher import eventloop
 from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
 from dispatcher.service import Service
@@ -223,12 +224,12 @@ def run() -> None:
         tracemalloc.start(frames)
     profile_path = os.environ.get("BENCH_PROFILE")
     if not profile_path:
-        asyncio.run(main())
+        eventloop.run(main(), Settings().event_loop)
         return
     profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     try:
-        asyncio.run(main())
+        eventloop.run(main(), Settings().event_loop)
     finally:
         profiler.disable()
         profiler.dump_stats(profile_path)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+
+from dispatcher import eventloop
 
 
 async def _serve(kind: str, port: int | None, time_scale: float, quota: int) -> None:
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--quota", type=int, default=3, help="API concurrency quota per key")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.kind, args.port, args.time_scale, args.quota))
+    # The service's loop setting, so that a stand-in vendor runs like it.
+    choice = os.environ.get("DISPATCHER_EVENT_LOOP", "auto")
+    eventloop.run(_serve(args.kind, args.port, args.time_scale, args.quota), choice)
     return 0
 
 

@@ -385,4 +385,4 @@ async def start_demo_comfy(port: int | None = None, time_scale: float = 1.0) -> 
     app = Starlette(routes=comfy.routes())
     comfy.start()
     running = await start_server(app, port)
-    return ComfyServer(running.server, running.task, running.port, comfy)
+    return ComfyServer(running.server, running.task, running.port, running.http_parser, comfy=comfy)

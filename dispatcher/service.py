@@ -28,6 +28,7 @@ from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
 from dispatcher.errors import ConfigError, LockHeld
+from dispatcher.eventloop import loop_name
 from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.hostwatch import HostWatch
@@ -346,7 +347,9 @@ class Service:
             await self.webhooks.start()
         await self._reconcile()
         redact(self.credentials.token)
-        self.http = await start_server(create_app(self, self.credentials), settings.port)
+        self.http = await start_server(
+            create_app(self, self.credentials), settings.port, http_parser=settings.http_parser
+        )
         stack.push_async_callback(self._stop_http)
         # Event streams end before the server stops: an open one would hold
         # its graceful shutdown for the whole grace period.
@@ -367,8 +370,10 @@ class Service:
         # lanes, so it is given up before the scheduler stops them.
         stack.push_async_callback(self.roster.aclose)
         log.info(
-            "dispatcher serving on %s (state dir %s, %d lanes: %s)",
+            "dispatcher serving on %s (%s, %s; state dir %s, %d lanes: %s)",
             self.http.url,
+            loop_name(),
+            self.http.http_parser,
             self.state_dir,
             len(lanes),
             ", ".join(lanes),

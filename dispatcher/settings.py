@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     # it out of service (needs attention, with the class as the reason).
     account_failures_for_attention: int = Field(default=3, ge=1)
     log_format: Literal["text", "json"] = "text"
+    # The service's event loop and HTTP/1.1 parser: auto = uvloop and
+    # httptools (uvicorn's production pair) when installed, else asyncio's
+    # loop and h11. Either can be pinned to the standard one should a
+    # platform misbehave (see dispatcher/eventloop.py, dispatcher/serving.py).
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    http_parser: Literal["auto", "httptools", "h11"] = "auto"
     log_level: str = "INFO"
     demo: bool = False
     # Endpoints told when a job finishes or an account changes state (comma- or

@@ -98,12 +98,11 @@ def serve(
         setup_logging(settings.log_level, settings.log_format)
     except ValueError as exc:
         fail(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
-    import asyncio
-
+    from dispatcher import eventloop
     from dispatcher.service import Service
 
     try:
-        asyncio.run(Service(settings).serve_forever())
+        eventloop.run(Service(settings).serve_forever(), settings.event_loop)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     except DispatcherError as exc:
@@ -141,6 +140,7 @@ def demo_run(
     """
     import asyncio
 
+    from dispatcher import eventloop
     from dispatcher.logs import setup_logging
     from dispatcher.service import Service
 
@@ -195,7 +195,7 @@ def demo_run(
     code = EXIT_OK
     with handled():
         try:
-            code = asyncio.run(run())
+            code = eventloop.run(run(), settings.event_loop)
         except KeyboardInterrupt:
             code = EXIT_OK
     raise typer.Exit(code)
