@@ -142,6 +142,13 @@ async def running_service(
         demo=True,
         **overrides,
     )
+    async with serving(settings) as harness:
+        yield harness
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[Harness]:
+    """The service started in process with `settings`, and a client holding its token."""
     async with (
         Service(settings) as service,
         httpx.AsyncClient(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -195,7 +196,9 @@ async def test_a_running_task_can_be_watched_without_input(
         await page.goto(f"{h.service.url}/#task/{task['id']}")
         await page.get_by_test_id("task-watch").click()
         screen = page.get_by_test_id("task-live-screen")
-        await expect(screen).to_have_attribute("data-frames", "1")
+        # At least one frame: under load several arrive between two of
+        # Playwright's reads, so the count may go from none to 2 or 3.
+        await expect(screen).to_have_attribute("data-frames", re.compile(r"^[1-9][0-9]*$"))
         # Read-only: the view has no controls, and the task goes on to its answer.
         await expect(page.get_by_test_id("login-done")).to_have_count(0)
         done = await h.wait_task(task["id"], {"success"}, timeout_s=30)

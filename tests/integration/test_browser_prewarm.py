@@ -17,9 +17,8 @@ import pytest
 from demo.web_model import demo_login, start_demo_web
 from dispatcher.models import Kind
 from dispatcher.prewarm import BrowserPrewarm
-from dispatcher.service import Service
 from dispatcher.settings import Settings, find_browser
-from tests.harness import Harness, running_service
+from tests.harness import Harness, running_service, serving
 from tests.helpers import REPO
 from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
@@ -159,19 +158,6 @@ async def own_site(
         await site.stop()
 
 
-@asynccontextmanager
-async def started(settings: Settings) -> AsyncIterator[Harness]:
-    async with (
-        Service(settings) as service,
-        httpx.AsyncClient(
-            base_url=service.url,
-            headers={"Authorization": f"Bearer {service.credentials.token}"},
-            timeout=30,
-        ) as http,
-    ):
-        yield Harness(service=service, http=http, state_dir=settings.state_dir)
-
-
 async def log_in(browser: str, state_dir: Path, site: str) -> None:
     """What an operator (or the benchmark) does before starting the service."""
     assert await demo_login(browser, user_data_dir_for(state_dir, "demo-1"), f"{site}/chat")
@@ -198,7 +184,7 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
                 body["reset_in_s"] = 3600
             async with httpx.AsyncClient() as client:
                 (await client.post(f"{site}/__users/demo", json=body)).raise_for_status()
-        async with started(settings) as h:
+        async with serving(settings) as h:
             runner = web_runner(h)
             account = await wait_account(h, "demo-1", state)
             assert reason in account["reason"], account
