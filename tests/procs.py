@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from dispatcher.client import wait_until_serving
 from tests.helpers import REPO
@@ -22,10 +24,22 @@ from tests.helpers import REPO
 class Proc:
     popen: subprocess.Popen[str]
     log_path: Path
+    # What a SIGKILL left running: the service's browsers outlive it, as they
+    # would in production until its next start reaps them.
+    left_behind: list[psutil.Process] = field(default_factory=list)
 
     def kill9(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            self.left_behind = psutil.Process(self.popen.pid).children(recursive=True)
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(timeout=10)
+
+    def reap_left_behind(self) -> None:
+        """Kill what `kill9` left running, for a test whose killed host never starts again."""
+        for child in self.left_behind:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        psutil.wait_procs(self.left_behind, timeout=10)
 
     def terminate(self, timeout_s: float = 30.0) -> int:
         self.popen.send_signal(signal.SIGTERM)
