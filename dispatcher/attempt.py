@@ -46,11 +46,14 @@ def disk_full_error(exc: BaseException, result_dir: Path) -> PermanentError | No
 
 
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
-    """Prefixes a runner's log lines with lane, task and attempt."""
+    """Prefixes a runner's log lines with lane, task and attempt (the lane
+    alone for work on a lane before any task: a browser started as it opens)."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
         kwargs.setdefault("extra", {}).update(extra)
+        if "task_id" not in extra:
+            return f"[{extra['lane']}] {msg}", kwargs
         return (
             f"[{extra['lane']}] task {extra['task_id']} attempt {extra['attempt']}: {msg}",
             kwargs,

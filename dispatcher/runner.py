@@ -74,6 +74,13 @@ RemoteIdRecorder = Callable[[str], Awaitable[None]]
 T = TypeVar("T")
 
 
+def timed_out(budget_s: float, what: str, label: str | None = None) -> TransientError:
+    """What a guarded wait raises when its budget ran out first."""
+    return TransientError(
+        f"timed out after {label or f'{budget_s:g} s'} while {what}", kind="timeout"
+    )
+
+
 class Interruption(Enum):
     """Why a run was told to stop before it ended by itself."""
 
@@ -226,7 +233,7 @@ class RunContext:
             raise TaskCanceled(f"task {self.task.id} canceled")
         if budget_s is not None and budget_s <= 0:
             _close(work)
-            raise self._timed_out(budget_s, what, budget_label)
+            raise timed_out(budget_s, what, budget_label)
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("RunContext.guard must run inside a task")
@@ -249,7 +256,7 @@ class RunContext:
                 raise self._withdrawn_error() from exc
             if isinstance(exc, TimeoutError) and timeout.expired():
                 assert budget_s is not None
-                raise self._timed_out(budget_s, what, budget_label) from None
+                raise timed_out(budget_s, what, budget_label) from None
             raise
         finally:
             self._alive_waits -= alive
@@ -269,12 +276,6 @@ class RunContext:
 
     def _withdrawn_error(self) -> asyncio.CancelledError:
         return asyncio.CancelledError(f"task {self.task.id}: {self.interruption}")
-
-    @staticmethod
-    def _timed_out(budget_s: float, what: str, label: str | None) -> TransientError:
-        return TransientError(
-            f"timed out after {label or f'{budget_s:g} s'} while {what}", kind="timeout"
-        )
 
     # -- liveness and progress ---------------------------------------------
 

@@ -24,27 +24,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypeVar
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from dispatcher.attempt import TaskLog
 from dispatcher.clock import Clock
-from dispatcher.errors import TransientError
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
-from webrunner.browser import BrowserSession, start_browser
+from dispatcher.runner import timed_out
+from webrunner.browser import BrowserSession
 from webrunner.keeper import PRIME_TIMEOUT_S
 from webrunner.page import PAGE_READY_S, Budget, PageDriver, prime, started_on
-
-if TYPE_CHECKING:
-    from webrunner.runner import WebRunner
+from webrunner.runner import START_LIMIT_S, WebRunner
 
 T = TypeVar("T")
-
-# Real seconds for self-check, launch and CDP connect together, as a task's
-# start has (`runner.START_LIMIT_S`).
-PRESTART_LIMIT_S = 90.0
 
 
 class PrestartContext:
@@ -82,25 +77,15 @@ class PrestartContext:
                 return await work
         except TimeoutError:
             if timeout.expired():
-                label = budget_label or f"{budget_s:g} s"
-                raise TransientError(
-                    f"timed out after {label} while {what}", kind="timeout"
-                ) from None
+                assert budget_s is not None
+                raise timed_out(budget_s, what, budget_label) from None
             raise
 
 
-class _LaneLog(logging.LoggerAdapter[logging.Logger]):
-    """The lane's prefix on each line, as a task's log lines have it."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        extra = self.extra or {}
-        kwargs.setdefault("extra", {}).update(extra)
-        return f"[{extra['lane']}] {msg}", kwargs
-
-
-def lane_log(account: str) -> _LaneLog:
+def lane_log(account: str) -> TaskLog:
+    """The lane's logger, its lines prefixed as a task's are (no task here)."""
     lane = f"web:{account}"
-    return _LaneLog(logging.getLogger(f"dispatcher.lane.{lane}"), {"lane": lane})
+    return TaskLog(logging.getLogger(f"dispatcher.lane.{lane}"), {"lane": lane})
 
 
 async def prestart_browser(
@@ -135,21 +120,10 @@ async def prestart_browser(
             return False
         keeper.reopen(account)
         t0 = time.monotonic()
-        async with asyncio.timeout(PRESTART_LIMIT_S):
-            session = await start_browser(
-                runner.playwright,
-                executable=runner.browser_executable,
-                user_data_dir=runner.user_data_dir(account),
-                headless=runner.headless,
-                log=log,
-                start_url=spec.url,
-            )
-        # Known to the keeper at once: a stop or an operator's login that
-        # comes now finds it (and waits for the lock held here).
-        keeper.adopt(account, session)
-        runner.counts["browser_launches"] += 1
-        leftovers = session.selfcheck
-        runner.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
+        # Known to the keeper once launched: a stop or an operator's login
+        # that comes now finds it (and waits for the lock held here).
+        async with asyncio.timeout(START_LIMIT_S):
+            session = await runner.launch_browser(account, spec.url, log)
         try:
             page, loaded_at = await _checked_page(runner.clock, account, session, spec)
         except asyncio.CancelledError:

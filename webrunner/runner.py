@@ -338,28 +338,36 @@ class WebRunner:
                 session.pid,
                 session.process.returncode,
             )
-        assert self._playwright is not None and self._executable is not None
         session = await page_step(
             ctx,
-            start_browser(
-                self._playwright,
-                executable=self._executable,
-                user_data_dir=self.user_data_dir(account),
-                headless=self._settings.headless,
-                log=ctx.log,
-                start_url=url,
-            ),
+            self.launch_browser(account, url, ctx.log),
             what="starting the browser",
             budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
             # Interrupted, it kills what it launched before it passes the
             # interrupt on (`start_browser`): nothing is left to dispose of.
             alive=True,
         )
+        return session, False
+
+    async def launch_browser(self, account: str, url: str, log: Log) -> BrowserSession:
+        """A new browser for the account (the self-check first), its first tab
+        loading `url`, known to the keeper at once and counted: a task's start
+        and one before the account's first task (`prewarm.py`) alike. Call it
+        under the account's lock."""
+        assert self._playwright is not None and self._executable is not None
+        session = await start_browser(
+            self._playwright,
+            executable=self._executable,
+            user_data_dir=self.user_data_dir(account),
+            headless=self._settings.headless,
+            log=log,
+            start_url=url,
+        )
         self._keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
         leftovers = session.selfcheck
         self.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
-        return session, False
+        return session
 
     async def _open_page(
         self, ctx: RunContext, run: _BrowserRun, spec: WebSpec, budget: Budget
