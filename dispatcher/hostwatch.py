@@ -183,6 +183,10 @@ class HostWatch:
             await self.register()
         for account, lease in list(self.leases.items()):
             renewed = await self.store.renew_lease(lease, now, self.stale_s)
+            if self.leases.get(account) is not lease:
+                # Released (account removed) or bound anew while the renewal
+                # was in flight: that change wins, nothing was lost.
+                continue
             if renewed is not None:
                 self.leases[account] = renewed
                 continue

@@ -4,12 +4,15 @@ recovered (PostgreSQL: the only store several hosts share)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from dispatcher.clock import FakeClock
 from dispatcher.hostwatch import HostWatch
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import Store, open_store
+from dispatcher.store.hosts import Lease
 from tests.pgdb import fresh_database
 
 
@@ -73,3 +76,50 @@ async def test_a_clean_stop_is_not_a_death_unless_it_leaves_jobs_running(
         finally:
             await a_store.close()
             await b_store.close()
+
+
+async def test_an_account_released_while_its_lease_renews_is_not_reported_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`accounts remove` can land while a heartbeat's renewal of that very
+    lease is in flight: the heartbeat goes on (no crash that stops the
+    service) and does not report a lease lost or close a lane for it."""
+    clock = FakeClock()
+    with fresh_database() as url:
+        store = await open_store(url, "a")
+        try:
+            lost: list[str] = []
+
+            async def on_lost(account: str) -> None:
+                lost.append(account)
+
+            async def on_dead(host: str) -> None:
+                raise AssertionError(f"no other host here: {host}")
+
+            watch = HostWatch(store, clock, "a", shared=True, on_dead=on_dead, on_lost=on_lost)
+            await watch.register()
+            await watch.bind(["kept", "removed"])
+            renewing = asyncio.Event()
+            go_on = asyncio.Event()
+            renew = store.renew_lease
+
+            async def held_renewal(lease: Lease, now: float, ttl_s: float) -> Lease | None:
+                if lease.account == "removed":
+                    renewing.set()
+                    await go_on.wait()
+                return await renew(lease, now, ttl_s)
+
+            store.renew_lease = held_renewal  # type: ignore[method-assign]
+            beat = asyncio.create_task(watch.beat())
+            await renewing.wait()
+            await watch.release("removed")
+            go_on.set()
+            await beat
+
+            assert lost == []
+            assert sorted(watch.leases) == ["kept"]
+            assert "removed" not in watch.refused
+            assert not [r for r in caplog.records if "lost" in r.getMessage()]
+            assert [x.account for x in await store.list_leases()] == ["kept"]
+        finally:
+            await store.close()
