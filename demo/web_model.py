@@ -456,14 +456,14 @@ async def login_demo_accounts(runner: WebRunner, demo_web_url: str) -> dict[str,
     each under its own user name (the account's name).
     Returns {account: True if it had to log in}.
     """
-    accounts = sorted(
-        {
-            account
-            for profile in runner.web_profiles.values()
-            if profile.web is not None and profile.web.url.startswith(demo_web_url)
-            for account in profile.accounts
-        }
-    )
+    profiles = runner.web_profiles
+    on_demo_site = {
+        name
+        for name, profile in profiles.items()
+        if profile.web is not None and profile.web.url.startswith(demo_web_url)
+    }
+    # Added at run time too (`accounts add`): each account's lane's models.
+    accounts = sorted(a for a in runner.accounts if on_demo_site & set(runner.models_of(a)))
     done = await asyncio.gather(
         *(
             demo_login(

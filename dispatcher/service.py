@@ -289,6 +289,7 @@ class Service:
         for lane in lanes.values():
             if web is not None and lane.kind is Kind.WEB:
                 web.add_account(lane.owner)  # one added at run time (the rest are held)
+        self._tell_web(lanes)
         if settings.demo and web is not None:
             from demo.bootstrap import log_in_demo_accounts
 
@@ -388,9 +389,17 @@ class Service:
         lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
         lanes = await self._bound(lanes)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
+        self._tell_web(lanes)
         self.scheduler.replace_lanes(lanes)
         if self.prewarm is not None:
             self.prewarm.lanes_changed(lanes)
+
+    def _tell_web(self, lanes: Mapping[str, LaneSpec]) -> None:
+        """The web runner learns which models each account's lane serves (a
+        login or a cookie import opens the account on one of their pages)."""
+        web = self._web_runner()
+        if web is not None:
+            web.serve({lane.owner: lane.models for lane in lanes.values() if lane.kind is Kind.WEB})
 
     async def _bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
         """The lanes this host may open: each web account leased to it (one

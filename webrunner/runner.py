@@ -105,6 +105,8 @@ class WebRunner:
         """
         self._settings = settings
         self._clock = clock
+        # The service's own mapping (a reload changes it in place).
+        self._all_profiles = profiles
         self._profiles = {n: p for n, p in profiles.items() if p.kind is Kind.WEB}
         # Media a page shows may live on any host the profiles name (the
         # site, an API vendor's CDN), and nowhere else: the API runner's list.
@@ -118,6 +120,12 @@ class WebRunner:
                     raise ConfigError(str(exc)) from None
                 accounts.add(account)
         self.accounts: tuple[str, ...] = tuple(sorted(accounts))
+        # The models each account serves now: its profiles' at start, then
+        # the lanes' (`serve`), which add run-time accounts and reloads.
+        self._models: dict[str, tuple[str, ...]] = {
+            account: tuple(sorted(n for n, p in self._profiles.items() if account in p.accounts))
+            for account in accounts
+        }
         self._locks: dict[str, AccountLock] = {}
         self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, self._close)
         # Counters the service's metrics read (`stats`).
@@ -139,8 +147,17 @@ class WebRunner:
         return user_data_dir_for(self._settings.state_dir, account)
 
     @property
-    def web_profiles(self) -> Mapping[str, Profile]:
-        return self._profiles
+    def web_profiles(self) -> dict[str, Profile]:
+        """The web models loaded now (a reload may have changed them)."""
+        return {n: p for n, p in self._all_profiles.items() if p.kind is Kind.WEB}
+
+    def serve(self, models_by_account: Mapping[str, Sequence[str]]) -> None:
+        """The web models each account serves from now on (its lane's)."""
+        self._models = {account: tuple(sorted(m)) for account, m in models_by_account.items()}
+
+    def models_of(self, account: str) -> tuple[str, ...]:
+        """The web models the account serves (listed in a profile or added at run time)."""
+        return self._models.get(account, ())
 
     @property
     def keeper(self) -> BrowserKeeper:
@@ -243,9 +260,9 @@ class WebRunner:
 
     def spec_for(self, account: str) -> WebSpec:
         """The [web] table of the first model (by name) the account serves."""
-        for name in sorted(self._profiles):
-            profile = self._profiles[name]
-            if account in profile.accounts and profile.web is not None:
+        for name in self.models_of(account):
+            profile = self._all_profiles.get(name)
+            if profile is not None and profile.web is not None:
                 return profile.web
         raise NotFound(f"no web account {account!r}; known: {', '.join(self.accounts) or 'none'}")
 

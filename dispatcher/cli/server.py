@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -176,10 +177,25 @@ def demo_run(
             return str(job["state"])
 
     async def run() -> int:
+        # SIGTERM stops the demo as it stops `serve`: running tasks at their
+        # checkpoints, the browsers closed, nothing left behind.
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stopping.set)
         service = Service(settings)
-        await service.start()
         try:
-            state = await asyncio.to_thread(drive, service.url)
+            await service.start()
+            driving = asyncio.ensure_future(asyncio.to_thread(drive, service.url))
+            stopped = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait({driving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.is_set():
+                err.print(
+                    "stopping: running tasks stop at their checkpoints; the next start resumes them"
+                )
+                driving.cancel()  # its thread ends on its own once the service is gone
+                return EXIT_OK
+            stopped.cancel()
+            state = driving.result()
             if exit_when_done:
                 return EXIT_OK if state == "success" else EXIT_FAILED
             console.print(
@@ -187,9 +203,11 @@ def demo_run(
                 "demo/sample-batch.csv` or `... dashboard` in another shell "
                 f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C stops."
             )
-            await asyncio.Event().wait()
+            await stopping.wait()
+            err.print("stopping")
             return EXIT_OK
         finally:
+            loop.remove_signal_handler(signal.SIGTERM)
             await service.stop()
 
     code = EXIT_OK

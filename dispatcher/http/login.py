@@ -107,7 +107,7 @@ class LoginRoutes:
     async def requeue_auth_failed(self, account: str) -> list[str]:
         """Retry the failed tasks of the account's models that met a logout."""
         runner = self._runner()
-        models = [n for n, p in runner.web_profiles.items() if account in p.accounts]
+        models = runner.models_of(account)
         ledger = self.service.ledger
         retried = []
         for model in models:

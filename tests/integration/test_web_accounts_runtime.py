@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from demo.web_model import demo_login
@@ -89,3 +90,33 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
         assert lanes["web:demo-3"]["models"] == ["demo-chat"]
         assert "demo-3" in runner.accounts and runner.user_data_dir("demo-3").is_dir()
+
+
+async def test_an_account_added_logged_out_can_be_logged_in_by_a_cookie_import(
+    tmp_path: Path,
+) -> None:
+    """The usual order on a real vendor: add the account, then log it in. The
+    login routes know a run-time account (and one a reload brings) as they
+    know a listed one."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        async with httpx.AsyncClient() as client:
+            login = await client.post(
+                f"{h.demo_web}/login", data={"username": "extra", "password": "pw"}
+            )
+        cookie = login.cookies["demo_session"]
+        host = httpx.URL(h.demo_web).host
+        answer = await h.http.post(
+            "/v1/accounts/extra/import",
+            json={"text": f"{host}\tFALSE\t/\tFALSE\t0\tdemo_session\t{cookie}\n"},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["logged_in"] is True
+        task = await h.submit("demo-chat", "on the account imported after adding it")
+        done = await h.wait_task(task["id"])
+        assert done["state"] == "success" and done["account"] == "extra"
+        unknown = await h.http.post("/v1/accounts/nobody/import", json={"text": "x"})
+        assert unknown.status_code == 404 and "no web account 'nobody'" in unknown.text
