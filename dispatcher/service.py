@@ -98,6 +98,11 @@ class Service:
         self.lag_probe = LoopLagProbe()
         self.profile_problems: list[ProfileProblem] = []
         self._reloading = asyncio.Lock()
+        # One lane rebuild at a time: each reads the profiles, the added
+        # accounts and the leases, awaiting the store between them; two
+        # interleaved (an account removed while a lost lease rebuilds) could
+        # swap in the older picture last and reopen a removed account's lane.
+        self._relaning = asyncio.Lock()
         self.remote: RemoteTasks | None = None  # other hosts' writes (PostgreSQL only)
         # Web accounts' browsers started as their lanes open (a web runner only).
         self.prewarm: BrowserPrewarm | None = None
@@ -385,14 +390,15 @@ class Service:
 
     async def _relane(self) -> None:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
-        lanes = build_lanes(self.profiles, self.settings)
-        lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
-        lanes = await self._bound(lanes)
-        await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
-        self._tell_web(lanes)
-        self.scheduler.replace_lanes(lanes)
-        if self.prewarm is not None:
-            self.prewarm.lanes_changed(lanes)
+        async with self._relaning:
+            lanes = build_lanes(self.profiles, self.settings)
+            lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+            lanes = await self._bound(lanes)
+            await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
+            self._tell_web(lanes)
+            self.scheduler.replace_lanes(lanes)
+            if self.prewarm is not None:
+                self.prewarm.lanes_changed(lanes)
 
     def _tell_web(self, lanes: Mapping[str, LaneSpec]) -> None:
         """The web runner learns which models each account's lane serves (a

@@ -120,3 +120,38 @@ async def test_an_account_added_logged_out_can_be_logged_in_by_a_cookie_import(
         assert done["state"] == "success" and done["account"] == "extra"
         unknown = await h.http.post("/v1/accounts/nobody/import", json={"text": "x"})
         assert unknown.status_code == 404 and "no web account 'nobody'" in unknown.text
+
+
+async def test_a_lane_rebuild_in_flight_does_not_reopen_an_account_removed_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Lanes are rebuilt from several reads (profiles, added accounts,
+    leases). One in flight when `accounts remove` lands (a lost lease, a
+    reload) must not swap its older picture in after the removal's own."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        store = h.service.store
+        read = store.get_web_accounts
+        stale_read = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_first_read() -> dict[str, tuple[str, ...]]:
+            got = await read()
+            if not stale_read.is_set():
+                stale_read.set()
+                await go_on.wait()  # holds the picture that still has "extra"
+            return got
+
+        store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+        rebuild = asyncio.create_task(h.service._relane())
+        await stale_read.wait()
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await asyncio.sleep(0.3)  # the removal is under way (or done, without the fix)
+        go_on.set()
+        await rebuild
+        gone = await removing
+        assert gone.status_code == 200, gone.text
+        lanes = await h.http.get("/v1/lanes")
+        assert lanes.status_code == 200, lanes.text
+        assert "web:extra" not in [lane["name"] for lane in lanes.json()], lanes.text
