@@ -129,38 +129,40 @@ def _is_response_head(data: bytes | bytearray | memoryview) -> bool:
     return head == b"HTTP/1.1 " and len(data) <= _MAX_HEAD and bytes(data[-4:]) == b"\r\n\r\n"
 
 
-class _OneSendH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol on `_OneSendTransport`; its flow control
-    (pausing and resuming reads) stays on the real transport."""
+class _OneSend(asyncio.Protocol):
+    """What both of uvicorn's HTTP/1.1 protocols get: answers written
+    through `_OneSendTransport`; flow control (pausing and resuming reads)
+    stays on the real transport, and so does a websocket that takes over."""
+
+    transport: asyncio.Transport
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._real_transport = transport
         self.transport = cast(asyncio.Transport, _OneSendTransport(transport))
 
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
-        # A websocket protocol takes over the connection: the real transport.
+    def _back_to_the_real_transport(self) -> None:
         if isinstance(self.transport, _OneSendTransport):
             self.transport.flush()
         self.transport = self._real_transport
+
+
+class _OneSendH11Protocol(_OneSend, H11Protocol):
+    """uvicorn's h11 (pure Python) protocol, one send per answer."""
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._back_to_the_real_transport()
         super().handle_websocket_upgrade(event)
 
 
-class _OneSendHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools (llhttp) protocol on `_OneSendTransport`, as above.
+class _OneSendHttpToolsProtocol(_OneSend, HttpToolsProtocol):
+    """uvicorn's httptools (llhttp) protocol, one send per answer.
 
     Each request's cycle is given the protocol's transport when its head has
     been parsed, so it writes through the wrapper as well."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._real_transport = transport
-        self.transport = cast(asyncio.Transport, _OneSendTransport(transport))
-
     def handle_websocket_upgrade(self) -> None:
-        if isinstance(self.transport, _OneSendTransport):
-            self.transport.flush()
-        self.transport = self._real_transport
+        self._back_to_the_real_transport()
         super().handle_websocket_upgrade()
 
 
