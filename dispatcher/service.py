@@ -263,6 +263,7 @@ class Service:
         # Runners for every kind configured: a web account refused now (another
         # host holds it) may be taken on by a reload once that host lets it go.
         kinds = {lane.kind for lane in lanes.values()}
+        configured = lanes
         lanes = await self._bound(lanes)
         self.accounts = await AccountBook.load(self.store, self.clock, self.events)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
@@ -294,7 +295,7 @@ class Service:
         for lane in lanes.values():
             if web is not None and lane.kind is Kind.WEB:
                 web.add_account(lane.owner)  # one added at run time (the rest are held)
-        self._tell_web(lanes)
+        self._tell_web(configured)
         if settings.demo and web is not None:
             from demo.bootstrap import log_in_demo_accounts
 
@@ -393,16 +394,17 @@ class Service:
         async with self._relaning:
             lanes = build_lanes(self.profiles, self.settings)
             lanes = with_added_accounts(lanes, await self.store.get_web_accounts(), self.profiles)
+            self._tell_web(lanes)
             lanes = await self._bound(lanes)
             await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
-            self._tell_web(lanes)
             self.scheduler.replace_lanes(lanes)
             if self.prewarm is not None:
                 self.prewarm.lanes_changed(lanes)
 
     def _tell_web(self, lanes: Mapping[str, LaneSpec]) -> None:
-        """The web runner learns which models each account's lane serves (a
-        login or a cookie import opens the account on one of their pages)."""
+        """The web runner learns which models each web account serves (a
+        login or a cookie import opens the account on one of their pages),
+        those another host holds now included: a lease may come later."""
         web = self._web_runner()
         if web is not None:
             web.serve({lane.owner: lane.models for lane in lanes.values() if lane.kind is Kind.WEB})
