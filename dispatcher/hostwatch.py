@@ -168,6 +168,11 @@ class HostWatch:
                 # The database is away: our leases lapse after the stale bound
                 # unless a later beat renews them in time.
                 log.error("host heartbeat failed: %s", exc)
+            except Exception:
+                # A bug in one beat must not end them all: with no beat, this
+                # host's leases lapse and another host takes its accounts
+                # while its tasks still run here.
+                log.exception("host heartbeat failed unexpectedly; the next beat tries again")
 
     async def beat(self) -> None:
         """One heartbeat: alive, leases renewed, dead hosts found and recovered."""

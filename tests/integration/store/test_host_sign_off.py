@@ -123,3 +123,40 @@ async def test_an_account_released_while_its_lease_renews_is_not_reported_lost(
             assert [x.account for x in await store.list_leases()] == ["kept"]
         finally:
             await store.close()
+
+
+async def test_a_beat_that_fails_unexpectedly_does_not_end_the_heartbeat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One beat meeting a bug is logged with its traceback, and the next
+    beats still renew the host's leases (without them, another host would
+    take its accounts while their tasks still run here)."""
+    clock = FakeClock(time_scale=0.001)
+    with fresh_database() as url:
+        store = await open_store(url, "a")
+        try:
+            watch = _watch(store, clock, "a", [])
+            await watch.register()
+            await watch.bind(["kept"])
+            heartbeat = store.host_heartbeat
+            calls = 0
+
+            async def fails_once(host: str, now: float) -> bool:
+                nonlocal calls
+                calls += 1
+                if calls == 1:
+                    raise RuntimeError("a bug in one beat")
+                return await heartbeat(host, now)
+
+            store.host_heartbeat = fails_once  # type: ignore[method-assign]
+            watch.start()
+            for _ in range(200):
+                if watch.beats >= 3:
+                    break
+                await asyncio.sleep(0.01)
+            await watch.aclose()
+            assert watch.beats >= 3
+            failed = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
+            assert len(failed) == 1 and failed[0].exc_info is not None
+        finally:
+            await store.close()
