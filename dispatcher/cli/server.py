@@ -201,7 +201,7 @@ def demo_run(
             console.print(
                 "still serving; try `.venv/bin/python -m dispatcher batch "
                 "demo/sample-batch.csv` or `... dashboard` in another shell "
-                f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C stops."
+                f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C or SIGTERM stops."
             )
             await stopping.wait()
             err.print("stopping")
