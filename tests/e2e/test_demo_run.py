@@ -22,8 +22,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 def _states(db: Path) -> dict[str, int]:
     if not db.exists():
         return {}
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return dict(conn.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state").fetchall())
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state").fetchall()
+    except sqlite3.OperationalError:  # the file is there, its schema not yet
+        return {}
+    return dict(rows)
 
 
 def test_sigterm_mid_batch_stops_the_demo_cleanly(tmp_path: Path) -> None:
