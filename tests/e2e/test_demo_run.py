@@ -4,6 +4,7 @@ nothing left running, every task recoverable."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -23,7 +24,7 @@ def _states(db: Path) -> dict[str, int]:
     if not db.exists():
         return {}
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
             rows = conn.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state").fetchall()
     except sqlite3.OperationalError:  # the file is there, its schema not yet
         return {}
