@@ -25,6 +25,7 @@ from tests.harness import Harness, running_service, serving
 from tests.helpers import REPO
 from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
+from webrunner.browser import BrowserSession
 from webrunner.runner import WebRunner, user_data_dir_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
@@ -290,3 +291,51 @@ async def test_a_store_failure_marking_an_account_after_its_start_is_logged_as_t
         ]
         assert failed and "web:extra" in failed[0].getMessage(), caplog.text
         assert account_browsers(h.state_dir, "extra") == []
+
+
+async def test_a_browser_closing_after_keep_alive_as_the_service_stops_closes_gracefully(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Keep-alive ran out and the browser is closing (Chromium writes the
+    profile to disk as it exits) when the service stops: the stop waits for
+    that close instead of cutting it short with a kill."""
+    caplog.set_level(logging.INFO)
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_keep_alive_s=1.0
+    ) as h:
+        runner = web_runner(h)
+        await until(lambda: counter(h, "browser_prestarts") == 2, "both browsers pre-started")
+        wait_exit = BrowserSession._wait_exit
+        closing: list[int] = []
+        reached = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_exit(self: BrowserSession, until_s: float) -> bool:
+            if not closing:
+                closing.append(self.pid)
+                reached.set()
+                await go_on.wait()  # Chromium is still flushing its profile
+            return await wait_exit(self, until_s)
+
+        monkeypatch.setattr(BrowserSession, "_wait_exit", slow_exit)
+        await reached.wait()  # one browser's keep-alive ran out: it is closing
+        keeper = runner.keeper
+        keeper_aclose = keeper.aclose
+        stopping = asyncio.Event()
+
+        async def aclose() -> None:
+            stopping.set()
+            await keeper_aclose()
+
+        keeper.aclose = aclose  # type: ignore[method-assign]
+        stop = asyncio.create_task(h.service.stop())
+        await stopping.wait()
+        await asyncio.sleep(0.2)  # the stop is under way (or done, without the fix)
+        go_on.set()
+        await stop
+        closed = [
+            r.getMessage() for r in caplog.records if f"pid {closing[0]} closed" in r.getMessage()
+        ]
+        assert closed and "gracefully" in closed[0], caplog.text
+        assert account_browsers(h.state_dir, "demo-1") == []
+        assert account_browsers(h.state_dir, "demo-2") == []
