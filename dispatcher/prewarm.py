@@ -164,6 +164,13 @@ class BrowserPrewarm:
         if spec is None:
             self._jobs.pop(account, None)
             return
+
+        async def hold(exc: AuthError | AccountHold) -> None:
+            # What a task's page check would have met: the account's state
+            # changes the same way, and no task was spent on it.
+            log.warning("[%s] its page, before any task: %s", lane, exc, extra={"lane": lane})
+            await self._health.hold_account(account, Kind.WEB, exc, spec.cooldown_s)
+
         try:
             await prestart_browser(
                 self._web,
@@ -171,12 +178,8 @@ class BrowserPrewarm:
                 spec,
                 wanted=lambda: self._wanted(account),
                 tasks_seen=tasks_seen,
+                hold=hold,
             )
-        except (AuthError, AccountHold) as exc:
-            # What a task's page check would have met: the account's state
-            # changes the same way, and no task was spent on it.
-            log.warning("[%s] its page, before any task: %s", lane, exc, extra={"lane": lane})
-            await self._health.hold_account(account, Kind.WEB, exc, spec.cooldown_s)
         except (RunError, TimeoutError) as exc:
             # Its first task starts one itself (and counts a failure there).
             log.warning(

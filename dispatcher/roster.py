@@ -10,8 +10,9 @@ releases its lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dispatcher.accounts import AccountBook
@@ -50,6 +51,11 @@ class Roster:
         self._web = web
         self._relane = relane
         self._draining: dict[str, asyncio.Task[None]] = {}
+        # Names an add or a removal is under way for ("added", "removed"): one
+        # at a time. A removal holds the account (its browser closing) until
+        # its very end, so an add meanwhile found it taken on already, then
+        # saw it let go: a lane with no account and no lock behind it.
+        self._changing: dict[str, str] = {}
 
     def _from_profiles(self, name: str) -> list[str]:
         return sorted(p.source or p.name for p in self._profiles.values() if name in p.accounts)
@@ -73,16 +79,15 @@ class Roster:
         existing = self._accounts.all()
         if any(a.name == name and a.kind is Kind.API for a in existing):
             raise StateConflict(f"{name!r} is an API provider, not a web account")
-        if name in self._draining:
-            raise StateConflict(f"web account {name!r} is being removed; add it once it is gone")
-        stored = (await self._store.get_web_accounts()).get(name, ())
-        try:
-            self._web.add_account(name)
-        except LockHeld as exc:
-            raise StateConflict(str(exc)) from exc
-        serves = sorted({*stored, *models})
-        await self._store.put_web_account(name, serves, self._clock.now())
-        await self._relane()
+        with self._changing_one(name, "added"):
+            stored = (await self._store.get_web_accounts()).get(name, ())
+            try:
+                self._web.add_account(name)
+            except LockHeld as exc:
+                raise StateConflict(str(exc)) from exc
+            serves = sorted({*stored, *models})
+            await self._store.put_web_account(name, serves, self._clock.now())
+            await self._relane()
         log.info(
             "[web:%s] added, serving %s", name, ", ".join(serves), extra={"lane": f"web:{name}"}
         )
@@ -104,20 +109,35 @@ class Roster:
                 f"web account {name!r} is running task {', '.join(running)}; wait for it, "
                 "or remove it with drain (it takes no new task and goes when that one ends)"
             )
-        await self._store.delete_web_account(name)
-        await self._relane()  # no new task from here on
-        if running:
-            job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
-            self._draining[name] = job
-            log.info(
-                "[web:%s] draining: removed once task %s ends",
-                name,
-                ", ".join(running),
-                extra={"lane": lane},
-            )
-            return {"name": name, "removed": False, "draining": True, "running": running}
-        await self._release(name)
+        with self._changing_one(name, "removed"):
+            await self._store.delete_web_account(name)
+            await self._relane()  # no new task from here on
+            if running:
+                job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
+                self._draining[name] = job
+                log.info(
+                    "[web:%s] draining: removed once task %s ends",
+                    name,
+                    ", ".join(running),
+                    extra={"lane": lane},
+                )
+                return {"name": name, "removed": False, "draining": True, "running": running}
+            await self._release(name)
         return {"name": name, "removed": True, "draining": False, "running": []}
+
+    @contextlib.contextmanager
+    def _changing_one(self, name: str, what: str) -> Iterator[None]:
+        """`name` is being `what` ("added", "removed") in this block; StateConflict
+        if another add or removal of it is under way (a drain included)."""
+        under_way = "removed" if name in self._draining else self._changing.get(name)
+        if under_way is not None:
+            then = "add it once it is gone" if under_way == "removed" else "try again then"
+            raise StateConflict(f"web account {name!r} is being {under_way}; {then}")
+        self._changing[name] = what
+        try:
+            yield
+        finally:
+            del self._changing[name]
 
     async def _release_when_idle(self, name: str, lane: str) -> None:
         try:

@@ -125,6 +125,9 @@ class BrowserKeeper:
         self._sessions: dict[str, BrowserSession] = {}
         self._idle_since: dict[str, float] = {}
         self._closers: dict[str, asyncio.Task[None]] = {}
+        # Closers past their wait, closing a browser: a stop waits for them
+        # (a cancel would kill Chromium before it has written its profile).
+        self._closing: set[asyncio.Task[None]] = set()
         self._preloads: dict[str, _Preload] = {}
         # A spare tab loading the model's page while the account's task generates.
         self._spares: dict[str, _Preload] = {}
@@ -321,6 +324,8 @@ class BrowserKeeper:
         for closer in self._closers.values():
             closer.cancel()
         self._closers.clear()
+        # Bounded: a close kills what has not exited after its grace period.
+        await asyncio.gather(*self._closing, return_exceptions=True)
         log = logging.getLogger("dispatcher.webrunner")
         for account, session in list(self._sessions.items()):
             await self._drop_preload(account)
@@ -355,6 +360,12 @@ class BrowserKeeper:
                 # A task may have used it since this timer was set.
                 if self._sessions.get(account) is not session or idle_s < idle_limit_s:
                     return
+                me = asyncio.current_task()
+                if me is not None:
+                    if self._closers.get(account) is me:
+                        del self._closers[account]
+                    self._closing.add(me)
+                    me.add_done_callback(self._closing.discard)
                 await self.forget(account)
                 log.info(
                     "[web:%s] closing its browser (idle for %.1f s)",

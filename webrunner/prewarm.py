@@ -11,10 +11,12 @@ no operator's login uses the profile meanwhile), through `start_browser`
 (the self-check, then the launch on the model's page), and the page is
 checked with the task's own page check (`PageDriver.open`: the logged-in,
 logged-out, human-check and usage-cap markers in one look). A page that
-shows a login problem raises what a task's check raises (`AuthError`,
-`AccountHold`) for the caller to hand to the account's health; the browser
-is closed first, as after a failed attempt. A kept pre-started browser is
-closed after `keep_alive_s` idle like any kept browser.
+shows a login problem meets what a task's check raises (`AuthError`,
+`AccountHold`); the browser is closed, as after a failed attempt, and the
+caller's `hold` hands it to the account's health while the lock is still
+held: a removal of the account waits for it, as it waits for a task. A kept
+pre-started browser is closed after `keep_alive_s` idle like any kept
+browser.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from playwright.async_api import Page
 
 from dispatcher.attempt import TaskLog
 from dispatcher.clock import Clock
+from dispatcher.errors import AccountHold, AuthError
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
 from dispatcher.runner import timed_out
@@ -40,6 +43,9 @@ from webrunner.page import PAGE_READY_S, Budget, PageDriver, prime, started_on
 from webrunner.runner import START_LIMIT_S, WebRunner
 
 T = TypeVar("T")
+
+# What a login problem found on the page does to the account (its health's call).
+Hold = Callable[[AuthError | AccountHold], Awaitable[None]]
 
 
 class PrestartContext:
@@ -95,6 +101,7 @@ async def prestart_browser(
     *,
     wanted: Callable[[], bool],
     tasks_seen: int,
+    hold: Hold,
 ) -> bool:
     """Start `account`'s browser on `spec`'s page and keep it for its first task.
 
@@ -102,9 +109,10 @@ async def prestart_browser(
     task has run on it since the start was asked for (`tasks_seen`: the
     keeper's count then), it is not `wanted` any more (checked under the
     lock, just before the launch), or it was taken out of service during
-    the start (then the browser is closed again). Raises what the start or
-    the page check raised (`AuthError`, `AccountHold`, `RunError`), with the
-    browser closed.
+    the start (then the browser is closed again), or its page showed a login
+    problem (`AuthError`, `AccountHold`: the browser is closed, then `hold`
+    is given the problem, the lock still held). Raises what else the start
+    or the page check raised (`RunError`), with the browser closed.
     """
     keeper = runner.keeper
     lock = keeper.locks.get(account)
@@ -130,6 +138,13 @@ async def prestart_browser(
             await keeper.forget(account)
             await session.abort()
             raise
+        except (AuthError, AccountHold) as exc:
+            log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
+            await keeper.close(account, session, log)
+            # Under the lock: a removal takes it before the account is
+            # forgotten, so the mark cannot land after and bring it back.
+            await hold(exc)
+            return False
         except BaseException as exc:
             log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
             await keeper.close(account, session, log)

@@ -4,6 +4,8 @@ task: real service, real Chromium, the bundled demo web model."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,6 +17,7 @@ import httpx
 import pytest
 
 from demo.web_model import demo_login, start_demo_web
+from dispatcher.errors import StoreError
 from dispatcher.models import Kind
 from dispatcher.prewarm import BrowserPrewarm
 from dispatcher.settings import Settings, find_browser
@@ -22,6 +25,7 @@ from tests.harness import Harness, running_service, serving
 from tests.helpers import REPO
 from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
+from webrunner.browser import BrowserSession
 from webrunner.runner import WebRunner, user_data_dir_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
@@ -215,3 +219,123 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
             # if it took the profile first).
             assert counter(h, "browser_launches") == 2
             assert (await accounts(h))["demo-1"]["state"] == "ok"
+
+
+async def test_an_account_removed_while_its_start_finds_it_logged_out_stays_removed(
+    tmp_path: Path,
+) -> None:
+    """An account added before its login (the usual order) is found logged out
+    by its browser's start, which then marks it as needing attention. A
+    removal landing meanwhile must not be undone by that mark: the store
+    may yield while writing it (PostgreSQL does), held open here."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.browsers_started()
+        store = h.service.store
+        upsert = store.upsert_account
+        marking = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_mark(account: Any) -> None:
+            if account.name == "extra" and account.needs_attention and not marking.is_set():
+                marking.set()
+                await go_on.wait()  # the mark is being written
+            await upsert(account)
+
+        store.upsert_account = slow_mark  # type: ignore[method-assign]
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        await marking.wait()
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await asyncio.sleep(0.3)  # the removal is under way (or done, without the fix)
+        go_on.set()
+        gone = await removing
+        assert gone.status_code == 200, gone.text
+        await until(lambda: not prewarm(h).starting, "the start has ended")
+        assert "extra" not in await accounts(h)
+        assert "extra" not in await store.get_accounts()
+        assert account_browsers(h.state_dir, "extra") == []
+
+
+async def test_a_store_failure_marking_an_account_after_its_start_is_logged_as_the_start_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start is a background job nobody awaits: a failure to mark the
+    account (the database away for a moment) is the job's to log, with its
+    lane, not left for asyncio to report as an exception never retrieved."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
+        await h.browsers_started()
+        store = h.service.store
+        upsert = store.upsert_account
+
+        async def failing_mark(account: Any) -> None:
+            if account.name == "extra" and account.needs_attention:
+                raise StoreError("the database went away")
+            await upsert(account)
+
+        store.upsert_account = failing_mark  # type: ignore[method-assign]
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        await until(
+            lambda: any("its page, before any task" in r.getMessage() for r in caplog.records),
+            "the start found the page logged out",
+        )
+        await until(lambda: not prewarm(h).starting, "the start has ended")
+        gc.collect()  # a failed job nobody retrieved is reported when collected
+        await asyncio.sleep(0)
+        unretrieved = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+        assert unretrieved == []
+        failed = [
+            r
+            for r in caplog.records
+            if r.name == "dispatcher.prewarm" and r.levelno >= logging.ERROR
+        ]
+        assert failed and "web:extra" in failed[0].getMessage(), caplog.text
+        assert account_browsers(h.state_dir, "extra") == []
+
+
+async def test_a_browser_closing_after_keep_alive_as_the_service_stops_closes_gracefully(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Keep-alive ran out and the browser is closing (Chromium writes the
+    profile to disk as it exits) when the service stops: the stop waits for
+    that close instead of cutting it short with a kill."""
+    caplog.set_level(logging.INFO)
+    async with running_service(
+        tmp_path, profiles=("demo-chat",), time_scale=SCALE, browser_keep_alive_s=1.0
+    ) as h:
+        runner = web_runner(h)
+        await until(lambda: counter(h, "browser_prestarts") == 2, "both browsers pre-started")
+        wait_exit = BrowserSession._wait_exit
+        closing: list[int] = []
+        reached = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_exit(self: BrowserSession, until_s: float) -> bool:
+            if not closing:
+                closing.append(self.pid)
+                reached.set()
+                await go_on.wait()  # Chromium is still flushing its profile
+            return await wait_exit(self, until_s)
+
+        monkeypatch.setattr(BrowserSession, "_wait_exit", slow_exit)
+        await reached.wait()  # one browser's keep-alive ran out: it is closing
+        keeper = runner.keeper
+        keeper_aclose = keeper.aclose
+        stopping = asyncio.Event()
+
+        async def aclose() -> None:
+            stopping.set()
+            await keeper_aclose()
+
+        keeper.aclose = aclose  # type: ignore[method-assign]
+        stop = asyncio.create_task(h.service.stop())
+        await stopping.wait()
+        await asyncio.sleep(0.2)  # the stop is under way (or done, without the fix)
+        go_on.set()
+        await stop
+        closed = [
+            r.getMessage() for r in caplog.records if f"pid {closing[0]} closed" in r.getMessage()
+        ]
+        assert closed and "gracefully" in closed[0], caplog.text
+        assert account_browsers(h.state_dir, "demo-1") == []
+        assert account_browsers(h.state_dir, "demo-2") == []

@@ -12,7 +12,9 @@ from demo.web_model import demo_login
 from dispatcher.errors import LockHeld
 from dispatcher.models import Kind
 from tests.harness import running_service
+from tests.integration.test_browser_prewarm import until
 from tests.integration.test_web_lanes import account_browsers
+from webrunner.browser import BrowserSession, Log
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
 
@@ -155,3 +157,52 @@ async def test_a_lane_rebuild_in_flight_does_not_reopen_an_account_removed_meanw
         lanes = await h.http.get("/v1/lanes")
         assert lanes.status_code == 200, lanes.text
         assert "web:extra" not in [lane["name"] for lane in lanes.json()], lanes.text
+
+
+async def test_an_account_added_again_while_its_removal_closes_its_browser_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`accounts remove` closes the account's kept browser before it lets the
+    account go. An `accounts add` of the same name meanwhile found it still
+    held and answered 201, then the removal let it go: no lane the API could
+    list, no lock, no task ever run on it. Refused instead, until it is gone."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        # Its browser, started as its lane opened, is kept: the removal closes it.
+        await until(lambda: runner.counts["browser_prestarts"] == 3, "extra's browser started")
+        assert "extra" in runner.open_browsers()
+        keeper = runner.keeper
+        close = keeper._close
+        closing = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_close(session: BrowserSession, log: Log) -> None:
+            if session.user_data_dir == runner.user_data_dir("extra") and not closing.is_set():
+                closing.set()
+                await go_on.wait()  # a graceful close takes up to seconds
+            await close(session, log)
+
+        keeper._close = slow_close  # type: ignore[method-assign]
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await closing.wait()
+        again = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        go_on.set()
+        gone = await removing
+        assert gone.status_code == 200, gone.text
+        assert again.status_code == 409 and "being removed" in again.text, again.text
+        # Once it is gone, it can be added again, and it is served.
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        lanes = await h.http.get("/v1/lanes")
+        assert lanes.status_code == 200, lanes.text
+        assert "web:extra" in [lane["name"] for lane in lanes.json()]
+        assert "extra" in runner.accounts
