@@ -89,7 +89,8 @@ class Roster:
         return {"name": name, "models": serves, "profiles": self._from_profiles(name)}
 
     async def remove(self, name: str, *, drain: bool) -> JSON:
-        """Remove an added web account; refused while it runs a task unless `drain`."""
+        """Remove an added web account; refused while it runs a task unless `drain`,
+        and while an operator's login session has its profile open."""
         listed = self._from_profiles(name)
         if listed:
             raise StateConflict(
@@ -97,6 +98,13 @@ class Roster:
             )
         if name not in await self._store.get_web_accounts():
             raise NotFound(f"no web account {name!r} was added at run time")
+        if self._web is not None and self._web.logins.is_open(name):
+            # The session holds the profile until it ends (up to its idle
+            # limit): the removal would wait behind it, half done.
+            raise StateConflict(
+                f"web account {name!r} has a login session open; "
+                "finish or cancel it, then remove the account"
+            )
         lane = f"web:{name}"
         running = self._scheduler.lane_tasks(lane)
         if running and not drain:

@@ -155,3 +155,26 @@ async def test_a_lane_rebuild_in_flight_does_not_reopen_an_account_removed_meanw
         lanes = await h.http.get("/v1/lanes")
         assert lanes.status_code == 200, lanes.text
         assert "web:extra" not in [lane["name"] for lane in lanes.json()], lanes.text
+
+
+async def test_an_account_with_an_open_login_session_is_not_removed_under_it(
+    tmp_path: Path,
+) -> None:
+    """The login session holds the account's profile (its Chromium, its lock)
+    for up to 15 minutes: `accounts remove` answers at once that it is open,
+    rather than hanging behind it half done."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        opened = await h.http.post("/v1/accounts/extra/login")
+        assert opened.status_code == 201, opened.text
+        refused = await asyncio.wait_for(h.http.delete("/v1/accounts/extra"), 10)
+        assert refused.status_code == 409, refused.text
+        assert "login session" in refused.json()["error"]["message"]
+        lanes = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
+        assert "web:extra" in lanes  # nothing of the removal was done
+        closed = await h.http.post("/v1/accounts/extra/login/cancel")
+        assert closed.status_code == 200, closed.text
+        gone = await h.http.delete("/v1/accounts/extra")
+        assert gone.status_code == 200, gone.text
+        assert not account_browsers(h.state_dir, "extra")
