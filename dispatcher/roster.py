@@ -50,6 +50,11 @@ class Roster:
         self._web = web
         self._relane = relane
         self._draining: dict[str, asyncio.Task[None]] = {}
+        # One add or remove at a time: each reads the store, then takes or
+        # gives up the account's lock and row across awaits (a removal waits
+        # for its browser's graceful close); interleaved, an add answered
+        # during a removal had its lock and row taken away by the removal's end.
+        self._changing = asyncio.Lock()
 
     def _from_profiles(self, name: str) -> list[str]:
         return sorted(p.source or p.name for p in self._profiles.values() if name in p.accounts)
@@ -73,11 +78,15 @@ class Roster:
         existing = self._accounts.all()
         if any(a.name == name and a.kind is Kind.API for a in existing):
             raise StateConflict(f"{name!r} is an API provider, not a web account")
+        async with self._changing:
+            return await self._add(self._web, name, models)
+
+    async def _add(self, web: WebRunner, name: str, models: Sequence[str]) -> JSON:
         if name in self._draining:
             raise StateConflict(f"web account {name!r} is being removed; add it once it is gone")
         stored = (await self._store.get_web_accounts()).get(name, ())
         try:
-            self._web.add_account(name)
+            web.add_account(name)
         except LockHeld as exc:
             raise StateConflict(str(exc)) from exc
         serves = sorted({*stored, *models})
@@ -91,6 +100,10 @@ class Roster:
     async def remove(self, name: str, *, drain: bool) -> JSON:
         """Remove an added web account; refused while it runs a task unless `drain`,
         and while an operator's login session has its profile open."""
+        async with self._changing:
+            return await self._remove(name, drain=drain)
+
+    async def _remove(self, name: str, *, drain: bool) -> JSON:
         listed = self._from_profiles(name)
         if listed:
             raise StateConflict(

@@ -178,3 +178,42 @@ async def test_an_account_with_an_open_login_session_is_not_removed_under_it(
         gone = await h.http.delete("/v1/accounts/extra")
         assert gone.status_code == 200, gone.text
         assert not account_browsers(h.state_dir, "extra")
+
+
+async def test_an_add_landing_during_a_removal_keeps_the_account(tmp_path: Path) -> None:
+    """A removal closes the account's browser (gracefully: seconds) before it
+    lets the lock and the row go. An `accounts add` of the same name answered
+    meanwhile must leave the account served, locked and listed, not have the
+    removal's end take them away again."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        remove_account = runner.remove_account
+        closing = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_remove(account: str) -> None:
+            closing.set()
+            await go_on.wait()  # its browser is closing
+            await remove_account(account)
+
+        runner.remove_account = slow_remove  # type: ignore[method-assign]
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await closing.wait()
+        adding = asyncio.create_task(
+            h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        )
+        await asyncio.sleep(0.3)  # the add is under way (or answered, without the fix)
+        go_on.set()
+        assert (await removing).status_code == 200
+        readded = await adding
+        assert readded.status_code == 201, readded.text
+        assert await h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        lock = AccountLock(runner.locks_dir, "extra")
+        with pytest.raises(LockHeld):
+            lock.acquire()
+        assert "extra" in runner.accounts
