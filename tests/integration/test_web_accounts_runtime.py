@@ -10,9 +10,10 @@ import pytest
 
 from demo.web_model import demo_login
 from dispatcher.errors import LockHeld
-from dispatcher.models import Kind
+from dispatcher.models import Account, Kind
 from tests.harness import running_service
 from tests.integration.test_web_lanes import account_browsers
+from tests.pgdb import fresh_database
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
 
@@ -217,3 +218,57 @@ async def test_an_add_landing_during_a_removal_keeps_the_account(tmp_path: Path)
         with pytest.raises(LockHeld):
             lock.acquire()
         assert "extra" in runner.accounts
+
+
+async def test_a_login_finishing_as_its_account_is_removed_leaves_no_ghost_row(
+    tmp_path: Path,
+) -> None:
+    """A cookie import (or a login's Done) enables the account once its
+    browser has closed; on PostgreSQL that write takes a round trip. An
+    `accounts remove` landing during it must not see the account come back:
+    listed by GET /v1/accounts, its row in the database, with no lane and
+    nothing that removes it any more."""
+    with fresh_database() as url:
+        async with running_service(
+            tmp_path, profiles=("demo-chat",), time_scale=0.05, database_url=url
+        ) as h:
+            added = await h.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert added.status_code == 201, added.text
+            await h.browsers_started()  # its login wall is met (needs attention) first
+            store = h.service.store
+            upsert = store.upsert_account
+            writing = asyncio.Event()
+            go_on = asyncio.Event()
+
+            async def slow_enable(account: Account) -> None:
+                if account.name == "extra" and account.enabled and not account.needs_attention:
+                    writing.set()
+                    await go_on.wait()
+                await upsert(account)
+
+            store.upsert_account = slow_enable  # type: ignore[method-assign]
+            async with httpx.AsyncClient() as client:
+                login = await client.post(
+                    f"{h.demo_web}/login", data={"username": "extra", "password": "pw"}
+                )
+            host = httpx.URL(h.demo_web).host
+            cookie = login.cookies["demo_session"]
+            importing = asyncio.create_task(
+                h.http.post(
+                    "/v1/accounts/extra/import",
+                    json={"text": f"{host}\tFALSE\t/\tFALSE\t0\tdemo_session\t{cookie}\n"},
+                )
+            )
+            await writing.wait()
+            removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+            await asyncio.sleep(0.3)  # the removal is under way (or done, without the fix)
+            go_on.set()
+            removed = await removing
+            assert removed.status_code == 200, removed.text
+            imported = await importing
+            assert imported.status_code == 200, imported.text  # it was under way first
+            accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+            assert "extra" not in accounts
+            assert "extra" not in await store.get_accounts()
