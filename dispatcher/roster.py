@@ -149,6 +149,17 @@ class Roster:
             self._draining.pop(name, None)
 
     async def _release(self, name: str) -> None:
+        listed = self._from_profiles(name)
+        if listed:
+            # A reload listed it while it drained (the account moved into a
+            # profile): that profile's lane serves it, on this lock and row.
+            log.info(
+                "[web:%s] kept: listed in %s now",
+                name,
+                ", ".join(listed),
+                extra={"lane": f"web:{name}"},
+            )
+            return
         if self._web is not None:
             await self._web.remove_account(name)
         await self._accounts.forget(name)

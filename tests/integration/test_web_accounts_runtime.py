@@ -272,3 +272,49 @@ async def test_a_login_finishing_as_its_account_is_removed_leaves_no_ghost_row(
             accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
             assert "extra" not in accounts
             assert "extra" not in await store.get_accounts()
+
+
+async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> None:
+    """An added account moved into a profile: `accounts remove --drain`, the
+    profile edited to list it, a reload. The reload takes it on (its lane
+    serves again); the drain ending later must not then release its lock
+    and forget its row under the profile that lists it."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        task = await h.submit("demo-chat", "before the move [duration=20]")
+        await h.wait_task(task["id"], {"running"})
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202, draining.text
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
+        )
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}, answer
+        first = await h.wait_task(task["id"])
+        assert first["state"] == "success", first["attempts"]
+        roster = h.service.roster
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while roster._draining:
+            assert asyncio.get_running_loop().time() < deadline, "the drain never ended"
+            await asyncio.sleep(0.05)
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        lanes = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
+        assert "web:extra" in lanes
+        after = await h.submit("demo-chat", "after the move")
+        done = await h.wait_task(after["id"])
+        assert done["state"] == "success" and done["account"] == "extra", done["attempts"][0][
+            "error"
+        ]
