@@ -54,7 +54,8 @@ class Roster:
         # gives up the account's lock and row across awaits (a removal waits
         # for its browser's graceful close); interleaved, an add answered
         # during a removal had its lock and row taken away by the removal's end.
-        self._changing = asyncio.Lock()
+        # A reload takes it too: a profile it loads may list such an account.
+        self.changing = asyncio.Lock()
 
     def _from_profiles(self, name: str) -> list[str]:
         return sorted(p.source or p.name for p in self._profiles.values() if name in p.accounts)
@@ -78,7 +79,7 @@ class Roster:
         existing = self._accounts.all()
         if any(a.name == name and a.kind is Kind.API for a in existing):
             raise StateConflict(f"{name!r} is an API provider, not a web account")
-        async with self._changing:
+        async with self.changing:
             return await self._add(self._web, name, models)
 
     async def _add(self, web: WebRunner, name: str, models: Sequence[str]) -> JSON:
@@ -100,7 +101,7 @@ class Roster:
     async def remove(self, name: str, *, drain: bool) -> JSON:
         """Remove an added web account; refused while it runs a task unless `drain`,
         and while an operator's login session has its profile open."""
-        async with self._changing:
+        async with self.changing:
             return await self._remove(name, drain=drain)
 
     async def _remove(self, name: str, *, drain: bool) -> JSON:
@@ -143,8 +144,9 @@ class Roster:
     async def _release_when_idle(self, name: str, lane: str) -> None:
         try:
             await self._scheduler.wait_lane_idle(lane)
-            await self._release(name)
-            await self._relane()  # its lease can go now that its task has ended
+            async with self.changing:
+                await self._release(name)
+                await self._relane()  # its lease can go now that its task has ended
         finally:
             self._draining.pop(name, None)
 

@@ -318,3 +318,49 @@ async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> N
         assert done["state"] == "success" and done["account"] == "extra", done["attempts"][0][
             "error"
         ]
+
+
+async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_path: Path) -> None:
+    """The same move without drain: a reload that lists the account lands
+    while its removal closes its browser. Whichever goes first, the account
+    ends served by the profile: locked, listed, running its tasks."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        remove_account = runner.remove_account
+        closing = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_remove(account: str) -> None:
+            closing.set()
+            await go_on.wait()  # its browser is closing
+            await remove_account(account)
+
+        runner.remove_account = slow_remove  # type: ignore[method-assign]
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await closing.wait()
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
+        )
+        reloading = asyncio.create_task(h.http.post("/v1/reload"))
+        await asyncio.sleep(0.3)  # the reload is under way (or done, without the fix)
+        go_on.set()
+        assert (await removing).status_code == 200
+        answer = (await reloading).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}, answer
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        task = await h.submit("demo-chat", "after the move")
+        done = await h.wait_task(task["id"])
+        assert done["state"] == "success" and done["account"] == "extra", done["attempts"]
