@@ -364,3 +364,35 @@ async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_pat
         task = await h.submit("demo-chat", "after the move")
         done = await h.wait_task(task["id"])
         assert done["state"] == "success" and done["account"] == "extra", done["attempts"]
+
+
+async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path) -> None:
+    """`accounts remove --drain` promises no new task: when its running one
+    ends, the account must not take the next pending one (with a backlog
+    the drain would never end)."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        first = await h.submit("demo-chat", "the one running [duration=20]")
+        await h.wait_task(first["id"], {"running"})
+        backlog = [await h.submit("demo-chat", f"backlog {i} [duration=20]") for i in range(2)]
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202, draining.text
+        assert (await h.wait_task(first["id"]))["state"] == "success"
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while h.service.roster._draining:
+            assert asyncio.get_running_loop().time() < deadline, "the drain never ended"
+            await asyncio.sleep(0.05)
+        for task in backlog:
+            waiting = await h.task(task["id"])
+            assert waiting["state"] == "pending" and waiting["account"] is None, waiting
