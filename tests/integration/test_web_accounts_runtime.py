@@ -396,3 +396,38 @@ async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path)
         for task in backlog:
             waiting = await h.task(task["id"])
             assert waiting["state"] == "pending" and waiting["account"] is None, waiting
+
+
+async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) -> None:
+    """Each add serves what was stored plus what it names; on PostgreSQL the
+    read is a round trip, and two adds at once must not each write their own
+    list over the other's (both answered 201, one model silently dropped)."""
+    with fresh_database() as url:
+        async with running_service(
+            tmp_path, profiles=("demo-chat", "demo-reasoner"), time_scale=0.05, database_url=url
+        ) as h:
+            store = h.service.store
+            read = store.get_web_accounts
+            reading = asyncio.Event()
+            go_on = asyncio.Event()
+
+            async def slow_first_read() -> dict[str, tuple[str, ...]]:
+                got = await read()
+                if not reading.is_set():
+                    reading.set()
+                    await go_on.wait()  # holds the picture without the other add's model
+                return got
+
+            store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+            first = asyncio.create_task(
+                h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+            )
+            await reading.wait()
+            second = asyncio.create_task(
+                h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-reasoner"]})
+            )
+            await asyncio.sleep(0.3)  # the second add is under way (or done, without the fix)
+            go_on.set()
+            assert (await first).status_code == 201
+            assert (await second).status_code == 201
+            assert await read() == {"extra": ("demo-chat", "demo-reasoner")}
