@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -31,6 +33,9 @@ class AccountBook:
         # The state each account was last announced in: a cooldown ends by
         # itself, and that change is announced by `refresh`.
         self._announced = {name: self._state_of(a).state for name, a in self._accounts.items()}
+        # A write takes a round trip on PostgreSQL: a change and a removal
+        # (`forget`) in flight together brought the removed row back.
+        self._writing = asyncio.Lock()
 
     @classmethod
     async def load(cls, store: Store, clock: Clock, events: EventBus) -> AccountBook:
@@ -51,7 +56,9 @@ class AccountBook:
 
     async def forget(self, name: str) -> None:
         """A web account removed at run time: its switches go with it."""
-        if self._accounts.pop(name, None) is not None:
+        async with self._writing:
+            if self._accounts.pop(name, None) is None:
+                return
             await self._store.delete_account(name)
             log.info("[web:%s] removed", name, extra={"lane": f"web:{name}"})
 
@@ -99,20 +106,27 @@ class AccountBook:
     async def refresh(self) -> None:
         """Announce the states time changed (a cooldown that ended by itself)."""
         for account in list(self._accounts.values()):
+            if self._accounts.get(account.name) is not account:
+                continue  # removed while an earlier one was written
             state = self._state_of(account)
             if state.state is AccountState.OK and account.cooldown_until is not None:
                 # The cap has lifted: its reason no longer describes the account.
                 account.cooldown_until = None
                 account.reason = None
-                await self._save(account, "cooldown ended")
+                with contextlib.suppress(NotFound):  # removed as it is written
+                    await self._save(account, "cooldown ended")
             elif state.state != self._announced.get(account.name):
                 self._announce(account, "state changed")
 
     async def _save(self, account: Account, what: str) -> Account:
-        account.updated_at = self._clock.now()
-        await self._store.upsert_account(account)
-        self._accounts[account.name] = account
-        self._announce(account, what)
+        async with self._writing:
+            if self._accounts.get(account.name) is not account:
+                # Removed since the caller looked it up (a login finishing
+                # as `accounts remove` lands): the row stays gone.
+                raise NotFound(f"account {account.name!r} was removed meanwhile")
+            account.updated_at = self._clock.now()
+            await self._store.upsert_account(account)
+            self._announce(account, what)
         return account
 
     def _announce(self, account: Account, what: str) -> None:

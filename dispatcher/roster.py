@@ -10,9 +10,8 @@ releases its lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dispatcher.accounts import AccountBook
@@ -51,11 +50,12 @@ class Roster:
         self._web = web
         self._relane = relane
         self._draining: dict[str, asyncio.Task[None]] = {}
-        # Names an add or a removal is under way for ("added", "removed"): one
-        # at a time. A removal holds the account (its browser closing) until
-        # its very end, so an add meanwhile found it taken on already, then
-        # saw it let go: a lane with no account and no lock behind it.
-        self._changing: dict[str, str] = {}
+        # One add or remove at a time: each reads the store, then takes or
+        # gives up the account's lock and row across awaits (a removal waits
+        # for its browser's graceful close); interleaved, an add answered
+        # during a removal had its lock and row taken away by the removal's end.
+        # A reload takes it too: a profile it loads may list such an account.
+        self.changing = asyncio.Lock()
 
     def _from_profiles(self, name: str) -> list[str]:
         return sorted(p.source or p.name for p in self._profiles.values() if name in p.accounts)
@@ -79,22 +79,32 @@ class Roster:
         existing = self._accounts.all()
         if any(a.name == name and a.kind is Kind.API for a in existing):
             raise StateConflict(f"{name!r} is an API provider, not a web account")
-        with self._changing_one(name, "added"):
-            stored = (await self._store.get_web_accounts()).get(name, ())
-            try:
-                self._web.add_account(name)
-            except LockHeld as exc:
-                raise StateConflict(str(exc)) from exc
-            serves = sorted({*stored, *models})
-            await self._store.put_web_account(name, serves, self._clock.now())
-            await self._relane()
+        async with self.changing:
+            return await self._add(self._web, name, models)
+
+    async def _add(self, web: WebRunner, name: str, models: Sequence[str]) -> JSON:
+        if name in self._draining:
+            raise StateConflict(f"web account {name!r} is being removed; add it once it is gone")
+        stored = (await self._store.get_web_accounts()).get(name, ())
+        try:
+            web.add_account(name)
+        except LockHeld as exc:
+            raise StateConflict(str(exc)) from exc
+        serves = sorted({*stored, *models})
+        await self._store.put_web_account(name, serves, self._clock.now())
+        await self._relane()
         log.info(
             "[web:%s] added, serving %s", name, ", ".join(serves), extra={"lane": f"web:{name}"}
         )
         return {"name": name, "models": serves, "profiles": self._from_profiles(name)}
 
     async def remove(self, name: str, *, drain: bool) -> JSON:
-        """Remove an added web account; refused while it runs a task unless `drain`."""
+        """Remove an added web account; refused while it runs a task unless `drain`,
+        and while an operator's login session has its profile open."""
+        async with self.changing:
+            return await self._remove(name, drain=drain)
+
+    async def _remove(self, name: str, *, drain: bool) -> JSON:
         listed = self._from_profiles(name)
         if listed:
             raise StateConflict(
@@ -102,6 +112,13 @@ class Roster:
             )
         if name not in await self._store.get_web_accounts():
             raise NotFound(f"no web account {name!r} was added at run time")
+        if self._web is not None and self._web.logins.is_open(name):
+            # The session holds the profile until it ends (up to its idle
+            # limit): the removal would wait behind it, half done.
+            raise StateConflict(
+                f"web account {name!r} has a login session open; "
+                "finish or cancel it, then remove the account"
+            )
         lane = f"web:{name}"
         running = self._scheduler.lane_tasks(lane)
         if running and not drain:
@@ -109,45 +126,42 @@ class Roster:
                 f"web account {name!r} is running task {', '.join(running)}; wait for it, "
                 "or remove it with drain (it takes no new task and goes when that one ends)"
             )
-        with self._changing_one(name, "removed"):
-            await self._store.delete_web_account(name)
-            await self._relane()  # no new task from here on
-            if running:
-                job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
-                self._draining[name] = job
-                log.info(
-                    "[web:%s] draining: removed once task %s ends",
-                    name,
-                    ", ".join(running),
-                    extra={"lane": lane},
-                )
-                return {"name": name, "removed": False, "draining": True, "running": running}
-            await self._release(name)
+        await self._store.delete_web_account(name)
+        await self._relane()  # no new task from here on
+        if running:
+            job = asyncio.create_task(self._release_when_idle(name, lane), name=f"drain {name}")
+            self._draining[name] = job
+            log.info(
+                "[web:%s] draining: removed once task %s ends",
+                name,
+                ", ".join(running),
+                extra={"lane": lane},
+            )
+            return {"name": name, "removed": False, "draining": True, "running": running}
+        await self._release(name)
         return {"name": name, "removed": True, "draining": False, "running": []}
-
-    @contextlib.contextmanager
-    def _changing_one(self, name: str, what: str) -> Iterator[None]:
-        """`name` is being `what` ("added", "removed") in this block; StateConflict
-        if another add or removal of it is under way (a drain included)."""
-        under_way = "removed" if name in self._draining else self._changing.get(name)
-        if under_way is not None:
-            then = "add it once it is gone" if under_way == "removed" else "try again then"
-            raise StateConflict(f"web account {name!r} is being {under_way}; {then}")
-        self._changing[name] = what
-        try:
-            yield
-        finally:
-            del self._changing[name]
 
     async def _release_when_idle(self, name: str, lane: str) -> None:
         try:
             await self._scheduler.wait_lane_idle(lane)
-            await self._release(name)
-            await self._relane()  # its lease can go now that its task has ended
+            async with self.changing:
+                await self._release(name)
+                await self._relane()  # its lease can go now that its task has ended
         finally:
             self._draining.pop(name, None)
 
     async def _release(self, name: str) -> None:
+        listed = self._from_profiles(name)
+        if listed:
+            # A reload listed it while it drained (the account moved into a
+            # profile): that profile's lane serves it, on this lock and row.
+            log.info(
+                "[web:%s] kept: listed in %s now",
+                name,
+                ", ".join(listed),
+                extra={"lane": f"web:{name}"},
+            )
+            return
         if self._web is not None:
             await self._web.remove_account(name)
         await self._accounts.forget(name)

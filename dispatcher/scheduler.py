@@ -213,6 +213,13 @@ class Scheduler:
 
     async def _fill(self, lane: LaneSpec) -> None:
         """Claim and start the lane's oldest ready tasks, one per free slot."""
+        current = self.lanes.get(lane.name)
+        if current is None:
+            # Dropped since `lane` was read (a finished task's refill, a round
+            # begun before an account's removal): a drained account takes no
+            # new task, or the next pending one kept it busy.
+            return
+        lane = current
         # Uncontended (always, on SQLite) the lock is taken without a yield.
         lock = self._filling.get(lane.name)
         if lock is None:

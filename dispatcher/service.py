@@ -486,7 +486,9 @@ class Service:
         Running tasks keep the profile they started with; pending tasks of a
         removed model wait (their answer says why) until it comes back.
         """
-        async with self._reloading:
+        # After the roster's add or remove under way (and before the next):
+        # the profiles read may list the very account it takes or lets go.
+        async with self._reloading, self.roster.changing:
             self.settings, settings_answer = reload_settings(
                 self.settings, self.profiles, self.runners, self.cache
             )

@@ -256,8 +256,11 @@ class LoginDesk:
             raise StateConflict(f"no login session is open for {account!r}")
         return login
 
+    def is_open(self, account: str) -> bool:
+        return account in self._sessions
+
     def busy(self, account: str) -> None:
-        if account in self._sessions:
+        if self.is_open(account):
             raise StateConflict(
                 f"a login session for {account!r} is already open; finish or cancel it first"
             )

@@ -10,11 +10,10 @@ import pytest
 
 from demo.web_model import demo_login
 from dispatcher.errors import LockHeld
-from dispatcher.models import Kind
+from dispatcher.models import Account, Kind
 from tests.harness import running_service
-from tests.integration.test_browser_prewarm import until
 from tests.integration.test_web_lanes import account_browsers
-from webrunner.browser import BrowserSession, Log
+from tests.pgdb import fresh_database
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
 
@@ -159,16 +158,132 @@ async def test_a_lane_rebuild_in_flight_does_not_reopen_an_account_removed_meanw
         assert "web:extra" not in [lane["name"] for lane in lanes.json()], lanes.text
 
 
-async def test_an_account_added_again_while_its_removal_closes_its_browser_is_refused(
+async def test_an_account_with_an_open_login_session_is_not_removed_under_it(
     tmp_path: Path,
 ) -> None:
-    """`accounts remove` closes the account's kept browser before it lets the
-    account go. An `accounts add` of the same name meanwhile found it still
-    held and answered 201, then the removal let it go: no lane the API could
-    list, no lock, no task ever run on it. Refused instead, until it is gone."""
+    """The login session holds the account's profile (its Chromium, its lock)
+    for up to 15 minutes: `accounts remove` answers at once that it is open,
+    rather than hanging behind it half done."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        opened = await h.http.post("/v1/accounts/extra/login")
+        assert opened.status_code == 201, opened.text
+        refused = await asyncio.wait_for(h.http.delete("/v1/accounts/extra"), 10)
+        assert refused.status_code == 409, refused.text
+        assert "login session" in refused.json()["error"]["message"]
+        lanes = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
+        assert "web:extra" in lanes  # nothing of the removal was done
+        closed = await h.http.post("/v1/accounts/extra/login/cancel")
+        assert closed.status_code == 200, closed.text
+        gone = await h.http.delete("/v1/accounts/extra")
+        assert gone.status_code == 200, gone.text
+        assert not account_browsers(h.state_dir, "extra")
+
+
+async def test_an_add_landing_during_a_removal_keeps_the_account(tmp_path: Path) -> None:
+    """A removal closes the account's browser (gracefully: seconds) before it
+    lets the lock and the row go. An `accounts add` of the same name answered
+    meanwhile must leave the account served, locked and listed, not have the
+    removal's end take them away again."""
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
         runner = h.service.runners[Kind.WEB]
         assert isinstance(runner, WebRunner)
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        remove_account = runner.remove_account
+        closing = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def slow_remove(account: str) -> None:
+            closing.set()
+            await go_on.wait()  # its browser is closing
+            await remove_account(account)
+
+        runner.remove_account = slow_remove  # type: ignore[method-assign]
+        removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+        await closing.wait()
+        adding = asyncio.create_task(
+            h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        )
+        await asyncio.sleep(0.3)  # the add is under way (or answered, without the fix)
+        go_on.set()
+        assert (await removing).status_code == 200
+        readded = await adding
+        assert readded.status_code == 201, readded.text
+        assert await h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        lock = AccountLock(runner.locks_dir, "extra")
+        with pytest.raises(LockHeld):
+            lock.acquire()
+        assert "extra" in runner.accounts
+
+
+async def test_a_login_finishing_as_its_account_is_removed_leaves_no_ghost_row(
+    tmp_path: Path,
+) -> None:
+    """A cookie import (or a login's Done) enables the account once its
+    browser has closed; on PostgreSQL that write takes a round trip. An
+    `accounts remove` landing during it must not see the account come back:
+    listed by GET /v1/accounts, its row in the database, with no lane and
+    nothing that removes it any more."""
+    with fresh_database() as url:
+        async with running_service(
+            tmp_path, profiles=("demo-chat",), time_scale=0.05, database_url=url
+        ) as h:
+            added = await h.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert added.status_code == 201, added.text
+            await h.browsers_started()  # its login wall is met (needs attention) first
+            store = h.service.store
+            upsert = store.upsert_account
+            writing = asyncio.Event()
+            go_on = asyncio.Event()
+
+            async def slow_enable(account: Account) -> None:
+                if account.name == "extra" and account.enabled and not account.needs_attention:
+                    writing.set()
+                    await go_on.wait()
+                await upsert(account)
+
+            store.upsert_account = slow_enable  # type: ignore[method-assign]
+            async with httpx.AsyncClient() as client:
+                login = await client.post(
+                    f"{h.demo_web}/login", data={"username": "extra", "password": "pw"}
+                )
+            host = httpx.URL(h.demo_web).host
+            cookie = login.cookies["demo_session"]
+            importing = asyncio.create_task(
+                h.http.post(
+                    "/v1/accounts/extra/import",
+                    json={"text": f"{host}\tFALSE\t/\tFALSE\t0\tdemo_session\t{cookie}\n"},
+                )
+            )
+            await writing.wait()
+            removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
+            await asyncio.sleep(0.3)  # the removal is under way (or done, without the fix)
+            go_on.set()
+            removed = await removing
+            assert removed.status_code == 200, removed.text
+            imported = await importing
+            assert imported.status_code == 200, imported.text  # it was under way first
+            accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+            assert "extra" not in accounts
+            assert "extra" not in await store.get_accounts()
+
+
+async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> None:
+    """An added account moved into a profile: `accounts remove --drain`, the
+    profile edited to list it, a reload. The reload takes it on (its lane
+    serves again); the drain ending later must not then release its lock
+    and forget its row under the profile that lists it."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
         await demo_login(
             runner.browser_executable,
             runner.user_data_dir("extra"),
@@ -177,32 +292,142 @@ async def test_an_account_added_again_while_its_removal_closes_its_browser_is_re
         )
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
-        # Its browser, started as its lane opened, is kept: the removal closes it.
-        await until(lambda: runner.counts["browser_prestarts"] == 3, "extra's browser started")
-        assert "extra" in runner.open_browsers()
-        keeper = runner.keeper
-        close = keeper._close
+        task = await h.submit("demo-chat", "before the move [duration=20]")
+        await h.wait_task(task["id"], {"running"})
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202, draining.text
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
+        )
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}, answer
+        first = await h.wait_task(task["id"])
+        assert first["state"] == "success", first["attempts"]
+        roster = h.service.roster
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while roster._draining:
+            assert asyncio.get_running_loop().time() < deadline, "the drain never ended"
+            await asyncio.sleep(0.05)
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        lanes = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
+        assert "web:extra" in lanes
+        after = await h.submit("demo-chat", "after the move")
+        done = await h.wait_task(after["id"])
+        assert done["state"] == "success" and done["account"] == "extra", done["attempts"][0][
+            "error"
+        ]
+
+
+async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_path: Path) -> None:
+    """The same move without drain: a reload that lists the account lands
+    while its removal closes its browser. Whichever goes first, the account
+    ends served by the profile: locked, listed, running its tasks."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
+        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        assert added.status_code == 201, added.text
+        remove_account = runner.remove_account
         closing = asyncio.Event()
         go_on = asyncio.Event()
 
-        async def slow_close(session: BrowserSession, log: Log) -> None:
-            if session.user_data_dir == runner.user_data_dir("extra") and not closing.is_set():
-                closing.set()
-                await go_on.wait()  # a graceful close takes up to seconds
-            await close(session, log)
+        async def slow_remove(account: str) -> None:
+            closing.set()
+            await go_on.wait()  # its browser is closing
+            await remove_account(account)
 
-        keeper._close = slow_close  # type: ignore[method-assign]
+        runner.remove_account = slow_remove  # type: ignore[method-assign]
         removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
         await closing.wait()
-        again = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+        source = tmp_path / "profiles" / "demo-chat.toml"
+        source.write_text(
+            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
+        )
+        reloading = asyncio.create_task(h.http.post("/v1/reload"))
+        await asyncio.sleep(0.3)  # the reload is under way (or done, without the fix)
         go_on.set()
-        gone = await removing
-        assert gone.status_code == 200, gone.text
-        assert again.status_code == 409 and "being removed" in again.text, again.text
-        # Once it is gone, it can be added again, and it is served.
+        assert (await removing).status_code == 200
+        answer = (await reloading).json()
+        assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}, answer
+        accounts = [a["name"] for a in (await h.http.get("/v1/accounts")).json()]
+        assert "extra" in accounts
+        task = await h.submit("demo-chat", "after the move")
+        done = await h.wait_task(task["id"])
+        assert done["state"] == "success" and done["account"] == "extra", done["attempts"]
+
+
+async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path) -> None:
+    """`accounts remove --drain` promises no new task: when its running one
+    ends, the account must not take the next pending one (with a backlog
+    the drain would never end)."""
+    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+        runner = h.service.runners[Kind.WEB]
+        assert isinstance(runner, WebRunner)
+        for account in ("demo-1", "demo-2"):
+            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+        await demo_login(
+            runner.browser_executable,
+            runner.user_data_dir("extra"),
+            f"{h.demo_web}/chat",
+            playwright=runner.playwright,
+        )
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
-        lanes = await h.http.get("/v1/lanes")
-        assert lanes.status_code == 200, lanes.text
-        assert "web:extra" in [lane["name"] for lane in lanes.json()]
-        assert "extra" in runner.accounts
+        first = await h.submit("demo-chat", "the one running [duration=20]")
+        await h.wait_task(first["id"], {"running"})
+        backlog = [await h.submit("demo-chat", f"backlog {i} [duration=20]") for i in range(2)]
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202, draining.text
+        assert (await h.wait_task(first["id"]))["state"] == "success"
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while h.service.roster._draining:
+            assert asyncio.get_running_loop().time() < deadline, "the drain never ended"
+            await asyncio.sleep(0.05)
+        for task in backlog:
+            waiting = await h.task(task["id"])
+            assert waiting["state"] == "pending" and waiting["account"] is None, waiting
+
+
+async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) -> None:
+    """Each add serves what was stored plus what it names; on PostgreSQL the
+    read is a round trip, and two adds at once must not each write their own
+    list over the other's (both answered 201, one model silently dropped)."""
+    with fresh_database() as url:
+        async with running_service(
+            tmp_path, profiles=("demo-chat", "demo-reasoner"), time_scale=0.05, database_url=url
+        ) as h:
+            store = h.service.store
+            read = store.get_web_accounts
+            reading = asyncio.Event()
+            go_on = asyncio.Event()
+
+            async def slow_first_read() -> dict[str, tuple[str, ...]]:
+                got = await read()
+                if not reading.is_set():
+                    reading.set()
+                    await go_on.wait()  # holds the picture without the other add's model
+                return got
+
+            store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+            first = asyncio.create_task(
+                h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+            )
+            await reading.wait()
+            second = asyncio.create_task(
+                h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-reasoner"]})
+            )
+            await asyncio.sleep(0.3)  # the second add is under way (or done, without the fix)
+            go_on.set()
+            assert (await first).status_code == 201
+            assert (await second).status_code == 201
+            assert await read() == {"extra": ("demo-chat", "demo-reasoner")}
