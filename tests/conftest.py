@@ -17,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # listed keeps its usual place after these; a renamed one only loses its
 # head start.
 HEAVY_FIRST = (
+    "tests/integration/test_web_accounts_runtime.py",
     "tests/e2e/test_multi_host.py",
     "tests/e2e/test_recovery_kill.py",
+    "tests/integration/test_browser_prewarm.py",
     "tests/integration/test_account_health.py",
     "tests/e2e/test_remote_login.py",
     "tests/integration/test_web_lanes.py",

@@ -11,7 +11,8 @@ import pytest
 from demo.web_model import demo_login
 from dispatcher.errors import LockHeld
 from dispatcher.models import Account, Kind
-from tests.harness import running_service
+from dispatcher.store import Store
+from tests.harness import Harness, running_service
 from tests.integration.test_web_lanes import account_browsers
 from tests.pgdb import fresh_database
 from webrunner.lock import AccountLock
@@ -20,12 +21,62 @@ from webrunner.runner import WebRunner
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 
+async def only_extra_serving(h: Harness) -> WebRunner:
+    """The listed accounts disabled, and "extra" logged in and added: the one
+    account serving demo-chat."""
+    runner = h.service.runners[Kind.WEB]
+    assert isinstance(runner, WebRunner)
+    for account in ("demo-1", "demo-2"):
+        await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+    await demo_login(
+        runner.browser_executable,
+        runner.user_data_dir("extra"),
+        f"{h.demo_web}/chat",
+        playwright=runner.playwright,
+    )
+    added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
+    assert added.status_code == 201, added.text
+    assert added.json()["models"] == ["demo-chat"]
+    return runner
+
+
+def held_removals(runner: WebRunner) -> tuple[asyncio.Event, asyncio.Event]:
+    """The runner's removals held open as if their browser took its time to
+    close: the first event is set once one is, the second lets them go on."""
+    remove_account = runner.remove_account
+    closing = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def slow_remove(account: str) -> None:
+        closing.set()
+        await go_on.wait()
+        await remove_account(account)
+
+    runner.remove_account = slow_remove  # type: ignore[method-assign]
+    return closing, go_on
+
+
+def held_first_read(store: Store) -> tuple[asyncio.Event, asyncio.Event]:
+    """The store's next read of the added accounts held open after it has
+    read (its picture goes stale meanwhile): the first event is set once it
+    is, the second lets it return."""
+    read = store.get_web_accounts
+    reading = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def slow_first_read() -> dict[str, tuple[str, ...]]:
+        got = await read()
+        if not reading.is_set():
+            reading.set()
+            await go_on.wait()
+        return got
+
+    store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+    return reading, go_on
+
+
 async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path: Path) -> None:
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
-        runner = h.service.runners[Kind.WEB]
-        assert isinstance(runner, WebRunner)
-        for account in ("demo-1", "demo-2"):
-            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
         bad = [
             ({"name": "../etc", "models": ["demo-chat"]}, "name"),
             ({"name": "extra", "models": ["nope"]}, "not a loaded web model: nope"),
@@ -34,16 +85,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         for body, why in bad:
             refused = await h.http.post("/v1/accounts", json=body)
             assert refused.status_code == 400 and why in refused.text, refused.text
-        # The operator logs the new profile in (the demo site wants a login).
-        await demo_login(
-            runner.browser_executable,
-            runner.user_data_dir("extra"),
-            f"{h.demo_web}/chat",
-            playwright=runner.playwright,
-        )
-        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
-        assert added.status_code == 201, added.text
-        assert added.json()["models"] == ["demo-chat"]
+        runner = await only_extra_serving(h)
         assert await h.service.store.get_web_accounts() == {"extra": ("demo-chat",)}
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
         assert lanes["web:extra"]["models"] == ["demo-chat"]
@@ -132,19 +174,8 @@ async def test_a_lane_rebuild_in_flight_does_not_reopen_an_account_removed_meanw
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
-        store = h.service.store
-        read = store.get_web_accounts
-        stale_read = asyncio.Event()
-        go_on = asyncio.Event()
-
-        async def slow_first_read() -> dict[str, tuple[str, ...]]:
-            got = await read()
-            if not stale_read.is_set():
-                stale_read.set()
-                await go_on.wait()  # holds the picture that still has "extra"
-            return got
-
-        store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+        # The first read holds the picture that still has "extra".
+        stale_read, go_on = held_first_read(h.service.store)
         rebuild = asyncio.create_task(h.service._relane())
         await stale_read.wait()
         removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
@@ -191,16 +222,7 @@ async def test_an_add_landing_during_a_removal_keeps_the_account(tmp_path: Path)
         assert isinstance(runner, WebRunner)
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
-        remove_account = runner.remove_account
-        closing = asyncio.Event()
-        go_on = asyncio.Event()
-
-        async def slow_remove(account: str) -> None:
-            closing.set()
-            await go_on.wait()  # its browser is closing
-            await remove_account(account)
-
-        runner.remove_account = slow_remove  # type: ignore[method-assign]
+        closing, go_on = held_removals(runner)
         removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
         await closing.wait()
         adding = asyncio.create_task(
@@ -280,18 +302,7 @@ async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> N
     serves again); the drain ending later must not then release its lock
     and forget its row under the profile that lists it."""
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
-        runner = h.service.runners[Kind.WEB]
-        assert isinstance(runner, WebRunner)
-        for account in ("demo-1", "demo-2"):
-            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
-        await demo_login(
-            runner.browser_executable,
-            runner.user_data_dir("extra"),
-            f"{h.demo_web}/chat",
-            playwright=runner.playwright,
-        )
-        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
-        assert added.status_code == 201, added.text
+        await only_extra_serving(h)
         task = await h.submit("demo-chat", "before the move [duration=20]")
         await h.wait_task(task["id"], {"running"})
         draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
@@ -325,28 +336,8 @@ async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_pat
     while its removal closes its browser. Whichever goes first, the account
     ends served by the profile: locked, listed, running its tasks."""
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
-        runner = h.service.runners[Kind.WEB]
-        assert isinstance(runner, WebRunner)
-        for account in ("demo-1", "demo-2"):
-            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
-        await demo_login(
-            runner.browser_executable,
-            runner.user_data_dir("extra"),
-            f"{h.demo_web}/chat",
-            playwright=runner.playwright,
-        )
-        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
-        assert added.status_code == 201, added.text
-        remove_account = runner.remove_account
-        closing = asyncio.Event()
-        go_on = asyncio.Event()
-
-        async def slow_remove(account: str) -> None:
-            closing.set()
-            await go_on.wait()  # its browser is closing
-            await remove_account(account)
-
-        runner.remove_account = slow_remove  # type: ignore[method-assign]
+        runner = await only_extra_serving(h)
+        closing, go_on = held_removals(runner)
         removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
         await closing.wait()
         source = tmp_path / "profiles" / "demo-chat.toml"
@@ -371,18 +362,7 @@ async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path)
     ends, the account must not take the next pending one (with a backlog
     the drain would never end)."""
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
-        runner = h.service.runners[Kind.WEB]
-        assert isinstance(runner, WebRunner)
-        for account in ("demo-1", "demo-2"):
-            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
-        await demo_login(
-            runner.browser_executable,
-            runner.user_data_dir("extra"),
-            f"{h.demo_web}/chat",
-            playwright=runner.playwright,
-        )
-        added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
-        assert added.status_code == 201, added.text
+        await only_extra_serving(h)
         first = await h.submit("demo-chat", "the one running [duration=20]")
         await h.wait_task(first["id"], {"running"})
         backlog = [await h.submit("demo-chat", f"backlog {i} [duration=20]") for i in range(2)]
@@ -407,18 +387,8 @@ async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) 
             tmp_path, profiles=("demo-chat", "demo-reasoner"), time_scale=0.05, database_url=url
         ) as h:
             store = h.service.store
-            read = store.get_web_accounts
-            reading = asyncio.Event()
-            go_on = asyncio.Event()
-
-            async def slow_first_read() -> dict[str, tuple[str, ...]]:
-                got = await read()
-                if not reading.is_set():
-                    reading.set()
-                    await go_on.wait()  # holds the picture without the other add's model
-                return got
-
-            store.get_web_accounts = slow_first_read  # type: ignore[method-assign]
+            # The first read holds the picture without the other add's model.
+            reading, go_on = held_first_read(store)
             first = asyncio.create_task(
                 h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
             )
@@ -430,4 +400,4 @@ async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) 
             go_on.set()
             assert (await first).status_code == 201
             assert (await second).status_code == 201
-            assert await read() == {"extra": ("demo-chat", "demo-reasoner")}
+            assert await store.get_web_accounts() == {"extra": ("demo-chat", "demo-reasoner")}
