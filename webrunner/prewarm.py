@@ -138,17 +138,15 @@ async def prestart_browser(
             await keeper.forget(account)
             await session.abort()
             raise
-        except (AuthError, AccountHold) as exc:
+        except BaseException as exc:
             log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
             await keeper.close(account, session, log)
+            if not isinstance(exc, AuthError | AccountHold):
+                raise
             # Under the lock: a removal takes it before the account is
             # forgotten, so the mark cannot land after and bring it back.
             await hold(exc)
             return False
-        except BaseException as exc:
-            log.warning("browser pid %d started before any task: %s; closing it", session.pid, exc)
-            await keeper.close(account, session, log)
-            raise
         if not keeper.prestarted(account, session, page, spec.url, loaded_at):
             log.info("browser pid %d not kept (the account left service); closing it", session.pid)
             await keeper.close(account, session, log)

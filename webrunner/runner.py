@@ -37,6 +37,7 @@ from dispatcher.errors import (
 )
 from dispatcher.events import Event
 from dispatcher.fingerprint import LocalFiles
+from dispatcher.lanes import web_models_by_account
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import Interruption, RunContext, RunnerStats, RunResult
@@ -107,12 +108,11 @@ class WebRunner:
         self._clock = clock
         # The service's own mapping (a reload changes it in place).
         self._all_profiles = profiles
-        self._profiles = {n: p for n, p in profiles.items() if p.kind is Kind.WEB}
         # Media a page shows may live on any host the profiles name (the
         # site, an API vendor's CDN), and nowhere else: the API runner's list.
         self.allowlist = Allowlist.from_profiles(profiles)
         accounts: set[str] = set()
-        for profile in self._profiles.values():
+        for profile in self.web_profiles.values():
             for account in profile.accounts:
                 try:
                     check_account_name(account, f"profile {profile.source or profile.name}: ")
@@ -123,8 +123,8 @@ class WebRunner:
         # The models each account serves now: its profiles' at start, then
         # the lanes' (`serve`), which add run-time accounts and reloads.
         self._models: dict[str, tuple[str, ...]] = {
-            account: tuple(sorted(n for n, p in self._profiles.items() if account in p.accounts))
-            for account in accounts
+            account: tuple(sorted(p.name for p in listing))
+            for account, listing in web_models_by_account(profiles).items()
         }
         self._locks: dict[str, AccountLock] = {}
         self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, self._close)
