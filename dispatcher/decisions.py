@@ -66,12 +66,13 @@ def _silent_s(task: Task, now: float) -> float:
 
 
 def reclaim_plan(
-    task: Task, *, now: float, retry_delay_s: float, stale_after_s: float = -1.0
+    task: Task, *, now: float, retry_delay_s: float, stale_after_s: float | None = None
 ) -> Reclaim:
     """A stale running task's fate: the retry rule, as for any retryable failure.
 
-    `stale_after_s` only words the reason; start-up recovery calls this for
-    a task whose runner died with the previous run, whatever its heartbeat.
+    `stale_after_s` only words the reason. Recovery passes none: it calls this
+    for a task whose runner ended with the previous run (or its dead host),
+    whatever its heartbeat, and the reason says that instead of a bound.
     """
     silent_s = _silent_s(task, now)
     fate = after_failure(
@@ -87,7 +88,11 @@ def reclaim_plan(
         next_state=fate.state,
         next_attempt=fate.attempt,
         not_before=fate.not_before,
-        reason=f"no heartbeat for {silent_s:.1f}s (stale after {stale_after_s:.1f}s)",
+        reason=(
+            f"no heartbeat for {silent_s:.1f}s (stale after {stale_after_s:.1f}s)"
+            if stale_after_s is not None
+            else f"its runner ended with the previous run (last heartbeat {silent_s:.1f}s ago)"
+        ),
     )
 
 

@@ -46,3 +46,12 @@ def test_api_tasks_resume_or_requeue_and_old_ones_expire() -> None:
     )
     old = decide(_task(kind=Kind.WEB), now=9000.0, expire_after_s=7200, retry_delay_s=5)
     assert (old.action, old.reclaim) == (RecoveryAction.EXPIRE, None)
+
+
+def test_a_recovered_web_task_says_its_runner_ended_not_a_negative_bound() -> None:
+    fate = decide(_task(kind=Kind.WEB), now=1100.0, expire_after_s=7200, retry_delay_s=5)
+    assert fate.reclaim is not None
+    assert fate.reclaim.reason == (
+        "its runner ended with the previous run (last heartbeat 10.0s ago)"
+    )
+    assert "-1.0" not in fate.reclaim.reason
