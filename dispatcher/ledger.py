@@ -336,7 +336,8 @@ class Ledger(TaskReads):
             State.SUCCESS,
             {
                 "result": result,
-                "stage": Stage.PERSISTING,
+                # Persisting ends with this very write: a finished task has no stage.
+                "stage": None,
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
             },
@@ -413,7 +414,7 @@ class Ledger(TaskReads):
                 "remote_id": None,
                 "heartbeat_at": None,
             }
-        return {"finished_at": self.clock.now()}
+        return {"finished_at": self.clock.now(), "stage": None}
 
     async def mark_canceled(
         self, task: Task, stage_durations: Mapping[str, float] | None = None

@@ -9,10 +9,10 @@ import pytest
 
 from dispatcher.clock import FakeClock
 from dispatcher.decisions import Reclaim
-from dispatcher.errors import AmbiguousId, NotFound, TransientError
+from dispatcher.errors import AmbiguousId, NotFound, PermanentError, TransientError
 from dispatcher.events import EventBus
 from dispatcher.ledger import Ledger
-from dispatcher.models import State, Task
+from dispatcher.models import Stage, State, Task
 from dispatcher.store.sqlite import SqliteStore
 from dispatcher.taskspec import TaskSpec
 from tests.helpers import api_profile
@@ -92,3 +92,22 @@ async def test_prefixes_resolve_once_unique(ledger: Ledger) -> None:
     with pytest.raises(AmbiguousId) as caught:
         await ledger.get("beef")
     assert caught.value.candidates == [t.id for t in twins]
+
+
+async def test_a_finished_task_shows_no_stage(ledger: Ledger) -> None:
+    """A stage says where a running task is; a finished one is nowhere
+    (it used to stay at `persisting` after success, `generating` after failure)."""
+    done = (await ledger.submit(TaskSpec("m-api", {"prompt": "a"}))).task
+    running = await _claimed(ledger)
+    running = await ledger.heartbeat(running, Stage.GENERATING) or running
+    await ledger.succeed(running, {"text": "done"}, {"generating": 1.0})
+    succeeded = await ledger.get(done.id)
+    assert (succeeded.state, succeeded.stage) == (State.SUCCESS, None)
+
+    failed = (await ledger.submit(TaskSpec("m-api", {"prompt": "b"}))).task
+    running = await _claimed(ledger)
+    running = await ledger.heartbeat(running, Stage.GENERATING) or running
+    await ledger.fail(running, PermanentError("refused", kind="http_400"), {"generating": 1.0})
+    ended = await ledger.get(failed.id)
+    assert (ended.state, ended.stage) == (State.FAILED, None)
+    assert ended.to_json()["stage"] is None
