@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,12 +530,18 @@ class Ledger(TaskReads):
         return changed
 
     async def retry_job(self, job_id: str) -> list[Task]:
+        """Retry a job's failed tasks; a job with none is refused, as a task
+        that did not fail is (a silent no-op read as "retried")."""
         job = await self.get_job(job_id)
-        return [
-            await self.retry(task.id)
-            for task in await self.store.job_tasks(job.id)
-            if task.state is State.FAILED
-        ]
+        tasks = await self.store.job_tasks(job.id)
+        failed = [task for task in tasks if task.state is State.FAILED]
+        if not failed:
+            counts = Counter(task.state.value for task in tasks)
+            held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
+            raise StateConflict(
+                f"job {job.id} has no failed task to retry ({held}); only failed tasks are retried"
+            )
+        return [await self.retry(task.id) for task in failed]
 
 
 def _fence(task: Task) -> Fence | None:
