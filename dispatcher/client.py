@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dispatcher.errors import ServiceError
+from dispatcher.invocation import cli_command
 
 PORT_FILE = "port"  # == dispatcher.service.PORT_FILE
 TOKEN_FILE = "token"  # == dispatcher.statedir.TOKEN_FILE
@@ -56,7 +57,7 @@ class Client:
         if not port or not port.isdigit():
             raise ServiceUnavailable(
                 f"the dispatcher is not running (no port file in state dir {state_dir}); "
-                "start it with `python -m dispatcher` (add --demo for the bundled demo "
+                f"start it with `{cli_command()}` (add --demo for the bundled demo "
                 "backends), or point DISPATCHER_STATE_DIR / --state-dir at the dir it uses"
             )
         token = _read(state_dir, TOKEN_FILE)
@@ -100,7 +101,7 @@ class Client:
             raise ServiceUnavailable(
                 f"the dispatcher does not answer on {self.base_url}: it is not running, "
                 f"or it stopped without removing {self.state_dir / PORT_FILE}; start it "
-                "with `python -m dispatcher`"
+                f"with `{cli_command()}`"
             ) from exc
         finally:
             connection.close()

@@ -22,6 +22,7 @@ from dispatcher.cli.output import (
 )
 from dispatcher.cli.plumbing import EXIT_INTERRUPTED
 from dispatcher.client import Client
+from dispatcher.invocation import cli_command
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -189,7 +190,7 @@ class ClosedLanes:
                 f"[yellow]waiting[/yellow]: lane {escape(name)} {why}"
                 f"{': ' + escape(lane['reason']) if lane['reason'] else ''} — "
                 f"{waiting[name]} task(s) wait for it; once fixed: "
-                f"python -m dispatcher accounts enable {escape(lane['owner'])}",
+                f"{cli_command()} accounts enable {escape(lane['owner'])}",
                 soft_wrap=True,
             )
         self._told = {k for k in self._told if k[0] in closed}
@@ -276,7 +277,7 @@ def summary(job: dict[str, Any], out: Console) -> None:
     )
     if counts["failed"]:
         out.print(failures_table(job))
-        out.print(f"retry the failed ones with: python -m dispatcher retry {job['id']}")
+        out.print(f"retry the failed ones with: {cli_command()} retry {job['id']}")
 
 
 def wait_task(client: Client, task: dict[str, Any], quiet: bool) -> dict[str, Any]:
@@ -305,7 +306,7 @@ def wait_task(client: Client, task: dict[str, Any], quiet: bool) -> dict[str, An
     except KeyboardInterrupt:
         err.print(
             f"stopped watching; task {task['id']} keeps running "
-            f"(python -m dispatcher status {task['id']})"
+            f"({cli_command()} status {task['id']})"
         )
         raise typer.Exit(EXIT_INTERRUPTED) from None
     return task

@@ -44,6 +44,7 @@ from dispatcher.cli.progress import (
 )
 from dispatcher.client import ApiError, Client
 from dispatcher.errors import InputError
+from dispatcher.invocation import cli_command
 
 
 def _params(prompt: str, items: list[str]) -> dict[str, Any]:
@@ -137,7 +138,7 @@ def batch(
         except KeyboardInterrupt:
             err.print(
                 f"stopped watching; job {job['id']} keeps running "
-                f"(python -m dispatcher status {job['id']}, or cancel {job['id']})"
+                f"({cli_command()} status {job['id']}, or cancel {job['id']})"
             )
             raise typer.Exit(EXIT_INTERRUPTED) from None
     if as_json:

@@ -39,6 +39,7 @@ from dispatcher.http import bodies
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
+from dispatcher.invocation import cli_command
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.profiles import ProfileProblem
 from dispatcher.states import job_state
@@ -427,7 +428,7 @@ class Api:
         if session is None:
             message = (
                 "the dashboard code is unknown, used or expired; "
-                "run `python -m dispatcher dashboard` for a new one"
+                f"run `{cli_command()} dashboard` for a new one"
             )
             if "text/html" in request.headers.get("accept", ""):
                 return HTMLResponse(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dispatcher.invocation import cli_command
 from dispatcher.logs import forget, redact
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -189,7 +190,7 @@ class SecurityMiddleware:
                     403,
                     "forbidden",
                     "the dashboard session is unknown or expired (the service "
-                    "restarts forget sessions); run `python -m dispatcher dashboard` "
+                    f"restarts forget sessions); run `{cli_command()} dashboard` "
                     "for a new link",
                 )
                 return
