@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -100,6 +101,9 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         await expect(page.get_by_test_id("job-title")).to_contain_text("story shots")
         await expect(page.locator("[data-testid=task-row][data-state=success]")).to_have_count(5)
         assert await page.evaluate("window.__no_reload") == 42  # a page of the same app
+        # Its times carry their day (a bare clock time read days later misleads).
+        created = page.locator("#job-head dd").first
+        await expect(created).to_have_text(re.compile(r"^today \d\d:\d\d:\d\d$"))
 
         # The token is nowhere a script (or the markup) could read it.
         token = h.service.credentials.token

@@ -73,17 +73,15 @@
     return `${Math.floor(m / 60)}h ${String(m % 60).padStart(2, "0")}m`;
   }
 
-  function clock(ts) {
-    return ts ? new Date(ts * 1000).toLocaleTimeString() : "";
-  }
-
-  // Today's entries show the time only; older ones the date too.
+  // Every time carries its day: a bare "03:12" read days later misleads.
+  // Today's say "today"; others the ISO date, which reads the same everywhere.
   function when(ts) {
     if (!ts) return "";
     const date = new Date(ts * 1000);
-    const today = new Date().toDateString() === date.toDateString();
-    return today ? date.toLocaleTimeString()
-      : `${date.toLocaleDateString()} ${date.toLocaleTimeString()}`;
+    const pad = (n) => String(n).padStart(2, "0");
+    const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+    if (new Date().toDateString() === date.toDateString()) return `today ${time}`;
+    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${time}`;
   }
 
   function bytes(n) {
@@ -412,7 +410,7 @@
   function stateText(account) {
     const state = account.state || (account.needs_attention ? "needs_attention"
       : account.enabled ? "ok" : "disabled");
-    if (state === "cooldown" && account.until) return `cooldown until ${clock(account.until)}`;
+    if (state === "cooldown" && account.until) return `cooldown until ${when(account.until)}`;
     return state.replace("_", " ");
   }
 
@@ -613,7 +611,7 @@
         el("td", {}, el("span", { class: `switch ${open ? "on" : "off"}`, "data-testid": "account-status",
           text: status })),
         el("td", { "data-testid": "account-reason", text: account.reason || "" }),
-        el("td", { class: "muted", text: clock(account.updated_at) }),
+        el("td", { class: "muted", text: when(account.updated_at) }),
         el("td", {}, button, login));
     }));
   }
@@ -653,7 +651,7 @@
 
   // -- for dashboard-pages.js ---------------------------------------------------------------------
   window.dispatcherDashboard = {
-    $, el, short, duration, clock, when, bytes, errorText, etaText, elapsed, itemsOf, toast,
+    $, el, short, duration, when, bytes, errorText, etaText, elapsed, itemsOf, toast,
     api, SignedOut, act, badge, progressBar, laneOf, taskRow, taskLink, jobRow, jobActions,
     cancelTask, retryTask, view, pages, scheduleRefresh, STATES, TERMINAL,
   };
