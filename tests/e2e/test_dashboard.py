@@ -194,6 +194,13 @@ async def test_buttons_disable_enable_cancel_and_retry(tmp_path: Path, browser: 
         await frow.get_by_test_id("task-retry").click()
         await expect(frow.get_by_test_id("task-attempt")).to_have_text("2/3")
         assert (await h.task(failed["id"]))["attempt"] == 2
+        # Its page counts the time of both attempts, and says so.
+        await h.wait_task(failed["id"], {"running", "failed"})
+        again = await h.wait_task(failed["id"], {"failed"})
+        await frow.click()
+        took = page.locator("#task-page [data-testid=task-elapsed]")
+        await expect(took).to_contain_text("over 2 attempts")
+        assert again["started_at"] > failed["started_at"]  # the last attempt alone is shorter
         assert browser.problems == []
 
 

@@ -105,7 +105,10 @@
         etaNode.classList.toggle("late", eta.late);
       }
       const took = document.querySelector("#task-page [data-testid=task-elapsed]");
-      if (took) took.textContent = duration(elapsed(task));
+      if (took) {
+        const runs = Math.max(task.attempt, (task.attempts || []).length);
+        took.textContent = duration(elapsed(task)) + (runs > 1 ? ` over ${runs} attempts` : "");
+      }
     },
 
     head(task) {

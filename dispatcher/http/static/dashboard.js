@@ -112,10 +112,14 @@
     return { text: "", late: false };
   }
 
+  // From the first attempt's start: a task retried twice took all three attempts
+  // and the waits between them, not only its last run.
   function elapsed(task) {
-    if (!task.started_at) return null;
+    const starts = (task.attempts || []).map((a) => a.started_at).filter(Boolean);
+    if (task.started_at) starts.push(task.started_at);
+    if (!starts.length) return null;
     const end = task.finished_at || Date.now() / 1000;
-    return end - task.started_at;
+    return end - Math.min(...starts);
   }
 
   // Lists come as a plain array today and as {"items": [...], "next": cursor} once paged.
