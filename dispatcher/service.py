@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -335,6 +335,7 @@ class Service:
             profiles=self.profiles,
             web=web,
             relane=self._relane,
+            held_elsewhere=self.hosts.held_elsewhere,
         )
         # Read at scrape time: `metrics_payload` fills it just before rendering.
         self._scraped: dict[str, Any] = {}
@@ -551,6 +552,21 @@ class Service:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            with self.reloading_on_hangup():
+                await stop.wait()
+            log.info("shutting down: running tasks stop at their checkpoints")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.stop()
+
+    @contextlib.contextmanager
+    def reloading_on_hangup(self) -> Iterator[None]:
+        """SIGHUP reloads (as `systemctl reload` sends it) while this is open;
+        without a handler, a hang-up would end the process."""
+        loop = asyncio.get_running_loop()
         reloads: set[asyncio.Task[JSON]] = set()
 
         def on_hup() -> None:
@@ -559,15 +575,11 @@ class Service:
             job.add_done_callback(reloads.discard)
             job.add_done_callback(_log_reload_failure)
 
-        await self.start()
         loop.add_signal_handler(signal.SIGHUP, on_hup)
         try:
-            await stop.wait()
-            log.info("shutting down: running tasks stop at their checkpoints")
+            yield
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-            await self.stop()
+            loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _close_runner(runner: Runner) -> None:

@@ -26,6 +26,7 @@ from dispatcher.cli.progress import summary, watch_job
 from dispatcher.cli.tasks import create_job
 from dispatcher.client import Client
 from dispatcher.errors import ConfigError, DispatcherError
+from dispatcher.invocation import cli_command
 
 # What `--demo` provides to the bundled profiles (see demo/bootstrap.py start_demos).
 DEMO_VARIABLES = ("DEMO_API_URL", "DEMO_WEB_URL", "DEMO_COMFY_URL")
@@ -185,30 +186,34 @@ def demo_run(
         service = Service(settings)
         try:
             await service.start()
-            driving = asyncio.ensure_future(asyncio.to_thread(drive, service.url))
-            stopped = asyncio.ensure_future(stopping.wait())
-            await asyncio.wait({driving, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if stopping.is_set():
-                err.print(
-                    "stopping: running tasks stop at their checkpoints; the next start resumes them"
-                )
-                driving.cancel()  # its thread ends on its own once the service is gone
-                return EXIT_OK
-            stopped.cancel()
-            state = driving.result()
-            if exit_when_done:
-                return EXIT_OK if state == "success" else EXIT_FAILED
-            console.print(
-                "still serving; try `.venv/bin/python -m dispatcher batch "
-                "demo/sample-batch.csv` or `... dashboard` in another shell "
-                f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C or SIGTERM stops."
-            )
-            await stopping.wait()
-            err.print("stopping")
-            return EXIT_OK
+            with service.reloading_on_hangup():
+                return await serve_demo(service, stopping)
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
             await service.stop()
+
+    async def serve_demo(service: Service, stopping: asyncio.Event) -> int:
+        driving = asyncio.ensure_future(asyncio.to_thread(drive, service.url))
+        stopped = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({driving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.is_set():
+            err.print(
+                "stopping: running tasks stop at their checkpoints; the next start resumes them"
+            )
+            driving.cancel()  # its thread ends on its own once the service is gone
+            return EXIT_OK
+        stopped.cancel()
+        state = driving.result()
+        if exit_when_done:
+            return EXIT_OK if state == "success" else EXIT_FAILED
+        console.print(
+            f"still serving; try `{cli_command()} batch "
+            "demo/sample-batch.csv` or `... dashboard` in another shell "
+            f"(DISPATCHER_STATE_DIR={settings.state_dir}). Ctrl-C or SIGTERM stops; SIGHUP reloads."
+        )
+        await stopping.wait()
+        err.print("stopping")
+        return EXIT_OK
 
     code = EXIT_OK
     with handled():

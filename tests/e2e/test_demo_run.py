@@ -1,11 +1,12 @@
-"""`make demo` (`python -m dispatcher demo-run`), stopped with SIGTERM in the
-middle of its batch as a service manager or `kill` stops it: a clean exit,
+"""`make demo` (`python -m dispatcher demo-run`), reloaded with SIGHUP and stopped
+with SIGTERM in the middle of its batch as a service manager or `kill` stops it: a clean exit,
 nothing left running, every task recoverable."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -54,6 +55,14 @@ def test_sigterm_mid_batch_stops_the_demo_cleanly(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert demo.poll() is None, log_path.read_text()
+        # A hang-up reloads, as the README says of SIGHUP; the batch goes on.
+        done_before = _states(state / "dispatcher.db").get("success", 0)
+        demo.send_signal(signal.SIGHUP)
+        while time.monotonic() < deadline and demo.poll() is None:
+            if _states(state / "dispatcher.db").get("success", 0) > done_before:
+                break
+            time.sleep(0.05)
+        assert demo.poll() is None, f"SIGHUP ended the demo: {log_path.read_text()[-2000:]}"
         tree = psutil.Process(demo.pid).children(recursive=True)
         assert any("chromium" in p.name() for p in tree), "the demo's web lane runs no browser"
         demo.terminate()

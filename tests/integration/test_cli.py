@@ -220,6 +220,10 @@ def test_status_cancel_and_retry_a_task_and_cancel_a_job(
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "canceled"
+    # A job with no failed task has nothing to retry: said, not a silent exit 0.
+    job_retry = service.cli("retry", job_id)
+    assert job_retry.returncode == 1, job_retry.stdout
+    assert "no failed task to retry (4 canceled)" in job_retry.stderr
 
 
 def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) -> None:
@@ -307,7 +311,14 @@ def test_clear_messages_when_the_service_is_not_there(
         tmp_path,
     )
     assert not_running.returncode == 3
-    assert "not running" in not_running.stderr and "python -m dispatcher" in not_running.stderr
+    assert "not running" in not_running.stderr
+    # The hint's command runs as printed, from where the operator stands.
+    hinted = re.search(r"start it with `([^`]+)`", " ".join(not_running.stderr.split()))
+    assert hinted, not_running.stderr
+    works = subprocess.run(
+        [*hinted.group(1).split(), "--help"], cwd=tmp_path, env=never, capture_output=True
+    )
+    assert works.returncode == 0, (hinted.group(1), works.stderr)
     assert dead.returncode == 3 and "does not answer" in dead.stderr
     assert refused.returncode == 3
     assert "stale" in refused.stderr and "refused the token" in refused.stderr
