@@ -114,6 +114,23 @@ class HostWatch:
                     log.info("web account %r is now served by host %r", account, self.host)
                 self.leases[account] = got
 
+    async def held_elsewhere(self, account: str) -> LeaseRefused | None:
+        """Who serves the account when another live host holds its lease (the
+        same rule as `acquire_lease`, read only: nothing is bound)."""
+        if not self.shared:
+            return None
+        now = self.clock.now()
+        dead = {h.id for h in await self.store.list_hosts() if not h.alive}
+        for lease in await self.store.list_leases():
+            if (
+                lease.account == account
+                and lease.host != self.host
+                and lease.expires_at > now
+                and lease.host not in dead
+            ):
+                return LeaseRefused(account, lease.host, lease.expires_at)
+        return None
+
     async def release(self, account: str) -> None:
         """Give up an account this host no longer serves: another host may bind it now."""
         lease = self.leases.pop(account, None)

@@ -21,6 +21,7 @@ from dispatcher.models import JSON, Kind
 from dispatcher.profiles import Profile
 from dispatcher.scheduler import Scheduler
 from dispatcher.store import Store
+from dispatcher.store.hosts import LeaseRefused
 
 if TYPE_CHECKING:
     from webrunner.runner import WebRunner
@@ -41,6 +42,7 @@ class Roster:
         profiles: Mapping[str, Profile],
         web: WebRunner | None,
         relane: Callable[[], Awaitable[None]],
+        held_elsewhere: Callable[[str], Awaitable[LeaseRefused | None]] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -49,6 +51,7 @@ class Roster:
         self._profiles = profiles  # the live mapping (a reload swaps its contents)
         self._web = web
         self._relane = relane
+        self._held_elsewhere = held_elsewhere
         self._draining: dict[str, asyncio.Task[None]] = {}
         # One add or remove at a time: each reads the store, then takes or
         # gives up the account's lock and row across awaits (a removal waits
@@ -85,6 +88,14 @@ class Roster:
     async def _add(self, web: WebRunner, name: str, models: Sequence[str]) -> JSON:
         if name in self._draining:
             raise StateConflict(f"web account {name!r} is being removed; add it once it is gone")
+        if self._held_elsewhere is not None:
+            # Added here, it would only be listed as refused: say so instead of "added".
+            holder = await self._held_elsewhere(name)
+            if holder is not None:
+                raise StateConflict(
+                    f"web account {name!r} is served by host {holder.owner!r}; "
+                    "remove it there (or stop that host) before adding it here"
+                )
         stored = (await self._store.get_web_accounts()).get(name, ())
         try:
             web.add_account(name)

@@ -12,6 +12,7 @@ from demo.web_model import demo_login
 from dispatcher.errors import LockHeld
 from dispatcher.models import Account, Kind
 from dispatcher.store import Store
+from dispatcher.store.hosts import LeaseRefused
 from tests.harness import Harness, running_service
 from tests.integration.test_web_lanes import account_browsers
 from tests.pgdb import fresh_database
@@ -401,3 +402,32 @@ async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) 
             assert (await first).status_code == 201
             assert (await second).status_code == 201
             assert await store.get_web_accounts() == {"extra": ("demo-chat", "demo-reasoner")}
+
+
+async def test_an_add_of_an_account_another_host_serves_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    """On a shared database, an account whose lease another live host holds
+    would only be listed as refused here: the add says so (409, naming the
+    host) instead of answering 201 "added"."""
+    with fresh_database() as url:
+        async with running_service(
+            tmp_path, profiles=("demo-chat",), time_scale=0.05, database_url=url
+        ) as h:
+            store = h.service.store
+            now = h.service.clock.now()
+            await store.register_host("host-b", now, None)
+            held = await store.acquire_lease("extra", "host-b", now, 3600.0)
+            assert not isinstance(held, LeaseRefused)
+            added = await h.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert added.status_code == 409, added.text
+            assert "served by host 'host-b'" in added.json()["error"]["message"]
+            assert "extra" not in await store.get_web_accounts()
+            # Released there, the same add works here.
+            assert await store.release_lease(held)
+            again = await h.http.post(
+                "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
+            )
+            assert again.status_code == 201, again.text
