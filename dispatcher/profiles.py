@@ -392,22 +392,41 @@ class ProfileSet:
 
     profiles: dict[str, Profile] = field(default_factory=dict)
     problems: list[ProfileProblem] = field(default_factory=list)
+    # Valid files left out because a `${NAME}` they use is set nowhere.
+    skipped: list[ProfileProblem] = field(default_factory=list)
 
     def invalid_models(self) -> dict[str, str]:
-        """Model name -> why it is not loaded, for broken files that name one."""
+        """Model name -> why it is not loaded, for broken or skipped files that name one."""
         invalid: dict[str, list[ProfileProblem]] = {}
         for problem in self.problems:
             if problem.model and problem.model not in self.profiles:
                 invalid.setdefault(problem.model, []).append(problem)
-        return {model: _file_message(found) for model, found in invalid.items()}
+        why = {model: _file_message(found) for model, found in invalid.items()}
+        for skip in self.skipped:
+            if skip.model and skip.model not in self.profiles:
+                why.setdefault(skip.model, f"profile {skip.file} is skipped: {skip.why}")
+        return why
 
 
-def _read(path: Path, variables: Mapping[str, str]) -> tuple[Profile | None, list[ProfileProblem]]:
-    """One file: its profile (None when invalid or skipped) and its problems."""
+_Read = tuple[Profile | None, list[ProfileProblem], ProfileProblem | None]
+
+
+def _skip_why(missing: set[str]) -> str:
+    names = ", ".join(f"${{{name}}}" for name in sorted(missing))
+    hint = (
+        "start the service with --demo"
+        if all(name.startswith("DEMO_") for name in missing)
+        else "set it in the service's environment"
+    )
+    return f"it needs {names}, which nothing provides ({hint})"
+
+
+def _read(path: Path, variables: Mapping[str, str]) -> _Read:
+    """One file: its profile (None when invalid or skipped), its problems, why it is skipped."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return None, [ProfileProblem(str(path), "(file)", f"cannot read it: {exc}")]
+        return None, [ProfileProblem(str(path), "(file)", f"cannot read it: {exc}")], None
     named = raw.get("name")
     model = named if isinstance(named, str) and named else None
     missing: set[str] = set()
@@ -417,20 +436,18 @@ def _read(path: Path, variables: Mapping[str, str]) -> tuple[Profile | None, lis
             {**expanded, "source": str(path)}, context={"profile_dir": str(path.parent)}
         )
     except ValidationError as exc:
-        return None, [ProfileProblem(str(path), key, why, model) for key, why in _errors(exc)]
+        problems = [ProfileProblem(str(path), key, why, model) for key, why in _errors(exc)]
+        return None, problems, None
     if missing:
-        log.warning(
-            "profile %s skipped: it needs %s, which nothing provides",
-            path.name,
-            ", ".join(f"${{{name}}}" for name in sorted(missing)),
-        )
-        return None, []
-    return profile, []
+        skip = ProfileProblem(str(path), "(skipped)", _skip_why(missing), profile.name)
+        log.warning("profile %s skipped: %s", path.name, skip.why)
+        return None, [], skip
+    return profile, [], None
 
 
 def parse_profile(path: Path, variables: Mapping[str, str] | None = None) -> Profile | None:
     """One profile file; None when it references variables nobody provides."""
-    profile, problems = _read(path, variables or {})
+    profile, problems, _ = _read(path, variables or {})
     if problems:
         raise ConfigError(_file_message(problems))
     return profile
@@ -458,8 +475,10 @@ def read_profiles(directory: Path, variables: Mapping[str, str] | None = None) -
         raise ConfigError(f"profiles dir {directory} does not exist")
     found = ProfileSet()
     for path in sorted(directory.glob("*.toml")):
-        profile, problems = _read(path, variables or {})
+        profile, problems, skipped = _read(path, variables or {})
         found.problems.extend(problems)
+        if skipped is not None:
+            found.skipped.append(skipped)
         if profile is None:
             continue
         if profile.name in found.profiles:

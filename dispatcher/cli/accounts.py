@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dispatcher.cli.output import JsonFlag, console, err, print_json
-from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, service_client
+from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, handled, service_client
 
 accounts_app = typer.Typer(
     help="List, disable and enable web accounts and API providers; log web accounts in."
@@ -168,9 +168,14 @@ def accounts_import(
     and its logged-out tasks queued again), 1 when it still shows the login
     form, 2 for a file that cannot be read or parsed.
     """
+    from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
+    from dispatcher.inputfiles import read_regular_file
+
+    with handled(as_json):
+        raw = read_regular_file(file, MAX_SESSION_FILE_CHARS, "a session file")
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
     with service_client(as_json) as client:
         client.timeout_s = LOGIN_TIMEOUT_S

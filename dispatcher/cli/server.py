@@ -233,9 +233,10 @@ def check(
 ) -> None:
     """Validate every profile in a dir and list every problem (file, key, why).
 
-    One line per valid profile and one per problem; exit 2 when any file is
-    wrong, 0 otherwise. Needs no running service. With --demo, the demo's
-    `${DEMO_*_URL}` variables count as provided.
+    One line per valid profile, one per problem and one per profile skipped
+    for a `${NAME}` set nowhere; exit 2 when any file is wrong or no profile
+    is usable (the service would not start), 0 otherwise. Needs no running
+    service. With --demo, the demo's `${DEMO_*_URL}` variables count as provided.
     """
     from dispatcher.profiles import read_profiles
 
@@ -248,6 +249,8 @@ def check(
         fail(str(exc), EXIT_USAGE)
     for name, profile in sorted(found.profiles.items()):
         console.print(f"ok       {escape(name)} ({profile.kind.value}, {escape(profile.source)})")
+    for skip in found.skipped:
+        err.print(f"skipped  {escape(skip.file)}: {escape(skip.why)}")
     for problem in found.problems:
         spot = f"{escape(problem.file)}: `{escape(problem.key)}`"
         err.print(f"invalid  {spot}: {escape(problem.why)}")
@@ -255,4 +258,16 @@ def check(
     if found.problems:
         err.print(f"{len(found.problems)} problem(s) in {files} file(s) of {where}")
         raise typer.Exit(EXIT_USAGE)
-    console.print(f"{len(found.profiles)} profile(s) valid in {where}")
+    if not found.profiles:
+        # The service refuses to start with no profile: so does its check.
+        fail(
+            f"no profile loaded from {where}: "
+            + (
+                f"{len(found.skipped)} skipped (see above), none usable"
+                if found.skipped
+                else "it holds no *.toml file"
+            ),
+            EXIT_USAGE,
+        )
+    skipped = f", {len(found.skipped)} skipped" if found.skipped else ""
+    console.print(f"{len(found.profiles)} profile(s) valid in {where}{skipped}")

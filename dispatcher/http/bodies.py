@@ -14,11 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, with_config
 from typing_extensions import TypedDict
 
 from dispatcher.errors import InputError
+from dispatcher.http.limits import MAX_JOB_TASKS
 from dispatcher.taskspec import REF_PATTERN
 
 MAX_MODEL_CHARS = 200
 MAX_JOB_NAME_CHARS = 500
-MAX_JOB_TASKS = 10_000
 # AccountBook.disable's bound; dispatcher.accounts itself is too heavy to
 # import here (a unit test keeps the two equal).
 MAX_REASON_CHARS = 500

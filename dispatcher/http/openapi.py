@@ -4,7 +4,7 @@ Request schemas are the models that validate requests
 (`dispatcher.http.bodies`), so the document states the bounds the server
 enforces; answer schemas are the models below, which mirror what `Api`
 returns. Every operation documents each error it can answer with: 403 for a
-Host that is not loopback, 413 for a body over 1 MiB, 401/403 for a missing
+Host that is not loopback, 413 for a body over 1 MiB (16 MiB for a job), 401/403 for a missing
 or wrong token, 400 for bad input, 404 for an unknown id, 409 for a state
 conflict. A wrong method gets 405 with an ``Allow`` header (not per
 operation).
@@ -40,6 +40,8 @@ from dispatcher.http.bodies import (
     LoginInputBody,
     TaskBody,
 )
+from dispatcher.http.limits import MAX_BODY_BYTES, MAX_JOB_BODY_BYTES
+from dispatcher.inputfiles import size_text
 from dispatcher.models import JobState, Kind, Stage, State
 
 MAX_LIST = 500
@@ -507,7 +509,8 @@ def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str
         responses["404"] = _error("no such id")
     if 409 in op.errors:
         responses["409"] = _error("not possible in the current state, or an ambiguous id prefix")
-    responses["413"] = _error("request body over 1 MiB")
+    limit = MAX_JOB_BODY_BYTES if op.body is JobBody else MAX_BODY_BYTES
+    responses["413"] = _error(f"request body over {size_text(limit)}")
     doc: dict[str, Any] = {"summary": op.summary, "responses": dict(sorted(responses.items()))}
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
@@ -566,7 +569,7 @@ def build_document(operations: dict[tuple[str, str], Op] = OPERATIONS) -> dict[s
             "description": (
                 "Loopback only. Bodies are strict JSON (no NaN/Infinity, integers within "
                 "64 bits, text without lone surrogates, at most 64 levels deep) of at "
-                "most 1 MiB. A wrong method gets 405 with an Allow header."
+                "most 1 MiB (a job: 16 MiB). A wrong method gets 405 with an Allow header."
             ),
         },
         "components": {

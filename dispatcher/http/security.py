@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dispatcher.http.limits import JOBS_PATH, MAX_BODY_BYTES, MAX_JOB_BODY_BYTES
+from dispatcher.inputfiles import size_text
 from dispatcher.invocation import cli_command
 from dispatcher.logs import forget, redact
 
-MAX_BODY_BYTES = 1024 * 1024
 SESSION_COOKIE = "dispatcher_session"
 ONE_TIME_CODE_TTL_S = 120.0
 SESSION_TTL_S = 12 * 3600.0
@@ -141,6 +142,20 @@ async def _reject(send: Send, status: int, kind: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def body_limit(scope: Scope) -> int:
+    """The most bytes a request may carry: a job of 10,000 tasks needs more than 1 MiB."""
+    if scope["path"] == JOBS_PATH and scope.get("method") == "POST":
+        return MAX_JOB_BODY_BYTES
+    return MAX_BODY_BYTES
+
+
+def too_large_message(scope: Scope, limit: int) -> str:
+    return (
+        f"request body over {size_text(limit)} ({limit} bytes), the most "
+        f"{scope.get('method', 'GET')} {scope['path']} takes"
+    )
+
+
 class SecurityMiddleware:
     def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
         self.app = app
@@ -170,9 +185,10 @@ class SecurityMiddleware:
             # DNS rebinding: a page on evil.example resolving to 127.0.0.1.
             await _reject(send, 403, "host", "Host must be a loopback name (127.0.0.1, localhost)")
             return
+        limit = body_limit(scope)
         length = _header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            await _reject(send, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _reject(send, 413, "too_large", too_large_message(scope, limit))
             return
         if scope["path"] not in PUBLIC_PATHS:
             verdict, how = self._authorized(scope)
@@ -216,7 +232,7 @@ class SecurityMiddleware:
                 )
                 return
 
-        # Buffer the body here (it is at most 1 MiB) so that an oversized chunked
+        # Buffer the body here (it is within `limit`) so that an oversized chunked
         # upload is refused before any handler sees a byte of it.
         chunks: list[bytes] = []
         received = 0
@@ -227,8 +243,8 @@ class SecurityMiddleware:
                 return  # the client went away
             chunk = message.get("body", b"")
             received += len(chunk)
-            if received > MAX_BODY_BYTES:
-                await _reject(send, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
+            if received > limit:
+                await _reject(send, 413, "too_large", too_large_message(scope, limit))
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
