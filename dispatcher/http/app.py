@@ -377,8 +377,11 @@ class Api:
         return JSONResponse(answer, 202 if answer["draining"] else 200)
 
     async def enable_account(self, request: Request) -> Response:
-        account = await self.service.accounts.enable(request.path_params["name"])
-        return JSONResponse(self.service.accounts.view(account))
+        name = request.path_params["name"]
+        await self.service.accounts.enable(name)
+        # Keys are read again: an account enabled without its key is marked again.
+        await self.service.check_api_keys()
+        return JSONResponse(self.service.accounts.view(self.service.accounts.get(name)))
 
     # -- live and meta -------------------------------------------------------------
     async def events(self, request: Request) -> Response:
