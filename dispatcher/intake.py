@@ -31,6 +31,7 @@ from dispatcher.fingerprint import (
 )
 from dispatcher.models import JSON, State, Task, new_id
 from dispatcher.profiles import Profile
+from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
 from dispatcher.workflow import check_params, fill, with_seed
@@ -195,7 +196,7 @@ class Intake:
         now = self.clock.now()
         return task.replace(
             state=State.SUCCESS,
-            result=cached,
+            result=stored_result(cached, self.results_dir),
             from_cache=True,
             host=self.host,
             started_at=now,

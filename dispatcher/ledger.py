@@ -41,6 +41,7 @@ from dispatcher.models import (
     new_id,
 )
 from dispatcher.profiles import Profile
+from dispatcher.resultpaths import real_result, stored_result
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.tasklines import lane_prefix, log_fields, log_rejected, log_transition
@@ -336,7 +337,8 @@ class Ledger(TaskReads):
             task,
             State.SUCCESS,
             {
-                "result": result,
+                # Relative to the results dir: a restore elsewhere still finds the files.
+                "result": stored_result(result, self.intake.results_dir),
                 # Persisting ends with this very write: a finished task has no stage.
                 "stage": None,
                 "finished_at": self.clock.now(),
@@ -347,12 +349,15 @@ class Ledger(TaskReads):
         cache = self.intake.cache
         if cache is None or done is None or done.state is not State.SUCCESS:
             return done
+        kept = done.result
+        if kept is not None and self.intake.results_dir is not None:
+            kept = real_result(kept, self.intake.results_dir, done.id)
         if (
             not done.from_cache
-            and done.result is not None
-            and not cache.store_text_here(done.fingerprint, done.model, done.result)
+            and kept is not None
+            and not cache.store_text_here(done.fingerprint, done.model, kept)
         ):
-            await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, done.result)
+            await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, kept)
         return done
 
     async def _end_attempt(

@@ -12,14 +12,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from dispatcher.errors import ConfigError, InputError, LockHeld
 from dispatcher.lanes import LaneSpec, build_lanes
 from dispatcher.models import JSON, Kind
 from dispatcher.profiles import Profile
-from dispatcher.reload import PINNED_SETTINGS, check_pools, live_changes
+from dispatcher.reload import LIVE_SETTINGS, PINNED_SETTINGS, check_pools, live_changes
 from dispatcher.runner import Runner
 from dispatcher.settings import Settings
+from dispatcher.settings_sources import describe, env_name, shown, where_set
 
 if TYPE_CHECKING:
     from dispatcher.cache import ResultCache
@@ -68,15 +70,18 @@ def reload_settings(
     """Read the settings again; apply the live ones (LIVE_SETTINGS) or say why not.
 
     Returns the settings now in force (the running ones when refused) and
-    the reload answer's settings part."""
+    the reload answer's settings part: what changed, why not, and where each
+    live value set in several places (or changed) was taken from."""
+    sources = _live_sources()
     try:
         fresh = type(running)(**{name: getattr(running, name) for name in PINNED_SETTINGS})
         changed = live_changes(running, fresh)
         candidate = running.model_copy(update=changed)
         _check_concurrency(profiles, candidate, runners)
-    except (ValidationError, ConfigError) as exc:
-        log.error("reload: settings not applied: %s", exc)
-        return running, {"settings": {}, "settings_error": str(exc)}
+    except (ValidationError, SettingsError, ConfigError) as exc:
+        why = str(exc) if isinstance(exc, ConfigError) else describe(exc)
+        log.error("reload: settings not applied: %s", why)
+        return running, {"settings": {}, "settings_error": why, "settings_sources": sources}
     web = web_runner(runners)
     if web is not None:
         web.set_keep_alive(candidate.browser_keep_alive_s)
@@ -87,7 +92,21 @@ def reload_settings(
             "reload: settings changed: %s",
             ", ".join(f"{k}={v}" for k, v in sorted(changed.items())),
         )
-    return candidate, {"settings": changed, "settings_error": None}
+    shown = {k: v for k, v in sources.items() if k in changed or len(v) > 1}
+    return candidate, {"settings": changed, "settings_error": None, "settings_sources": shown}
+
+
+def _live_sources() -> dict[str, list[JSON]]:
+    """Each live setting set somewhere: its sources, the one used first."""
+    out: dict[str, list[JSON]] = {}
+    for name in LIVE_SETTINGS:
+        found = where_set(name)
+        if found:
+            out[name] = [
+                {"variable": env_name(name), "source": f.source, "value": shown(name, f.raw)}
+                for f in found
+            ]
+    return out
 
 
 def _check_concurrency(

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Self
 import filelock
 
 from dispatcher.accounts import AccountBook
+from dispatcher.apikeys import missing_key_reason, reread_keys
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
-from dispatcher.errors import ConfigError, LockHeld
+from dispatcher.errors import ConfigError, LockHeld, NotFound
 from dispatcher.eventloop import loop_name
 from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
@@ -152,16 +153,26 @@ class Service:
             self.events.listen(web.on_event)  # a disabled account's kept browser is closed
             self.runners[Kind.WEB] = web
 
-    async def _check_api_keys(self) -> None:
-        """A provider whose key variable is unset cannot run a task: it needs
-        attention from the start, and its tasks wait instead of failing."""
-        for profile in self.profiles.values():
-            api, provider = profile.api, profile.provider
-            if api is None or not api.auth_env or not provider or os.environ.get(api.auth_env):
+    async def check_api_keys(self) -> None:
+        """Keys read again (`.env` too, see `apikeys`). A provider whose key
+        variable is unset cannot run a task: it needs attention and its tasks
+        wait instead of failing; once the key is there it clears itself."""
+        keyed = {
+            profile.provider: profile.api.auth_env
+            for profile in self.profiles.values()
+            if profile.api is not None and profile.api.auth_env and profile.provider
+        }
+        await asyncio.to_thread(reread_keys, keyed.values())
+        for provider, auth_env in keyed.items():
+            reason = missing_key_reason(auth_env)
+            try:
+                account = self.accounts.get(provider)
+            except NotFound:  # no lane for it here (another host's, or refused)
                 continue
-            reason = f"its key is missing: the environment variable {api.auth_env} is unset"
-            account = self.accounts.get(provider)
-            if account.enabled and not (account.needs_attention and account.reason == reason):
+            if os.environ.get(auth_env):
+                if account.enabled and account.needs_attention and account.reason == reason:
+                    await self.accounts.enable(provider)
+            elif account.enabled and not (account.needs_attention and account.reason == reason):
                 await self.accounts.needs_attention(provider, reason)
 
     def _effective_concurrency(self, lane: LaneSpec) -> int:
@@ -267,7 +278,7 @@ class Service:
         lanes = await self._bound(lanes)
         self.accounts = await AccountBook.load(self.store, self.clock, self.events)
         await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
-        await self._check_api_keys()
+        await self.check_api_keys()
         self.ledger = Ledger(
             self.store,
             self.clock,
@@ -505,6 +516,7 @@ class Service:
             self.profile_problems = found.problems
             self.ledger.invalid_models = {**plan.invalid, **plan.refused}
             await self._relane()
+            await self.check_api_keys()
         for problem in found.problems:
             log.error("reload: %s", problem)
         log.info("profiles reloaded: %s", plan.summary())

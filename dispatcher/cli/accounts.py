@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 import typer
@@ -231,12 +231,21 @@ def lanes(as_json: JsonFlag = False) -> None:
 
 
 def reload(as_json: JsonFlag = False) -> None:
-    """Re-read the profiles without a restart (same as SIGHUP); print what changed."""
+    """Re-read the profiles and live settings (same as SIGHUP); print what changed.
+
+    Exit 1 when the settings were refused (the running ones stay).
+    """
     with service_client(as_json) as client:
         data = client.post("/v1/reload")
     if as_json:
         print_json(data)
-        return
+    else:
+        _print_reload(data)
+    if data.get("settings_error"):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_reload(data: dict[str, Any]) -> None:
     for what in ("added", "removed", "changed"):
         if data[what]:
             console.print(f"{what}: {escape(', '.join(data[what]))}")
@@ -247,6 +256,29 @@ def reload(as_json: JsonFlag = False) -> None:
             f"[red]invalid[/red] {escape(problem['file'])}: `{escape(problem['key'])}`: "
             f"{escape(problem['why'])}"
         )
-    if not any(data[w] for w in ("added", "removed", "changed", "refused", "invalid_profiles")):
+    sources = data.get("settings_sources") or {}
+    for name, value in sorted((data.get("settings") or {}).items()):
+        variable = f"DISPATCHER_{name.upper()}"
+        where = sources.get(name) or [{"variable": variable, "source": "its default"}]
+        console.print(
+            f"setting changed: {escape(where[0]['variable'])} = {escape(str(value))} "
+            f"(from {escape(where[0]['source'])})"
+        )
+    if data.get("settings_error"):
+        err.print(
+            f"[red]settings refused[/red] (the running ones stay): {escape(data['settings_error'])}"
+        )
+    for _name, where in sorted(sources.items()):
+        if len(where) > 1:
+            used, *ignored = where
+            others = "; ".join(f"{o['value']} in {o['source']}" for o in ignored)
+            console.print(
+                f"[yellow]note[/yellow] {escape(used['variable'])}: {escape(used['value'])} "
+                f"from {escape(used['source'])} wins over {escape(others)}"
+            )
+    if not any(
+        data.get(w)
+        for w in ("added", "removed", "changed", "refused", "invalid_profiles", "settings")
+    ) and not data.get("settings_error"):
         console.print("no changes")
     console.print(f"models loaded: {escape(', '.join(data['models']))}")

@@ -32,12 +32,12 @@ options: dict[str, Any] = {}
 
 
 def load_settings(**overrides: Any) -> Settings:
-    from dispatcher.settings import Settings
+    from dispatcher.settings_sources import load
 
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except Exception as exc:  # pydantic's ValidationError: say it plainly
-        err.print(f"[red]invalid settings:[/red] {escape(str(exc))}")
+        return load(overrides)
+    except ConfigError as exc:  # names the variable, its source and value
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from exc
 
 

@@ -35,6 +35,7 @@ from dispatcher.errors import (
     OnAnotherHost,
     StateConflict,
 )
+from dispatcher.events import TaskChanged
 from dispatcher.http import bodies
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
@@ -42,6 +43,7 @@ from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials,
 from dispatcher.invocation import cli_command
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.profiles import ProfileProblem
+from dispatcher.resultpaths import real_path, real_result
 from dispatcher.states import job_state
 from dispatcher.taskspec import parse_job, parse_spec
 
@@ -155,7 +157,7 @@ class Api:
     async def task_answer(
         self, task: Task, *, deduped: bool = False, with_attempts: bool = False
     ) -> JSON:
-        answer = task.to_json()
+        answer = self._with_real_paths(task.to_json(), task)
         answer["host"] = task.host
         answer["deduped"] = deduped
         answer.update(await self.service.scheduler.progress(task))
@@ -246,11 +248,17 @@ class Api:
         if not _is_count(index_raw) or int(index_raw) >= len(files):
             raise InputError(f"file must be an index below {len(files)}")
         meta = files[int(index_raw)]
-        path = Path(meta["path"])
+        path = real_path(str(meta["path"]), self.service.settings.results_dir, task.id)
         self._check_here(task)
         if not await asyncio.to_thread(path.is_file):
             raise NotFound(f"the result file of task {task.id} is gone from disk")
         return FileResponse(path, media_type=meta.get("content_type"), filename=meta.get("name"))
+
+    def _with_real_paths(self, answer: JSON, task: Task) -> JSON:
+        """The task's answer with its result files where they are on this disk."""
+        if task.result:
+            answer["result"] = real_result(task.result, self.service.settings.results_dir, task.id)
+        return answer
 
     def _check_here(self, task: Task) -> None:
         """Result files live on the disk of the host that made them; this one
@@ -370,8 +378,11 @@ class Api:
         return JSONResponse(answer, 202 if answer["draining"] else 200)
 
     async def enable_account(self, request: Request) -> Response:
-        account = await self.service.accounts.enable(request.path_params["name"])
-        return JSONResponse(self.service.accounts.view(account))
+        name = request.path_params["name"]
+        await self.service.accounts.enable(name)
+        # Keys are read again: an account enabled without its key is marked again.
+        await self.service.check_api_keys()
+        return JSONResponse(self.service.accounts.view(self.service.accounts.get(name)))
 
     # -- live and meta -------------------------------------------------------------
     async def events(self, request: Request) -> Response:
@@ -389,6 +400,8 @@ class Api:
                     if event is None:
                         return
                     data = event.to_json()
+                    if isinstance(event, TaskChanged):
+                        self._with_real_paths(data["task"], event.task)
                     yield f"event: {data['type']}\ndata: {strictjson.dumps(data)}\n\n".encode()
 
         return StreamingResponse(

@@ -224,6 +224,11 @@ class ReloadAnswer(_Answer):
     models: list[str] = Field(description="the models loaded after the reload")
     settings: dict[str, Any] = Field(description="live settings that changed: name -> value")
     settings_error: str | None = Field(description="why the settings were not applied")
+    settings_sources: dict[str, list[dict[str, Any]]] = Field(
+        default={},
+        description="live setting -> where it is set (variable, source, value; secrets "
+        "masked), the one used first: for each changed setting and each set in several places",
+    )
 
 
 class AccountAnswer(_Answer):

@@ -72,3 +72,45 @@ def test_reload_command_and_sighup_reread_the_profiles(tmp_path: Path) -> None:
         assert remove.returncode == 2 and "no web account 'acct-9'" in remove.stderr
     finally:
         assert service.stop() == 0, service.log()[-3000:]
+
+
+def test_reload_says_what_changed_what_was_refused_and_which_source_won(
+    tmp_path: Path,
+) -> None:
+    dotenv = tmp_path / ".env"  # the service's working dir is tmp_path
+    dotenv.write_text("DISPATCHER_CACHE_TTL_S=50\nDISPATCHER_BROWSER_KEEP_ALIVE_S=30\n")
+    service = start_service(
+        tmp_path,
+        profiles=("demo-chat-api",),
+        env={"DISPATCHER_BROWSER_KEEP_ALIVE_S": "5"},
+    )
+    try:
+        # An applied change is said, with where it came from.
+        dotenv.write_text("DISPATCHER_CACHE_TTL_S=100\nDISPATCHER_BROWSER_KEEP_ALIVE_S=30\n")
+        applied = service.cli("reload")
+        assert applied.returncode == 0, applied.stderr
+        out = " ".join(applied.stdout.split())
+        assert "setting changed: DISPATCHER_CACHE_TTL_S = 100.0 (from .env (" in out
+        assert "no changes" not in out
+        # The process environment outranks the .env being edited: said, not silent.
+        assert (
+            "DISPATCHER_BROWSER_KEEP_ALIVE_S: '5' from the process environment wins over "
+            "'30' in .env (" in out
+        )
+        # A refused setting: said with the variable and its value, exit 1.
+        dotenv.write_text('DISPATCHER_CONCURRENCY={"demo": 2\n')
+        refused = service.cli("reload")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        err = " ".join(refused.stderr.split())
+        assert "settings refused" in err
+        assert "DISPATCHER_CONCURRENCY='{\"demo\": 2' (from .env (" in err
+        assert "no changes" not in refused.stdout
+        with service.http() as http:
+            answer = http.post("/v1/reload").json()
+        assert answer["settings_error"] and answer["settings"] == {}
+        # Back to its default: said too.
+        dotenv.write_text("")
+        default = " ".join(service.cli("reload").stdout.split())
+        assert "setting changed: DISPATCHER_CACHE_TTL_S = 604800.0 (from its default)" in default
+    finally:
+        service.stop()

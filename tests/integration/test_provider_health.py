@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from dispatcher import apikeys
 from tests.harness import Harness, running_service
 from tests.helpers import REPO
 
@@ -113,3 +114,56 @@ async def test_a_429_storm_without_retry_after_halves_the_lane_then_it_grows_bac
             assert after["started_at"] >= before["finished_at"] - 0.01
         # Five successes in a row (the storm's own task among them): one slot back.
         assert (await lane(h, "api:demo"))["effective_concurrency"] == 2
+
+
+@pytest.fixture
+def keyless_dotenv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The keyless provider's key in no environment; a working dir whose `.env` gets it later."""
+    monkeypatch.setenv(UNSET_KEY_ENV, "-")
+    monkeypatch.delenv(UNSET_KEY_ENV)  # and unset again when the test ends
+    monkeypatch.setattr(apikeys, "_FROM_DOTENV", {})
+    keyless_profile(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work / ".env"
+
+
+async def test_a_key_added_to_dotenv_is_read_on_reload_and_the_account_clears_itself(
+    tmp_path: Path, keyless_dotenv: Path
+) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api",)) as h:
+        assert (await accounts(h))["keyless"]["state"] == "needs_attention"
+        waiting = await h.submit("keyless-chat", "needs a key")
+        keyless_dotenv.write_text(f"{UNSET_KEY_ENV}=a-key-from-dotenv\n")
+        assert (await h.http.post("/v1/reload")).status_code == 200
+        # No enable needed: the cause is gone, so is the mark.
+        assert (await accounts(h))["keyless"]["state"] == "ok"
+        done = await h.wait_task(waiting["id"])
+        assert (done["state"], done["attempt"]) == ("success", 1)
+
+
+async def test_enable_reads_the_keys_again(tmp_path: Path, keyless_dotenv: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api",)) as h:
+        # Enabled with the key still missing: marked again at once, with why.
+        again = (await h.http.post("/v1/accounts/keyless/enable")).json()
+        assert again["state"] == "needs_attention" and UNSET_KEY_ENV in again["reason"]
+        waiting = await h.submit("keyless-chat", "needs a key")
+        keyless_dotenv.write_text(f"{UNSET_KEY_ENV}=a-key-from-dotenv\n")
+        enabled = (await h.http.post("/v1/accounts/keyless/enable")).json()
+        assert enabled["state"] == "ok"
+        done = await h.wait_task(waiting["id"])
+        assert (done["state"], done["attempt"]) == ("success", 1)
+
+
+async def test_a_key_set_before_a_restart_clears_the_mark_of_the_last_run(
+    tmp_path: Path, keyless_dotenv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    async with running_service(tmp_path, profiles=("demo-chat-api",), state_dir=state) as h:
+        assert (await accounts(h))["keyless"]["state"] == "needs_attention"
+    monkeypatch.setenv(UNSET_KEY_ENV, "a-key-in-the-unit")
+    async with running_service(tmp_path, profiles=("demo-chat-api",), state_dir=state) as h:
+        assert (await accounts(h))["keyless"]["state"] == "ok"
+        done = await h.wait_task((await h.submit("keyless-chat", "has its key now"))["id"])
+        assert done["state"] == "success"
