@@ -139,8 +139,10 @@ async def test_a_long_kill_does_not_block_the_event_loop(
     assert SWEEP_S * 0.9 <= took_s < SWEEP_S + 3
     assert fake_browser.pid not in survivors
     assert alive(pids) == []
-    # On the loop, the kill's seconds are a thread's: timers stay on time.
-    assert lag_s < 0.25, f"event loop stalled {lag_s:.3f} s during the kill"
+    # On the loop, the kill's seconds are a thread's: timers stay on time. A
+    # kill on the loop would stall it for the whole sweep; a busy machine
+    # alone delays a timer by a few tenths of a second.
+    assert lag_s < SWEEP_S / 2, f"event loop stalled {lag_s:.3f} s during the kill"
 
 
 async def test_a_cancelled_cleanup_still_waits_for_the_kill(
