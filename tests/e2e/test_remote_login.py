@@ -75,8 +75,9 @@ async def logged_out_task(h: Harness) -> str:
             break
         assert asyncio.get_running_loop().time() < deadline, account
         await asyncio.sleep(0.02)
-    held = await h.task(task["id"])
-    assert held["state"] == "pending" and held["attempt"] == 1, held
+    # The account's state is written first, then the task's.
+    held = await h.wait_task(task["id"], {"pending"})
+    assert held["attempt"] == 1, held
     assert "auth" in held["attempts"][-1]["error"]["message"], held["attempts"]
     return str(task["id"])
 

@@ -83,7 +83,8 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
             task = await h.submit("demo-chat", "capped")
             capped = await wait_account(h, "demo-1", "cooldown")
             seen_s = time.time() - capped_at
-            held = await h.task(task["id"])
+            # The account's state is written first, then the task's.
+            held = await h.wait_task(task["id"], {"pending"})
             assert (held["state"], held["attempt"]) == ("pending", 1)
             # The page said "in N seconds" (what was left of 8, rounded): real
             # seconds, whatever the time scale (scaled, it would be 0.4 s; the
@@ -126,7 +127,7 @@ async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
             task = await h.submit("demo-chat", f"meets a {condition}")
             account = await wait_account(h, "demo-1", "needs_attention")
             assert reason in account["reason"]
-            held = await h.task(task["id"])
+            held = await h.wait_task(task["id"], {"pending"})
             assert (held["state"], held["attempt"], held["account"]) == ("pending", 1, None)
 
             # The operator solves it and switches the account back on: the task runs.
