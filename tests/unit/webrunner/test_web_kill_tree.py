@@ -81,7 +81,7 @@ def fake_browser(profile: Path) -> Iterator[subprocess.Popen[bytes]]:
         start_new_session=True,
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a Python start takes seconds under load
     while len(family(proc)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)  # the child is on its way
     yield proc
