@@ -29,7 +29,9 @@ from webrunner.runner import WebRunner
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.timeout(60),
+    # A last resort only: each wait inside has its own deadline (30 s), and a
+    # test makes several, each seconds long under load.
+    pytest.mark.timeout(180),
     pytest.mark.asyncio(loop_scope="module"),
 ]
 
