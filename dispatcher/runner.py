@@ -22,9 +22,10 @@ any guard) is never cancelled twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -289,6 +290,19 @@ class RunContext:
     def beat(self) -> None:
         """Say "still alive"; the scheduler persists a heartbeat at most every 15 s."""
         self._last_beat_monotonic = self.clock.monotonic()
+
+    @contextlib.contextmanager
+    def alive(self) -> Iterator[None]:
+        """The run's own cleanup once its outcome is known (evidence, a browser's
+        close), bounded by its own timeouts: it counts as beating. Otherwise a
+        cleanup that outlasts the stale bound (seconds on a busy machine, with
+        a time scale) got the task reclaimed as stale, an attempt charged for
+        what the outcome would not charge (a logout, a usage cap)."""
+        self._alive_waits += 1
+        try:
+            yield
+        finally:
+            self._alive_waits -= 1
 
     async def set_stage(
         self,

@@ -414,8 +414,9 @@ class WebRunner:
         try:
             result = await self._generate(ctx, run, message, images)
         except TaskCanceled:
-            clicked = await run.driver.click_stop() if run.driver is not None else False
-            await self._keep_evidence(ctx, run)
+            with ctx.alive():
+                clicked = await run.driver.click_stop() if run.driver is not None else False
+                await self._keep_evidence(ctx, run)
             ctx.log.info(
                 "canceled%s; closing the browser",
                 " after clicking stop" if clicked else "",
@@ -426,17 +427,21 @@ class WebRunner:
             raise
         except RunError as exc:
             ctx.log.warning("attempt failed (%s): %s", exc.kind, exc)
-            await self._keep_evidence(ctx, run)
-            if exc.kind == "stalled" and run.session is not None:
-                # A stuck renderer may not close politely: kill, confirm dead.
-                await self._kill(account, run.session)
+            # The outcome is known: a slow cleanup must not make the task
+            # look hung (a stale reclaim would charge a logout an attempt).
+            with ctx.alive():
+                await self._keep_evidence(ctx, run)
+                if exc.kind == "stalled" and run.session is not None:
+                    # A stuck renderer may not close politely: kill, confirm dead.
+                    await self._kill(account, run.session)
             raise
         finally:
             if run.session is not None and not run.session.closed and not run.kept:
                 # Not kept: after a failure or a cancel its state is suspect;
                 # after a success, keep-alive is off or the account was released.
-                await self._keeper.forget(account)
-                await self._close(run.session, ctx.log)
+                with ctx.alive():
+                    await self._keeper.forget(account)
+                    await self._close(run.session, ctx.log)
         _add_close_timings(result, run)
         return result
 

@@ -12,6 +12,7 @@ declare it dead after the stale bound and finish its work.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -35,7 +36,9 @@ from tests.pgdb import fresh_database
 from tests.procs import Proc, demo_stats, service_client, start_service, stop_proc
 from webrunner.runner import user_data_dir_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(170)]
+# The waits below end on a lack of progress, not on a total: the timeout is
+# only the last resort for a wait that hangs outside them.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TIME_SCALE = 0.05
 QUOTA = 3
@@ -47,9 +50,12 @@ WEB_TASKS = 20
 WEB_DURATION = 40
 HOST_CONCURRENCY = {"a": QUOTA, "b": 1, "c": 1}
 WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
-# The batch takes 30-40 s on a busy 2-core machine; a task still unfinished
-# well past that is stuck, and the message says where.
-FINISH_WITHIN_S = 75
+# The batch takes 30-40 s on a quiet 2-core machine and several times that
+# under a load of 10-24, so no total bounds it: it is stuck once no task has
+# finished (nor the picture changed) for this long. The longest single step
+# is a web answer (WEB_DURATION x TIME_SCALE = 2 s) or the stale bound
+# (4.5 s): this is over ten times either.
+STALL_S = 60.0
 STALE_S = STALE_AFTER_S * TIME_SCALE
 HEARTBEAT_S = HEARTBEAT_INTERVAL_S * TIME_SCALE
 
@@ -188,9 +194,9 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                 job_id = job.json()["id"]
 
             # Kill host A while it runs a web task and polls a remote job.
-            deadline = time.monotonic() + 60
+            changed_at = time.monotonic()
             seen: list[tuple[float, int, int, int]] = []
-            while time.monotonic() < deadline:
+            while time.monotonic() - changed_at < STALL_S:
                 web_running, api_polling, done = _rows(
                     db,
                     "SELECT "
@@ -203,7 +209,8 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                 if web_running and api_polling and done >= 15:
                     break
                 if not seen or seen[-1][1:] != (web_running, api_polling, done):
-                    seen.append((time.monotonic() - started, web_running, api_polling, done))
+                    changed_at = time.monotonic()
+                    seen.append((changed_at - started, web_running, api_polling, done))
                 time.sleep(0.05)
             else:
                 changes = "\n".join(
@@ -218,9 +225,17 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
             orphans = _rows(db, "SELECT id FROM tasks WHERE host = 'host-a' AND state = 'running'")
             assert orphans
 
-            # The others declare it dead and take its running tasks over.
+            # The others declare it dead and take its running tasks over. Their
+            # own heartbeats are watched meanwhile: how late they come on this
+            # machine now is how late the declaration may come.
             recovered_after_s = None
-            while time.time() - killed_at < 60:
+            beats: dict[str, list[float]] = {"host-b": [], "host-c": []}
+            while time.time() - killed_at < STALL_S:
+                for host, beat in _rows(
+                    db, "SELECT id, heartbeat_at FROM hosts WHERE id IN ('host-b', 'host-c')"
+                ):
+                    if not beats[host] or beats[host][-1] != beat:
+                        beats[host].append(beat)
                 left = _rows(
                     db,
                     "SELECT COUNT(*) FROM tasks WHERE host = 'host-a' AND state = 'running'",
@@ -230,15 +245,25 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
                     break
                 time.sleep(0.05)
             assert recovered_after_s is not None, "host A's tasks were never recovered"
-            (dead_at,) = _rows(db, "SELECT dead_at FROM hosts WHERE id = 'host-a'")[0]
+            (dead_at, a_beat) = _rows(
+                db, "SELECT dead_at, heartbeat_at FROM hosts WHERE id = 'host-a'"
+            )[0]
             assert dead_at is not None
+            beat_gap_s = max(
+                [HEARTBEAT_S]
+                + [b - a for seq in beats.values() for a, b in itertools.pairwise(seq)]
+            )
 
             with service_client(state_dirs["c"]) as client:
-                deadline = time.monotonic() + FINISH_WITHIN_S
-                while time.monotonic() < deadline:
+                ended, progressed_at = -1, time.monotonic()
+                while time.monotonic() - progressed_at < STALL_S:
                     final = client.get(f"/v1/jobs/{job_id}").json()
                     if final["state"] != "running":
                         break
+                    counts = final["counts"]
+                    now_ended = final["total"] - counts.get("pending", 0) - counts.get("running", 0)
+                    if now_ended != ended:
+                        ended, progressed_at = now_ended, time.monotonic()
                     time.sleep(0.2)
             elapsed_s = time.monotonic() - started
             logs = {h: hosts[h].log() for h in "abc"}
@@ -261,8 +286,8 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
 
     assert final["total"] == API_TASKS + WEB_TASKS
     assert final["counts"].get("success") == API_TASKS + WEB_TASKS, (
-        f"{final['counts']} after {elapsed_s:.1f} s (logs in {tmp_path}; vendor {api_stats})\n"
-        f"{unfinished}"
+        f"{final['counts']} after {elapsed_s:.1f} s, none ended in the last {STALL_S:.0f} s "
+        f"(logs in {tmp_path}; vendor {api_stats})\n{unfinished}"
     )
     # Every API task made exactly one remote job: resumed by polling, never resubmitted.
     assert api_stats["jobs_created"] == API_TASKS, api_stats
@@ -278,15 +303,21 @@ def test_three_hosts_one_killed_finish_every_task_once(tmp_path: Path) -> None:
     assert api_stats["max_demanded"] <= QUOTA, api_stats
     assert api_stats["rate_limited"] == 0, api_stats
     assert web_stats["collisions"] == 0, web_stats
-    # Declared dead once silent past the stale bound, seen at the next heartbeat.
-    assert recovered_after_s <= STALE_S + 3 * HEARTBEAT_S, recovered_after_s
+    # Declared dead once silent past the stale bound, never before, and seen
+    # within a few of the others' heartbeats (as far apart as they came now:
+    # 0.75 s on a quiet machine, seconds under load).
+    silent_s = dead_at - a_beat
+    assert silent_s >= STALE_S, (silent_s, STALE_S)
+    assert silent_s <= STALE_S + 3 * beat_gap_s, (silent_s, STALE_S, beat_gap_s)
+    assert recovered_after_s <= silent_s + 2 * beat_gap_s, (recovered_after_s, beat_gap_s)
     assert "host 'host-a' is silent for" in logs["b"] + logs["c"]
     assert set(by_host) == {"host-a", "host-b", "host-c"}, by_host
     assert all(n > 0 for n in by_host.values()), by_host
     print(
         f"\nseveral hosts: {API_TASKS + WEB_TASKS} tasks on 3 hosts in {elapsed_s:.1f} s; "
         f"host A killed, its {len(orphans)} running tasks recovered {recovered_after_s:.1f} s "
-        f"later (stale bound {STALE_S:.1f} s, heartbeat {HEARTBEAT_S:.2f} s); "
+        f"later (stale bound {STALE_S:.1f} s, heartbeat {HEARTBEAT_S:.2f} s, seen "
+        f"{beat_gap_s:.2f} s apart); "
         f"duplicates {api_stats['duplicate_submits']}, max demanded "
         f"{api_stats['max_demanded']} of {QUOTA}, collisions {web_stats['collisions']}; "
         f"successes by host {by_host}; attempts {attempts}"

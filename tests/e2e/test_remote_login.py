@@ -29,7 +29,9 @@ from webrunner.runner import WebRunner
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.timeout(60),
+    # A last resort only: each wait inside has its own deadline (30 s), and a
+    # test makes several, each seconds long under load.
+    pytest.mark.timeout(180),
     pytest.mark.asyncio(loop_scope="module"),
 ]
 
@@ -75,8 +77,9 @@ async def logged_out_task(h: Harness) -> str:
             break
         assert asyncio.get_running_loop().time() < deadline, account
         await asyncio.sleep(0.02)
-    held = await h.task(task["id"])
-    assert held["state"] == "pending" and held["attempt"] == 1, held
+    # The account's state is written first, then the task's.
+    held = await h.wait_task(task["id"], {"pending"})
+    assert held["attempt"] == 1, held
     assert "auth" in held["attempts"][-1]["error"]["message"], held["attempts"]
     return str(task["id"])
 

@@ -439,3 +439,16 @@ async def test_a_guarded_wait_that_lost_the_cancel_and_waits_on_is_cancelled_aga
     assert ctx.job.cancelled()
     assert heard == ["connection"]  # it did lose the first cancel
     assert not second.done() or second.cancelled()
+
+
+def test_cleanup_after_the_outcome_counts_as_alive_until_it_ends(tmp_path: Path) -> None:
+    clock = FakeClock()
+    ctx = context(tmp_path, clock)
+    before = ctx.last_beat_monotonic
+    clock.advance(100.0)
+    assert ctx.last_beat_monotonic == before  # silent: the stale rule may take it
+    with ctx.alive():
+        clock.advance(100.0)
+        assert ctx.last_beat_monotonic == clock.monotonic()
+    clock.advance(100.0)
+    assert ctx.last_beat_monotonic == before  # no beat of its own once it is over

@@ -30,7 +30,9 @@ async def test_cancel_reaches_the_provider_and_raises(kit: Kit, model: str) -> N
     start = time.monotonic()
     with pytest.raises(TaskCanceled):
         await running
-    assert time.monotonic() - start < 1.0
+    # The job runs 10 s (500 nominal at scale 0.02): ended by the cancel, not
+    # by the job, with room for a busy machine.
+    assert time.monotonic() - start < 5.0
     stats = await kit.demo.stats()
     assert stats["cancels"] == 1
     assert stats["active_jobs"] == 0  # the provider stopped the job: quota freed
@@ -79,7 +81,7 @@ async def test_cancel_cuts_a_long_chat_request(kit: Kit) -> None:
     start = time.monotonic()
     with pytest.raises(TaskCanceled):
         await running
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # the answer would take 10 s
     # The request was really torn down: the provider saw its client leave.
     for _ in range(100):
         if (await kit.demo.stats())["hangups"] == 1:

@@ -220,8 +220,9 @@ async def test_cancel_mid_generation_clicks_stop_and_closes_the_browser(web: Web
     with pytest.raises(TaskCanceled):
         await run
     elapsed = time.monotonic() - started
-    # Noticed within 1 s; then the stop click and a graceful close.
-    assert elapsed < 8, elapsed
+    # Noticed at once; then the stop click and a graceful close (up to 3 s,
+    # then a kill). Well short of the 20 s answer even on a busy machine.
+    assert elapsed < 15, elapsed
 
     stats = await web.stats()
     assert stats["stops"] == 1

@@ -103,7 +103,9 @@ async def test_a_call_that_never_returns_does_not_beat_and_hits_the_deadline(
         await page_step(ctx, frozen, what="reading", budget=Budget(started + 0.6, "12 s"))
     assert caught.value.kind == "timeout"
     assert str(caught.value) == "timed out after 12 s while reading"
-    assert 0.5 < time.monotonic() - started < 2
+    # Ended by the deadline (0.6 s), not by the call: the upper bound only
+    # says it ended, and is loose for a busy machine.
+    assert 0.5 < time.monotonic() - started < 10
     assert ctx.last_beat_monotonic == before
     assert frozen.cancelled()
 

@@ -81,7 +81,7 @@ def fake_browser(profile: Path) -> Iterator[subprocess.Popen[bytes]]:
         start_new_session=True,
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a Python start takes seconds under load
     while len(family(proc)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)  # the child is on its way
     yield proc
@@ -139,8 +139,10 @@ async def test_a_long_kill_does_not_block_the_event_loop(
     assert SWEEP_S * 0.9 <= took_s < SWEEP_S + 3
     assert fake_browser.pid not in survivors
     assert alive(pids) == []
-    # On the loop, the kill's seconds are a thread's: timers stay on time.
-    assert lag_s < 0.25, f"event loop stalled {lag_s:.3f} s during the kill"
+    # On the loop, the kill's seconds are a thread's: timers stay on time. A
+    # kill on the loop would stall it for the whole sweep; a busy machine
+    # alone delays a timer by a few tenths of a second.
+    assert lag_s < SWEEP_S / 2, f"event loop stalled {lag_s:.3f} s during the kill"
 
 
 async def test_a_cancelled_cleanup_still_waits_for_the_kill(
