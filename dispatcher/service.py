@@ -56,6 +56,7 @@ from dispatcher.statedir import (
     make_private_dir,
     make_private_files,
     probe_running,
+    refuse_symlinks,
     sqlite_files,
     write_private,
 )
@@ -122,6 +123,7 @@ class Service:
         # is for this user only; restored at stop for in-process callers.
         stack.callback(os.umask, os.umask(0o077))
         make_private_dir(self.state_dir, "state dir")
+        refuse_symlinks([self.state_dir / LOCK_FILE], "lock file")
         lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
         try:
             lock.acquire()
@@ -233,6 +235,7 @@ class Service:
         if not settings.input_dirs:
             make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = sqlite_files(settings.resolved_database_url)
+        refuse_symlinks(database, "database file")
         make_private_files(database)  # one an older version made 0644
         self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
         stack.push_async_callback(self.store.close)
@@ -362,7 +365,7 @@ class Service:
         # its graceful shutdown for the whole grace period.
         stack.callback(self.events.close)
         write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
-        (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
+        write_private(self.state_dir / PORT_FILE, f"{self.http.port}\n")
         if dialect_of(settings.resolved_database_url) == "postgresql":
             # Other hosts' task writes reach this host's bus (wake-ups, cancels, SSE).
             self.remote = RemoteTasks(
