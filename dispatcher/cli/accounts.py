@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Annotated
@@ -168,20 +171,19 @@ def accounts_import(
     and its logged-out tasks queued again), 1 when it still shows the login
     form, 2 for a file that cannot be read or parsed.
     """
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
+    text = _read_session_file(file)
     with service_client(as_json) as client:
         client.timeout_s = LOGIN_TIMEOUT_S
         data = client.post(f"/v1/accounts/{quote(name, safe='')}/import", {"text": text})
     if as_json:
         print_json(data)
+    dropped = data.get("dropped") or 0
+    others = f", {dropped} for other sites dropped" if dropped else ""
     if not data["logged_in"]:
         if not as_json:
             err.print(
-                f"{escape(name)}: imported {data['cookies']} cookie(s), but the page still "
-                "shows the login form; the account is unchanged"
+                f"{escape(name)}: imported {data['cookies']} cookie(s){others}, but the page "
+                "still shows the login form; the account is unchanged"
             )
         raise typer.Exit(EXIT_FAILED)
     if not as_json:
@@ -190,9 +192,40 @@ def accounts_import(
         failed = len(data["requeued"])
         again = f"; {failed} failed task(s) queued again" if failed else ""
         console.print(
-            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported); account "
-            f"enabled, its waiting tasks run{again}"
+            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported{others}); "
+            f"account enabled, its waiting tasks run{again}"
         )
+
+
+def _read_session_file(file: Path) -> str:
+    """The file's text, if it is a regular file the service would take (exit 2 if not).
+
+    Read at most one byte over the request-body cap: a huge file (or
+    /dev/zero) is refused here, as a bad file, not sent to be refused as
+    HTTP 413 (which would exit 1, like a failed login).
+    """
+    from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
+    from dispatcher.http.security import MAX_BODY_BYTES
+
+    try:
+        # O_NONBLOCK: a FIFO's open must not wait for a writer.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                fail(f"{file} is not a regular file", EXIT_USAGE, "invalid")
+            data = handle.read(MAX_BODY_BYTES + 1)
+        text = "" if len(data) > MAX_BODY_BYTES else data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
+    too_large = len(data) > MAX_BODY_BYTES or len(text) > MAX_SESSION_FILE_CHARS
+    if too_large or len(json.dumps({"text": text})) > MAX_BODY_BYTES:
+        fail(
+            f"{file} is too large to import (the limit: {MAX_SESSION_FILE_CHARS:,} characters, "
+            f"{MAX_BODY_BYTES:,} bytes as sent); export only the model's site's cookies",
+            EXIT_USAGE,
+            "invalid",
+        )
+    return text
 
 
 def lanes(as_json: JsonFlag = False) -> None:
