@@ -73,10 +73,11 @@ def closed_by_server(socks: list[socket.socket]) -> int:
     return closed
 
 
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
 async def test_a_flood_of_half_open_connections_does_not_keep_the_operator_out(
-    tmp_path: Path,
+    tmp_path: Path, event_loop: str
 ) -> None:
-    service = start_service(tmp_path)
+    service = start_service(tmp_path, env={"DISPATCHER_EVENT_LOOP": event_loop})
     try:
         # The usual limit of a service (systemd's default soft limit).
         resource.prlimit(service.popen.pid, resource.RLIMIT_NOFILE, (1024, 1024))
