@@ -203,6 +203,11 @@ class Service:
         settings = self.settings
         self.lag_probe.start()
         stack.push_async_callback(self.lag_probe.stop)
+        # Before the demo puts its sample image in the inputs dir.
+        make_private_dir(settings.results_dir, "results dir")
+        make_private_dir(self.state_dir / "cache", "cache dir")
+        if not settings.input_dirs:
+            make_private_dir(self.state_dir / "inputs", "inputs dir")
         if settings.demo:
             from demo.bootstrap import start_demos
 
@@ -230,10 +235,6 @@ class Service:
                 if auth_env:
                     redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
-        make_private_dir(settings.results_dir, "results dir")
-        make_private_dir(self.state_dir / "cache", "cache dir")
-        if not settings.input_dirs:
-            make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = sqlite_files(settings.resolved_database_url)
         refuse_symlinks(database, "database file")
         make_private_files(database)  # one an older version made 0644

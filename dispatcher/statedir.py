@@ -80,6 +80,15 @@ def make_private_dir(path: Path, what: str) -> None:
     Another user's dir cannot be made private by us (they can always chmod
     it back), so the service refuses it rather than writing prompts there.
     """
+    with contextlib.suppress(FileNotFoundError):
+        link = path.lstat()
+        # A link of our own is the operator's choice; another user's was
+        # planted, and following it would chmod (and fill) whatever it names.
+        if stat.S_ISLNK(link.st_mode) and link.st_uid != os.getuid():
+            raise ConfigError(
+                f"{what} {path} is a symlink (to {os.readlink(path)!r}) owned by uid "
+                f"{link.st_uid}, not by this user (uid {os.getuid()}); remove it"
+            )
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = path.stat()
     if info.st_uid != os.getuid():

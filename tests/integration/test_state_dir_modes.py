@@ -132,3 +132,28 @@ async def test_a_planted_database_or_lock_symlink_refuses_the_start(
         assert _mode(victim) == 0o644
     finally:
         shutil.rmtree(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid needs root")
+@pytest.mark.parametrize("name", ["cache", "inputs", "results"])
+async def test_a_dir_link_planted_by_another_user_refuses_the_start(
+    tmp_path: Path, name: str
+) -> None:
+    victim = tmp_path / "victim-dir"
+    victim.mkdir()
+    os.chmod(victim, 0o755)
+    state = _open_state_dir()
+    try:
+        _plant_link(victim, state / name)
+        settings = Settings(
+            state_dir=state,
+            profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
+            demo=True,
+            time_scale=0.02,
+        )
+        with pytest.raises(ConfigError, match=f"{name} is a symlink .*owned by uid {NOBODY}"):
+            await Service(settings).start()
+        assert _mode(victim) == 0o755
+        assert list(victim.iterdir()) == []
+    finally:
+        shutil.rmtree(state)
