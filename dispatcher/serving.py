@@ -134,6 +134,9 @@ def _is_response_head(data: bytes | bytearray | memoryview) -> bool:
 # headers), from connecting or from the first byte after an answer: a local
 # client sends it in one write; a half-open or dribbling connection is closed.
 HEAD_TIMEOUT_S = 10.0
+# And for its body (at most 1 MiB, read as it comes by the security
+# middleware), from the end of the head.
+BODY_TIMEOUT_S = 30.0
 # Open connections at most, however many files the process may open; below
 # that, a quarter of RLIMIT_NOFILE (the rest is for the database, browsers'
 # pipes, vendors' connections, result files, and connections just accepted
@@ -158,7 +161,8 @@ class _OneSend(asyncio.Protocol):
     stays on the real transport, and so does a websocket that takes over.
 
     And two guards uvicorn lacks (its keep-alive timeout starts only after
-    a first answer): a request head must arrive within `head_timeout_s`, and
+    a first answer): a request head must arrive within `head_timeout_s` and
+    its body within `body_timeout_s` after it, and
     past `connection_cap()` open connections a new one closes the idle
     connection that has waited longest (for a head, else for its next
     request), or, when none is idle, is closed itself. An idle or dribbling
@@ -171,6 +175,7 @@ class _OneSend(asyncio.Protocol):
     loop: asyncio.AbstractEventLoop
     cycle: Any
     head_timeout_s: float = HEAD_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -178,6 +183,8 @@ class _OneSend(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, _OneSendTransport(transport))
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_cycle: Any = None
+        # The request whose body the timer waits for; None: waiting for a head.
+        self._body_of: Any = None
         self._idle_since = self.loop.time()
         self._arm_head_timer()
         self._keep_under_cap()
@@ -186,8 +193,18 @@ class _OneSend(asyncio.Protocol):
         if self._head_timer is None and self._idle():
             self._arm_head_timer()  # the first bytes of the next request
         super().data_received(data)
-        if self._head_timer is not None and self.cycle is not self._head_cycle:
-            self._disarm_head_timer()  # the head is in: a request (cycle) began
+        if self._head_timer is None:
+            return
+        if self._body_of is None:
+            if self.cycle is not self._head_cycle:  # the head is in: a request began
+                self._disarm_head_timer()
+                if self.cycle.more_body:
+                    self._body_of = self.cycle
+                    self._head_timer = self.loop.call_later(
+                        self.body_timeout_s, self._head_timed_out
+                    )
+        elif self.cycle is not self._body_of or not self._body_of.more_body:
+            self._disarm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
@@ -202,12 +219,14 @@ class _OneSend(asyncio.Protocol):
 
     def _arm_head_timer(self) -> None:
         self._head_cycle = self.cycle
+        self._body_of = None
         self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        self._body_of = None
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -321,6 +340,7 @@ async def start_server(
     random_port: bool = True,
     http_parser: str = "auto",
     head_timeout_s: float = HEAD_TIMEOUT_S,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> RunningServer:
     """Serve `app` on 127.0.0.1 and return once it accepts connections.
 
@@ -328,7 +348,8 @@ async def start_server(
     with `random_port=False` the OS picks one (port 0).
     """
     base = http_protocol(http_parser)
-    protocol = type(base.__name__, (base,), {"head_timeout_s": head_timeout_s})
+    timeouts = {"head_timeout_s": head_timeout_s, "body_timeout_s": body_timeout_s}
+    protocol = type(base.__name__, (base,), timeouts)
     sock = bind_loopback(port) if (port is not None or random_port) else _bind(0)
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(

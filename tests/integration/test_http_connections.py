@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
@@ -108,24 +109,33 @@ async def test_a_flood_of_half_open_connections_does_not_keep_the_operator_out(
 
 
 @pytest.mark.parametrize("parser", HTTP_PARSERS[1:])
-async def test_a_request_head_that_never_ends_is_closed_after_the_head_timeout(
+async def test_a_request_that_never_ends_is_closed_after_the_read_timeouts(
     parser: str,
 ) -> None:
-    async def hello(_: object) -> PlainTextResponse:
+    async def hello(request: Request) -> PlainTextResponse:
+        try:
+            await request.body()
+        except ClientDisconnect:
+            return PlainTextResponse("gone")
         return PlainTextResponse("hello")
 
-    app = Starlette(routes=[Route("/", hello)])
-    server = await start_server(app, http_parser=parser, head_timeout_s=0.5)
+    app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"])])
+    server = await start_server(app, http_parser=parser, head_timeout_s=0.5, body_timeout_s=0.5)
     writers: list[asyncio.StreamWriter] = []
     try:
         loop = asyncio.get_running_loop()
-        # Silent after connecting; a partial head; one whole request then a
-        # partial second one (the timeout starts again after an answer).
+        # Silent after connecting; a partial head; a body 10 bytes of 100;
+        # one whole request then a partial second one (the timeout starts
+        # again after an answer).
         silent = await asyncio.open_connection("127.0.0.1", server.port)
         partial = await asyncio.open_connection("127.0.0.1", server.port)
+        body = await asyncio.open_connection("127.0.0.1", server.port)
         second = await asyncio.open_connection("127.0.0.1", server.port)
-        writers = [silent[1], partial[1], second[1]]
+        writers = [silent[1], partial[1], body[1], second[1]]
         partial[1].write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        body[1].write(
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n" + b"x" * 10
+        )
         second[1].write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         head = await second[0].readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
@@ -135,10 +145,13 @@ async def test_a_request_head_that_never_ends_is_closed_after_the_head_timeout(
         for reader in (silent[0], partial[0], second[0]):
             # EOF from the server, well before the test's own timeout.
             assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+        # The app saw the client go away (and answered no one).
+        assert await asyncio.wait_for(body[0].read(), timeout=30) == b""
         assert loop.time() - started < 30
         # A client that sends its head at once is served as before.
         async with httpx.AsyncClient(base_url=server.url) as client:
             assert (await client.get("/")).text == "hello"
+            assert (await client.post("/", content=b"y" * 100_000)).text == "hello"
     finally:
         for writer in writers:
             writer.close()
