@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 import time
 from pathlib import Path
 from typing import Annotated
@@ -204,6 +201,10 @@ def _read_session_file(file: Path) -> str:
     /dev/zero) is refused here, as a bad file, not sent to be refused as
     HTTP 413 (which would exit 1, like a failed login).
     """
+    import json
+    import os
+    import stat
+
     from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
     from dispatcher.http.security import MAX_BODY_BYTES
 
