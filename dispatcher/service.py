@@ -57,6 +57,7 @@ from dispatcher.statedir import (
     make_private_dir,
     make_private_files,
     probe_running,
+    refuse_symlinks,
     sqlite_files,
     write_private,
 )
@@ -123,6 +124,7 @@ class Service:
         # is for this user only; restored at stop for in-process callers.
         stack.callback(os.umask, os.umask(0o077))
         make_private_dir(self.state_dir, "state dir")
+        refuse_symlinks([self.state_dir / LOCK_FILE], "lock file")
         lock = filelock.FileLock(str(self.state_dir / LOCK_FILE), timeout=0)
         try:
             lock.acquire()
@@ -212,6 +214,11 @@ class Service:
         settings = self.settings
         self.lag_probe.start()
         stack.push_async_callback(self.lag_probe.stop)
+        # Before the demo puts its sample image in the inputs dir.
+        make_private_dir(settings.results_dir, "results dir")
+        make_private_dir(self.state_dir / "cache", "cache dir")
+        if not settings.input_dirs:
+            make_private_dir(self.state_dir / "inputs", "inputs dir")
         if settings.demo:
             from demo.bootstrap import start_demos
 
@@ -239,11 +246,8 @@ class Service:
                 if auth_env:
                     redact(os.environ.get(auth_env))
         lanes = build_lanes(self.profiles, settings)
-        make_private_dir(settings.results_dir, "results dir")
-        make_private_dir(self.state_dir / "cache", "cache dir")
-        if not settings.input_dirs:
-            make_private_dir(self.state_dir / "inputs", "inputs dir")
         database = sqlite_files(settings.resolved_database_url)
+        refuse_symlinks(database, "database file")
         make_private_files(database)  # one an older version made 0644
         self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
         stack.push_async_callback(self.store.close)
@@ -374,7 +378,7 @@ class Service:
         # its graceful shutdown for the whole grace period.
         stack.callback(self.events.close)
         write_private(self.state_dir / TOKEN_FILE, self.credentials.token + "\n")
-        (self.state_dir / PORT_FILE).write_text(f"{self.http.port}\n")
+        write_private(self.state_dir / PORT_FILE, f"{self.http.port}\n")
         if dialect_of(settings.resolved_database_url) == "postgresql":
             # Other hosts' task writes reach this host's bus (wake-ups, cancels, SSE).
             self.remote = RemoteTasks(

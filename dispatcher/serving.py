@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import resource
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,22 +130,134 @@ def _is_response_head(data: bytes | bytearray | memoryview) -> bool:
     return head == b"HTTP/1.1 " and len(data) <= _MAX_HEAD and bytes(data[-4:]) == b"\r\n\r\n"
 
 
+# Seconds a client may take to send a request's head (the request line and
+# headers), from connecting or from the first byte after an answer: a local
+# client sends it in one write; a half-open or dribbling connection is closed.
+HEAD_TIMEOUT_S = 10.0
+# And for its body (at most 1 MiB, read as it comes by the security
+# middleware), from the end of the head.
+BODY_TIMEOUT_S = 30.0
+# Open connections at most, however many files the process may open; below
+# that, a quarter of RLIMIT_NOFILE (the rest is for the database, browsers'
+# pipes, vendors' connections, result files, and connections just accepted
+# that are about to be closed).
+MAX_CONNECTIONS = 1024
+MIN_CONNECTIONS = 16
+ACCEPT_BACKLOG = 128
+
+
+def connection_cap() -> int:
+    """The open-connection cap for the process's file limit now (it may be
+    lowered while the service runs, with prlimit)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, soft // 4))
+
+
 class _OneSend(asyncio.Protocol):
     """What both of uvicorn's HTTP/1.1 protocols get: answers written
     through `_OneSendTransport`; flow control (pausing and resuming reads)
-    stays on the real transport, and so does a websocket that takes over."""
+    stays on the real transport, and so does a websocket that takes over.
+
+    And two guards uvicorn lacks (its keep-alive timeout starts only after
+    a first answer): a request head must arrive within `head_timeout_s` and
+    its body within `body_timeout_s` after it, and
+    past `connection_cap()` open connections a new one closes the idle
+    connection that has waited longest (for a head, else for its next
+    request), or, when none is idle, is closed itself. An idle or dribbling
+    client can then neither hold the service's files for ever nor keep an
+    operator with the token out.
+    """
 
     transport: asyncio.Transport
+    # uvicorn's, declared for the type checker.
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._real_transport = transport
         self.transport = cast(asyncio.Transport, _OneSendTransport(transport))
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_cycle: Any = None
+        # The request whose body the timer waits for; None: waiting for a head.
+        self._body_of: Any = None
+        self._idle_since = self.loop.time()
+        self._arm_head_timer()
+        self._keep_under_cap()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self._idle():
+            self._arm_head_timer()  # the first bytes of the next request
+        super().data_received(data)
+        if self._head_timer is None:
+            return
+        if self._body_of is None:
+            if self.cycle is not self._head_cycle:  # the head is in: a request began
+                self._disarm_head_timer()
+                if self.cycle.more_body:
+                    self._body_of = self.cycle
+                    self._head_timer = self.loop.call_later(
+                        self.body_timeout_s, self._head_timed_out
+                    )
+        elif self.cycle is not self._body_of or not self._body_of.more_body:
+            self._disarm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._idle_since = self.loop.time()
+
+    def _idle(self) -> bool:
+        return self.cycle is None or bool(self.cycle.response_complete)
+
+    def _arm_head_timer(self) -> None:
+        self._head_cycle = self.cycle
+        self._body_of = None
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._body_of = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._real_transport.is_closing():
+            self._real_transport.close()
+
+    def _keep_under_cap(self) -> None:
+        cap = connection_cap()
+        # uvicorn's set of this server's connections (websockets' included).
+        connections: set[asyncio.Protocol] = cast(Any, self).connections
+        open_ = [p for p in connections if not _closing(p)]
+        if len(open_) <= cap:
+            return
+        idle = [p for p in open_ if p is not self and isinstance(p, _OneSend) and p._idle()]
+        if not idle:
+            self._real_transport.close()
+            return
+        # Waiting for a head before waiting between requests; the longest first.
+        victim = min(idle, key=lambda p: (p._head_timer is None, p._idle_since))
+        victim._real_transport.close()
 
     def _back_to_the_real_transport(self) -> None:
+        self._disarm_head_timer()
         if isinstance(self.transport, _OneSendTransport):
             self.transport.flush()
         self.transport = self._real_transport
+
+
+def _closing(protocol: asyncio.Protocol) -> bool:
+    transport = getattr(protocol, "transport", None)
+    return transport is None or bool(transport.is_closing())
 
 
 class _OneSendH11Protocol(_OneSend, H11Protocol):
@@ -226,13 +339,17 @@ async def start_server(
     access_log: bool = False,
     random_port: bool = True,
     http_parser: str = "auto",
+    head_timeout_s: float = HEAD_TIMEOUT_S,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> RunningServer:
     """Serve `app` on 127.0.0.1 and return once it accepts connections.
 
     With `port=None` and `random_port`, a free port in 49152-65535 is chosen;
     with `random_port=False` the OS picks one (port 0).
     """
-    protocol = http_protocol(http_parser)
+    base = http_protocol(http_parser)
+    timeouts = {"head_timeout_s": head_timeout_s, "body_timeout_s": body_timeout_s}
+    protocol = type(base.__name__, (base,), timeouts)
     sock = bind_loopback(port) if (port is not None or random_port) else _bind(0)
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(
@@ -250,6 +367,10 @@ async def start_server(
         server_header=False,
         timeout_graceful_shutdown=2,
         http=protocol,
+        # Also how many connections one wake-up of the loop accepts before
+        # any runs the cap (uvicorn's 2,048 would take all of a 1,024-file
+        # limit at once under a flood of connections).
+        backlog=ACCEPT_BACKLOG,
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

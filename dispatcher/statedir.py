@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -47,13 +48,22 @@ async def probe_running(state_dir: Path) -> int | None:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, without a window where others could."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    """Write a file only its owner can read, without a window where others could.
+
+    The temporary file gets a fresh random name, created exclusively: a
+    `token.tmp` (or any name) planted beforehand, say a symlink to a file of
+    ours, is never opened, so nothing is written or truncated through it.
+    The rename then replaces a planted `path` symlink itself, not its target.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def sqlite_files(url: str) -> list[Path]:
@@ -70,6 +80,15 @@ def make_private_dir(path: Path, what: str) -> None:
     Another user's dir cannot be made private by us (they can always chmod
     it back), so the service refuses it rather than writing prompts there.
     """
+    with contextlib.suppress(FileNotFoundError):
+        link = path.lstat()
+        # A link of our own is the operator's choice; another user's was
+        # planted, and following it would chmod (and fill) whatever it names.
+        if stat.S_ISLNK(link.st_mode) and link.st_uid != os.getuid():
+            raise ConfigError(
+                f"{what} {path} is a symlink (to {os.readlink(path)!r}) owned by uid "
+                f"{link.st_uid}, not by this user (uid {os.getuid()}); remove it"
+            )
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = path.stat()
     if info.st_uid != os.getuid():
@@ -84,8 +103,45 @@ def make_private_dir(path: Path, what: str) -> None:
         log.warning("%s %s was mode %o; tightened to 700", what, path, mode)
 
 
+def refuse_symlinks(paths: list[Path], what: str) -> None:
+    """Refuse to start on a symlink where the service opens or chmods a file of its own.
+
+    The service runs with its user's rights (often root): a link planted
+    while the state dir was open to others would make it open, truncate or
+    chmod whatever the link names.
+    """
+    for path in paths:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot inspect {what} {path}: {exc.strerror}") from exc
+        if stat.S_ISLNK(info.st_mode):
+            raise ConfigError(
+                f"{what} {path} is a symlink (to {os.readlink(path)!r}); the service will not "
+                "open or chmod a file through a link someone may have planted: remove it, or "
+                "point the setting at the real file"
+            )
+        if info.st_uid != os.getuid():
+            raise ConfigError(
+                f"{what} {path} is owned by uid {info.st_uid}, not by this user (uid "
+                f"{os.getuid()}); remove it or chown it"
+            )
+
+
 def make_private_files(paths: list[Path]) -> None:
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_IMODE(path.stat().st_mode) != 0o600:
-                os.chmod(path, 0o600)
+        # O_NOFOLLOW: a link swapped in since `refuse_symlinks` is not followed
+        # (the open fails with ELOOP) and its target's mode stays as it was.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot open {path} to make it private: {exc.strerror}") from exc
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)

@@ -6,8 +6,10 @@ takes) out, or a `CookieFileError` naming the line or field at fault.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from dispatcher.errors import InputError
 
@@ -34,6 +36,51 @@ def parse_session_file(text: str, *, now: float) -> list[dict[str, Any]]:
     if not cookies:
         raise CookieFileError("the file holds no cookies")
     return [_persistent(c, now) for c in cookies]
+
+
+def site_host(url: str) -> str:
+    """The host of a web model's page (lower case), whose cookies an import keeps."""
+    host = urlsplit(url).hostname
+    if not host:
+        raise CookieFileError(f"the model's page {url!r} names no host to keep cookies for")
+    return host.lower()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def belongs_to_site(domain: str, host: str) -> bool:
+    """True for a cookie of `host`: set for it, for a parent domain it is under
+    (`.example.com` for chat.example.com), or for one of its subdomains.
+
+    A single-label parent (`.com`) is not the site's, nor is anything but the
+    address itself for a host that is an IP address.
+    """
+    name = domain.lstrip(".").lower()
+    if name == host:
+        return True
+    if _is_ip(host) or _is_ip(name):
+        return False
+    parent = host.endswith("." + name) and "." in name
+    return parent or name.endswith("." + host)
+
+
+def site_cookies(cookies: list[dict[str, Any]], url: str) -> tuple[list[dict[str, Any]], int]:
+    """The cookies that belong to the page at `url`'s site, and how many others were dropped.
+
+    A session file exported from a browser often holds every site's cookies;
+    the account's profile is for one site and must not carry another's
+    (a bank's session would sit in a profile that pages of the model's site
+    run in).
+    """
+    host = site_host(url)
+    kept = [c for c in cookies if belongs_to_site(str(c["domain"]), host)]
+    return kept, len(cookies) - len(kept)
 
 
 def _persistent(cookie: dict[str, Any], now: float) -> dict[str, Any]:

@@ -168,25 +168,19 @@ def accounts_import(
     and its logged-out tasks queued again), 1 when it still shows the login
     form, 2 for a file that cannot be read or parsed.
     """
-    from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
-    from dispatcher.inputfiles import read_regular_file
-
-    with handled(as_json):
-        raw = read_regular_file(file, MAX_SESSION_FILE_CHARS, "a session file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
+    text = _read_session_file(file, as_json)
     with service_client(as_json) as client:
         client.timeout_s = LOGIN_TIMEOUT_S
         data = client.post(f"/v1/accounts/{quote(name, safe='')}/import", {"text": text})
     if as_json:
         print_json(data)
+    dropped = data.get("dropped") or 0
+    others = f", {dropped} for other sites dropped" if dropped else ""
     if not data["logged_in"]:
         if not as_json:
             err.print(
-                f"{escape(name)}: imported {data['cookies']} cookie(s), but the page still "
-                "shows the login form; the account is unchanged"
+                f"{escape(name)}: imported {data['cookies']} cookie(s){others}, but the page "
+                "still shows the login form; the account is unchanged"
             )
         raise typer.Exit(EXIT_FAILED)
     if not as_json:
@@ -195,9 +189,37 @@ def accounts_import(
         failed = len(data["requeued"])
         again = f"; {failed} failed task(s) queued again" if failed else ""
         console.print(
-            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported); account "
-            f"enabled, its waiting tasks run{again}"
+            f"{escape(name)}: logged in ({data['cookies']} cookie(s) imported{others}); "
+            f"account enabled, its waiting tasks run{again}"
         )
+
+
+def _read_session_file(file: Path, as_json: bool) -> str:
+    """The file's text, if it is a regular file the service would take (exit 2 if not).
+
+    Refused here when too large, as a bad file, rather than sent to be
+    refused as HTTP 413 (which would exit 1, like a failed login).
+    """
+    import json
+
+    from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
+    from dispatcher.http.limits import MAX_BODY_BYTES
+    from dispatcher.inputfiles import read_regular_file
+
+    with handled(as_json):
+        raw = read_regular_file(file, MAX_SESSION_FILE_CHARS, "a session file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"cannot read {file}: {exc}", EXIT_USAGE, "invalid")
+    if len(json.dumps({"text": text})) > MAX_BODY_BYTES:
+        fail(
+            f"{file} is too large to import (the limit: {MAX_SESSION_FILE_CHARS:,} characters, "
+            f"{MAX_BODY_BYTES:,} bytes as sent); export only the model's site's cookies",
+            EXIT_USAGE,
+            "invalid",
+        )
+    return text
 
 
 def lanes(as_json: JsonFlag = False) -> None:

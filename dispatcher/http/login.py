@@ -21,7 +21,7 @@ from dispatcher.errors import NotFound, StateConflict
 from dispatcher.events import TaskChanged
 from dispatcher.http import bodies
 from dispatcher.models import Kind, State
-from webrunner.cookies import parse_session_file
+from webrunner.cookies import CookieFileError, parse_session_file, site_cookies, site_host
 
 if TYPE_CHECKING:
     from dispatcher.events import EventBus
@@ -174,11 +174,19 @@ class LoginRoutes:
         raw = strictjson.loads(await request.body() or b"null")
         bodies.validate(bodies.ImportBody, raw, "body")
         account = self._account(request)
-        cookies = parse_session_file(raw["text"], now=self.service.clock.now())
+        url = self._runner().spec_for(account).url
+        every = parse_session_file(raw["text"], now=self.service.clock.now())
+        cookies, dropped = site_cookies(every, url)
+        if not cookies:
+            raise CookieFileError(
+                f"none of the file's {dropped} cookie(s) is for {site_host(url)}, the site of "
+                f"{account}'s model; export the cookies of that site"
+            )
+        counts = {"cookies": len(cookies), "dropped": dropped}
         if not await self._desk().import_cookies(account, cookies):
-            return JSONResponse({"logged_in": False, "account": account, "cookies": len(cookies)})
+            return JSONResponse({"logged_in": False, "account": account, **counts})
         answer = await self._comes_back(account)
-        answer["cookies"] = len(cookies)
+        answer.update(counts)
         return JSONResponse(answer)
 
     async def watch_task(self, request: Request) -> Response:

@@ -255,6 +255,10 @@ class LoginResult(_Answer):
     logged_in: bool
     account: Any = Field(description="the account (enabled) after a login, else its name")
     requeued: list[str] = Field(default=[], description="tasks back in the queue")
+    cookies: int | None = Field(default=None, description="an import: cookies loaded")
+    dropped: int | None = Field(
+        default=None, description="an import: cookies for other sites, left out"
+    )
 
 
 class LoginClosed(_Answer):

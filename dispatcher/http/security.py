@@ -180,6 +180,12 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        hosts = sum(1 for key, _ in scope.get("headers", []) if key == b"host")
+        if hosts > 1:
+            # Parsers and proxies disagree on which one counts: the guard below
+            # could check one name while something else acts on the other.
+            await _reject(send, 400, "invalid", f"exactly one Host header, not {hosts}")
+            return
         host = _header(scope, b"host") or ""
         if not host_is_loopback(host):
             # DNS rebinding: a page on evil.example resolving to 127.0.0.1.

@@ -25,6 +25,7 @@ from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
 from tests.harness import Harness, running_service
 from tests.helpers import REPO
 from tests.servicecli import clean_env, run_cli
+from webrunner.browser import start_browser
 from webrunner.runner import WebRunner
 
 pytestmark = [
@@ -279,6 +280,57 @@ async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path)
         assert f"{ACCOUNT}: logged in" in imported.stdout
         accounts = (await h.http.get("/v1/accounts")).json()
         assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
+
+
+async def _profile_cookie_domains(h: Harness) -> set[str]:
+    """The domains of the cookies stored in the account's profile, read by a
+    browser of its own on the profile (the kept one closed meanwhile)."""
+    runner = runner_of(h)
+    async with runner.hold_profile(ACCOUNT) as user_data_dir:
+        session = await start_browser(
+            runner.playwright, executable=runner.browser_executable, user_data_dir=user_data_dir
+        )
+        try:
+            return {c["domain"] for c in await session.context.cookies()}
+        finally:
+            await session.close()
+
+
+async def test_cli_import_keeps_only_the_sites_cookies_and_refuses_huge_files(
+    tmp_path: Path,
+) -> None:
+    async with one_account(tmp_path) as h:
+        await log_everyone_out(h)
+        host = httpx.URL(h.demo_web).host
+        foreign = "".join(
+            f"{domain}\tTRUE\t/\tTRUE\t0\t{name}\tstolen\n"
+            for domain, name in ((".bank.example", "bank_sid"), ("mail.example", "mail_sid"))
+        )
+        every_site = tmp_path / "every-site.txt"
+        every_site.write_text(
+            f"# Netscape HTTP Cookie File\n{foreign}"
+            f"#HttpOnly_{host}\tFALSE\t/\tFALSE\t0\tdemo_session\t{await _demo_cookie(h)}\n"
+        )
+        only_foreign = tmp_path / "foreign.txt"
+        only_foreign.write_text(foreign)
+        huge = tmp_path / "huge.txt"
+        line = f"{host}\tFALSE\t/\tFALSE\t0\tpad\t{'x' * 1000}\n"
+        huge.write_text(line * 1100)  # 1.1 MB: over the 1 MiB request cap
+        env = clean_env({})
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return run_cli(["--state-dir", str(h.state_dir), "accounts", *args], env, REPO)
+
+        imported = await asyncio.to_thread(cli, "import", ACCOUNT, str(every_site))
+        assert imported.returncode == 0, imported.stderr
+        assert "1 cookie(s) imported, 2 for other sites dropped" in imported.stdout
+        assert await _profile_cookie_domains(h) == {host}
+        refused = await asyncio.to_thread(cli, "import", ACCOUNT, str(only_foreign))
+        assert refused.returncode == 2
+        assert f"none of the file's 2 cookie(s) is for {host}" in refused.stderr
+        too_large = await asyncio.to_thread(cli, "import", ACCOUNT, str(huge))
+        assert too_large.returncode == 2, too_large.stderr
+        assert "too large to import" in too_large.stderr
 
 
 async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,93 @@ async def test_a_state_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=f"owned by uid 4242.*{os.getuid()}"):
         await Service(settings).start()
     assert not (state / "dispatcher.db").exists()
+
+
+NOBODY = 65534
+
+
+def _open_state_dir() -> Path:
+    """A state dir another user could write into (a parent they can traverse:
+    pytest's tmp_path is 0700), as one left loose before the service first ran."""
+    state = Path(tempfile.mkdtemp(prefix="dispatcher-loose-state-"))
+    os.chmod(state, 0o777)
+    return state
+
+
+def _plant_link(target: Path, link: Path) -> None:
+    """`ln -s target link`, run as nobody: what a local user could do to a loose dir."""
+    subprocess.run(["ln", "-s", str(target), str(link)], user=NOBODY, check=True)
+    assert link.lstat().st_uid == NOBODY
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid needs root")
+async def test_token_and_port_are_not_written_through_planted_symlinks(tmp_path: Path) -> None:
+    victims = {name: tmp_path / f"victim-{name}" for name in ("token.tmp", "port")}
+    state = _open_state_dir()
+    try:
+        for name, victim in victims.items():
+            victim.write_text("precious\n")
+            os.chmod(victim, 0o644)
+            _plant_link(victim, state / name)
+        async with running_service(tmp_path, state_dir=state) as h:
+            token = state / "token"
+            port = state / "port"
+            assert not token.is_symlink() and not port.is_symlink()
+            assert token.read_text().strip() == h.service.credentials.token
+            assert port.read_text().strip() == str(h.service.http.port)  # type: ignore[union-attr]
+            assert _mode(token) == 0o600 and _mode(port) == 0o600
+        for victim in victims.values():
+            assert victim.read_text() == "precious\n", victim.name
+            assert _mode(victim) == 0o644, victim.name
+    finally:
+        shutil.rmtree(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid needs root")
+@pytest.mark.parametrize("name", ["dispatcher.db", "dispatcher.db-wal", "service.lock"])
+async def test_a_planted_database_or_lock_symlink_refuses_the_start(
+    tmp_path: Path, name: str
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o644)
+    state = _open_state_dir()
+    try:
+        _plant_link(victim, state / name)
+        settings = Settings(
+            state_dir=state,
+            profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
+            demo=True,
+            time_scale=0.02,
+        )
+        with pytest.raises(ConfigError, match=f"{name} is a symlink .*remove it"):
+            await Service(settings).start()
+        assert victim.read_text() == "precious\n"
+        assert _mode(victim) == 0o644
+    finally:
+        shutil.rmtree(state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid needs root")
+@pytest.mark.parametrize("name", ["cache", "inputs", "results"])
+async def test_a_dir_link_planted_by_another_user_refuses_the_start(
+    tmp_path: Path, name: str
+) -> None:
+    victim = tmp_path / "victim-dir"
+    victim.mkdir()
+    os.chmod(victim, 0o755)
+    state = _open_state_dir()
+    try:
+        _plant_link(victim, state / name)
+        settings = Settings(
+            state_dir=state,
+            profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
+            demo=True,
+            time_scale=0.02,
+        )
+        with pytest.raises(ConfigError, match=f"{name} is a symlink .*owned by uid {NOBODY}"):
+            await Service(settings).start()
+        assert _mode(victim) == 0o755
+        assert list(victim.iterdir()) == []
+    finally:
+        shutil.rmtree(state)

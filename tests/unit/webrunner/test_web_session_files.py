@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from webrunner.cookies import SESSION_COOKIE_KEEP_S, CookieFileError, parse_session_file
+from webrunner.cookies import (
+    SESSION_COOKIE_KEEP_S,
+    CookieFileError,
+    parse_session_file,
+    site_cookies,
+)
 from webrunner.login import Frame, input_calls
 
 NOW = 1_700_000_000.0
@@ -119,3 +124,33 @@ def test_malformed_input_is_refused(event: dict[str, object]) -> None:
 
     with pytest.raises(InputError):
         input_calls(event, FRAME)
+
+
+@pytest.mark.parametrize(
+    ("domain", "kept"),
+    [
+        ("chat.example.com", True),
+        (".chat.example.com", True),
+        (".example.com", True),  # a parent domain: sent to the page too
+        ("eu.chat.example.com", True),  # a subdomain of the site
+        (".bank.example", False),
+        ("example.com.evil.org", False),
+        ("other.example.com", False),  # a sibling is another site's
+        (".com", False),  # a single label is no site's
+        ("xchat.example.com", False),
+    ],
+)
+def test_an_import_keeps_only_the_cookies_of_the_models_site(domain: str, kept: bool) -> None:
+    cookie = {"name": "c", "value": "v", "domain": domain, "path": "/"}
+    mine, dropped = site_cookies([cookie], "https://Chat.Example.com/app")
+    assert (mine == [cookie], dropped) == (kept, 0 if kept else 1)
+
+
+def test_an_import_for_a_site_on_an_address_keeps_that_address_only() -> None:
+    cookies = [
+        {"name": "a", "value": "v", "domain": "127.0.0.1", "path": "/"},
+        {"name": "b", "value": "v", "domain": "0.0.1", "path": "/"},
+        {"name": "c", "value": "v", "domain": "localhost", "path": "/"},
+    ]
+    mine, dropped = site_cookies(cookies, "http://127.0.0.1:8080/chat")
+    assert [c["name"] for c in mine] == ["a"] and dropped == 2
