@@ -76,7 +76,7 @@ STOP_GRACE_S = 2.0
 
 def check_urls(urls: Sequence[str], secret: str | None) -> list[str]:
     """The configured endpoints, or a ConfigError saying what is wrong with them."""
-    checked = []
+    checked: list[str] = []
     for url in urls:
         try:
             parsed = httpx.URL(url)
@@ -137,7 +137,6 @@ def job_finished_body(job: Job, summary: JobSummary, failed: Sequence[Task]) -> 
 def retry_delay_s(attempt: int) -> float:
     """Nominal delay before attempt `attempt + 1`."""
     return float(FIRST_RETRY_DELAY_S * 2 ** (attempt - 1))
-
 
 
 class Webhooks:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 from urllib.parse import quote, urlencode
 
@@ -19,7 +19,7 @@ webhooks_app = typer.Typer(
 )
 
 
-class OutboxState(str, Enum):
+class OutboxState(StrEnum):
     pending = "pending"
     delivering = "delivering"
     failed = "failed"
@@ -42,9 +42,7 @@ def webhooks_deliveries(
         return
     table = Table("id", "event", "receiver", "state", "attempts", "last", "created")
     for item in data["items"]:
-        last = item["last_error"] or (
-            f"HTTP {item['last_status']}" if item["last_status"] else ""
-        )
+        last = item["last_error"] or (f"HTTP {item['last_status']}" if item["last_status"] else "")
         table.add_row(
             item["id"],
             item["event"],

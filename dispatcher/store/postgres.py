@@ -102,9 +102,12 @@ class PostgresStore(PostgresHostOps):
         return await self._query(sql, args, what="webhook outbox access")
 
     async def _outbox_batch(self, sql: str, many: Sequence[Sequence[Any]]) -> None:
-        async with self._conn("webhook outbox write") as conn, conn.transaction():
-            async with conn.cursor() as cur:
-                await cur.executemany(pg_marks(sql), many)
+        async with (
+            self._conn("webhook outbox write") as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
+            await cur.executemany(pg_marks(sql), many)
 
     # -- plumbing ------------------------------------------------------------
     @asynccontextmanager
