@@ -71,6 +71,9 @@ LOG_SIZE = 200
 MAX_FAILED_LISTED = 100
 MAX_LISTED = 500
 MIN_SECRET_CHARS = 16
+# Given-up deliveries are kept this long for `redeliver`, then forgotten (at
+# a start), so the outbox does not grow without end behind a dead receiver.
+FAILED_KEPT_S = 30 * 86400.0
 STOP_GRACE_S = 2.0
 
 
@@ -219,7 +222,11 @@ class Webhooks:
         if not self.enabled:
             return
         # Deliveries this host held when it stopped (or died) are due again now.
-        released = await self._outbox.release(self._host, self._clock.now())
+        now = self._clock.now()
+        released = await self._outbox.release(self._host, now)
+        forgotten = await self._outbox.forget_failed(now - FAILED_KEPT_S)
+        if forgotten:
+            log.info("webhooks: %d deliveries given up over 30 days ago forgotten", forgotten)
         self._http = httpx.AsyncClient(
             timeout=self._deadline_s,
             follow_redirects=False,  # only the configured URLs, never where they point

@@ -120,6 +120,9 @@ class WebhookOutbox(Protocol):
 
     async def get(self, item_id: str) -> OutboxItem | None: ...
 
+    async def forget_failed(self, updated_before: float) -> int:
+        """Delete failed deliveries last tried before then; how many."""
+
 
 Run = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
 Batch = Callable[[str, Sequence[Sequence[Any]]], Awaitable[None]]
@@ -232,3 +235,10 @@ class SqlOutbox:
     async def get(self, item_id: str) -> OutboxItem | None:
         rows = await self._run(f"SELECT {_COLUMNS} FROM webhook_outbox WHERE id = ?", (item_id,))
         return _item(rows[0]) if rows else None
+
+    async def forget_failed(self, updated_before: float) -> int:
+        rows = await self._run(
+            "DELETE FROM webhook_outbox WHERE state = 'failed' AND updated_at < ? RETURNING id",
+            (updated_before,),
+        )
+        return len(rows)

@@ -70,6 +70,15 @@ async def test_a_delivery_waits_for_its_turn_fails_and_is_redelivered(
     )
     assert await box.get("d001") is None
     assert [i.id for i in await box.items(["pending", "delivering", "failed"], 10)] == ["d002"]
+    # Failed ones are forgotten after a while; only failed ones.
+    await box.add([_item(3, at=40.0)])
+    (late,) = await box.claim(URL, "h1", now=40.0, hold_until=80.0, limit=5)
+    await box.finish(
+        late.id, "h1", state="failed", attempts=5, next_at=41.0, status=500, error=None, now=41.0
+    )
+    assert await box.forget_failed(updated_before=41.0) == 0
+    assert await box.forget_failed(updated_before=42.0) == 1
+    assert [i.id for i in await box.items(["pending", "delivering", "failed"], 10)] == ["d002"]
 
 
 async def test_hosts_claiming_at_once_never_take_the_same_delivery(
