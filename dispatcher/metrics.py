@@ -225,6 +225,19 @@ class Metrics:
             ["model", "state"],
             registry=self.registry,
         )
+        self.webhook_deliveries = Counter(
+            "dispatcher_webhook_deliveries",
+            "Webhook delivery attempts by result: delivered, retry (due again later), "
+            "failed (given up; kept for redelivery)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.webhook_dropped = Counter(
+            "dispatcher_webhook_dropped",
+            "Webhook deliveries that will not reach their receiver unless redelivered "
+            "(given up, or never written: queue full, store down)",
+            registry=self.registry,
+        )
 
     def on_event(self, event: Event) -> None:
         match event:

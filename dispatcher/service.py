@@ -363,6 +363,9 @@ class Service:
             self.store,
             self.clock,
             self.accounts.views(),
+            host=settings.host_id,
+            deadline_s=settings.webhook_deadline_s,
+            metrics=self.metrics,
         )
         if self.webhooks.enabled:
             self.events.listen(self.webhooks.on_event)

@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     # space-separated, or a JSON list); every POST is signed with the secret.
     webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str | None = None
+    # Real seconds one webhook POST may take in all (a receiver dripping its
+    # answer is cut off here, not after each read's timeout).
+    webhook_deadline_s: float = Field(default=10.0, gt=0, le=300)
     # Local reference images are read only from under these dirs (default:
     # <state dir>/inputs); the variable takes paths separated by ":".
     input_dirs: Annotated[list[Path], NoDecode] = Field(default_factory=list)

@@ -12,31 +12,43 @@ this. Every POST carries the raw JSON body signed with
 
 Nothing here runs on a task's path: the event bus listener only puts the
 event on a bounded queue; a background worker builds the payloads and
-delivers them, retrying failures with a growing delay (bounded attempts).
-Recent attempts are kept in memory, bounded, for `GET /v1/webhooks/deliveries`.
+writes one delivery per receiver to the store's outbox (`store.outbox`).
+A second worker claims due deliveries, a few per receiver at a time, and
+posts them (`webhook_send`: a total deadline per attempt, a few KB of
+answer read at most), retrying failures with a growing delay (bounded
+attempts). So a delivery waiting for its retry outlives a restart, and any
+host sharing the database may send it; each is claimed by one host (at
+least once: a host dying mid-post leaves it to another after its hold).
+Recent attempts are kept in memory, bounded, for `GET /v1/webhooks/deliveries`;
+the given-up ones stay in the outbox until an operator redelivers them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import hmac
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from dispatcher.background import stop_job
 from dispatcher.clock import Clock
-from dispatcher.errors import ConfigError
+from dispatcher.errors import ConfigError, DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.models import JSON, Job, JobState, JobSummary, State, Task, new_id
 from dispatcher.states import job_state
 from dispatcher.store import Store
+from dispatcher.store.outbox import DELIVERING, FAILED, PENDING, STATES, OutboxItem
+from dispatcher.webhook_send import display_url, post_once, sign
+
+if TYPE_CHECKING:
+    from dispatcher.metrics import Metrics
+
+__all__ = ["Webhooks", "check_urls", "display_url", "sign"]
 
 log = logging.getLogger("dispatcher.webhooks")
 
@@ -44,33 +56,30 @@ JOB_FINISHED = "job.finished"
 ACCOUNT_STATE_CHANGED = "account.state_changed"
 MAX_ATTEMPTS = 5
 FIRST_RETRY_DELAY_S = 2.0  # then 4, 8, 16 (scaled by the clock)
-TIMEOUT_S = 10.0
+# Real seconds for one whole attempt (connect, send, headers, answer).
+DEADLINE_S = 10.0
+# A claimed delivery is another host's to take once its holder is this late.
+HOLD_MARGIN_S = 30.0
 MAX_QUEUED_EVENTS = 10_000
 MAX_REMEMBERED_JOBS = 10_000  # jobs told as finished, for telling each finish once
-MAX_CONCURRENT = 4
+# Deliveries under way per receiver: a slow one holds its own slots only.
+SLOTS_PER_RECEIVER = 2
+# How often (nominal, scaled) the outbox is looked at for retries that fell
+# due or deliveries another host left; new events wake the sender at once.
+POLL_S = 1.0
 LOG_SIZE = 200
 MAX_FAILED_LISTED = 100
+MAX_LISTED = 500
 MIN_SECRET_CHARS = 16
+# Given-up deliveries are kept this long for `redeliver`, then forgotten (at
+# a start), so the outbox does not grow without end behind a dead receiver.
+FAILED_KEPT_S = 30 * 86400.0
 STOP_GRACE_S = 2.0
-# Statuses worth another try; any other 4xx (and a redirect) will not change.
-_RETRY_STATUSES = frozenset({408, 425, 429})
-
-
-def sign(secret: str, body: bytes) -> str:
-    """The signature header's value for a raw body."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
-def display_url(url: str) -> str:
-    """The URL without user info or query, which may carry the receiver's secrets."""
-    parsed = httpx.URL(url)
-    port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
 
 
 def check_urls(urls: Sequence[str], secret: str | None) -> list[str]:
     """The configured endpoints, or a ConfigError saying what is wrong with them."""
-    checked = []
+    checked: list[str] = []
     for url in urls:
         try:
             parsed = httpx.URL(url)
@@ -78,6 +87,11 @@ def check_urls(urls: Sequence[str], secret: str | None) -> list[str]:
             raise ConfigError(f"webhook URL {url!r} is not a URL: {exc}") from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ConfigError(f"webhook URL {display_url(url)!r} must be http(s)://host/...")
+        if any(display_url(other) == display_url(url) for other in checked):
+            # The outbox names a receiver by its shown URL (no secrets stored).
+            raise ConfigError(
+                f"webhook URL {display_url(url)!r} is listed twice (only the query differs)"
+            )
         checked.append(url)
     if checked and (not secret or len(secret) < MIN_SECRET_CHARS):
         raise ConfigError(
@@ -128,15 +142,8 @@ def retry_delay_s(attempt: int) -> float:
     return float(FIRST_RETRY_DELAY_S * 2 ** (attempt - 1))
 
 
-@dataclass(frozen=True)
-class Outgoing:
-    event: str
-    event_id: str
-    body: bytes
-
-
 class Webhooks:
-    """Queue, build and deliver notifications; a no-op without configured URLs."""
+    """Queue, build, keep and deliver notifications; a no-op without configured URLs."""
 
     def __init__(
         self,
@@ -145,20 +152,30 @@ class Webhooks:
         store: Store,
         clock: Clock,
         accounts: Sequence[JSON] = (),
+        *,
+        host: str = "",
+        deadline_s: float = DEADLINE_S,
+        metrics: Metrics | None = None,
     ) -> None:
         self.urls = check_urls(urls, secret)
         self._secret = secret or ""
         self._store = store
+        self._outbox = store.webhook_outbox
         self._clock = clock
+        self._host = host
+        self._deadline_s = deadline_s
+        self._metrics = metrics
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._account_states = {a["name"]: account_state(a) for a in accounts}
         # Jobs already announced as finished; a task of theirs going back to
         # pending (a retry) takes them out, so the next finish is told again.
         self._announced: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._log: collections.deque[JSON] = collections.deque(maxlen=LOG_SIZE)
-        self._slots = asyncio.Semaphore(MAX_CONCURRENT)
-        self._deliveries: set[asyncio.Task[None]] = set()
-        self._worker: asyncio.Task[None] | None = None
+        self._receivers = {display_url(u): u for u in self.urls}
+        self._in_flight: dict[str, set[asyncio.Task[None]]] = {k: set() for k in self._receivers}
+        self._wake = asyncio.Event()
+        self._builder: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         self.dropped = 0
 
@@ -186,63 +203,102 @@ class Webhooks:
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
-            self.dropped += 1
+            self._drop(len(self.urls))
             log.warning(
                 "webhooks: %d events queued already; dropped %s", MAX_QUEUED_EVENTS, item[0]
             )
+
+    def _drop(self, deliveries: int) -> None:
+        self.dropped += deliveries
+        if self._metrics is not None:
+            self._metrics.webhook_dropped.inc(deliveries)
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.webhook_deliveries.labels(result).inc()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         if not self.enabled:
             return
+        # Deliveries this host held when it stopped (or died) are due again now.
+        now = self._clock.now()
+        released = await self._outbox.release(self._host, now)
+        forgotten = await self._outbox.forget_failed(now - FAILED_KEPT_S)
+        if forgotten:
+            log.info("webhooks: %d deliveries given up over 30 days ago forgotten", forgotten)
         self._http = httpx.AsyncClient(
-            timeout=TIMEOUT_S,
+            timeout=self._deadline_s,
             follow_redirects=False,  # only the configured URLs, never where they point
             headers={"User-Agent": "dispatcher-webhooks/1", "Content-Type": "application/json"},
         )
-        self._worker = asyncio.create_task(self._work(), name="webhooks")
+        self._builder = asyncio.create_task(self._build_all(), name="webhooks: build")
+        self._sender = asyncio.create_task(self._send_all(), name="webhooks: send")
         log.info(
-            "webhooks: job.finished and account.state_changed are posted to %s",
-            ", ".join(display_url(u) for u in self.urls),
+            "webhooks: job.finished and account.state_changed are posted to %s%s",
+            ", ".join(self._receivers),
+            f" ({released} deliveries taken up again)" if released else "",
         )
 
     async def aclose(self) -> None:
-        if self._worker is not None:
-            await stop_job(self._worker)
-            self._worker = None
-        if self._deliveries:
-            # A delivery under way gets a moment to land; retries waiting for
-            # their turn are given up (the log says so).
-            await asyncio.wait(list(self._deliveries), timeout=STOP_GRACE_S)
-            for delivery in list(self._deliveries):
+        if self._builder is not None:
+            await stop_job(self._builder)
+            self._builder = None
+            # Events heard but not yet written are written now, so a restart
+            # (or another host) delivers them.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_GRACE_S):
+                    while not self._queue.empty():
+                        await self._build_one(*self._queue.get_nowait())
+            if not self._queue.empty():
+                self._drop(self._queue.qsize() * len(self.urls))
+                log.error("webhooks: %d events not written at stop", self._queue.qsize())
+        if self._sender is not None:
+            await stop_job(self._sender)
+            self._sender = None
+        under_way = [t for tasks in self._in_flight.values() for t in tasks]
+        if under_way:
+            # A post under way gets a moment to land; the rest go back to
+            # pending in the outbox, for the next start or another host.
+            await asyncio.wait(under_way, timeout=STOP_GRACE_S)
+            for delivery in under_way:
                 delivery.cancel()
-            await asyncio.gather(*self._deliveries, return_exceptions=True)
+            await asyncio.gather(*under_way, return_exceptions=True)
+        if self.enabled:
+            try:
+                await self._outbox.release(self._host, self._clock.now())
+            except DispatcherError as exc:
+                log.warning("webhooks: deliveries under way not released at stop: %s", exc)
         if self._http is not None:
             await self._http.aclose()
             self._http = None
 
     # -- building ----------------------------------------------------------------------
-    async def _work(self) -> None:
+    async def _build_all(self) -> None:
         while True:
             kind, subject = await self._queue.get()
-            try:
-                outgoing = await self._build(kind, subject)
-            except Exception:  # a notification must never take the worker down
-                log.exception("webhooks: cannot build %s", kind)
-                continue
-            if outgoing is None:
-                continue
-            for url in self.urls:
-                await self._slots.acquire()
-                delivery = asyncio.create_task(self._deliver(url, outgoing))
-                self._deliveries.add(delivery)
-                delivery.add_done_callback(self._delivery_done)
+            await self._build_one(kind, subject)
 
-    def _delivery_done(self, delivery: asyncio.Task[None]) -> None:
-        self._deliveries.discard(delivery)
-        self._slots.release()
+    async def _build_one(self, kind: str, subject: Any) -> None:
+        try:
+            built = await self._build(kind, subject)
+            if built is None:
+                return
+            event, event_id, body = built
+            now = self._clock.now()
+            await self._outbox.add(
+                [
+                    OutboxItem(new_id(), event_id, event, shown, body, PENDING, 0, now, None)
+                    for shown in self._receivers
+                ]
+            )
+        except Exception:  # a notification must never take the worker down
+            self._drop(len(self.urls))
+            log.exception("webhooks: cannot build or keep %s", kind)
+            return
+        self._wake.set()
 
-    async def _build(self, kind: str, subject: Any) -> Outgoing | None:
+    async def _build(self, kind: str, subject: Any) -> tuple[str, str, str] | None:
         if kind == JOB_FINISHED:
             return await self._job_finished(str(subject))
         account = subject
@@ -260,7 +316,7 @@ class Webhooks:
             },
         )
 
-    async def _job_finished(self, job_id: str) -> Outgoing | None:
+    async def _job_finished(self, job_id: str) -> tuple[str, str, str] | None:
         if job_id in self._announced:
             return None
         job = await self._store.get_job(job_id)
@@ -281,79 +337,157 @@ class Webhooks:
         )
         return self._envelope(JOB_FINISHED, {"job": job_finished_body(job, summary, failed)})
 
-    def _envelope(self, event: str, fields: JSON) -> Outgoing:
+    def _envelope(self, event: str, fields: JSON) -> tuple[str, str, str]:
         event_id = new_id()
         body = {"event": event, "id": event_id, "timestamp": int(self._clock.now()), **fields}
-        return Outgoing(event, event_id, json.dumps(body, separators=(",", ":")).encode())
+        return event, event_id, json.dumps(body, separators=(",", ":"))
 
     # -- delivering ----------------------------------------------------------------------
-    async def _deliver(self, url: str, outgoing: Outgoing) -> None:
-        assert self._http is not None
-        timestamp = json.loads(outgoing.body)["timestamp"]
-        headers = {
-            "X-Dispatcher-Event": outgoing.event,
-            "X-Dispatcher-Delivery": outgoing.event_id,
-            "X-Dispatcher-Timestamp": str(timestamp),
-            "X-Dispatcher-Signature": sign(self._secret, outgoing.body),
-        }
-        shown = display_url(url)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            started = self._clock.monotonic()
-            status: int | None = None
-            error: str | None = None
+    async def _send_all(self) -> None:
+        while True:
+            self._wake.clear()
             try:
-                response = await self._http.post(url, content=outgoing.body, headers=headers)
-                status = response.status_code
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}".replace(url, shown)[:300]
-            ok = status is not None and 200 <= status < 300
-            retryable = status is None or status >= 500 or status in _RETRY_STATUSES
-            final = ok or not retryable or attempt == MAX_ATTEMPTS
-            self._log.append(
-                {
-                    "event": outgoing.event,
-                    "event_id": outgoing.event_id,
-                    "url": shown,
-                    "attempt": attempt,
-                    "at": self._clock.now(),
-                    "status": status,
-                    "ok": ok,
-                    "error": error,
-                    "duration_ms": round((self._clock.monotonic() - started) * 1000, 1),
-                    "final": final,
-                }
+                await self._claim_due()
+            except DispatcherError as exc:  # the store is away: the next round tries again
+                log.warning("webhooks: cannot read the outbox: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._clock.scaled(POLL_S))
+
+    async def _claim_due(self) -> None:
+        for shown, url in self._receivers.items():
+            running = self._in_flight[shown]
+            free = SLOTS_PER_RECEIVER - len(running)
+            if free <= 0:
+                continue
+            now = self._clock.now()
+            hold_until = now + self._deadline_s + HOLD_MARGIN_S
+            for item in await self._outbox.claim(shown, self._host, now, hold_until, free):
+                delivery = asyncio.create_task(self._deliver(url, item))
+                running.add(delivery)
+                delivery.add_done_callback(self._delivery_done(shown))
+
+    def _delivery_done(self, shown: str) -> Any:
+        def done(delivery: asyncio.Task[None]) -> None:
+            self._in_flight[shown].discard(delivery)
+            self._wake.set()  # a slot is free: the receiver's next due delivery may go
+
+        return done
+
+    async def _deliver(self, url: str, item: OutboxItem) -> None:
+        assert self._http is not None
+        raw = item.body.encode()
+        timestamp = json.loads(raw)["timestamp"]
+        headers = {
+            "X-Dispatcher-Event": item.event,
+            "X-Dispatcher-Delivery": item.event_id,
+            "X-Dispatcher-Timestamp": str(timestamp),
+            "X-Dispatcher-Signature": sign(self._secret, raw),
+        }
+        attempt = item.attempts + 1
+        started = self._clock.monotonic()
+        answer = await post_once(self._http, url, raw, headers, self._deadline_s)
+        final = answer.ok or not answer.retryable or attempt >= MAX_ATTEMPTS
+        self._log.append(
+            {
+                "id": item.id,
+                "event": item.event,
+                "event_id": item.event_id,
+                "url": item.url,
+                "attempt": attempt,
+                "at": self._clock.now(),
+                "status": answer.status,
+                "ok": answer.ok,
+                "error": answer.error,
+                "duration_ms": round((self._clock.monotonic() - started) * 1000, 1),
+                "final": final,
+            }
+        )
+        why = answer.error or f"HTTP {answer.status}"
+        now = self._clock.now()
+        if answer.ok:
+            state, next_at, result = None, now, "delivered"
+        elif final:
+            state, next_at, result = FAILED, now, "failed"
+            log.error(
+                "webhooks: %s %s to %s given up after attempt %d: %s "
+                "(`dispatcher webhooks redeliver %s` sends it again)",
+                item.event,
+                item.event_id,
+                item.url,
+                attempt,
+                why,
+                item.id,
             )
-            if ok:
-                return
-            why = error or f"HTTP {status}"
-            if final:
-                log.error(
-                    "webhooks: %s %s to %s given up after attempt %d: %s",
-                    outgoing.event,
-                    outgoing.event_id,
-                    shown,
-                    attempt,
-                    why,
-                )
-                return
+        else:
             delay_s = self._clock.scaled(retry_delay_s(attempt))
+            state, next_at, result = PENDING, now + delay_s, "retry"
             log.warning(
                 "webhooks: %s to %s failed (attempt %d/%d: %s); retrying in %.1fs",
-                outgoing.event,
-                shown,
+                item.event,
+                item.url,
                 attempt,
                 MAX_ATTEMPTS,
                 why,
                 delay_s,
             )
-            await self._clock.sleep(retry_delay_s(attempt))
+        self._count(result)
+        if result == "failed":
+            self._drop(1)
+        try:
+            kept = await self._outbox.finish(
+                item.id,
+                self._host,
+                state=state,
+                attempts=attempt,
+                next_at=next_at,
+                status=answer.status,
+                error=answer.error,
+                now=now,
+            )
+        except DispatcherError as exc:
+            # Left delivering: another host (or this one after a restart)
+            # takes it up once its hold passes; at least once.
+            log.warning("webhooks: attempt of %s not recorded: %s", item.id, exc)
+            return
+        if not kept:
+            log.warning("webhooks: %s was taken over by another host meanwhile", item.id)
 
     # -- telling -----------------------------------------------------------------------
-    def deliveries_view(self) -> JSON:
+    async def deliveries_view(self) -> JSON:
+        counts = await self._outbox.counts()
         return {
-            "urls": [display_url(u) for u in self.urls],
-            "queued": self._queue.qsize(),
-            "delivering": len(self._deliveries),
+            "urls": list(self._receivers),
+            "queued": self._queue.qsize() + counts[PENDING],
+            "delivering": counts[DELIVERING],
+            "failed": counts[FAILED],
+            # Events that will not reach a receiver unless redelivered: given
+            # up (still in the outbox) or never written (queue full, store down).
             "dropped": self.dropped,
             "items": list(reversed(self._log)),
         }
+
+    async def outbox_view(self, state: str | None, limit: int) -> JSON:
+        if state is not None and state not in STATES:
+            raise InputError(f"no delivery state {state!r}: use one of {', '.join(STATES)}")
+        limit = max(1, min(limit, MAX_LISTED))
+        items = await self._outbox.items([state] if state else STATES, limit)
+        return {"items": [i.to_json() for i in items]}
+
+    async def redeliver(self, item_id: str) -> JSON:
+        existing = await self._outbox.get(item_id)
+        if existing is not None and existing.url not in self._receivers:
+            raise StateConflict(
+                f"webhook delivery {item_id} is for {existing.url}, which is not in "
+                "DISPATCHER_WEBHOOK_URLS here"
+            )
+        item = await self._outbox.redeliver(item_id, self._clock.now())
+        if item is None:
+            existing = await self._outbox.get(item_id)
+            if existing is None:
+                raise NotFound(f"no webhook delivery {item_id!r}")
+            raise StateConflict(
+                f"webhook delivery {item_id} is {existing.state}: only a failed one is redelivered"
+            )
+        self._wake.set()
+        log.info("webhooks: %s to %s redelivered by the operator", item.event, item.url)
+        return item.to_json()

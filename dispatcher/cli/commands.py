@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from typer.exceptions import TyperException
 
-from dispatcher.cli import accounts, history, results, server, tasks
+from dispatcher.cli import accounts, history, results, server, tasks, webhooks
 from dispatcher.cli.plumbing import EXIT_INTERRUPTED, EXIT_USAGE, options, report
 from dispatcher.cli.server import DemoFlag, LogFormat, LogLevel, PortOption
 
@@ -28,6 +28,7 @@ app = typer.Typer(
     "130 interrupted. With --json, stdout is one JSON object, errors included.",
 )
 app.add_typer(accounts.accounts_app, name="accounts")
+app.add_typer(webhooks.webhooks_app, name="webhooks")
 
 
 @app.callback(invoke_without_command=True)

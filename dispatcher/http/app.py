@@ -60,6 +60,7 @@ STATIC_FILES = frozenset(
 # its pages only (an open redirect would lend our origin to any address).
 _NEXT = re.compile(r"/(#[A-Za-z0-9/._-]{0,200})?")
 SSE_KEEPALIVE_S = 15.0
+DEFAULT_OUTBOX = 100  # deliveries listed when no limit is asked for
 NO_STORE = {"Cache-Control": "no-store"}
 MAX_QUERY_CHARS = 200
 # The dashboard runs only its own script and talks only to this origin.
@@ -411,7 +412,16 @@ class Api:
         )
 
     async def webhook_deliveries(self, request: Request) -> Response:
-        return JSONResponse(self.service.webhooks.deliveries_view())
+        return JSONResponse(await self.service.webhooks.deliveries_view())
+
+    async def webhook_outbox(self, request: Request) -> Response:
+        state = request.query_params.get("state") or None
+        return JSONResponse(
+            await self.service.webhooks.outbox_view(state, _limit(request, DEFAULT_OUTBOX))
+        )
+
+    async def webhook_redeliver(self, request: Request) -> Response:
+        return JSONResponse(await self.service.webhooks.redeliver(request.path_params["id"]))
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse(
@@ -557,6 +567,8 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         *login_routes(service),
         Route("/v1/events", api.events, methods=["GET"]),
         Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
+        Route("/v1/webhooks/outbox", api.webhook_outbox, methods=["GET"]),
+        Route("/v1/webhooks/outbox/{id}/redeliver", api.webhook_redeliver, methods=["POST"]),
         Route("/v1/dashboard-code", api.issue_code, methods=["POST"]),
         Route("/v1/session", api.session, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),

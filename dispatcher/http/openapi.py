@@ -168,7 +168,30 @@ class JobPage(_Answer):
 
 class Deliveries(_Answer):
     urls: list[str]
+    queued: int = Field(description="events waiting to be written or sent (retries included)")
+    delivering: int = Field(description="deliveries being posted now, on any host")
+    failed: int = Field(description="deliveries given up, kept for `redeliver`")
+    dropped: int = Field(description="deliveries this process gave up or could not keep")
     items: list[dict[str, Any]] = Field(description="recent delivery attempts, newest first")
+
+
+class OutboxItem(_Answer):
+    id: str = Field(description="the delivery (one event to one receiver)")
+    event: str
+    event_id: str = Field(description="the X-Dispatcher-Delivery header")
+    url: str
+    state: Literal["pending", "delivering", "failed"]
+    attempts: int
+    next_at: float
+    host: str | None = Field(description="the host posting it now")
+    last_status: int | None
+    last_error: str | None
+    created_at: float
+    updated_at: float
+
+
+class Outbox(_Answer):
+    items: list[OutboxItem] = Field(description="newest first")
 
 
 class Live(_Answer):
@@ -464,6 +487,23 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("/v1/webhooks/deliveries", "get"): Op(
         "Recent webhook delivery attempts, newest first, with the configured URLs",
         answer=Deliveries,
+    ),
+    ("/v1/webhooks/outbox", "get"): Op(
+        "Webhook deliveries not delivered yet or given up, newest first",
+        answer=Outbox,
+        query=(
+            Query(
+                "state",
+                {"type": "string", "enum": ["pending", "delivering", "failed"]},
+                "only these (default: all)",
+            ),
+            _LIMIT,
+        ),
+    ),
+    ("/v1/webhooks/outbox/{id}/redeliver", "post"): Op(
+        "Send a failed webhook delivery again, with a fresh budget of attempts",
+        answer=OutboxItem,
+        errors=(404, 409),
     ),
     ("/healthz", "get"): Op("Health, with the token", answer=Health),
     ("/livez", "get"): Op("Liveness for process monitors: no token, no data", Live, public=True),

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
+from dispatcher.store.outbox import WebhookOutbox
 
 
 class Store(Protocol):
@@ -32,6 +33,10 @@ class Store(Protocol):
     @property
     def cache_index(self) -> CacheIndex:
         """The result cache's index, on the same database (see `store.cacheindex`)."""
+
+    @property
+    def webhook_outbox(self) -> WebhookOutbox:
+        """Webhook deliveries kept until delivered (see `store.outbox`)."""
 
     # -- tasks -----------------------------------------------------------
     async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:

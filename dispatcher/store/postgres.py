@@ -25,6 +25,7 @@ from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
+from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
@@ -85,10 +86,28 @@ class PostgresStore(PostgresHostOps):
         )
         self._opened = False
         self._cache_index = PostgresCacheIndex(url, host)
+        self._outbox = SqlOutbox(
+            self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
+        )
 
     @property
     def cache_index(self) -> CacheIndex:
         return self._cache_index
+
+    @property
+    def webhook_outbox(self) -> WebhookOutbox:
+        return self._outbox
+
+    async def _outbox_run(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        return await self._query(sql, args, what="webhook outbox access")
+
+    async def _outbox_batch(self, sql: str, many: Sequence[Sequence[Any]]) -> None:
+        async with (
+            self._conn("webhook outbox write") as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
+            await cur.executemany(pg_marks(sql), many)
 
     # -- plumbing ------------------------------------------------------------
     @asynccontextmanager

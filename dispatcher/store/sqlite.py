@@ -38,6 +38,7 @@ from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
+from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.rows import (
     attempt_to_row,
     encode_changes,
@@ -98,10 +99,22 @@ class SqliteStore(SqliteHostOps):
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._lock = threading.RLock()
         self._cache_index = SqliteCacheIndex(self._db, self._lock, host)
+        self._outbox = SqlOutbox(self._outbox_run, self._outbox_batch, lock="")
 
     @property
     def cache_index(self) -> CacheIndex:
         return self._cache_index
+
+    @property
+    def webhook_outbox(self) -> WebhookOutbox:
+        return self._outbox
+
+    async def _outbox_run(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        return self._write1(sql, args)
+
+    async def _outbox_batch(self, sql: str, many: Sequence[Sequence[Any]]) -> None:
+        with self._tx() as db:
+            db.executemany(sql, many)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

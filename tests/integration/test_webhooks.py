@@ -29,10 +29,12 @@ SECRET = "whsec-test-0123456789abcdef"
 
 @dataclass
 class Receiver:
-    """An operator's endpoint: answers from `statuses` in turn (then 200)."""
+    """An operator's endpoint: answers from `statuses` in turn (then 200); 503
+    to everything while `down`."""
 
     url: str = ""
     statuses: list[int] = field(default_factory=list)
+    down: bool = False
     received: list[dict[str, Any]] = field(default_factory=list)
     bad_signatures: int = 0
 
@@ -43,8 +45,9 @@ class Receiver:
             self.bad_signatures += 1
             return Response(status_code=401)
         body = json.loads(raw)
-        self.received.append({"headers": dict(request.headers), "body": body})
-        return Response(status_code=self.statuses.pop(0) if self.statuses else 200)
+        status = 503 if self.down else self.statuses.pop(0) if self.statuses else 200
+        self.received.append({"headers": dict(request.headers), "body": body, "status": status})
+        return Response(status_code=status)
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         """Bodies of `kind` that were answered 2xx or not: each delivery attempt once."""
@@ -191,6 +194,7 @@ async def test_webhooks_are_off_without_urls(tmp_path: Path) -> None:
             "urls": [],
             "queued": 0,
             "delivering": 0,
+            "failed": 0,
             "dropped": 0,
             "items": [],
         }

@@ -107,3 +107,22 @@ CREATE TABLE gates (
     provider TEXT PRIMARY KEY,
     not_before REAL NOT NULL
 );
+
+CREATE TABLE webhook_outbox (
+    id TEXT PRIMARY KEY,
+    event_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at REAL NOT NULL,
+    claimed_by TEXT,
+    claimed_until REAL,
+    last_status INTEGER,
+    last_error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX webhook_outbox_due ON webhook_outbox (url, state, next_at);
+CREATE INDEX webhook_outbox_listed ON webhook_outbox (state, created_at);
