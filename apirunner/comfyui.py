@@ -129,6 +129,7 @@ class _ComfyAttempt(AttemptBase):
         self.reference_files = LocalFiles((), 0)
         self.socket: ClientConnection | None = None
         self.inbox = Inbox()
+        self.told_missed = False
         self.reader: asyncio.Task[None] | None = None
         self.polls = 0
 
@@ -413,8 +414,7 @@ class _ComfyAttempt(AttemptBase):
             self.inbox.close()
 
     async def next_event(self, prompt_id: str, nominal_s: float) -> object:
-        """Our next event, `CLOSED`, or None after `nominal_s` of quiet or
-        when messages were dropped (the history then tells what they said)."""
+        """Our next event, `CLOSED`, or None after `nominal_s` without one."""
         timeout_s = self.clock.scaled(nominal_s)
         try:
             async with asyncio.timeout(timeout_s):
@@ -423,11 +423,15 @@ class _ComfyAttempt(AttemptBase):
                     if raw is CLOSED:
                         return raw
                     if raw is MISSED:
-                        self.ctx.log.info(
-                            "websocket messages dropped (over %d queued bytes); polling",
-                            self.inbox.max_bytes,
-                        )
-                        return None
+                        # What was dropped may have been the end: the poll at
+                        # the end of this wait (quiet or not) finds it.
+                        if not self.told_missed:
+                            self.told_missed = True
+                            self.ctx.log.warning(
+                                "websocket messages dropped (over %d queued characters)",
+                                self.inbox.max_bytes,
+                            )
+                        continue
                     assert isinstance(raw, str)
                     event = read_message(raw, prompt_id)
                     if event is not None:

@@ -4,9 +4,10 @@ ComfyUI's socket carries what the runner follows (small JSON texts) and
 much it never reads (binary preview frames, other prompts' messages, new
 message types). A server that floods it must not grow the queue: binary
 frames are dropped on arrival, texts are kept only while the queued texts
-stay under a byte budget. A dropped text could have been the end signal, so
-a drop leaves a `MISSED` mark in its place: the reader then looks at the
-server's history instead of waiting for a message that will not come.
+stay under a budget (characters; ComfyUI's JSON is ASCII, one byte each).
+A dropped text could have been the end signal, so a drop leaves a `MISSED`
+mark in its place; the runner polls the history on its schedule whatever
+arrives, so the prompt's end is found either way.
 """
 
 from __future__ import annotations
