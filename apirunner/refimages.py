@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 from PIL import Image, UnidentifiedImageError
 
 from dispatcher.clock import Clock
-from dispatcher.decodebudget import GATE, decode_cost
+from dispatcher.decodebudget import GATE, decode_cost, in_decode_thread
 from dispatcher.errors import InputError
 from dispatcher.fingerprint import MAX_IMAGE_PIXELS, LocalFiles, read_image
 from dispatcher.profiles import ReferenceSpec
@@ -195,7 +195,7 @@ class PreparedImages:
             return hit
 
         async def work() -> Prepared:
-            prepared = await asyncio.to_thread(prepare, source, spec, param)
+            prepared = await in_decode_thread(prepare, source, spec, param)
             self.prepared += 1
             self._remember(key, prepared)
             return prepared

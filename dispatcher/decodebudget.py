@@ -9,8 +9,10 @@ when the picture has alpha, as every picture is worked on in RGB or RGBA).
 * One picture over `MAX_DECODE_BYTES` is refused (`InputError`, a 400 at
   submit) naming the budget.
 * Decodes run together only while their costs fit the budget together; a
-  large one waits for the others and runs alone. The wait is in a worker
-  thread (decoding is called off the event loop).
+  large one waits for the others and runs alone. Callers run decoding work
+  through `in_decode_thread`: its own few threads, so decodes waiting for
+  the budget never take the threads the rest of the service uses
+  (`asyncio.to_thread`).
 * When the last decode ends, freed memory is given back to the system
   (glibc keeps freed blocks in per-thread arenas otherwise, and the service
   stays at its peak for good).
@@ -18,11 +20,16 @@ when the picture has alpha, as every picture is worked on in RGB or RGBA).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import ctypes
 import ctypes.util
+import functools
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
 
 from PIL import Image
 
@@ -33,6 +40,13 @@ from dispatcher.errors import InputError
 MAX_DECODE_BYTES = 160 * 1024 * 1024
 # Below this, a decode's memory is not worth a trim.
 _TRIM_FROM_BYTES = 8 * 1024 * 1024
+# Threads that decode: one working and one waiting is enough on any number
+# of cores, since a large decode runs alone anyway.
+DECODE_THREADS = 2
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_POOL = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")
 
 
 def decode_cost(img: Image.Image) -> int:
@@ -104,3 +118,9 @@ class DecodeGate:
 # The one gate of the process: every reference decode (fingerprints at
 # submit, preparation before a send) shares it.
 GATE = DecodeGate()
+
+
+async def in_decode_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`asyncio.to_thread` for work that decodes images, on the decode threads."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_POOL, call)
