@@ -17,8 +17,8 @@ Test hooks: ``GET /__stats`` ({"prompts": [graphs received], "interrupts",
 websocket, as a proxy restart would) and ``POST /__flood`` ({"binary": n,
 "text": n, "size": bytes}: after each prompt's end signal, that many frames
 of that size go to its socket, and ``/view`` answers only once they are
-sent, so a client that queues what it receives holds them all). Step times are nominal seconds times
-`time_scale`.
+sent, so a client that queues what it receives holds them all). Step times
+are nominal seconds times `time_scale`.
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ class DemoComfy:
         self.flood_sent.clear()
         try:
             size = self.flood.get("size", 0)
-            # Zeros: permessage-deflate makes them a few KB on the wire, the
-            # client inflates each one to `size`.
+            # Zeros: to a client that negotiates permessage-deflate, a few KB
+            # on the wire, each inflated to `size` on arrival.
             blob = bytes(size)
             text = '{"type": "progress_state", "data": {"pad": "' + "0" * size + '"}}'
             for _ in range(self.flood.get("binary", 0)):

@@ -36,7 +36,7 @@ from PIL import Image
 from dispatcher.errors import InputError
 
 # A 50 MP RGB photo (the largest common camera sensors) fits; a 64 MP one,
-# or a 40 MP picture with alpha, does not.
+# or a 45 MP picture with alpha, does not.
 MAX_DECODE_BYTES = 160 * 1024 * 1024
 # Below this, a decode's memory is not worth a trim.
 _TRIM_FROM_BYTES = 8 * 1024 * 1024
