@@ -68,6 +68,7 @@ from apirunner.comfy_protocol import (
     read_message,
     read_outcome,
 )
+from apirunner.inbox import CLOSED, MISSED, Inbox
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
 from dispatcher.background import stop_job
@@ -78,14 +79,16 @@ from dispatcher.models import Stage
 from dispatcher.runner import ResultFile, RunResult
 from dispatcher.workflow import Graph, fill
 
-# A message larger than this is not one we read (binary previews can be big;
-# they are skipped anyway).
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# A message larger than this closes the socket (the prompt is then followed
+# by polling): ComfyUI's texts are KBs, its binary previews rarely 1 MB.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Frames the websocket library buffers before it stops reading the socket:
+# with MAX_MESSAGE_BYTES, what a flooding server can make it hold.
+MAX_BUFFERED_FRAMES = 4
 # Consecutive failed polls before the attempt gives up (as for async jobs).
 MAX_POLL_ERRORS = 10
 # Nominal seconds between checks while waiting for a cancel to be confirmed.
 CONFIRM_WAIT_S = 0.5
-_SOCKET_CLOSED = object()
 
 
 class _NoRedirects(connect):
@@ -125,7 +128,8 @@ class _ComfyAttempt(AttemptBase):
         # Set by `run_comfyui`: local reference images only from the input dirs.
         self.reference_files = LocalFiles((), 0)
         self.socket: ClientConnection | None = None
-        self.messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
+        self.inbox = Inbox()
+        self.told_missed = False
         self.reader: asyncio.Task[None] | None = None
         self.polls = 0
 
@@ -326,7 +330,7 @@ class _ComfyAttempt(AttemptBase):
             event = await self.next_event(prompt_id, wait_s)
             if event is None:  # quiet for a while: look, and get the queue position
                 check = True
-            elif event is _SOCKET_CLOSED:
+            elif event is CLOSED:
                 self.ctx.log.info("websocket closed; following prompt %s by polling", prompt_id)
                 self.reader = None
                 step = 0
@@ -385,6 +389,10 @@ class _ComfyAttempt(AttemptBase):
                 additional_headers=self.headers(http_url),
                 open_timeout=self.http_timeout_s,
                 max_size=MAX_MESSAGE_BYTES,
+                max_queue=MAX_BUFFERED_FRAMES,
+                # No permessage-deflate: one small read could inflate into
+                # many frames of MAX_MESSAGE_BYTES before the reading pauses.
+                compression=None,
             )
         except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
             # Progress is a nicety: without the socket, polling still works.
@@ -395,22 +403,36 @@ class _ComfyAttempt(AttemptBase):
     async def _read(self, socket: ClientConnection) -> None:
         try:
             async for raw in socket:
-                await self.messages.put(raw)
-        except websockets.ConnectionClosed:
-            pass
+                await self.inbox.put(raw)
+        except websockets.ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == 1009:  # message too big
+                self.ctx.log.warning(
+                    "websocket message over %d bytes; following the prompt by polling",
+                    MAX_MESSAGE_BYTES,
+                )
         finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                self.messages.put_nowait(_SOCKET_CLOSED)
+            self.inbox.close()
 
     async def next_event(self, prompt_id: str, nominal_s: float) -> object:
-        """Our next event, `_SOCKET_CLOSED`, or None after `nominal_s` of quiet."""
+        """Our next event, `CLOSED`, or None after `nominal_s` without one."""
         timeout_s = self.clock.scaled(nominal_s)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    raw = await self.ctx.guard(self.messages.get())
-                    if raw is _SOCKET_CLOSED:
+                    raw = await self.ctx.guard(self.inbox.get())
+                    if raw is CLOSED:
                         return raw
+                    if raw is MISSED:
+                        # What was dropped may have been the end: the poll at
+                        # the end of this wait (quiet or not) finds it.
+                        if not self.told_missed:
+                            self.told_missed = True
+                            self.ctx.log.warning(
+                                "websocket messages dropped (over %d queued characters)",
+                                self.inbox.max_bytes,
+                            )
+                        continue
+                    assert isinstance(raw, str)
                     event = read_message(raw, prompt_id)
                     if event is not None:
                         return event

@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 from PIL import Image, UnidentifiedImageError
 
 from dispatcher.clock import Clock
+from dispatcher.decodebudget import GATE, decode_cost, in_decode_thread
 from dispatcher.errors import InputError
 from dispatcher.fingerprint import MAX_IMAGE_PIXELS, LocalFiles, read_image
 from dispatcher.profiles import ReferenceSpec
@@ -97,29 +98,43 @@ def prepare(data: bytes, spec: ReferenceSpec, param: str) -> Prepared:
             width, height = img.size
             if width * height > MAX_IMAGE_PIXELS:
                 raise InputError(f"{param}: image is {width}x{height} pixels (too many)")
-            source = img.format or ""
-            target = _SEND_FORMATS[spec.format] if spec.format else source
-            if target not in _SEND_FORMATS.values() and source not in _MIME:
-                target = "PNG"  # BMP, TIFF: not what vendors take; PNG keeps every pixel
-            edge = max(width, height)
-            if spec.max_edge_px is not None:
-                edge = min(edge, spec.max_edge_px)
-            fits = spec.max_bytes is None or len(data) <= spec.max_bytes
-            if target == source and edge == max(width, height) and fits:
-                img.verify()  # decodable to the end, not just a header
-                return _prepared(data, _MIME[source])
-            img.load()
-            for _ in range(_SHRINK_TRIES):
-                encoded = _encode(_scaled(img, edge), target)
-                if spec.max_bytes is None or len(encoded) <= spec.max_bytes:
-                    return _prepared(encoded, _MIME[target])
-                edge = max(16, int(edge * _SHRINK))
+            cost = decode_cost(img)
+        # Decoded in a call of its own: when it returns, every copy of the
+        # pixels is gone, and the gate can give their memory back.
+        with GATE.hold(cost, param, f"the {width}x{height} image"):
+            return _prepare_decoded(data, spec, param)
     except InputError:
         raise
     except UnidentifiedImageError as exc:
         raise InputError(f"{param}: not an image in a supported format") from exc
     except Exception as exc:  # Pillow reports corrupt data with many exception types
         raise InputError(f"{param}: not a readable image ({exc})") from exc
+
+
+def _prepare_decoded(data: bytes, spec: ReferenceSpec, param: str) -> Prepared:
+    with Image.open(io.BytesIO(data), formats=_OPEN_FORMATS) as img:
+        return _prepare_open(img, data, spec, param)
+
+
+def _prepare_open(img: Image.Image, data: bytes, spec: ReferenceSpec, param: str) -> Prepared:
+    width, height = img.size
+    source = img.format or ""
+    target = _SEND_FORMATS[spec.format] if spec.format else source
+    if target not in _SEND_FORMATS.values() and source not in _MIME:
+        target = "PNG"  # BMP, TIFF: not what vendors take; PNG keeps every pixel
+    edge = max(width, height)
+    if spec.max_edge_px is not None:
+        edge = min(edge, spec.max_edge_px)
+    fits = spec.max_bytes is None or len(data) <= spec.max_bytes
+    if target == source and edge == max(width, height) and fits:
+        img.verify()  # decodable to the end, not just a header
+        return _prepared(data, _MIME[source])
+    img.load()
+    for _ in range(_SHRINK_TRIES):
+        encoded = _encode(_scaled(img, edge), target)
+        if spec.max_bytes is None or len(encoded) <= spec.max_bytes:
+            return _prepared(encoded, _MIME[target])
+        edge = max(16, int(edge * _SHRINK))
     raise InputError(f"{param}: cannot be made smaller than max_bytes = {spec.max_bytes}")
 
 
@@ -180,7 +195,7 @@ class PreparedImages:
             return hit
 
         async def work() -> Prepared:
-            prepared = await asyncio.to_thread(prepare, source, spec, param)
+            prepared = await in_decode_thread(prepare, source, spec, param)
             self.prepared += 1
             self._remember(key, prepared)
             return prepared

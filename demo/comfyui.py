@@ -13,9 +13,12 @@ named prompt, when it is the one running) and ``/object_info`` behave like
 the real ones; files are real PNGs (see `demo.comfy_nodes`).
 
 Test hooks: ``GET /__stats`` ({"prompts": [graphs received], "interrupts",
-"deleted", "max_running"}) and ``POST /__drop_sockets`` (close every
-websocket, as a proxy restart would). Step times are nominal seconds times
-`time_scale`.
+"deleted", "max_running", "flooded"}), ``POST /__drop_sockets`` (close every
+websocket, as a proxy restart would) and ``POST /__flood`` ({"binary": n,
+"text": n, "size": bytes}: after each prompt's end signal, that many frames
+of that size go to its socket, and ``/view`` answers only once they are
+sent, so a client that queues what it receives holds them all). Step times
+are nominal seconds times `time_scale`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Stats:
     interrupts: int = 0
     deleted: int = 0
     max_running: int = 0
+    flooded: int = 0  # bytes sent by /__flood
 
 
 class DemoComfy:
@@ -81,6 +85,9 @@ class DemoComfy:
         self.stats = Stats()
         self.wake = asyncio.Event()
         self.worker: asyncio.Task[None] | None = None
+        self.flood: dict[str, int] = {}
+        self.flood_sent = asyncio.Event()
+        self.flood_sent.set()
 
     def input_files(self) -> list[str]:
         """What LoadImage may name: files under input/, as "sub/name"."""
@@ -193,6 +200,30 @@ class DemoComfy:
             "meta": {nid: {"node_id": nid, "display_node": nid} for nid in ui},
         }
         await self.send(client_id, "executing", {"node": None, "prompt_id": pid})
+        if self.flood:
+            await self._flood(client_id)
+
+    async def _flood(self, client_id: str | None) -> None:
+        ws = self.sockets.get(client_id) if client_id else None
+        self.flood_sent.clear()
+        try:
+            size = self.flood.get("size", 0)
+            # Zeros: to a client that negotiates permessage-deflate, a few KB
+            # on the wire, each inflated to `size` on arrival.
+            blob = bytes(size)
+            text = '{"type": "progress_state", "data": {"pad": "' + "0" * size + '"}}'
+            for _ in range(self.flood.get("binary", 0)):
+                if ws is not None:
+                    await ws.send_bytes(blob)
+                    self.stats.flooded += size
+            for _ in range(self.flood.get("text", 0)):
+                if ws is not None:
+                    await ws.send_text(text)
+                    self.stats.flooded += len(text)
+        except Exception:  # the client closed the socket (a frame too big for it)
+            pass
+        finally:
+            self.flood_sent.set()
 
     # -- HTTP ----------------------------------------------------------------
     async def post_prompt(self, request: Request) -> Response:
@@ -258,6 +289,7 @@ class DemoComfy:
         return JSONResponse({pid: entry} if entry is not None else {})
 
     async def get_view(self, request: Request) -> Response:
+        await self.flood_sent.wait()
         name = request.query_params.get("filename", "")
         subfolder = request.query_params.get("subfolder", "")
         kind = request.query_params.get("type", "output")
@@ -327,8 +359,14 @@ class DemoComfy:
                 "interrupts": self.stats.interrupts,
                 "deleted": self.stats.deleted,
                 "max_running": self.stats.max_running,
+                "flooded": self.stats.flooded,
             }
         )
+
+    async def set_flood(self, request: Request) -> Response:
+        body = await _json(request)
+        self.flood = {k: int(body.get(k, 0)) for k in ("binary", "text", "size")}
+        return JSONResponse(self.flood)
 
     async def drop_sockets(self, request: Request) -> Response:
         sockets, self.sockets = list(self.sockets.values()), {}
@@ -350,6 +388,7 @@ class DemoComfy:
             Route("/object_info", self.get_object_info, methods=["GET"]),
             Route("/__stats", self.get_stats, methods=["GET"]),
             Route("/__drop_sockets", self.drop_sockets, methods=["POST"]),
+            Route("/__flood", self.set_flood, methods=["POST"]),
             WebSocketRoute("/ws", self.websocket),
         ]
 

@@ -25,7 +25,9 @@ import functools
 import hashlib
 import json
 import mimetypes
+import os
 import re
+import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -46,6 +48,8 @@ ERROR_BODY_BYTES = 4 * 1024
 MAX_JSON_DEPTH = 64
 # Bytes of a result file's name; well under every file system's 255.
 MAX_NAME_BYTES = 120
+# Result files of one name in one attempt's dir (`name`, `name-2`, ...).
+MAX_SAME_NAME = 1000
 _MAX_EXT = 16
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -347,6 +351,35 @@ def result_file_name(
     return safe_file_name(name, f"{stem}{ext}")
 
 
+def claim_name(partial: Path, dest_dir: Path, name: str) -> Path:
+    """Give `partial` the name `name` in `dest_dir`, or `name-2`, `name-3`...
+    when that is taken: a result file is never overwritten (two outputs of one
+    name, e.g. ComfyUI's ``a/x.png`` and ``b/x.png``, are two files)."""
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        stem, ext = name, ""
+    suffix = f".{ext}" if ext else ""
+    for number in range(1, MAX_SAME_NAME + 1):
+        candidate = dest_dir / (name if number == 1 else f"{stem}-{number}{suffix}")
+        try:
+            # A hard link fails when the name exists, where a rename would replace it.
+            os.link(partial, candidate)
+        except FileExistsError:
+            continue
+        except OSError:
+            # A file system without hard links: look, then rename (no other
+            # writer shares an attempt's result dir, so the look is enough).
+            if candidate.exists():
+                continue
+            partial.replace(candidate)
+            return candidate
+        partial.unlink()
+        return candidate
+    raise PermanentError(
+        f"more than {MAX_SAME_NAME} result files named {name!r}", kind="too_many_files"
+    )
+
+
 async def save_stream(
     response: httpx.Response,
     dest_dir: Path,
@@ -371,8 +404,8 @@ async def save_stream(
         response.request.url, response.headers.get("content-disposition"), content_type, stem
     )
     await asyncio.to_thread(dest_dir.mkdir, parents=True, exist_ok=True)
-    final = dest_dir / name
-    partial = dest_dir / f".{name}.part"
+    # Unique per download: two files of one name in flight never share a part file.
+    partial = dest_dir / f".{name}.{secrets.token_hex(4)}.part"
     digest = hashlib.sha256()
     size = 0
     try:
@@ -392,13 +425,13 @@ async def save_stream(
         encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
         if declared is not None and not encoded and declared != size:
             raise TransientError(f"download ended at {size} of {declared} bytes", kind="dropped")
-        partial.replace(final)
+        final = claim_name(partial, dest_dir, name)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     return ResultFile(
         path=str(final.resolve()),
-        name=name,
+        name=final.name,
         size=size,
         content_type=content_type.split(";")[0].strip() or "application/octet-stream",
         sha256=digest.hexdigest(),

@@ -44,10 +44,11 @@ import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from PIL import Image, ImageSequence, UnidentifiedImageError
 
+from dispatcher.decodebudget import GATE, decode_cost
 from dispatcher.errors import InputError
 
 PROMPT_FIELDS = frozenset({"prompt", "negative_prompt"})
@@ -251,13 +252,21 @@ def read_image(ref: str | bytes, param: str, files: LocalFiles | None) -> bytes:
     return _image_bytes(ref, param, files)[0]
 
 
-def _normalized_frame(frame: Image.Image) -> Image.Image:
-    """RGB, or RGBA when some pixel is not fully opaque, scaled to 512 px on the long edge."""
+def _normalized_frame(frame: Image.Image, *, owned: bool) -> Image.Image:
+    """RGB, or RGBA when some pixel is not fully opaque, scaled to 512 px on the long edge.
+
+    Full-size copies are what a large picture costs: none is made that the
+    result does not need. `owned`: `frame` may be changed in place (it is
+    not an animation's canvas that the next frame is drawn on).
+    """
     has_alpha = "A" in frame.getbands() or "transparency" in frame.info
-    img = frame.convert("RGBA" if has_alpha else "RGB")
+    target = "RGBA" if has_alpha else "RGB"
+    img = frame if frame.mode == target else frame.convert(target)
     if img.mode == "RGBA":
-        alpha = img.getchannel("A")
-        low, _high = alpha.getextrema()
+        # Per band (RGBA: four (min, max) pairs), without the full-size copy
+        # `getchannel` would make.
+        bands = cast("tuple[tuple[int, int], ...]", img.getextrema())
+        low = bands[3][0]
         if low == 255:
             # A PNG with an all-opaque alpha channel shows the same picture as
             # its BMP/JPEG copy without one; hash them the same.
@@ -265,8 +274,10 @@ def _normalized_frame(frame: Image.Image) -> Image.Image:
         else:
             # The colour under a fully transparent pixel is invisible and
             # encoders (WebP lossless) discard it; zero it so it cannot count.
-            mask = alpha.point(lambda a: 255 if a else 0)
-            img = Image.composite(img, Image.new("RGBA", img.size, (0, 0, 0, 0)), mask)
+            if img is frame and not owned:
+                img = img.copy()
+            hidden = img.getchannel("A").point(lambda a: 0 if a else 255)
+            img.paste((0, 0, 0, 0), mask=hidden)
     width, height = img.size
     scale = HASH_LONG_EDGE / max(width, height)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -308,7 +319,6 @@ def image_hash(
         # URLs change with their content, and `force` skips the cache.
         return "url:" + hashlib.sha256(str(ref).strip().encode("utf-8")).hexdigest()
     data, source = _image_bytes(ref, param, files)
-    digest = hashlib.sha256()
     try:
         with Image.open(io.BytesIO(data), formats=_usable_formats()) as img:
             width, height = img.size
@@ -317,13 +327,11 @@ def image_hash(
                     f"{param}: image is {width}x{height} pixels "
                     f"(at most {MAX_IMAGE_PIXELS:,} pixels)"
                 )
-            for frame in _frames(img, param):
-                norm = _normalized_frame(frame)
-                w, h = norm.size
-                # Mode and size go in too, so pixel bytes of differently shaped
-                # frames can never concatenate to the same stream.
-                digest.update(f"{norm.mode}:{w}x{h}:".encode())
-                digest.update(norm.tobytes())
+            cost = decode_cost(img)
+        # Decoded in a call of its own: when it returns, every copy of the
+        # pixels is gone, and the gate can give their memory back.
+        with GATE.hold(cost, param, f"{source} ({width}x{height})"):
+            return _pixel_digest(data, param)
     except InputError:
         raise
     except UnidentifiedImageError as exc:
@@ -337,6 +345,19 @@ def image_hash(
         # (OSError, SyntaxError, ValueError, struct.error, EOFError...); all of
         # them mean the same thing to the caller.
         raise InputError(f"{param}: {source} is not a readable image ({exc})") from exc
+
+
+def _pixel_digest(data: bytes, param: str) -> str:
+    digest = hashlib.sha256()
+    with Image.open(io.BytesIO(data), formats=_usable_formats()) as img:
+        owned = int(getattr(img, "n_frames", 1)) == 1
+        for frame in _frames(img, param):
+            norm = _normalized_frame(frame, owned=owned)
+            w, h = norm.size
+            # Mode and size go in too, so pixel bytes of differently shaped
+            # frames can never concatenate to the same stream.
+            digest.update(f"{norm.mode}:{w}x{h}:".encode())
+            digest.update(norm.tobytes())
     return digest.hexdigest()
 
 

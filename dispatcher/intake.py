@@ -17,6 +17,7 @@ from typing import Protocol
 
 from dispatcher.clock import Clock
 from dispatcher.decisions import DEDUP_WINDOW_S
+from dispatcher.decodebudget import in_decode_thread
 from dispatcher.errors import InputError
 from dispatcher.fingerprint import (
     IMAGE_PARAMS,
@@ -151,7 +152,7 @@ class Intake:
                     raise InputError(f"tasks[{index}]: {exc}") from exc
             return hashes
 
-        return await asyncio.to_thread(hash_all)
+        return await in_decode_thread(hash_all)
 
     def _extra_image_params(self, spec: TaskSpec) -> list[str]:
         """Image params a profile names beyond the standard two (ComfyUI's

@@ -7,11 +7,11 @@ re-encoding: a chat page does its own), read only from the input dirs or a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from apirunner.refimages import Prepared, prepare
+from dispatcher.decodebudget import in_decode_thread
 from dispatcher.errors import InputError, PermanentError
 from dispatcher.fingerprint import REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles, read_image
 from dispatcher.profiles import ReferenceSpec
@@ -46,6 +46,6 @@ async def load_references(
             kind="input",
         )
     try:
-        return await asyncio.to_thread(_load, refs, files)
+        return await in_decode_thread(_load, refs, files)
     except InputError as exc:
         raise PermanentError(str(exc), kind="input") from exc

@@ -162,3 +162,28 @@ async def test_a_short_body_or_one_over_the_cap_leaves_no_file(tmp_path: Path) -
         with pytest.raises(PermanentError, match="larger than the limit"):
             await save_stream(r, tmp_path, stem="t", max_bytes=10_000)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_second_file_of_one_name_never_overwrites_the_first(tmp_path: Path) -> None:
+    bodies = iter([b"first picture", b"second picture", b"third picture"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"content-disposition": 'attachment; filename="ComfyUI_00001_.png"'}
+        return httpx.Response(200, headers=headers, content=next(bodies))
+
+    saved = []
+    async with client(handler) as http:
+        for _ in range(3):
+            async with open_stream(http, Allow(HOME), secret_call(HOME)) as r:
+                saved.append(await save_stream(r, tmp_path, stem="t", max_bytes=10**6))
+    assert [s.name for s in saved] == [
+        "ComfyUI_00001_.png",
+        "ComfyUI_00001_-2.png",
+        "ComfyUI_00001_-3.png",
+    ]
+    assert [Path(s.path).read_bytes() for s in saved] == [
+        b"first picture",
+        b"second picture",
+        b"third picture",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(s.name for s in saved)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import io
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from PIL import Image
 
@@ -331,3 +334,92 @@ async def test_a_reference_image_is_uploaded_and_its_name_put_in_the_node(
     with Image.open(first.files[0].path) as img:
         assert img.size == (64, 48)  # the render follows the reference's size
     assert first.files[0].sha256 == again.files[0].sha256 != other.files[0].sha256
+
+
+TWO_SAVES_PROFILE = """
+name = "comfy-two-saves"
+kind = "api"
+provider = "comfy-two-saves"
+[api]
+base_url = "{url}"
+style = "comfyui"
+workflow = "two-saves.json"
+inputs = {{ prompt = "6.inputs.text", seed = "3.inputs.seed" }}
+"""
+
+
+async def test_two_outputs_of_one_name_in_two_subfolders_are_two_files(
+    comfy: Comfy, tmp_path: Path
+) -> None:
+    # ComfyUI numbers files per prefix: "a/ComfyUI" and "b/ComfyUI" both
+    # start at ComfyUI_00001_.png, one in output/a, one in output/b.
+    graph = json.loads(json.dumps(WORKFLOW))
+    graph["3"]["inputs"]["steps"] = 2
+    graph["9"]["inputs"]["filename_prefix"] = "a/ComfyUI"
+    graph["13"] = {**graph["3"], "inputs": {**graph["3"]["inputs"], "seed": 99}}
+    graph["14"] = {"class_type": "VAEDecode", "inputs": {"samples": ["13", 0], "vae": ["4", 2]}}
+    graph["15"] = {
+        "class_type": "SaveImage",
+        "inputs": {"filename_prefix": "b/ComfyUI", "images": ["14", 0]},
+    }
+    (tmp_path / "two-saves.json").write_text(json.dumps(graph))
+    (tmp_path / "two-saves.toml").write_text(TWO_SAVES_PROFILE.format(url=comfy.url))
+    profile = load_profiles(tmp_path)["comfy-two-saves"]
+    settings = Settings(state_dir=tmp_path / "state", http_timeout_s=10.0, time_scale=SCALE)
+    runner = ApiRunner(settings, {profile.name: profile}, SystemClock(time_scale=SCALE), {})
+    await runner.start()
+    comfy.runner, comfy.profile = runner, profile
+    try:
+        result, _ = await comfy.run(comfy.task(prompt="twins").replace(model=profile.name))
+    finally:
+        await runner.aclose()
+
+    outputs = result.meta["outputs"]
+    assert sorted((o["subfolder"], o["filename"]) for o in outputs) == [
+        ("a", "ComfyUI_00001_.png"),
+        ("b", "ComfyUI_00001_.png"),
+    ]
+    paths = [Path(f.path) for f in result.files]
+    assert len(set(paths)) == 2, "both outputs were written to one path"
+    for file, output in zip(result.files, outputs, strict=True):
+        served = await comfy.http.get(f"{comfy.url}/view", params=output)
+        on_disk = Path(file.path).read_bytes()
+        assert hashlib.sha256(on_disk).hexdigest() == file.sha256
+        assert on_disk == served.content
+    assert result.files[0].sha256 != result.files[1].sha256
+    # Nothing but the two results (no part files) in the attempt's dir.
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == sorted(p.name for p in paths)
+
+
+def _reset_peak_rss() -> None:
+    # Linux: "5" resets this process's VmHWM (peak resident set) to its RSS now.
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss() -> int:
+    found = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    assert found is not None
+    return int(found.group(1)) * 1024
+
+
+async def test_a_flooding_websocket_is_bounded_by_bytes_and_the_task_finishes(
+    comfy: Comfy,
+) -> None:
+    # After the end signal the server floods the socket with binary frames
+    # (previews) and huge texts, and holds /view back until all are sent: a
+    # client that queues what it receives would hold every byte of them.
+    size = 3 * 1024 * 1024
+    flood = {"binary": 60, "text": 40, "size": size}
+    await comfy.http.post(f"{comfy.url}/__flood", json=flood)
+    gc.collect()
+    before = psutil.Process().memory_info().rss
+    _reset_peak_rss()
+    result, recorder = await comfy.run(comfy.task(prompt="a flooded socket", steps=3))
+    grown = _peak_rss() - before
+
+    assert len(result.files) == 1 and recorder.progress[-1] == 100.0
+    flooded = (await comfy.stats())["flooded"]
+    assert flooded >= 100 * size
+    # The old reader held all of it (~500 MB); now binary frames are dropped
+    # on arrival and texts are kept only up to the inbox's byte budget.
+    assert grown < flooded // 4, f"peak RSS grew {grown >> 20} MiB for {flooded >> 20} MiB sent"
