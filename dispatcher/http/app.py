@@ -23,7 +23,7 @@ from starlette.responses import (
     JSONResponse as StarletteJSONResponse,
 )
 from starlette.routing import Match, Route
-from starlette.types import Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
@@ -481,6 +481,21 @@ def _allowed_methods(routes: list[Route], scope: Scope) -> str:
     return ", ".join(sorted(methods))
 
 
+class RefuseNul:
+    """A NUL in a request's path or query is a 400: no id, name or search
+    holds one, and PostgreSQL would refuse it in the query (a 500)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and ("\x00" in scope["path"] or b"%00" in scope["query_string"]):
+            message = "the URL holds a NUL character (%00); no id, name or search can hold one"
+            await _error(400, "invalid", message)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:
     api = Api(service)
 
@@ -556,4 +571,4 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         routes=routes,
         exception_handlers={DispatcherError: on_dispatcher_error, HTTPException: on_http_error},
     )
-    return SecurityMiddleware(app, credentials)
+    return SecurityMiddleware(RefuseNul(app), credentials)
