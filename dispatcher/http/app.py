@@ -482,17 +482,23 @@ def _allowed_methods(routes: list[Route], scope: Scope) -> str:
 
 
 class RefuseNul:
-    """A NUL in a request's path or query is a 400: no id, name or search
-    holds one, and PostgreSQL would refuse it in the query (a 500)."""
+    """A NUL in a request's URL never reaches a query (PostgreSQL refuses it
+    there: a 500). In the path it names nothing (404, as the API documents
+    for an unknown id); in the query it is bad input (400)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and ("\x00" in scope["path"] or b"%00" in scope["query_string"]):
-            message = "the URL holds a NUL character (%00); no id, name or search can hold one"
-            await _error(400, "invalid", message)(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            if "\x00" in scope["path"]:
+                message = "no such id: an id holds no NUL character (%00)"
+                await _error(404, "not_found", message)(scope, receive, send)
+                return
+            if b"%00" in scope["query_string"]:
+                message = "the query holds a NUL character (%00); no name or search can hold one"
+                await _error(400, "invalid", message)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
