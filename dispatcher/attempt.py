@@ -94,6 +94,13 @@ class Running:
     started_monotonic: float = 0.0  # the context's last beat when the run began
 
     @property
+    def resumable(self) -> bool:
+        """A retry can resume its remote job: it has one, and one provider
+        serves the model (another's lane could claim the retry, and cannot
+        resume a job it never made)."""
+        return bool(self.task.remote_id) and len(self.ctx.profile.provider_names) == 1
+
+    @property
     def withdrawn(self) -> bool:
         """Reclaimed or being shut down: the run's ending writes no verdict."""
         reason = self.ctx.interruption
@@ -113,21 +120,23 @@ Outcome = RunResult | RunError | Canceled
 _WRITE_ERROR_CHARS = 200
 
 
-def unrecorded(task: Task, outcome: RunResult | RunError, exc: BaseException) -> RunError:
+def unrecorded(outcome: RunResult | RunError, exc: BaseException, *, resumable: bool) -> RunError:
     """The error an attempt ends with when writing its outcome failed.
 
     It carries none of what the run reported (that may be what the store
     refused), only what it was and why the write failed. A result whose
-    remote job exists is fetched again by the next attempt (the caller keeps
-    the remote id: no second submit, no second bill); any other result is
-    not run again by itself, since it ran and may have been paid for. An
-    error keeps its kind and its retry rule.
+    remote job can be resumed is fetched again by the next attempt (the
+    caller keeps the remote id: no second submit, no second bill); any
+    other result is not run again by itself, since it ran and may have been
+    paid for. An error keeps its kind and its retry rule.
+
+    `resumable`: see `Running.resumable`.
     """
     why = f"{type(exc).__name__}: {exc}"[:_WRITE_ERROR_CHARS]
     if isinstance(outcome, RunError):
         cls = TransientError if outcome.retryable else PermanentError
         return cls(f"{outcome.kind}; its message could not be recorded ({why})", kind=outcome.kind)
-    if task.remote_id:
+    if resumable:
         return TransientError(
             f"the result could not be recorded ({why}); the next attempt fetches it "
             "again from the same remote job",

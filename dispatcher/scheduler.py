@@ -460,8 +460,8 @@ class Scheduler:
                 else:
                     await self.ledger.fail(
                         running.task,
-                        unrecorded(running.task, outcome, exc),
-                        keep_remote_id=isinstance(outcome, RunResult),
+                        unrecorded(outcome, exc, resumable=running.resumable),
+                        keep_remote_id=running.resumable and isinstance(outcome, RunResult),
                     )
             except Exception:
                 running.ctx.log.exception("ending the attempt failed too; the stale bound will")

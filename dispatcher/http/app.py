@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -575,6 +576,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(RefuseNul)],
         exception_handlers={DispatcherError: on_dispatcher_error, HTTPException: on_http_error},
     )
-    return SecurityMiddleware(RefuseNul(app), credentials)
+    return SecurityMiddleware(app, credentials)
