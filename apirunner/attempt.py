@@ -12,11 +12,10 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from apirunner.allowlist import origin_of
 from apirunner.classify import Failure, bad_answer, classify_remote_failure
@@ -61,8 +60,6 @@ from dispatcher.runner import ResultFile, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
-
-T = TypeVar("T")
 
 # Consecutive failed polls (5xx, dropped connections) before the attempt gives
 # up; rate limits do not count, a provider saying "later" is healthy.
@@ -162,12 +159,12 @@ class ProviderAttempt(AttemptBase):
             values["id"] = ref.id
         return join_url(self.api.base_url, format_path(path, values))
 
-    async def retrying(
-        self, call: Call, *, cancelable: bool = True, creates_job: bool = False
-    ) -> Answer:
-        op = partial(self.client.json, call)
+    async def retrying(self, call: Call, *, cancelable: bool = True) -> Answer:
+        # A 2xx we cannot read is never sent again (`decide_retry`): for a
+        # submit the job exists, and even the same Idempotency-Key would ask
+        # the provider for another.
         sent = with_retries(
-            partial(_understood_or_final, op) if creates_job else op,
+            partial(self.client.json, call),
             clock=self.clock,
             rand=self.rand,
             on_retry=self._log_retry,
@@ -256,7 +253,7 @@ class ProviderAttempt(AttemptBase):
 
         async def send(images: SubmitImages, again: bool) -> Answer:
             call = self.submit_call(images, read_timeout_s, again=again)
-            return await self.retrying(call, cancelable=cancelable, creates_job=True)
+            return await self.retrying(call, cancelable=cancelable)
 
         return await self.refs.send(send, self.ctx.log)
 
@@ -424,17 +421,3 @@ class ProviderAttempt(AttemptBase):
             self.ctx.log.info("remote job %s canceled at the provider", ref.id)
         except (CallFailed, RunError, TemplateError, TimeoutError) as exc:
             self.ctx.log.warning("could not cancel remote job %s: %s", ref.id, exc)
-
-
-async def _understood_or_final(op: Callable[[], Awaitable[T]]) -> T:
-    """Run a request that creates a job; a 2xx we cannot read is not retried.
-
-    The provider answered 2xx, so the job exists: sending the request again,
-    even with the same Idempotency-Key, would ask it for another.
-    """
-    try:
-        return await op()
-    except CallFailed as exc:
-        if exc.failure.kind == "bad_answer" and exc.failure.retryable:
-            raise CallFailed(replace(exc.failure, retryable=False)) from exc
-        raise

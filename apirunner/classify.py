@@ -117,7 +117,8 @@ def classify_exception(exc: Exception) -> Failure:
 
 
 def bad_answer(what: str, *, retryable: bool) -> Failure:
-    """A 2xx answer we cannot use: a gateway's HTML page is worth a retry,
+    """A 2xx answer we cannot use: one we cannot read is worth another poll
+    (`retryable`; never the same request again in place, see `decide_retry`),
     an answer missing a field the profile names is not."""
     return Failure(retryable, "bad_answer", what)
 
@@ -160,7 +161,9 @@ def decide_retry(
     `errors_so_far` / `rate_limits_so_far` count earlier failures of this
     request, not including `failure` itself.
     """
-    if not failure.retryable:
+    if not failure.retryable or failure.kind == "bad_answer":
+        # A 2xx we cannot read was done all the same (a job made, an upload
+        # stored): sending it again repeats the work and, likely, the answer.
         return RetryDecision(retry=False)
     if failure.rate_limited:
         if rate_limits_so_far + 1 >= max_rate_limits:

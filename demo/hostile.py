@@ -6,14 +6,15 @@ records which headers reached it, a 401 that echoes the API key, endless and
 huge answers, deeply nested JSON, path-changing job ids, hostile file names,
 and a chat page whose media live on another port. Tests run several
 instances (an allowlisted one, a second allowlisted one, a foreign one) and
-read each one's `GET /__stats`: every request with its headers, submits per
-shape, bytes served.
+read each one's `GET /__stats`: every request with its headers, submits and
+uploads per shape, bytes served.
 
 The vendor API, per shape (``/{shape}/...``, see `SHAPES`):
 
 - ``POST /{shape}/jobs`` submits; the answer depends on the shape.
 - ``GET /{shape}/jobs/{id}/status`` answers the job's status.
 - ``GET /{shape}/jobs/{id}/content`` answers the result file.
+- ``POST /{shape}/uploads`` takes a reference image (multipart) and names it.
 
 The page: ``GET /page`` sets a session cookie and shows a composer; sending a
 prompt shows an answer and, as ``<video class="result">``, the media listed by
@@ -70,13 +71,22 @@ SHAPES = {
     "offsite": "content redirects (302) to the `elsewhere` host",
     "crossorigin": "content redirects (307) to the `other` host, which records headers",
     "loop": "content redirects to itself, forever",
+    "nul422": "submit answers 422 whose error message holds a NUL",
+    "nulfail": "status answers failed, its error holding a NUL",
+    "recorded": "a well-behaved job (tests make the store refuse its result)",
+    "nested_upload": "the reference upload answers 100,000-deep JSON",
+    "bigid_upload": "the reference upload names its file with a 10 MB id",
 }
+NUL_TEXT = "invalid prompt\x00 rejected"
+UPLOAD_NESTED_DEPTH = 100_000
+BIG_UPLOAD_ID_CHARS = 10 * 1024 * 1024
 
 
 @dataclass
 class HostileState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     submits: Counter[str] = field(default_factory=Counter)
+    uploads: Counter[str] = field(default_factory=Counter)
     bytes_served: int = 0
     elsewhere: str = ""
     other: str = ""
@@ -86,6 +96,7 @@ class HostileState:
     def reset(self) -> None:
         self.requests.clear()
         self.submits.clear()
+        self.uploads.clear()
         self.bytes_served = 0
         self.media = []
 
@@ -94,6 +105,7 @@ class HostileState:
             "requests": self.requests,
             "request_count": len(self.requests),
             "submits": dict(self.submits),
+            "uploads": dict(self.uploads),
             "bytes_served": self.bytes_served,
         }
 
@@ -155,6 +167,8 @@ class Hostile:
             return JSONResponse(body, status_code=401)
         if shape == "nested_submit":
             return self._bytes(_nested(NESTED_DEPTH), media_type="application/json")
+        if shape == "nul422":
+            return JSONResponse({"error": {"message": NUL_TEXT}}, status_code=422)
         job_id = {"dotdot": "..", "slash": "a/b"}.get(shape, "job-1")
         return JSONResponse({"id": job_id, "status": "queued"})
 
@@ -166,6 +180,8 @@ class Hostile:
         if shape == "huge":
             stream = self._sized(b'{"status": "running", "pad": "', self.state.huge_bytes, b'"}')
             return StreamingResponse(stream, media_type="application/json")
+        if shape == "nulfail":
+            return JSONResponse({"status": "failed", "error": NUL_TEXT})
         if shape == "nan":
             body = b'{"status": "completed", "progress": NaN, "eta": Infinity}'
             return self._bytes(body, media_type="application/json")
@@ -200,6 +216,16 @@ class Hostile:
         if shape == "loop":
             return RedirectResponse(str(request.url), status_code=302)
         return self._bytes(png, media_type="image/png")
+
+    async def upload(self, request: Request) -> Response:
+        self._record(request)
+        shape = request.path_params["shape"]
+        self.state.uploads[shape] += 1
+        await request.body()
+        if shape == "nested_upload":
+            return self._bytes(_nested(UPLOAD_NESTED_DEPTH), media_type="application/json")
+        file_id = "f" * BIG_UPLOAD_ID_CHARS if shape == "bigid_upload" else "file-1"
+        return JSONResponse({"id": file_id})
 
     async def anything(self, request: Request) -> Response:
         """Where redirects land (`/steal.png`, `/collect.png`): a PNG, and a record."""
@@ -249,6 +275,7 @@ class Hostile:
             Route("/page", self.page, methods=["GET"]),
             Route("/media/hop.png", self.media_hop, methods=["GET"]),
             Route("/{shape}/jobs", self.submit, methods=["POST"]),
+            Route("/{shape}/uploads", self.upload, methods=["POST"]),
             Route("/{shape}/jobs/{id}/status", self.status, methods=["GET"]),
             Route("/{shape}/jobs/{id}/content", self.content, methods=["GET"]),
             Route("/{rest:path}", self.anything, methods=["GET", "POST", "PUT"]),

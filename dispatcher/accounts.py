@@ -14,6 +14,7 @@ from dispatcher.health import AccountState, StateView, state_of
 from dispatcher.logs import mask_secrets
 from dispatcher.models import JSON, Account, Kind
 from dispatcher.store import Store
+from dispatcher.strictjson import storable_text
 
 log = logging.getLogger("dispatcher.accounts")
 
@@ -176,13 +177,14 @@ class AccountBook:
     async def needs_attention(self, name: str, reason: str) -> Account:
         account = self.get(name)
         account.needs_attention = True
-        # A vendor's 401 may echo the key: reasons are stored and sent out.
-        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
+        # A vendor's 401 may echo the key (or hold a NUL, which PostgreSQL
+        # refuses): reasons are stored and sent out.
+        account.reason = storable_text(mask_secrets(reason))[:MAX_REASON_CHARS]
         return await self._save(account, "needs attention")
 
     async def cool_down(self, name: str, until: float, reason: str) -> Account:
         """A usage cap: closed until `until` (epoch seconds), then open by itself."""
         account = self.get(name)
         account.cooldown_until = until
-        account.reason = mask_secrets(reason)[:MAX_REASON_CHARS]
+        account.reason = storable_text(mask_secrets(reason))[:MAX_REASON_CHARS]
         return await self._save(account, "cooling down")

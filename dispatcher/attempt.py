@@ -3,7 +3,8 @@
 `Running` ties a claimed task to its lane, run context and live progress;
 `Live` keeps the fast-changing stage and progress (only the stage reaches
 the store, lazily); `TaskLog` tags a runner's lines with lane, task and
-attempt; `disk_full_error` names a full results disk behind a failure.
+attempt; `disk_full_error` names a full results disk behind a failure;
+`unrecorded` says how an attempt ends when its outcome could not be written.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.errors import PermanentError, RunError
+from dispatcher.errors import PermanentError, RunError, TransientError
 from dispatcher.lanes import LaneSpec
 from dispatcher.models import Stage, Task
 from dispatcher.runner import RunContext, RunResult
@@ -93,6 +94,13 @@ class Running:
     started_monotonic: float = 0.0  # the context's last beat when the run began
 
     @property
+    def resumable(self) -> bool:
+        """A retry can resume its remote job: it has one, and one provider
+        serves the model (another's lane could claim the retry, and cannot
+        resume a job it never made)."""
+        return bool(self.task.remote_id) and len(self.ctx.profile.provider_names) == 1
+
+    @property
     def withdrawn(self) -> bool:
         """Reclaimed or being shut down: the run's ending writes no verdict."""
         reason = self.ctx.interruption
@@ -106,3 +114,36 @@ class Canceled:
 
 # How one run ended, as the scheduler records it.
 Outcome = RunResult | RunError | Canceled
+
+
+# What of a failed write's own message the fallback record keeps.
+_WRITE_ERROR_CHARS = 200
+
+
+def unrecorded(outcome: RunResult | RunError, exc: BaseException, *, resumable: bool) -> RunError:
+    """The error an attempt ends with when writing its outcome failed.
+
+    It carries none of what the run reported (that may be what the store
+    refused), only what it was and why the write failed. A result whose
+    remote job can be resumed is fetched again by the next attempt (the
+    caller keeps the remote id: no second submit, no second bill); any
+    other result is not run again by itself, since it ran and may have been
+    paid for. An error keeps its kind and its retry rule.
+
+    `resumable`: see `Running.resumable`.
+    """
+    why = f"{type(exc).__name__}: {exc}"[:_WRITE_ERROR_CHARS]
+    if isinstance(outcome, RunError):
+        cls = TransientError if outcome.retryable else PermanentError
+        return cls(f"{outcome.kind}; its message could not be recorded ({why})", kind=outcome.kind)
+    if resumable:
+        return TransientError(
+            f"the result could not be recorded ({why}); the next attempt fetches it "
+            "again from the same remote job",
+            kind="record_failed",
+        )
+    return PermanentError(
+        f"the result could not be recorded ({why}); not run again by itself, since it "
+        "ran once already: retry the task to run it again",
+        kind="record_failed",
+    )

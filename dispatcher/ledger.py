@@ -1,7 +1,8 @@
 """The one place that changes tasks: checks the guard, writes CAS, tells the world.
 
-It is also the one place where secrets are taken out of what runners report
-(errors, result meta) before anything is stored or sent; see `_redacted`.
+It is also the one place where what runners report (errors, results, remote
+ids: a vendor's or a page's words) is made safe before anything is stored or
+sent: secrets masked, text made storable on every store; see `_redacted`.
 
 Every state change goes through here: it is checked by `states`, applied by
 the store as a compare-and-set, logged as one line with the lane prefix, and
@@ -44,6 +45,7 @@ from dispatcher.profiles import Profile
 from dispatcher.resultpaths import real_result, stored_result
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Quota
+from dispatcher.strictjson import storable, storable_text
 from dispatcher.tasklines import lane_prefix, log_fields, log_rejected, log_transition
 from dispatcher.taskreads import TaskReads
 from dispatcher.taskspec import TaskSpec
@@ -67,21 +69,30 @@ def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     nothing a runner produces is stored in clear. A result's text is the
     generation itself: only the registered secrets are masked there, since a
     generated answer may rightly hold text shaped like `api_key = ...`.
+
+    Whatever a vendor sent is made storable here too (`strictjson.storable`),
+    once for both stores: a NUL in an error refused by PostgreSQL used to
+    fail the write that ends the attempt.
     """
     error = changes.get("error")
     result = changes.get("result")
-    if error is None and result is None:
+    remote_id = changes.get("remote_id")
+    if error is None and result is None and remote_id is None:
         return changes
     out = dict(changes)
     if isinstance(error, TaskError):
-        out["error"] = TaskError(kind=scrub(error.kind), message=scrub(error.message))
+        out["error"] = TaskError(
+            kind=storable_text(scrub(error.kind)), message=storable_text(scrub(error.message))
+        )
     if isinstance(result, dict):
-        cleaned = dict(result)
+        cleaned = storable(result)
         if "meta" in cleaned:
             cleaned["meta"] = scrub_json(cleaned["meta"])
         if isinstance(cleaned.get("text"), str):
             cleaned["text"] = mask_secrets(cleaned["text"])
         out["result"] = cleaned
+    if isinstance(remote_id, str):
+        out["remote_id"] = storable_text(remote_id)
     return out
 
 
@@ -225,7 +236,7 @@ class Ledger(TaskReads):
     ) -> Task | None:
         states.check_transition(task.state, new_state)
         changes = _redacted(changes)
-        why = scrub(why)
+        why = storable_text(scrub(why))
         updated = await self.store.update_task(
             task.id,
             expect_state=task.state,
@@ -391,8 +402,18 @@ class Ledger(TaskReads):
         return None
 
     async def fail(
-        self, task: Task, error: RunError, stage_durations: Mapping[str, float] | None = None
+        self,
+        task: Task,
+        error: RunError,
+        stage_durations: Mapping[str, float] | None = None,
+        *,
+        keep_remote_id: bool = False,
     ) -> Task | None:
+        """End the attempt as failed: retried (a fresh submit) or finished.
+
+        `keep_remote_id`: the remote job is sound and only our side failed;
+        a retry resumes it instead of submitting (and paying) again.
+        """
         fate = states.after_failure(
             attempt=task.attempt,
             max_attempts=task.max_attempts,
@@ -405,6 +426,8 @@ class Ledger(TaskReads):
             "stage_durations": dict(stage_durations or {}),
         }
         changes.update(self._after_attempt(fate.state, fate.attempt, fate.not_before))
+        if keep_remote_id:
+            changes.pop("remote_id", None)
         return await self._end_attempt(
             task, fate.state, changes, what="error", why=f"{error.kind}: {error.message}"
         )

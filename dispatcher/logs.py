@@ -8,6 +8,10 @@ including exception text. On top of that, anything shaped like a credential
 (``Authorization: ...``, ``Bearer ...``, ``Cookie: ...``, ``api_key=...``)
 is masked even when nobody registered it.
 
+A line's message is capped at `MAX_MESSAGE_CHARS`, its exception text at
+`MAX_EXCEPTION_CHARS`: a vendor's 10 MB id must not become 10 MB of log
+per task.
+
 ``--log-format json`` (or ``DISPATCHER_LOG_FORMAT=json``) writes one JSON
 object per line with ``lane``, ``task_id``, ``attempt``, ``state`` and
 ``stage`` as fields whenever the line is about a task: the log call passes
@@ -25,6 +29,8 @@ from typing import Any
 
 _SECRETS: set[str] = set()
 MASK = "***"
+MAX_MESSAGE_CHARS = 8 * 1024
+MAX_EXCEPTION_CHARS = 64 * 1024
 FORMATS = ("text", "json")
 SESSION_COOKIE_NAME = "dispatcher_session"  # == dispatcher.http.security.SESSION_COOKIE
 
@@ -102,17 +108,30 @@ def scrub_json(value: Any) -> Any:
     return value
 
 
+def _capped(text: str, max_chars: int) -> str:
+    """`text` scrubbed, then cut to `max_chars` saying how much was left out.
+
+    Cut twice: before scrubbing, so that no pattern runs over megabytes,
+    with room to spare, so that a secret across the final cut is still
+    whole (and masked) when it is scrubbed.
+    """
+    if len(text) <= max_chars:
+        return scrub(text)
+    text = scrub(text[: 2 * max_chars])
+    return text[:max_chars] + f" [... cut: the line was over {max_chars} characters]"
+
+
 class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        record.msg = scrub(message)
+        record.msg = _capped(message, MAX_MESSAGE_CHARS)
         record.args = None
         if record.exc_text:
-            record.exc_text = scrub(record.exc_text)
+            record.exc_text = _capped(record.exc_text, MAX_EXCEPTION_CHARS)
         if record.stack_info:
-            record.stack_info = scrub(record.stack_info)
+            record.stack_info = _capped(record.stack_info, MAX_EXCEPTION_CHARS)
         return True
 
 

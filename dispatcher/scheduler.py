@@ -18,7 +18,15 @@ from pathlib import Path
 
 from dispatcher.account_health import AccountHealth
 from dispatcher.accounts import AccountBook
-from dispatcher.attempt import Canceled, Live, Outcome, Running, TaskLog, disk_full_error
+from dispatcher.attempt import (
+    Canceled,
+    Live,
+    Outcome,
+    Running,
+    TaskLog,
+    disk_full_error,
+    unrecorded,
+)
 from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
@@ -368,7 +376,7 @@ class Scheduler:
             if outcome is not None:
                 # The outcome's write is an await (a round trip on PostgreSQL):
                 # a reclaim or shutdown cancelling us meanwhile must not lose it.
-                await asyncio.shield(self._finish(running, outcome))
+                await asyncio.shield(self._record(running, outcome))
         finally:
             # The slot is given back once the outcome is on record, so that a
             # lane's runs never appear to overlap (a web account runs one at
@@ -438,6 +446,25 @@ class Scheduler:
             )
             return
         await self.ledger.requeue(task, "service shut down before it finished")
+
+    async def _record(self, running: Running, outcome: Outcome) -> None:
+        """Write the outcome, or else end the attempt without it (`attempt.unrecorded`):
+        left running, it would go stale and be submitted again from scratch."""
+        try:
+            await self._finish(running, outcome)
+        except Exception as exc:
+            running.ctx.log.exception("recording how the attempt ended failed")
+            try:
+                if isinstance(outcome, Canceled):
+                    await self.ledger.mark_canceled(running.task)
+                else:
+                    await self.ledger.fail(
+                        running.task,
+                        unrecorded(outcome, exc, resumable=running.resumable),
+                        keep_remote_id=running.resumable and isinstance(outcome, RunResult),
+                    )
+            except Exception:
+                running.ctx.log.exception("ending the attempt failed too; the stale bound will")
 
     async def _finish(self, running: Running, outcome: Outcome) -> None:
         task = running.task

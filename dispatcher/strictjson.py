@@ -13,7 +13,11 @@ makes every later answer that contains it fail. So:
   (a CSV cell, a batch line), naming where the bad value is;
 * `dumps` writes strict JSON and never fails on a value that came back from
   storage: a row an older version wrote still serialises, with non-finite
-  numbers as ``null`` and lone surrogates as U+FFFD.
+  numbers as ``null`` and lone surrogates as U+FFFD;
+* `storable_text` / `storable` make what a vendor or a page sent fit every
+  store: PostgreSQL refuses a NUL in text, and neither store takes a lone
+  surrogate, so both become U+FFFD (on SQLite too, so both read back alike).
+  A client's NUL is refused instead (`loads`, `check_value`): a 400.
 
 Kept free of heavy imports: the CLI uses it to check batch files.
 """
@@ -37,8 +41,11 @@ _OPENERS = frozenset(b"[{")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 # A JSON string, escapes included; used to skip brackets inside strings.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-# Only an escape can put a surrogate into a string parsed from valid UTF-8.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Only an escape can put a surrogate or a NUL into a string parsed from
+# valid JSON (a raw control character is not JSON).
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
 
 
 def _refuse_constant(name: str) -> Any:
@@ -100,7 +107,7 @@ def loads(raw: bytes | str, what: str = "request body") -> Any:
         ) from exc
     except RecursionError as exc:  # the depth scan should have caught it first
         raise InputError(f"{what}: nests too deeply") from exc
-    if _SURROGATE_ESCAPE.search(data):
+    if _SUSPECT_ESCAPE.search(data):
         check_value(value, what)
     return value
 
@@ -114,12 +121,34 @@ def _check_scalar(value: Any) -> str | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value} is not a JSON number"
     if isinstance(value, str):
+        if "\x00" in value:
+            return "text holds a NUL character (\\u0000), which cannot be stored"
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             return "text has a lone surrogate (not valid Unicode)"
         return None
     return f"{type(value).__name__} is not a JSON value"
+
+
+def storable_text(text: str) -> str:
+    """`text` with every NUL and lone surrogate replaced by U+FFFD."""
+    if text.isascii() and "\x00" not in text:
+        return text  # the common case: one C scan each
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def storable(value: Any) -> Any:
+    """`storable_text` applied to every string (keys included) of a JSON-like value."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {
+            storable_text(k) if isinstance(k, str) else k: storable(v) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
 
 
 def check_value(value: Any, where: str) -> None:

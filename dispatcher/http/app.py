@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -23,7 +24,7 @@ from starlette.responses import (
     JSONResponse as StarletteJSONResponse,
 )
 from starlette.routing import Match, Route
-from starlette.types import Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
@@ -505,6 +506,27 @@ def _allowed_methods(routes: list[Route], scope: Scope) -> str:
     return ", ".join(sorted(methods))
 
 
+class RefuseNul:
+    """A NUL in a request's URL never reaches a query (PostgreSQL refuses it
+    there: a 500). In the path it names nothing (404, as the API documents
+    for an unknown id); in the query it is bad input (400)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if "\x00" in scope["path"]:
+                message = "no such id: an id holds no NUL character (%00)"
+                await _error(404, "not_found", message)(scope, receive, send)
+                return
+            if b"%00" in scope["query_string"]:
+                message = "the query holds a NUL character (%00); no name or search can hold one"
+                await _error(400, "invalid", message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:
     api = Api(service)
 
@@ -580,6 +602,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(RefuseNul)],
         exception_handlers={DispatcherError: on_dispatcher_error, HTTPException: on_http_error},
     )
     return SecurityMiddleware(app, credentials)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.harness import Harness, running_service
+from tests.pgdb import fresh_database
 
 
 def strict(text: str) -> Any:
@@ -126,3 +128,33 @@ async def test_rows_with_bad_json_still_list_and_answer(tmp_path: Path) -> None:
         assert strict(response.text)["params"]["x"] is None
         event = strict(await asyncio.wait_for(listener, timeout=10))
         assert event["task"]["id"] == failed
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+async def test_a_nul_from_a_client_is_a_4xx_on_both_stores(tmp_path: Path, dialect: str) -> None:
+    # PostgreSQL refuses a NUL in text: each of these used to answer 500 there.
+    with contextlib.ExitStack() as stack:
+        extra = {}
+        if dialect == "postgresql":
+            extra = {"database_url": stack.enter_context(fresh_database()), "host_id": "nul-host"}
+        async with running_service(tmp_path, **extra) as h:
+            account = (await h.http.get("/v1/accounts")).json()[0]["name"]
+            task = {"model": "demo-chat-api", "params": {"prompt": "a\u0000b"}}
+            sent = [
+                await h.http.post("/v1/tasks", json=task),
+                await h.http.post("/v1/jobs", json={"name": "j\u0000", "tasks": [task]}),
+                await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "x\u0000"}),
+                await h.http.get("/v1/tasks", params={"q": "\u0000"}),
+                await h.http.get("/v1/tasks", params={"job": "\u0000"}),
+                await h.http.get("/v1/jobs", params={"q": "a\u0000"}),
+            ]
+            for response in sent:
+                assert response.status_code == 400, (response.request.url, response.text)
+                assert "NUL" in response.json()["error"]["message"]
+            # In a path it names nothing: the documented answer for an unknown id.
+            for path in ("/v1/tasks/%00", "/v1/jobs/a%00b", "/v1/tasks/%00/result"):
+                response = await h.http.get(path)
+                assert response.status_code == 404, (path, response.text)
+                assert "NUL" in response.json()["error"]["message"]
+            assert await h.service.store.state_counts() == {}
+            assert all(a["enabled"] for a in (await h.http.get("/v1/accounts")).json())

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.logs import JsonFormatter, RedactingFilter, redact, scrub
+from dispatcher.logs import MAX_MESSAGE_CHARS, JsonFormatter, RedactingFilter, redact, scrub
 from tests.harness import running_service
 from tests.servicecli import DEMO_API_KEY, clean_env, run_cli, start_service
 
@@ -266,3 +266,15 @@ def test_redacting_filter_covers_exceptions_and_json_fields() -> None:
     record = logging.LogRecord("dispatcher.tasks", logging.INFO, __file__, 1, lookalike, None, None)
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == lookalike and "lane" not in line and "state" not in line
+
+
+def test_a_huge_log_line_is_cut_and_a_secret_across_the_cut_stays_masked() -> None:
+    secret = "cut-secret-" + "z" * 20
+    redact(secret)
+    head = "x" * (MAX_MESSAGE_CHARS - 10)
+    for message in (head + secret + "y" * 10_000_000, "id " + "f" * 10_000_000):
+        record = logging.LogRecord("x", logging.INFO, __file__, 1, "%s", (message,), None)
+        assert RedactingFilter().filter(record)
+        line = json.loads(JsonFormatter().format(record))["message"]
+        assert len(line) < MAX_MESSAGE_CHARS + 100 and line.endswith("characters]")
+        assert secret[:8] not in line
