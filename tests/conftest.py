@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # listed keeps its usual place after these; a renamed one only loses its
 # head start.
 HEAVY_FIRST = (
-    "tests/integration/test_web_accounts_runtime.py",
     "tests/e2e/test_multi_host.py",
+    "tests/integration/test_web_accounts_runtime.py",
     "tests/e2e/test_recovery_kill.py",
     "tests/integration/test_browser_prewarm.py",
     "tests/integration/test_account_health.py",
@@ -35,6 +35,11 @@ HEAVY_FIRST = (
     "tests/integration/webrunner/test_web_runner.py",
     "tests/integration/test_cli.py",
     "tests/integration/store/test_crosshost.py",
+    "tests/integration/test_webhook_outbox.py",
+    "tests/integration/test_http_connections.py",
+    "tests/integration/test_restore_elsewhere.py",
+    "tests/integration/test_decode_budget.py",
+    "tests/integration/test_cli_intake.py",
 )
 
 
