@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dispatcher.webrunner.guard")
 
+_GUID = re.compile(r"[A-Za-z0-9-]{1,64}")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -180,7 +182,8 @@ class Guard:
         if received <= policy.max_download_bytes:
             return
         guid = str(event.get("guid") or "")
-        if guid and self._cdp is not None:
+        # Chromium names the file by the guid: a plain name, or nothing is touched.
+        if _GUID.fullmatch(guid) and self._cdp is not None:
             self.downloads_cancelled += 1
             log.warning(
                 "a page's download passed %d bytes (the cap); cancelled and removed",
