@@ -333,8 +333,10 @@ def _spawn(
     pipe = CdpPipe()
     try:
         proc = _popen(argv, stderr_log_path(user_data_dir), pipe, start_url)
-    finally:
-        pipe.spawned()
+    except BaseException:
+        pipe.discard()
+        raise
+    pipe.spawned()
     return proc, pipe
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 from http import HTTPStatus
@@ -76,8 +77,16 @@ class CdpPipe:
 
     def _hand_over(self, fd: int, mode: str) -> Any:
         """`fd` as a file object whose closing (by a transport) closes it."""
+        if fd not in self._owned:
+            # Released by `close` meanwhile: the number may be someone else's now.
+            raise OSError(errno.EBADF, "the DevTools pipe is closed")
         self._owned.discard(fd)
         return os.fdopen(fd, mode, 0)
+
+    def discard(self) -> None:
+        """Release every descriptor at once (the browser never started)."""
+        self._closed = True
+        self._release(*list(self._owned))
 
     async def open(self) -> str:
         """Listen for Playwright's one connection; the websocket URL to give it."""
@@ -102,6 +111,8 @@ class CdpPipe:
         return None
 
     async def _serve(self, ws: ServerConnection) -> None:
+        if self._closed:
+            return
         if self._server is not None:
             # Connected: nobody else gets to try.
             self._server.close(close_connections=False)
