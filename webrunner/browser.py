@@ -26,7 +26,7 @@ from playwright.async_api import Browser, BrowserContext, Page, Playwright
 from playwright.async_api import Error as PlaywrightError
 
 from dispatcher.errors import PermanentError, TransientError
-from webrunner.cdppipe import CdpPipe
+from webrunner.cdppipe import BrowserExited, CdpPipe, until_exit
 from webrunner.selfcheck import (
     KILL_AFTER_S,
     SelfCheckReport,
@@ -578,7 +578,10 @@ async def _connect(
     try:
         ws_url = await pipe.open()
         # Chromium reads the pipe once it is up: the connect waits for that.
-        return await playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000)
+        return await until_exit(
+            proc,
+            playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000),
+        )
     except BaseException as exc:
         if isinstance(exc, PlaywrightError):
             # The pipe closed under the connect: most likely Chromium quit;
@@ -588,7 +591,7 @@ async def _connect(
         exited = proc.poll() is not None
         await kill_tree(proc, user_data_dir, None)
         await pipe.close()
-        if isinstance(exc, (PlaywrightError, OSError)):
+        if isinstance(exc, (PlaywrightError, OSError, BrowserExited)):
             # (The URL holds the relay's token: it stays out of the message.)
             why = exc.message if isinstance(exc, PlaywrightError) else str(exc)
             raise _start_failure(

@@ -20,13 +20,18 @@ import contextlib
 import errno
 import os
 import secrets
+import subprocess
+from collections.abc import Awaitable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import WebSocketException
 from websockets.http11 import Request, Response
 
+T = TypeVar("T")
+# How often a wait on the browser looks whether its process is still there.
+EXIT_POLL_S = 0.02
 # The descriptors Chromium reads commands from and writes replies to.
 CHILD_IN_FD = 3
 CHILD_OUT_FD = 4
@@ -179,3 +184,23 @@ class CdpPipe:
                 await relay
         # What the relay did not take over (all of it, if it never ran).
         self._release(*list(self._owned))
+
+
+class BrowserExited(Exception):
+    """The browser process ended while we waited for it."""
+
+
+async def until_exit(proc: subprocess.Popen[bytes], connect: Awaitable[T]) -> T:
+    """`connect`, given up as soon as the browser process exits (it never will
+    answer then; Playwright alone may notice only at its timeout)."""
+    task = asyncio.ensure_future(connect)
+    try:
+        while not task.done():
+            if proc.poll() is not None:
+                raise BrowserExited(f"the browser exited with code {proc.returncode}")
+            await asyncio.wait({task}, timeout=EXIT_POLL_S)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # its end, not its error: ours is on its way

@@ -108,6 +108,7 @@ class Guard:
         self.blocked: list[str] = []
         self.downloads_cancelled = 0
         self._cancels: set[asyncio.Task[None]] = set()
+        self._cancelled: set[str] = set()
         session.context.on("page", self._on_page)
 
     async def _on_page(self, page: Page) -> None:
@@ -183,7 +184,9 @@ class Guard:
             return
         guid = str(event.get("guid") or "")
         # Chromium names the file by the guid: a plain name, or nothing is touched.
-        if _GUID.fullmatch(guid) and self._cdp is not None:
+        # Progress goes on arriving until the cancel lands: one cancel each.
+        if _GUID.fullmatch(guid) and guid not in self._cancelled and self._cdp is not None:
+            self._cancelled.add(guid)
             self.downloads_cancelled += 1
             log.warning(
                 "a page's download passed %d bytes (the cap); cancelled and removed",
