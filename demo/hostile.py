@@ -19,7 +19,9 @@ The vendor API, per shape (``/{shape}/...``, see `SHAPES`):
 The page: ``GET /page`` sets a session cookie and shows a composer; sending a
 prompt shows an answer and, as ``<video class="result">``, the media listed by
 ``POST /__config`` (``{"media": [...]}``). ``POST /__config`` also names ``elsewhere`` and
-``other``: the base URLs redirects point at.
+``other``: the base URLs redirects point at; ``download`` (a URL the page
+downloads on send), ``popups`` (URLs it opens with ``window.open``) and
+``images`` (URLs it shows as ``<img>``): what the browser itself reaches.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ SHAPES = {
     "huge": "status answers a JSON document of `huge_bytes` (default 64 MiB), streamed",
     "nan": "status answers NaN and Infinity",
     "endless": "content never ends",
+    "attachment": "content never ends, sent as an attachment (a browser downloads it)",
     "drip": "content never ends, one small chunk every 20 ms",
     "longname": "content's Content-Disposition names a 300-character file",
     "dotname": "content's file name is ../../x",
@@ -92,6 +95,10 @@ class HostileState:
     other: str = ""
     media: list[str] = field(default_factory=list)
     huge_bytes: int = 64 * 1024 * 1024
+    download: str = ""
+    popups: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    open_streams: int = 0  # endless answers still being sent
 
     def reset(self) -> None:
         self.requests.clear()
@@ -99,6 +106,9 @@ class HostileState:
         self.uploads.clear()
         self.bytes_served = 0
         self.media = []
+        self.download = ""
+        self.popups = []
+        self.images = []
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -107,6 +117,7 @@ class HostileState:
             "submits": dict(self.submits),
             "uploads": dict(self.uploads),
             "bytes_served": self.bytes_served,
+            "open_streams": self.open_streams,
         }
 
 
@@ -136,11 +147,15 @@ class Hostile:
             self.state.bytes_served += len(head)
             yield head
         chunk = b"x" * (CHUNK if pause_s == 0 else 512)
-        while True:
-            self.state.bytes_served += len(chunk)
-            yield chunk
-            # Always yield to the loop: the client under test shares it.
-            await asyncio.sleep(pause_s)
+        self.state.open_streams += 1
+        try:
+            while True:
+                self.state.bytes_served += len(chunk)
+                yield chunk
+                # Always yield to the loop: the client under test shares it.
+                await asyncio.sleep(pause_s)
+        finally:
+            self.state.open_streams -= 1
 
     async def _sized(self, head: bytes, total: int, tail: bytes) -> AsyncIterator[bytes]:
         self.state.bytes_served += len(head)
@@ -193,6 +208,12 @@ class Hostile:
         png = png_bytes(shape)
         if shape == "endless":
             return StreamingResponse(self._endless(0.0), media_type="application/octet-stream")
+        if shape == "attachment":
+            return StreamingResponse(
+                self._endless(0.0),
+                media_type="application/octet-stream",
+                headers={"Content-Disposition": 'attachment; filename="big.bin"'},
+            )
         if shape == "drip":
             return StreamingResponse(self._endless(0.02), media_type="application/octet-stream")
         names = {
@@ -241,7 +262,14 @@ class Hostile:
         media = "".join(
             f'<video class="result" preload="none" src="{src}"></video>' for src in self.state.media
         )
-        html = _PAGE.replace("__MEDIA__", json.dumps(media))
+        extras = {
+            "download": self.state.download,
+            "popups": self.state.popups,
+            "images": self.state.images,
+        }
+        html = _PAGE.replace("__MEDIA__", json.dumps(media)).replace(
+            "__EXTRAS__", json.dumps(extras)
+        )
         response = HTMLResponse(html)
         response.set_cookie(SESSION_COOKIE, SESSION_VALUE, httponly=True, samesite="lax")
         return response
@@ -262,7 +290,7 @@ class Hostile:
 
     async def post_config(self, request: Request) -> Response:
         body = await request.json()
-        for key in ("elsewhere", "other", "media", "huge_bytes"):
+        for key in ("elsewhere", "other", "media", "huge_bytes", "download", "popups", "images"):
             if key in body:
                 setattr(self.state, key, body[key])
         return JSONResponse({"ok": True})
@@ -294,6 +322,20 @@ document.getElementById('send').addEventListener('click', () => {
   msg.setAttribute('data-done', '1');
   const media = document.createElement('div');
   media.innerHTML = __MEDIA__;
+  const extras = __EXTRAS__;
+  for (const src of extras.images) {
+    const img = document.createElement('img');
+    img.src = src;
+    media.append(img);
+  }
+  for (const url of extras.popups) window.open(url, '_blank');
+  if (extras.download) {
+    const a = document.createElement('a');
+    a.href = extras.download;
+    a.download = 'big.bin';
+    document.body.append(a);
+    a.click();
+  }
   document.getElementById('log').append(msg, media);
 });
 </script>

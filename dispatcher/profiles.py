@@ -46,6 +46,7 @@ DEFAULT_FINGERPRINT_FIELDS = (
 )
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HOST_ENTRY = re.compile(r"(\*\.)?[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")
 
 
 class _Strict(BaseModel):
@@ -89,11 +90,23 @@ class WebSpec(_Strict):
     # Nominal seconds an answer (text or media) may stay unchanged while the
     # page is busy before the attempt is reclaimed as stalled.
     stall_s: float = Field(default=120.0, gt=0)
+    # What the browser itself may reach during a task: empty, any host; else
+    # only these ("host", "host:port", "*.domain") and the host of `url`.
+    allow_hosts: tuple[str, ...] = ()
+    # Files a page starts downloading: denied unless true; then saved in the
+    # state dir, cancelled and removed past max_download_bytes.
+    downloads: bool = False
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
         if not self.submit and not self.submit_key:
             raise ValueError("web needs `submit` (a selector) or `submit_key` (e.g. Enter)")
+        for host in self.allow_hosts:
+            if not _HOST_ENTRY.fullmatch(host):
+                raise ValueError(
+                    f"allow_hosts entry {host!r} is not a host, host:port or *.domain "
+                    "(no scheme, no path)"
+                )
         if self.limit_text is not None:
             try:
                 re.compile(self.limit_text)

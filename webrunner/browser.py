@@ -3,7 +3,8 @@
 We start Chromium ourselves (rather than letting Playwright launch it) so
 that we know its PID and process group, can run the self-check on exactly
 the flags we passed, and can kill it with its children when a page freezes
-and Playwright stops answering. Playwright only connects to it over CDP.
+and Playwright stops answering. Playwright only connects to it over CDP,
+through a pipe only this process holds (`cdppipe.py`): no debugging port.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from playwright.async_api import Browser, BrowserContext, Page, Playwright
 from playwright.async_api import Error as PlaywrightError
 
 from dispatcher.errors import PermanentError, TransientError
+from webrunner.cdppipe import BrowserExited, CdpPipe, until_exit
 from webrunner.selfcheck import (
     KILL_AFTER_S,
     SelfCheckReport,
@@ -35,20 +35,22 @@ from webrunner.selfcheck import (
     wait_gone,
 )
 
+if TYPE_CHECKING:
+    from webrunner.guard import Guard
+
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
-# Chromium prints this on stderr once its DevTools server listens. (It does
-# not write DevToolsActivePort when the port is given explicitly.)
-_LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
-_PORT_BUSY = "Cannot start http server for devtools"
+# DevTools over descriptors 3 and 4 (see cdppipe.py), never a TCP port.
+DEBUGGING_PIPE_FLAG = "--remote-debugging-pipe"
 STARTUP_TIMEOUT_S = 30.0
+# How long a browser whose pipe broke during the connect may take to exit.
+EXIT_WAIT_S = 1.0
 # How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
 SWEEP_S = 5.0
 SWEEP_CONFIRM_S = 0.05
 # How long a SIGKILLed browser (and each known child) may take to be gone
 # before the sweep looks for what is left.
 KILL_WAIT_S = 2.0
-PORT_ATTEMPTS = 3
 # The first tab's page when a caller names none.
 BLANK = "about:blank"
 
@@ -108,21 +110,15 @@ BASE_FLAGS: tuple[str, ...] = (
 )
 
 
-def chromium_flags(user_data_dir: Path, port: int, *, headless: bool = True) -> list[str]:
+def chromium_flags(user_data_dir: Path, *, headless: bool = True) -> list[str]:
     flags = list(BASE_FLAGS)
     if headless:
         flags.append("--headless")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Chromium's sandbox refuses to run as root.
         flags.append("--no-sandbox")
-    flags += [f"--user-data-dir={user_data_dir}", f"--remote-debugging-port={port}"]
+    flags += [f"--user-data-dir={user_data_dir}", DEBUGGING_PIPE_FLAG]
     return flags
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ensure_user_data_dir(path: Path) -> None:
@@ -160,7 +156,7 @@ class BrowserRecord:
     """What the last browser of a profile was, kept next to it for the self-check."""
 
     pid: int
-    port: int
+    port: int  # 0: none (the pipe); a record from before the pipe may name one
     create_time: float
 
     @staticmethod
@@ -198,8 +194,7 @@ class BrowserSession:
 
     process: subprocess.Popen[bytes]
     user_data_dir: Path
-    port: int
-    ws_url: str
+    pipe: CdpPipe
     browser: Browser
     context: BrowserContext
     selfcheck: SelfCheckReport
@@ -207,6 +202,9 @@ class BrowserSession:
     survivors: list[int] = field(default_factory=list)  # not dead after the kill (never seen)
     # What Chromium's first tab was told to open at launch (see `start_browser`).
     start_url: str = BLANK
+    # A task run's limits on popups, hosts and downloads (guard.py); None
+    # for an operator's login, which may need a sign-in popup.
+    guard: Guard | None = None
     _closed: bool = False
 
     @property
@@ -237,7 +235,7 @@ class BrowserSession:
     async def _kill(self, family: list[psutil.Process]) -> None:
         """Kill the browser and `family`, confirmed dead; the session is closed after it."""
         try:
-            self.survivors = await kill_tree(self.process, self.user_data_dir, self.port, family)
+            self.survivors = await kill_tree(self.process, self.user_data_dir, None, family)
         finally:
             self._closed = True
 
@@ -312,6 +310,7 @@ class BrowserSession:
         # anyway because it runs in cleanup paths.
         with contextlib.suppress(PlaywrightError, asyncio.TimeoutError):
             await asyncio.wait_for(self.browser.close(), 2.0)
+        await self.pipe.close()
 
 
 def _read_text(path: Path) -> str:
@@ -326,41 +325,24 @@ def _last_lines(text: str, n: int = 5) -> str:
     return " | ".join(lines[-n:])[-800:]
 
 
-async def _spawn(
-    executable: str, user_data_dir: Path, port: int, headless: bool, start_url: str = BLANK
-) -> tuple[subprocess.Popen[bytes], str]:
-    """Start Chromium and wait for its DevTools endpoint; (process, ws url)."""
-    log_path = stderr_log_path(user_data_dir)
-    argv = [executable, *chromium_flags(user_data_dir, port, headless=headless)]
-    proc = _popen(argv, log_path, start_url)
+def _spawn(
+    executable: str, user_data_dir: Path, headless: bool, start_url: str = BLANK
+) -> tuple[subprocess.Popen[bytes], CdpPipe]:
+    """Start Chromium with its DevTools on a pipe; (process, pipe)."""
+    argv = [executable, *chromium_flags(user_data_dir, headless=headless)]
+    pipe = CdpPipe()
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            text = _read_text(log_path)
-            found = _LISTENING.search(text)
-            if found:
-                return proc, found.group(1)
-            if _PORT_BUSY in text:
-                raise _PortBusy(port)
-            if proc.poll() is not None:
-                raise TransientError(
-                    f"Chromium exited with code {proc.returncode} while starting on profile "
-                    f"{user_data_dir}: {_last_lines(text) or 'no output'} (full log: {log_path})",
-                    kind="browser_start",
-                )
-            if time.monotonic() > deadline:
-                raise TransientError(
-                    f"Chromium did not open its DevTools port within {STARTUP_TIMEOUT_S:.0f} s "
-                    f"(log: {log_path})",
-                    kind="browser_start",
-                )
-            await asyncio.sleep(0.02)
+        proc = _popen(argv, stderr_log_path(user_data_dir), pipe, start_url)
     except BaseException:
-        await kill_tree(proc, user_data_dir, port)
+        pipe.discard()
         raise
+    pipe.spawned()
+    return proc, pipe
 
 
-def _popen(argv: list[str], log_path: Path, start_url: str = BLANK) -> subprocess.Popen[bytes]:
+def _popen(
+    argv: list[str], log_path: Path, pipe: CdpPipe, start_url: str = BLANK
+) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as stderr:
         return subprocess.Popen(
             [*argv, start_url],
@@ -370,13 +352,25 @@ def _popen(argv: list[str], log_path: Path, start_url: str = BLANK) -> subproces
             # Its own session and process group: signals to the dispatcher's
             # terminal do not reach it, and killpg reaches all of it.
             start_new_session=True,
-            close_fds=True,
+            # `child_setup` closes what close_fds would, but keeps 3 and 4.
+            close_fds=False,
+            preexec_fn=pipe.child_setup,
         )
 
 
-class _PortBusy(Exception):
-    def __init__(self, port: int) -> None:
-        super().__init__(f"debugging port {port} is taken")
+def _start_failure(
+    proc: subprocess.Popen[bytes], user_data_dir: Path, exited: bool, why: str
+) -> TransientError:
+    """Why a launch failed, in the browser's own words when it exited by itself."""
+    log_path = stderr_log_path(user_data_dir)
+    text = _read_text(log_path)
+    if exited:
+        return TransientError(
+            f"Chromium exited with code {proc.returncode} while starting on profile "
+            f"{user_data_dir}: {_last_lines(text) or 'no output'} (full log: {log_path})",
+            kind="browser_start",
+        )
+    return TransientError(f"{why} (log: {log_path})", kind="browser_start")
 
 
 def _family(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
@@ -504,15 +498,14 @@ async def start_browser(
     t0 = time.monotonic()
     report = await _self_check(user_data_dir, log)
     t1 = time.monotonic()
-    proc, port, ws_url = await _launch(executable, user_data_dir, headless, first)
+    proc, pipe = await _launch(executable, user_data_dir, headless, first)
     t2 = time.monotonic()
-    browser = await _connect(playwright, proc, user_data_dir, port, ws_url)
+    browser = await _connect(playwright, proc, user_data_dir, pipe)
     t3 = time.monotonic()
     session = BrowserSession(
         process=proc,
         user_data_dir=user_data_dir,
-        port=port,
-        ws_url=ws_url,
+        pipe=pipe,
         browser=browser,
         context=browser.contexts[0],
         selfcheck=report,
@@ -525,9 +518,8 @@ async def start_browser(
     )
     if log is not None:
         log.info(
-            "browser pid %d on port %d (self-check %.0f ms, launch %.0f ms, connect %.0f ms)",
+            "browser pid %d (self-check %.0f ms, launch %.0f ms, connect %.0f ms)",
             proc.pid,
-            port,
             *session.timings_ms.values(),
         )
     return session
@@ -540,7 +532,7 @@ async def _self_check(user_data_dir: Path, log: Log | None) -> SelfCheckReport:
     report = await asyncio.to_thread(
         self_check,
         user_data_dir,
-        port=last.port if last else None,
+        port=last.port or None if last else None,
         pid=last.pid if last else None,
         create_time=last.create_time if last else None,
     )
@@ -560,40 +552,49 @@ async def _self_check(user_data_dir: Path, log: Log | None) -> SelfCheckReport:
 
 async def _launch(
     executable: str, user_data_dir: Path, headless: bool, start_url: str = BLANK
-) -> tuple[subprocess.Popen[bytes], int, str]:
-    """Chromium on a free debugging port, recorded for the next self-check; (process, port, ws)."""
-    for _ in range(PORT_ATTEMPTS):
-        port = free_port()
-        try:
-            proc, ws_url = await _spawn(executable, user_data_dir, port, headless, start_url)
-        except _PortBusy:
-            continue  # someone took the port between our probe and Chromium's bind
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            create_time = 0.0
-        BrowserRecord(proc.pid, port, create_time).save(user_data_dir)
-        return proc, port, ws_url
-    raise TransientError(
-        f"no free debugging port after {PORT_ATTEMPTS} tries", kind="browser_start"
-    )
+) -> tuple[subprocess.Popen[bytes], CdpPipe]:
+    """Chromium on its pipe, recorded for the next self-check; (process, pipe)."""
+    try:
+        proc, pipe = _spawn(executable, user_data_dir, headless, start_url)
+    except OSError as exc:
+        raise TransientError(
+            f"cannot start Chromium {executable}: {exc.strerror}", kind="browser_start"
+        ) from exc
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = 0.0
+    BrowserRecord(proc.pid, 0, create_time).save(user_data_dir)
+    return proc, pipe
 
 
 async def _connect(
     playwright: Playwright,
     proc: subprocess.Popen[bytes],
     user_data_dir: Path,
-    port: int,
-    ws_url: str,
+    pipe: CdpPipe,
 ) -> Browser:
     """Playwright's connection to the launched browser; on any failure it is killed."""
     try:
-        return await playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000)
+        ws_url = await pipe.open()
+        # Chromium reads the pipe once it is up: the connect waits for that.
+        return await until_exit(
+            proc,
+            playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000),
+        )
     except BaseException as exc:
-        await kill_tree(proc, user_data_dir, port)
         if isinstance(exc, PlaywrightError):
-            raise TransientError(
-                f"cannot connect to Chromium over CDP at {ws_url}: {exc.message}",
-                kind="browser_start",
+            # The pipe closed under the connect: most likely Chromium quit;
+            # let it finish so that its exit code, not our kill, is reported.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, EXIT_WAIT_S)
+        exited = proc.poll() is not None
+        await kill_tree(proc, user_data_dir, None)
+        await pipe.close()
+        if isinstance(exc, (PlaywrightError, OSError, BrowserExited)):
+            # (The URL holds the relay's token: it stays out of the message.)
+            why = exc.message if isinstance(exc, PlaywrightError) else str(exc)
+            raise _start_failure(
+                proc, user_data_dir, exited, f"cannot connect to Chromium over its pipe: {why}"
             ) from exc
         raise

@@ -45,6 +45,13 @@ from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
+from webrunner.guard import (
+    BrowserPolicy,
+    clear_downloads,
+    downloads_dir_for,
+    install_guard,
+    policy_for,
+)
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
@@ -266,6 +273,20 @@ class WebRunner:
                 return profile.web
         raise NotFound(f"no web account {account!r}; known: {', '.join(self.accounts) or 'none'}")
 
+    def _spec_at(self, account: str, url: str) -> WebSpec:
+        for name in self.models_of(account):
+            profile = self._all_profiles.get(name)
+            if profile is not None and profile.web is not None and profile.web.url == url:
+                return profile.web
+        return self.spec_for(account)
+
+    def _policy(self, account: str, spec: WebSpec) -> BrowserPolicy:
+        return policy_for(
+            spec,
+            downloads_dir_for(self.user_data_dir(account)),
+            self._settings.max_download_bytes,
+        )
+
     @contextlib.asynccontextmanager
     async def hold_profile(self, account: str) -> AsyncIterator[Path]:
         """The account's profile dir, under its lock, with its kept browser closed.
@@ -372,14 +393,20 @@ class WebRunner:
         and one before the account's first task (`prewarm.py`) alike. Call it
         under the account's lock."""
         assert self._playwright is not None and self._executable is not None
+        user_data_dir = self.user_data_dir(account)
+        policy = self._policy(account, self._spec_at(account, url))
+        clear_downloads(user_data_dir)
         session = await start_browser(
             self._playwright,
             executable=self._executable,
-            user_data_dir=self.user_data_dir(account),
+            user_data_dir=user_data_dir,
             headless=self._settings.headless,
             log=log,
-            start_url=url,
+            # Loaded at launch, the page would run before any route is in
+            # place: with allowed hosts, the task loads it itself.
+            start_url=None if policy.allow_hosts else url,
         )
+        await install_guard(session, policy)
         self._keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
         leftovers = session.selfcheck
@@ -510,6 +537,7 @@ class WebRunner:
     async def _ready_page(self, ctx: RunContext, run: _BrowserRun, spec: WebSpec) -> PageDriver:
         """The account's browser (kept or new) with the model's page ready for a prompt."""
         run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
+        await self._guard(ctx, run.session, spec)
         run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
         page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
         try:
@@ -524,8 +552,20 @@ class WebRunner:
             )
             await self._kill(run.account, run.session)
             run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
+            await self._guard(ctx, run.session, spec)
             run.driver = await self._open_page(ctx, run, spec, page_budget)
         return run.driver
+
+    async def _guard(self, ctx: RunContext, session: BrowserSession, spec: WebSpec) -> None:
+        """This model's limits on the (maybe kept) browser: a kept one may
+        have served another model of the account."""
+        assert session.guard is not None
+        await page_step(
+            ctx,
+            session.guard.apply(self._policy(ctx.account, spec)),
+            what="setting the browser's limits",
+            budget=Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s"),
+        )
 
     async def _interrupted(self, ctx: RunContext, run: _BrowserRun) -> None:
         """The core reclaimed the task (stale) or is shutting down.

@@ -9,7 +9,9 @@ host (C, named by nothing).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,8 @@ from dispatcher.errors import HostNotAllowed, PermanentError
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.serving import RunningServer
+from webrunner.browser import BrowserSession
+from webrunner.guard import downloads_dir_for
 from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
@@ -44,11 +48,11 @@ class Sites:
             data: dict[str, Any] = (await http.get(f"{server.url}/__stats")).json()
         return data
 
-    async def show(self, *media: str) -> None:
+    async def show(self, *media: str, **extras: Any) -> None:
         async with httpx.AsyncClient() as http:
             answer = await http.post(
                 f"{self.page.url}/__config",
-                json={"media": list(media), "elsewhere": self.foreign.url},
+                json={"media": list(media), "elsewhere": self.foreign.url, **extras},
             )
             answer.raise_for_status()
 
@@ -63,7 +67,7 @@ async def sites() -> AsyncIterator[Sites]:
             await server.stop()
 
 
-def _profiles(sites: Sites) -> dict[str, Profile]:
+def _profiles(sites: Sites, **web: Any) -> dict[str, Profile]:
     page = Profile.model_validate(
         {
             "name": "hostile-page",
@@ -79,6 +83,7 @@ def _profiles(sites: Sites) -> dict[str, Profile]:
                 "stable_ms": 500,
                 "media": "img.result, video.result",
                 "max_download_bytes": MAX_DOWNLOAD_BYTES,
+                **web,
             },
         }
     )
@@ -97,9 +102,10 @@ def _profiles(sites: Sites) -> dict[str, Profile]:
     return {page.name: page, vendor.name: vendor}
 
 
-async def _runner(web: WebEnv, sites: Sites) -> WebRunner:
-    web.profiles = _profiles(sites)  # what `web.context` hands the runner, too
-    runner = WebRunner(web.settings, web.profiles, web.clock, playwright=web.driver)
+async def _runner(web: WebEnv, sites: Sites, keep_alive_s: float = 0.0, **spec: Any) -> WebRunner:
+    web.profiles = _profiles(sites, **spec)  # what `web.context` hands the runner, too
+    settings = web.settings.model_copy(update={"browser_keep_alive_s": keep_alive_s})
+    runner = WebRunner(settings, web.profiles, web.clock, playwright=web.driver)
     web.runners.append(runner)
     await runner.start()
     return runner
@@ -177,3 +183,93 @@ async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites)
         await runner.run(task, ctx)
     assert caught.value.kind == "too_large"
     assert _files(ctx.result_dir) == []  # the partial file is gone
+
+
+async def _until(what: str, check: Callable[[], Awaitable[bool]], within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await check():
+        assert time.monotonic() < deadline, f"not within {within_s:.0f} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _download_ended(sites: Sites) -> bool:
+    stats = await sites.stats(sites.page)
+    asked = any(r["path"].startswith("/attachment/") for r in stats["requests"])
+    return asked and stats["open_streams"] == 0
+
+
+def _kept(runner: WebRunner) -> BrowserSession:
+    session = runner.keeper.session("demo-1")
+    assert session is not None and session.usable
+    return session
+
+
+async def test_a_download_the_page_starts_is_denied_while_the_browser_lives_on(
+    web: WebEnv, sites: Sites
+) -> None:
+    await sites.show(download=f"{sites.page.url}/attachment/jobs/x/content")
+    runner = await _runner(web, sites, keep_alive_s=600.0)
+    task = _task()
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "here you go"
+    _kept(runner)  # the browser stays: nothing else would end the download
+
+    await _until("the endless attachment stops", lambda: _download_ended(sites))
+    served = (await sites.stats(sites.page))["bytes_served"]
+    assert served < 64 * 1024 * 1024
+    assert not downloads_dir_for(web.user_data_dir()).exists()  # nothing written anywhere of ours
+
+
+async def test_a_download_the_profile_asks_for_stops_at_the_cap_and_is_removed(
+    web: WebEnv, sites: Sites
+) -> None:
+    await sites.show(download=f"{sites.page.url}/attachment/jobs/x/content")
+    runner = await _runner(web, sites, keep_alive_s=600.0, downloads=True)
+    task = _task()
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "here you go"
+    session = _kept(runner)
+
+    await _until("the endless attachment is cancelled", lambda: _download_ended(sites))
+    target = downloads_dir_for(web.user_data_dir())
+    assert target.is_dir() and target.is_relative_to(web.state_dir)
+
+    async def removed() -> bool:
+        return not list(target.iterdir())
+
+    await _until("the partial download is removed", removed)
+    assert session.guard is not None and session.guard.downloads_cancelled == 1
+
+
+async def test_popups_are_closed_and_allow_hosts_keeps_the_browser_to_listed_hosts(
+    web: WebEnv, sites: Sites
+) -> None:
+    foreign = sites.foreign.url
+    await sites.show(
+        images=[f"{foreign}/img.png", f"{sites.other.url}/listed.png"],
+        popups=[f"{foreign}/popup-{i}" for i in range(20)],
+    )
+    runner = await _runner(
+        web, sites, keep_alive_s=600.0, allow_hosts=[f"127.0.0.1:{sites.other.port}"]
+    )
+    task = _task()
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "here you go"
+    session = _kept(runner)
+
+    guard = session.guard
+    assert guard is not None
+
+    async def popups_closed() -> bool:
+        return guard.popups_closed == 20
+
+    await _until("the 20 popups are closed", popups_closed)
+    # What is left: the task's tab (and maybe a spare one for the next task).
+    assert [p.url for p in session.context.pages if "popup" in p.url] == []
+
+    async def listed_image_loaded() -> bool:
+        return any(r["path"] == "/listed.png" for r in (await sites.stats(sites.other))["requests"])
+
+    await _until("the listed host's image is loaded", listed_image_loaded)  # the control
+    assert (await sites.stats(sites.foreign))["request_count"] == 0
+    assert any(url.startswith(foreign) for url in guard.blocked)

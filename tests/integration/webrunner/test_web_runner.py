@@ -19,7 +19,7 @@ from dispatcher.errors import AuthError, LockHeld, TaskCanceled, TransientError
 from dispatcher.models import Stage
 from dispatcher.runner import Interruption
 from webrunner import keeper
-from webrunner.browser import chromium_flags, free_port
+from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 
 if TYPE_CHECKING:
     from conftest import WebEnv
@@ -37,7 +37,13 @@ def _start_chromium(browser: str, profile: Path, log_path: Path) -> subprocess.P
     """What a killed dispatcher leaves behind: a Chromium still on the profile."""
     with log_path.open("wb") as stderr:
         return subprocess.Popen(
-            [browser, *chromium_flags(profile, free_port()), "about:blank"],
+            # A browser of an older version: a debugging port, no pipe.
+            [
+                browser,
+                *(f for f in chromium_flags(profile) if f != DEBUGGING_PIPE_FLAG),
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
