@@ -85,14 +85,22 @@ def list_artifacts(results_dir: Path, task_id: str) -> dict[str, list[JSON]]:
 
 
 def task_artifacts(results_dir: Path, task: Task) -> dict[str, list[JSON]]:
-    """`list_artifacts` for a task answer, skipping the disk for tasks that cannot have any.
+    """`list_artifacts` for a task answer, one stat for most tasks of a big job.
 
-    Only an attempt that failed, stalled or was canceled leaves artifacts, and
-    every one of those either ends the task failed or canceled or starts
-    another attempt: a task on its first attempt otherwise has none. Most
-    tasks of a big job are that, and a job answer lists them all.
+    An attempt that failed, stalled or was canceled leaves artifacts and then
+    either ends the task failed or canceled or starts another attempt. The
+    exception is an attempt the account, not the task, cut short (a logout
+    bounce): the task goes back on the same attempt and its evidence stays
+    under that attempt, whatever the task's state now. So a task on its first
+    attempt costs one stat of that attempt's artifacts dir; a job answer
+    lists every task.
     """
-    if task.attempt == 1 and task.state not in (State.FAILED, State.CANCELED):
+    if (
+        task.attempt == 1
+        and task.state not in (State.FAILED, State.CANCELED)
+        # os.path on a str: a third of pathlib's cost, on every task of a job.
+        and not os.path.isdir(os.path.join(results_dir, task.id, "attempt-1", ARTIFACTS_DIR))
+    ):
         return {}
     return list_artifacts(results_dir, task.id)
 

@@ -200,6 +200,12 @@ def _task_table(task: dict[str, Any]) -> Table:
         rows.append(("progress", f"{task['progress']:.0f}%"))
     if task.get("error"):
         rows.append(("error", error_text(task)))
+    # What a failed or cut-short attempt's page looked like (a logout bounce
+    # too): the names, and the API path that serves them.
+    for attempt, items in (task.get("artifacts") or {}).items():
+        names = ", ".join(str(item["name"]) for item in items)
+        where = f"/v1/tasks/{task['id']}/artifacts/{attempt}/<name>"
+        rows.append(("evidence", f"attempt {attempt}: {names} ({where})"))
     if task["state"] == "success":
         cached = " (from cache)" if task.get("from_cache") else ""
         rows.append(("result", result_text(task) + cached))

@@ -140,6 +140,18 @@ def test_status_takes_a_prefix_and_says_where_the_result_is(
     assert json.loads(job.stdout)["id"] == finished_job
 
 
+def test_status_lists_what_a_failed_attempt_left(
+    service: ServiceProcess, finished_job: str
+) -> None:
+    with service.http() as client:
+        tasks = client.get(f"/v1/jobs/{finished_job}").json()["tasks"]
+    refused = next(t for t in tasks if t["ref"] == "refused")
+    shown = service.cli("status", refused["id"])
+    assert shown.returncode == 0, shown.stderr
+    where = f"/v1/tasks/{refused['id']}/artifacts/1/<name>"
+    assert f"attempt 1: answer.txt ({where})" in shown.stdout.replace("\n", "")
+
+
 def test_bad_input_exits_2_and_json_mode_always_prints_an_object(
     service: ServiceProcess, tmp_path: Path
 ) -> None:

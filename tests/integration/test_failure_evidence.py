@@ -98,8 +98,11 @@ async def test_a_logged_out_account_leaves_the_page_that_says_so(tmp_path: Path)
         while not (await h.http.get("/v1/accounts")).json()[0]["needs_attention"]:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.05)
-        # The task waits (no attempt spent) for the operator, who finds the page here.
-        assert (await h.task(task["id"]))["state"] == "pending"
+        # The task waits (no attempt spent) for the operator, who finds the page
+        # linked from the task (the dashboard, `dispatcher show`) and served here.
+        waiting = await h.task(task["id"])
+        assert waiting["state"] == "pending" and waiting["attempt"] == 1
+        assert [a["kind"] for a in waiting["artifacts"]["1"]] == ["screenshot", "html"]
         html = await h.http.get(f"/v1/tasks/{task['id']}/artifacts/1/page.html")
         assert html.headers["content-type"].startswith("text/plain")
         assert 'id="login-form"' in html.text  # what the operator must deal with

@@ -17,9 +17,11 @@ from dispatcher.artifacts import (
     plan_prune,
     prune,
     save_artifact,
+    task_artifacts,
 )
 from dispatcher.errors import InputError, NotFound
 from dispatcher.logs import redact
+from dispatcher.models import Kind, State, Task
 
 
 def _attempt(results: Path, task: str, n: int) -> Path:
@@ -40,6 +42,31 @@ def test_listing_reads_the_files_on_disk_per_attempt(tmp_path: Path) -> None:
         "2": [{"name": "answer.txt", "kind": "answer", "size": 2}],
     }
     assert list_artifacts(tmp_path, "no-such-task") == {}
+
+
+@pytest.mark.parametrize("state", [State.PENDING, State.RUNNING, State.SUCCESS])
+def test_a_first_attempt_the_account_cut_short_lists_its_evidence(
+    tmp_path: Path, state: State
+) -> None:
+    # A logout bounce puts the task back on attempt 1; its page stays there.
+    def task(task_id: str) -> Task:
+        return Task(
+            id=task_id,
+            model="demo-chat",
+            kind=Kind.WEB,
+            lane_group="web:demo-chat",
+            params={},
+            fingerprint="f",
+            created_at=0.0,
+            state=state,
+        )
+
+    save_artifact(_attempt(tmp_path, "bounced", 1), "page.html", b"<form id=login>")
+    (_attempt(tmp_path, "plain", 1)).mkdir(parents=True)
+    assert task_artifacts(tmp_path, task("bounced")) == {
+        "1": [{"name": "page.html", "kind": "html", "size": 15}]
+    }
+    assert task_artifacts(tmp_path, task("plain")) == {}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,109 @@
+"""The recipes in docs/operations.md, run as an operator would paste them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dispatcher.serving import start_server
+from dispatcher.webhooks import sign
+from tests.harness import running_service
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+SECRET = "whsec-docs-0123456789abcdef"
+
+
+def docs_block(lang: str, containing: str) -> str:
+    """The one fenced `lang` block of operations.md that mentions `containing`."""
+    blocks = re.findall(rf"^```{lang}\n(.*?)^```$", OPERATIONS.read_text(), re.M | re.S)
+    (found,) = [b for b in blocks if containing in b]
+    return str(found)
+
+
+def docs_signature_check(raw_body: bytes, headers: Headers, secret: str = SECRET) -> bool:
+    """The docs' receiver code, given what it names: `secret`, `raw_body`, `request`."""
+    scope = {"secret": secret, "raw_body": raw_body, "request": SimpleNamespace(headers=headers)}
+    exec(docs_block("python", "X-Dispatcher-Signature"), scope)  # this repository's own text
+    return bool(scope["ok"])
+
+
+async def test_the_docs_signature_check_accepts_a_real_delivery_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    heard: list[tuple[bytes, Headers]] = []
+
+    async def hook(request: Request) -> Response:
+        heard.append((await request.body(), request.headers))
+        return Response(status_code=200)
+
+    receiver = await start_server(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), None)
+    try:
+        async with running_service(
+            tmp_path, webhook_urls=[f"{receiver.url}/hook"], webhook_secret=SECRET
+        ) as h:
+            job = await h.job("signed", [{"model": "demo-chat-api", "params": {"prompt": "hi"}}])
+            await h.wait_job(job["id"])
+            deadline = asyncio.get_running_loop().time() + 20
+            while not heard:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.02)
+    finally:
+        await receiver.stop()
+    raw, headers = heard[0]
+    assert json.loads(raw)["event"] == "job.finished"
+    assert docs_signature_check(raw, headers)
+    # A changed body, another secret, a missing signature: refused.
+    assert not docs_signature_check(raw.replace(b'"success"', b'"failed"'), headers)
+    assert not docs_signature_check(raw, headers, secret="someone-else-0123456789")
+    unsigned = Headers({k: v for k, v in headers.items() if k != "x-dispatcher-signature"})
+    assert not docs_signature_check(raw, unsigned)
+    # A genuine delivery replayed an hour later: the signed timestamp gives it away.
+    old = {**json.loads(raw), "timestamp": int(time.time()) - 3600}
+    old_raw = json.dumps(old, separators=(",", ":")).encode()
+    replayed = Headers({**headers, "x-dispatcher-signature": sign(SECRET, old_raw)})
+    assert not docs_signature_check(old_raw, replayed)
+
+
+def _as_this_user(command: str, state: Path, backups: Path) -> str:
+    """The recipe's command without sudo and chown (the suite is one user),
+    on the test's directories."""
+    command = command.replace("sudo -u dispatcher ", "").replace("sudo ", "")
+    command = command.replace("-o dispatcher -g dispatcher ", "")
+    return command.replace("/var/lib/dispatcher", str(state)).replace("/var/backups", str(backups))
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs the sqlite3 CLI")
+async def test_the_docs_backup_recipe_writes_files_only_the_owner_reads(tmp_path: Path) -> None:
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    recipe = docs_block("sh", ".backup")
+    async with running_service(tmp_path) as h:
+        task = await h.submit("demo-chat-api", "worth keeping")
+        await h.wait_task(task["id"])
+        # Online, while it serves, from a shell with the usual umask.
+        script = "umask 022\n" + _as_this_user(recipe, h.state_dir, backups)
+        done = await asyncio.to_thread(
+            subprocess.run, ["sh", "-e", "-c", script], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    written = list(backups.rglob("*"))
+    assert any(p.name.endswith(".db") for p in written)
+    assert any(p.name.endswith(".tgz") for p in written)
+    modes = {p.relative_to(backups).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in written}
+    assert modes == {name: (0o700 if (backups / name).is_dir() else 0o600) for name in modes}, {
+        k: oct(v) for k, v in modes.items()
+    }
