@@ -56,7 +56,7 @@ from bench.common import (
     percentile,
     r,
 )
-from webrunner.runner import user_data_dir_for
+from webrunner.profiledirs import user_data_dir_for
 
 SEED = 20_241_130
 WEB_TASKS = 12

@@ -10,14 +10,21 @@ added there is used at once. A key in the process environment wins over
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dotenv import dotenv_values
 
+from dispatcher.errors import NotFound
 from dispatcher.logs import redact
 from dispatcher.settings_sources import ENV_FILE
+
+if TYPE_CHECKING:
+    from dispatcher.accounts import AccountBook
+    from dispatcher.profiles import Profile
 
 # Keys this process put into its environment from `.env`: only these are
 # replaced or removed when the file changes; the real environment is left alone.
@@ -53,3 +60,26 @@ def reread_keys(names: Iterable[str], cwd: Path | None = None) -> list[str]:
             _FROM_DOTENV[name] = value
         changed.append(name)
     return changed
+
+
+async def check_keys(profiles: Iterable[Profile], accounts: AccountBook) -> None:
+    """Keys read again (`.env` too). A provider whose key variable is unset
+    cannot run a task: it needs attention and its tasks wait instead of
+    failing; once the key is there it clears itself."""
+    keyed = {
+        profile.provider: profile.api.auth_env
+        for profile in profiles
+        if profile.api is not None and profile.api.auth_env and profile.provider
+    }
+    await asyncio.to_thread(reread_keys, keyed.values())
+    for provider, auth_env in keyed.items():
+        reason = missing_key_reason(auth_env)
+        try:
+            account = accounts.get(provider)
+        except NotFound:  # no lane for it here (another host's, or refused)
+            continue
+        if os.environ.get(auth_env):
+            if account.enabled and account.needs_attention and account.reason == reason:
+                await accounts.enable(provider)
+        elif account.enabled and not (account.needs_attention and account.reason == reason):
+            await accounts.needs_attention(provider, reason)

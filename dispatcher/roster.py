@@ -65,7 +65,7 @@ class Roster:
 
     async def add(self, name: str, models: Sequence[str]) -> JSON:
         """Add a web account serving `models` (web models loaded now); it serves at once."""
-        from webrunner.runner import check_account_name
+        from webrunner.profiledirs import check_account_name
 
         check_account_name(name)
         web_models = sorted(n for n, p in self._profiles.items() if p.kind is Kind.WEB)

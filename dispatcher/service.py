@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Self
 import filelock
 
 from dispatcher.accounts import AccountBook
-from dispatcher.apikeys import missing_key_reason, reread_keys
+from dispatcher.apikeys import check_keys
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
-from dispatcher.errors import ConfigError, LockHeld, NotFound
+from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.eventloop import loop_name
 from dispatcher.events import EventBus, ProfilesReloaded
 from dispatcher.fingerprint import LocalFiles
@@ -156,26 +156,8 @@ class Service:
             self.runners[Kind.WEB] = web
 
     async def check_api_keys(self) -> None:
-        """Keys read again (`.env` too, see `apikeys`). A provider whose key
-        variable is unset cannot run a task: it needs attention and its tasks
-        wait instead of failing; once the key is there it clears itself."""
-        keyed = {
-            profile.provider: profile.api.auth_env
-            for profile in self.profiles.values()
-            if profile.api is not None and profile.api.auth_env and profile.provider
-        }
-        await asyncio.to_thread(reread_keys, keyed.values())
-        for provider, auth_env in keyed.items():
-            reason = missing_key_reason(auth_env)
-            try:
-                account = self.accounts.get(provider)
-            except NotFound:  # no lane for it here (another host's, or refused)
-                continue
-            if os.environ.get(auth_env):
-                if account.enabled and account.needs_attention and account.reason == reason:
-                    await self.accounts.enable(provider)
-            elif account.enabled and not (account.needs_attention and account.reason == reason):
-                await self.accounts.needs_attention(provider, reason)
+        """Keys read again; see `apikeys.check_keys`."""
+        await check_keys(self.profiles.values(), self.accounts)
 
     def _effective_concurrency(self, lane: LaneSpec) -> int:
         runner = self.runners.get(lane.kind)

@@ -15,13 +15,11 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from playwright.async_api import Page, Playwright, async_playwright
+from playwright.async_api import Playwright, async_playwright
 
 from apirunner.allowlist import Allowlist
 from apirunner.refimages import Prepared
@@ -45,6 +43,7 @@ from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
+from webrunner.browserrun import BrowserRun, add_close_timings, close_logged
 from webrunner.guard import (
     BrowserPolicy,
     clear_downloads,
@@ -65,31 +64,11 @@ from webrunner.page import (
     prime,
     started_on,
 )
+from webrunner.profiledirs import check_account_name, user_data_dir_for
 
 # Real seconds for self-check, launch and CDP connect together (each step
 # has its own, shorter bound; this one only keeps the sum finite).
 START_LIMIT_S = 90.0
-
-# An account name becomes a directory name; keep it boring.
-_ACCOUNT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def check_account_name(account: str, where: str = "") -> None:
-    """InputError unless `account` can name a directory safely."""
-    if not _ACCOUNT_NAME.match(account):
-        raise InputError(
-            f"{where}web account name {account!r} must be 1-64 letters, digits, '.', '_' "
-            "or '-', starting with a letter or digit (it names a directory)"
-        )
-
-
-def browser_profiles_dir(state_dir: Path) -> Path:
-    return state_dir / "browser"
-
-
-def user_data_dir_for(state_dir: Path, account: str) -> Path:
-    """Where an account's browser profile (its logged-in session) lives."""
-    return browser_profiles_dir(state_dir) / account
 
 
 class WebRunner:
@@ -134,7 +113,7 @@ class WebRunner:
             for account, listing in web_models_by_account(profiles).items()
         }
         self._locks: dict[str, AccountLock] = {}
-        self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, self._close)
+        self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, close_logged)
         # Counters the service's metrics read (`stats`).
         self.counts: dict[str, int] = {
             "browser_launches": 0,
@@ -300,7 +279,7 @@ class WebRunner:
             if session is not None:
                 # Chromium allows one browser per profile.
                 await self._keeper.forget(account)
-                await self._close(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
+                await close_logged(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
             yield self.user_data_dir(account)
 
     def running_browser(self, account: str) -> BrowserSession | None:
@@ -414,7 +393,7 @@ class WebRunner:
         return session
 
     async def _open_page(
-        self, ctx: RunContext, run: _BrowserRun, spec: WebSpec, budget: Budget
+        self, ctx: RunContext, run: BrowserRun, spec: WebSpec, budget: Budget
     ) -> PageDriver:
         session = run.session
         assert session is not None
@@ -437,7 +416,7 @@ class WebRunner:
     async def _run_in_browser(
         self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
     ) -> RunResult:
-        run = _BrowserRun(account)
+        run = BrowserRun(account)
         try:
             result = await self._generate(ctx, run, message, images)
         except TaskCanceled:
@@ -468,12 +447,12 @@ class WebRunner:
                 # after a success, keep-alive is off or the account was released.
                 with ctx.alive():
                     await self._keeper.forget(account)
-                    await self._close(run.session, ctx.log)
-        _add_close_timings(result, run)
+                    await close_logged(run.session, ctx.log)
+        add_close_timings(result, run)
         return result
 
     async def _generate(
-        self, ctx: RunContext, run: _BrowserRun, message: str, images: Sequence[Prepared]
+        self, ctx: RunContext, run: BrowserRun, message: str, images: Sequence[Prepared]
     ) -> RunResult:
         """Browser, page, prompt, answer, media: the attempt's happy path."""
         spec = ctx.profile.web
@@ -534,7 +513,7 @@ class WebRunner:
         )
         return result
 
-    async def _ready_page(self, ctx: RunContext, run: _BrowserRun, spec: WebSpec) -> PageDriver:
+    async def _ready_page(self, ctx: RunContext, run: BrowserRun, spec: WebSpec) -> PageDriver:
         """The account's browser (kept or new) with the model's page ready for a prompt."""
         run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
         await self._guard(ctx, run.session, spec)
@@ -567,7 +546,7 @@ class WebRunner:
             budget=Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s"),
         )
 
-    async def _interrupted(self, ctx: RunContext, run: _BrowserRun) -> None:
+    async def _interrupted(self, ctx: RunContext, run: BrowserRun) -> None:
         """The core reclaimed the task (stale) or is shutting down.
 
         Kill first, synchronously: the page may be frozen, and the account's
@@ -585,7 +564,7 @@ class WebRunner:
             f" (survivors: {session.survivors})" if session.survivors else "",
         )
 
-    async def _keep_evidence(self, ctx: RunContext, run: _BrowserRun) -> None:
+    async def _keep_evidence(self, ctx: RunContext, run: BrowserRun) -> None:
         """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
         session, driver, tracing = run.session, run.driver, run.tracing
         if session is None or not session.usable:
@@ -609,22 +588,6 @@ class WebRunner:
         await self._keeper.forget(account)
         await session.abort()
 
-    @staticmethod
-    async def _close(session: BrowserSession, log: Log) -> None:
-        graceful = await session.close(log)
-        log.info(
-            "browser pid %d closed %s in %.0f ms",
-            session.pid,
-            "gracefully" if graceful else "by kill",
-            session.timings_ms.get("close", 0.0),
-        )
-        if session.survivors:
-            log.error(
-                "browser processes %s of profile %s survived SIGKILL",
-                session.survivors,
-                session.user_data_dir,
-            )
-
     def stats(self) -> RunnerStats:
         return RunnerStats(counters=dict(self.counts))
 
@@ -638,26 +601,3 @@ class WebRunner:
 
     def __repr__(self) -> str:
         return f"WebRunner(accounts={list(self.accounts)}, started={self._playwright is not None})"
-
-
-@dataclass
-class _BrowserRun:
-    """What one attempt holds in the browser, for its failure and clean-up paths."""
-
-    account: str
-    session: BrowserSession | None = None
-    reused: bool = False
-    driver: PageDriver | None = None
-    page: Page | None = None  # the tab `driver` is being made for
-    tracing: bool = False
-    kept: bool = False  # handed to the keeper for the account's next task
-
-
-def _add_close_timings(result: RunResult, run: _BrowserRun) -> None:
-    """What this task paid beyond the generation: browser start (unless
-    reused) and page load before the prompt, close after the answer."""
-    timings_ms = result.meta["timings_ms"]
-    session = run.session
-    close_ms = 0.0 if run.kept or session is None else session.timings_ms.get("close", 0.0)
-    timings_ms["close"] = round(close_ms, 1)
-    timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)

@@ -34,7 +34,7 @@ from dispatcher.settings import find_browser
 from tests.helpers import REPO
 from tests.pgdb import fresh_database
 from tests.procs import Proc, demo_stats, service_client, start_service, stop_proc
-from webrunner.runner import user_data_dir_for
+from webrunner.profiledirs import user_data_dir_for
 
 # The waits below end on a lack of progress, not on a total: the timeout is
 # only the last resort for a wait that hangs outside them.

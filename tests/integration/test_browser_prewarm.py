@@ -26,7 +26,8 @@ from tests.helpers import REPO
 from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
 from webrunner.browser import BrowserSession
-from webrunner.runner import WebRunner, user_data_dir_for
+from webrunner.profiledirs import user_data_dir_for
+from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
 

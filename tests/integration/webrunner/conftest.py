@@ -33,7 +33,8 @@ from dispatcher.profiles import load_profiles
 from dispatcher.runner import RunContext
 from dispatcher.serving import RunningServer
 from dispatcher.settings import Settings, find_browser
-from webrunner.runner import WebRunner, user_data_dir_for
+from webrunner.profiledirs import user_data_dir_for
+from webrunner.runner import WebRunner
 
 SCALE = 0.05
 PROFILES_DIR = Path("profiles")

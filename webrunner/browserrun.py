@@ -1,0 +1,51 @@
+"""What one web attempt holds in its browser, and the accounting of its close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playwright.async_api import Page
+
+from dispatcher.runner import RunResult
+from webrunner.browser import BrowserSession, Log
+from webrunner.page import PageDriver
+
+
+@dataclass
+class BrowserRun:
+    """What one attempt holds in the browser, for its failure and clean-up paths."""
+
+    account: str
+    session: BrowserSession | None = None
+    reused: bool = False
+    driver: PageDriver | None = None
+    page: Page | None = None  # the tab `driver` is being made for
+    tracing: bool = False
+    kept: bool = False  # handed to the keeper for the account's next task
+
+
+def add_close_timings(result: RunResult, run: BrowserRun) -> None:
+    """What this task paid beyond the generation: browser start (unless
+    reused) and page load before the prompt, close after the answer."""
+    timings_ms = result.meta["timings_ms"]
+    session = run.session
+    close_ms = 0.0 if run.kept or session is None else session.timings_ms.get("close", 0.0)
+    timings_ms["close"] = round(close_ms, 1)
+    timings_ms["overhead"] = round(timings_ms["ready"] + close_ms, 1)
+
+
+async def close_logged(session: BrowserSession, log: Log) -> None:
+    """Close the browser (graceful, then kill) and say how it went."""
+    graceful = await session.close(log)
+    log.info(
+        "browser pid %d closed %s in %.0f ms",
+        session.pid,
+        "gracefully" if graceful else "by kill",
+        session.timings_ms.get("close", 0.0),
+    )
+    if session.survivors:
+        log.error(
+            "browser processes %s of profile %s survived SIGKILL",
+            session.survivors,
+            session.user_data_dir,
+        )
