@@ -358,6 +358,8 @@ class Service:
             create_app(self, self.credentials), settings.port, http_parser=settings.http_parser
         )
         stack.push_async_callback(self._stop_http)
+        # The hosts list names where each host's API answers.
+        await self.hosts.register(self.http.url)
         # Event streams end before the server stops: an open one would hold
         # its graceful shutdown for the whole grace period.
         stack.callback(self.events.close)
