@@ -140,3 +140,12 @@ async def test_a_result_made_on_another_host_is_said_to_be_there(tmp_path: Path)
             # A text answer has no files to fetch: nothing is said to be elsewhere.
             chat = await a.submit("demo-chat-api", "hello", gen_s=1)
             assert (await a.wait_task(chat["id"]))["result_on_host"] is None
+
+
+async def test_one_host_on_sqlite_lists_itself_alive(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api",), host_id="solo") as h:
+        seen = await hosts_of(h)
+        assert list(seen) == ["solo"]
+        assert seen["solo"]["state"] == "alive" and seen["solo"]["this_host"]
+        assert seen["solo"]["url"] == h.service.url
+        assert seen["solo"]["accounts"] == [] and seen["solo"]["running"] == 0
