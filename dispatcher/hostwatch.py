@@ -83,6 +83,8 @@ class HostWatch:
         self.leases: dict[str, Lease] = {}
         self.refused: dict[str, LeaseRefused] = {}
         self._loop: asyncio.Task[None] | None = None
+        # The local API's address, once it serves: kept for a re-register.
+        self.url: str | None = None
         # Set once the scheduler runs: a dead host's tasks need it to resume.
         self.take_over_dead = False
         self.beats = 0
@@ -96,7 +98,9 @@ class HostWatch:
         return self.clock.scaled(STALE_AFTER_S)
 
     async def register(self, url: str | None = None) -> None:
-        await self.store.register_host(self.host, self.clock.now(), url)
+        if url is not None:
+            self.url = url
+        await self.store.register_host(self.host, self.clock.now(), self.url)
 
     # -- web accounts ------------------------------------------------------------
     async def bind(self, accounts: Iterable[str]) -> None:

@@ -30,6 +30,7 @@ from dispatcher.fingerprint import (
     normalize_prompt,
     reference_hashes,
 )
+from dispatcher.modelcards import ModelCard, read_cards
 from dispatcher.models import JSON, State, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
@@ -91,13 +92,26 @@ class Intake:
     cache_hits: int = 0
     # Models whose profile is broken (or not applied live): why, for a clear refusal.
     invalid_models: dict[str, str] = field(default_factory=dict)
+    # Models only other live hosts run (several hosts on one database), as
+    # last read by `learn`.
+    elsewhere: dict[str, ModelCard] = field(default_factory=dict)
 
-    def profile(self, model: str) -> Profile:
+    async def learn(self, specs: Sequence[TaskSpec]) -> None:
+        """Read what the other hosts run when a spec names a model not loaded
+        here: such a task is accepted here and run there."""
+        if all(s.model in self.profiles or s.model in self.invalid_models for s in specs):
+            return
+        rows = await self.store.served_models()
+        self.elsewhere = read_cards(r for r in rows if r[0] != self.host)
+
+    def profile(self, model: str) -> Profile | ModelCard:
         profile = self.profiles.get(model)
         if profile is None and model in self.invalid_models:
             raise InputError(f"model {model!r} is not loaded: {self.invalid_models[model]}")
+        if profile is None and model in self.elsewhere:
+            return self.elsewhere[model]
         if profile is None:
-            known = ", ".join(sorted(self.profiles)) or "none loaded"
+            known = ", ".join(sorted({*self.profiles, *self.elsewhere})) or "none loaded"
             raise InputError(f"unknown model {model!r}; known models: {known}")
         return profile
 
@@ -105,7 +119,11 @@ class Intake:
         profile = self.profile(spec.model)
         now = self.clock.now()
         params = spec.params
-        if profile.api is not None and profile.api.style == "comfyui":
+        if isinstance(profile, ModelCard):
+            task_fingerprint = fingerprint(
+                spec.model, spec.params, profile.fingerprint_fields, images=images or {}
+            )
+        elif profile.api is not None and profile.api.style == "comfyui":
             params, task_fingerprint = comfyui_params(profile, spec.params, images or {})
         else:
             fields = profile.fingerprint_fields

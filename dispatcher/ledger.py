@@ -170,6 +170,7 @@ class Ledger(TaskReads):
         two hosts, still make one task. The early look skips the cache work
         for a twin.
         """
+        await self.intake.learn([spec])
         (images,) = await self.intake.image_hashes([spec], in_job=False)
         task = self.intake.new_task(spec, None, images)
         since = self.intake.twin_window_start(task)
@@ -200,6 +201,7 @@ class Ledger(TaskReads):
         job = Job(id=new_id(), name=name, created_at=self.clock.now())
         # Validate everything before writing anything: a bad line rejects the whole
         # job rather than leaving half of it queued.
+        await self.intake.learn(specs)
         hashes = await self.intake.image_hashes(specs, in_job=True)
         tasks = []
         refs: dict[str, int] = {}

@@ -39,6 +39,7 @@ from dispatcher.lanes import LaneSpec, build_lanes, with_added_accounts
 from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.metrics import LoopLagProbe, Metrics, live_numbers
+from dispatcher.modelcards import publishable
 from dispatcher.models import JSON, Kind, State
 from dispatcher.prewarm import BrowserPrewarm
 from dispatcher.profiles import ProfileProblem, read_profiles
@@ -280,6 +281,7 @@ class Service:
             shared=self.hosts.shared,
         )
         self.ledger.invalid_models = found.invalid_models()
+        await self._publish(lanes)
         concurrency = {
             lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
         }
@@ -359,6 +361,8 @@ class Service:
             create_app(self, self.credentials), settings.port, http_parser=settings.http_parser
         )
         stack.push_async_callback(self._stop_http)
+        # The hosts list names where each host's API answers.
+        await self.hosts.register(self.http.url)
         # Event streams end before the server stops: an open one would hold
         # its graceful shutdown for the whole grace period.
         stack.callback(self.events.close)
@@ -399,8 +403,14 @@ class Service:
             lanes = await self._bound(lanes)
             await self.accounts.ensure((lane.owner, lane.kind) for lane in lanes.values())
             self.scheduler.replace_lanes(lanes)
+            await self._publish(lanes)
             if self.prewarm is not None:
                 self.prewarm.lanes_changed(lanes)
+
+    async def _publish(self, lanes: Mapping[str, LaneSpec]) -> None:
+        """The models this host runs, for the other hosts' intake (`modelcards`)."""
+        models = {model for lane in lanes.values() for model in lane.models}
+        await self.store.publish_models(self.settings.host_id, publishable(self.profiles, models))
 
     def _tell_web(self, lanes: Mapping[str, LaneSpec]) -> None:
         """The web runner learns which models each web account serves (a
@@ -517,6 +527,9 @@ class Service:
         """Why a pending task of `model` waits, when its model is not loaded."""
         if model in self.profiles:
             return None
+        card = self.ledger.intake.elsewhere.get(model)
+        if card is not None:
+            return f"model {model!r} is run by host {', '.join(card.hosts)}, not this one"
         why = self.ledger.invalid_models.get(model)
         if why:
             return f"model {model!r} is not loaded ({why}); its tasks wait until it is"

@@ -1,4 +1,4 @@
-"""Lane switches: list, disable and enable accounts and providers; show the lanes."""
+"""Lane switches: list, disable and enable accounts and providers; show the lanes and hosts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher.cli.output import JsonFlag, console, err, print_json
+from dispatcher.cli.output import JsonFlag, console, err, fmt_seconds, print_json
 from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, handled, service_client
 
 accounts_app = typer.Typer(
@@ -248,6 +248,31 @@ def lanes(as_json: JsonFlag = False) -> None:
             state,
             str(lane["queued"]),
             ", ".join(lane["running"]) or "-",
+        )
+    console.print(table)
+
+
+def hosts(as_json: JsonFlag = False) -> None:
+    """The hosts sharing the database: last beat, accounts leased, running tasks."""
+    with service_client(as_json) as client:
+        data = client.get("/v1/hosts")
+    if as_json:
+        print_json(data)
+        return
+    table = Table("host", "state", "last beat", "started", "accounts leased", "running", "url")
+    for host in data:
+        state = {"alive": "[green]alive[/green]", "silent": "[yellow]silent[/yellow]"}.get(
+            host["state"], "[red]dead[/red]"
+        )
+        name = escape(host["host"]) + (" (this host)" if host["this_host"] else "")
+        table.add_row(
+            name,
+            state,
+            f"{fmt_seconds(host['silent_s'])} ago",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(host["started_at"])),
+            escape(", ".join(host["accounts"])) or "-",
+            str(host["running"]),
+            escape(host["url"] or "-"),
         )
     console.print(table)
 

@@ -37,6 +37,7 @@ from dispatcher.errors import (
     StateConflict,
 )
 from dispatcher.events import TaskChanged
+from dispatcher.hostsview import hosts_view
 from dispatcher.http import bodies
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
@@ -170,6 +171,8 @@ class Api:
         if with_attempts:
             answer["attempts"] = [a.to_json() for a in await self.service.ledger.attempts(task)]
         answer["artifacts"] = task_artifacts(self.service.settings.results_dir, task)
+        files = bool(task.result and task.result.get("files"))
+        answer["result_on_host"] = self._elsewhere(task) if files else None
         return answer
 
     async def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
@@ -262,18 +265,25 @@ class Api:
             answer["result"] = real_result(task.result, self.service.settings.results_dir, task.id)
         return answer
 
-    def _check_here(self, task: Task) -> None:
-        """Result files live on the disk of the host that made them; this one
-        serves another host's only from a shared results dir. No proxying:
-        hosts need not reach each other, only the database."""
+    def _elsewhere(self, task: Task) -> str | None:
+        """The host whose disk holds the task's files when this one cannot
+        serve them. Result files live on the disk of the host that made them;
+        this one serves another host's only from a shared results dir."""
         settings = self.service.settings
         if task.host is None or task.host == settings.host_id or settings.shared_results_dir:
-            return
-        raise OnAnotherHost(
-            f"the result files of task {task.id} are on host {task.host!r}; ask the "
-            f"dispatcher there (or give every host one DISPATCHER_SHARED_RESULTS_DIR)",
-            task.host,
-        )
+            return None
+        return task.host
+
+    def _check_here(self, task: Task) -> None:
+        """No proxying: the local API listens on loopback only, so hosts
+        cannot reach each other, only the database."""
+        host = self._elsewhere(task)
+        if host is not None:
+            raise OnAnotherHost(
+                f"the result files of task {task.id} are on host {host!r}; ask the "
+                f"dispatcher there (or give every host one DISPATCHER_SHARED_RESULTS_DIR)",
+                host,
+            )
 
     async def task_artifact(self, request: Request) -> Response:
         """A failed attempt's screenshot, page HTML (as text), trace or vendor answer."""
@@ -355,6 +365,17 @@ class Api:
 
     async def reload(self, request: Request) -> Response:
         return JSONResponse(await self.service.reload())
+
+    async def hosts(self, request: Request) -> Response:
+        service = self.service
+        return JSONResponse(
+            await hosts_view(
+                service.store,
+                me=service.settings.host_id,
+                now=service.clock.now(),
+                stale_s=service.hosts.stale_s,
+            )
+        )
 
     async def accounts(self, request: Request) -> Response:
         return JSONResponse(self.service.accounts.views())
@@ -581,6 +602,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/jobs/{id}/retry", api.retry_job, methods=["POST"]),
         Route("/v1/lanes", api.lanes, methods=["GET"]),
         Route("/v1/reload", api.reload, methods=["POST"]),
+        Route("/v1/hosts", api.hosts, methods=["GET"]),
         Route("/v1/accounts", api.accounts, methods=["GET"]),
         Route("/v1/accounts", api.add_account, methods=["POST"]),
         Route("/v1/accounts/{name}", api.remove_account, methods=["DELETE"]),

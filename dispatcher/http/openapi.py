@@ -131,6 +131,11 @@ class TaskAnswer(_Answer):
         default=None,
         description="the host that ran its current attempt (and holds its result files)",
     )
+    result_on_host: str | None = Field(
+        default=None,
+        description="the host whose disk holds the result files, when this host cannot "
+        "serve them (no shared results dir): ask that host; null when this one serves them",
+    )
     artifacts: dict[str, list[ArtifactInfo]] = Field(
         default_factory=dict,
         description="per attempt: what a failed, stalled or canceled attempt left",
@@ -266,6 +271,22 @@ class AccountAnswer(_Answer):
     reason: str | None
     needs_attention: bool
     updated_at: float
+
+
+class HostAnswer(_Answer):
+    host: str
+    url: str | None = Field(description="where its local API answered when it started")
+    this_host: bool
+    state: Literal["alive", "silent", "dead"] = Field(
+        description="silent: no beat within the stale bound; dead: declared dead or stopped"
+    )
+    alive: bool
+    started_at: float
+    heartbeat_at: float
+    silent_s: float
+    dead_at: float | None
+    accounts: list[str] = Field(description="the web accounts it holds leases on")
+    running: int = Field(description="tasks it runs now")
 
 
 class LoginOpened(_Answer):
@@ -413,6 +434,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("/v1/reload", "post"): Op(
         "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
     ),
+    ("/v1/hosts", "get"): Op("The hosts sharing the database", answer=list[HostAnswer]),
     ("/v1/accounts", "get"): Op("Web accounts and API providers", answer=list[AccountAnswer]),
     ("/v1/accounts", "post"): Op(
         "Add a web account serving loaded web models; it takes tasks at once",

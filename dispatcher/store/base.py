@@ -181,6 +181,13 @@ class Store(Protocol):
     async def stale_hosts(self, heartbeat_before: float) -> list[Host]:
         """Hosts not declared dead whose last heartbeat is older than the bound."""
 
+    async def publish_models(self, host: str, cards: Mapping[str, str]) -> None:
+        """The models this host runs now (model -> its card, JSON text), replacing
+        what it published before."""
+
+    async def served_models(self) -> list[tuple[str, str, str]]:
+        """(host, model, card) for every model a host not declared dead runs."""
+
     async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
         """Declare a stale host dead; True for the one caller that did (CAS)."""
 

@@ -7,13 +7,21 @@ for the same account or declaring the same host dead see one winner.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dispatcher.store import sql
 from dispatcher.store.hosts import Host, Lease, LeaseRefused
 from dispatcher.store.rowmaps import row_to_host, row_to_lease
+
+# What each host runs (PostgreSQL only: on SQLite one host runs everything it knows).
+_MODELS_DROP = "DELETE FROM host_models WHERE host = %s AND NOT (model = ANY(%s))"
+_MODELS_PUT = """INSERT INTO host_models (host, model, card)
+    SELECT %s, m, c FROM unnest(%s::text[], %s::text[]) AS u(m, c)
+    ON CONFLICT (host, model) DO UPDATE SET card = excluded.card"""
+_MODELS_SERVED = """SELECT m.host, m.model, m.card FROM host_models AS m
+    JOIN hosts AS h ON h.id = m.host WHERE h.dead_at IS NULL ORDER BY m.model, m.host"""
 
 
 def display_url(url: str) -> str:
@@ -32,7 +40,9 @@ class PostgresHostOps:
     ) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    async def _write1(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    async def _write1(
+        self, sql: str, args: Sequence[Any] = (), *, marked: bool = False
+    ) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     # -- hosts ---------------------------------------------------------------
@@ -50,6 +60,15 @@ class PostgresHostOps:
 
     async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
         return bool(await self._write1(sql.HOST_DEAD, (now, host, heartbeat_before)))
+
+    async def publish_models(self, host: str, cards: Mapping[str, str]) -> None:
+        models = sorted(cards)
+        await self._write1(_MODELS_DROP, (host, models), marked=True)
+        await self._write1(_MODELS_PUT, (host, models, [cards[m] for m in models]), marked=True)
+
+    async def served_models(self) -> list[tuple[str, str, str]]:
+        rows = await self._query(_MODELS_SERVED)
+        return [(r["host"], r["model"], r["card"]) for r in rows]
 
     async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
         rows = await self._write1(sql.JOB_FINISH_TELL, (last_finished_at, job_id, last_finished_at))

@@ -8,7 +8,7 @@ dir already makes it the only writer.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dispatcher.store import sql
@@ -37,6 +37,12 @@ class SqliteHostOps:
 
     async def stale_hosts(self, heartbeat_before: float) -> list[Host]:
         return [row_to_host(r) for r in self._query(sql.HOSTS_STALE, (heartbeat_before,))]
+
+    async def publish_models(self, host: str, cards: Mapping[str, str]) -> None:
+        """One host on SQLite: its own profiles are every model there is."""
+
+    async def served_models(self) -> list[tuple[str, str, str]]:
+        return []
 
     async def mark_host_dead(self, host: str, heartbeat_before: float, now: float) -> bool:
         return bool(self._write1(sql.HOST_DEAD, (now, host, heartbeat_before)))

@@ -23,6 +23,13 @@
     return `/v1/tasks/${encodeURIComponent(task.id)}/artifacts/${attempt}/${encodeURIComponent(name)}`;
   }
 
+  // Another host's result files: this host cannot serve them (no shared
+  // results dir), so say where they are instead of loading a broken image.
+  function elsewhere(task, testid) {
+    return el("p", { class: "muted", "data-testid": testid,
+      text: `on host ${task.result_on_host}: open its dashboard (or give every host one shared results dir)` });
+  }
+
   function isImage(file) { return String(file.content_type || "").startsWith("image/"); }
   function isVideo(file) { return String(file.content_type || "").startsWith("video/"); }
 
@@ -129,6 +136,7 @@
         el("dl", { class: "facts" },
           fact("model", task.model, "task-model"),
           fact("lane", D.laneOf(task), "task-lane"),
+          fact("host", task.host || "", "task-host"),
           fact("job", task.job_id
             ? el("a", { href: `#job/${task.job_id}`, class: "mono", text: short(task.job_id) })
             : "none (single task)", "task-job"),
@@ -173,10 +181,13 @@
         return section("Result", "task-result", el("p", { class: "muted", text: why }));
       }
       const files = task.result.files || [];
+      const away = Boolean(task.result_on_host);
       const shown = files.map((file, index) => {
         const url = resultUrl(task, index);
         let media = null;
-        if (isImage(file)) {
+        if (away) {
+          media = elsewhere(task, "result-elsewhere");
+        } else if (isImage(file)) {
           media = el("a", { href: url, target: "_blank", rel: "noopener" },
             el("img", { src: url, alt: file.name, class: "result-media", "data-testid": "result-image" }));
         } else if (isVideo(file)) {
@@ -188,7 +199,7 @@
             el("span", { class: "mono", text: file.name }), " · ",
             el("span", { "data-testid": "result-size", text: bytes(file.size) }), " · ",
             el("span", { class: "muted", text: file.content_type }), " ",
-            el("a", { href: url, download: file.name, "data-testid": "result-download",
+            away ? null : el("a", { href: url, download: file.name, "data-testid": "result-download",
               text: "download" })));
       });
       const text = task.result.text;
@@ -413,6 +424,7 @@
       if (task.state === "success" && task.result) {
         const files = task.result.files || [];
         const index = files.findIndex((f) => isImage(f) || isVideo(f));
+        if (index >= 0 && task.result_on_host) return elsewhere(task, "gallery-elsewhere");
         if (index >= 0) {
           const file = files[index];
           const url = resultUrl(task, index);

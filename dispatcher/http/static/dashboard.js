@@ -29,6 +29,7 @@
     jobs: [],
     tasks: [],
     deliveries: null, // the webhook delivery log, where the service has one
+    hosts: null, // the hosts sharing the database, where the service lists them
     features: null, // which optional endpoints the service offers (from its OpenAPI document)
   };
   // Pages register here (dashboard-pages.js): {load(route) -> Promise, render(), onTask(task)}.
@@ -216,7 +217,7 @@
   function signOut(detail) {
     view.signedIn = false;
     view.lanes = []; view.accounts = []; view.jobs = []; view.tasks = [];
-    for (const id of ["lanes-body", "accounts-body", "jobs-body", "tasks-body", "activity",
+    for (const id of ["lanes-body", "accounts-body", "hosts-body", "jobs-body", "tasks-body", "activity",
       "job-page", "task-page", "history-body"]) {
       $(id).replaceChildren();
     }
@@ -244,10 +245,11 @@
       try {
         const doc = await api("GET", "/openapi.json");
         const paths = Object.keys((doc && doc.paths) || {});
-        view.features = { webhooks: paths.includes("/v1/webhooks/deliveries") };
+        view.features = { webhooks: paths.includes("/v1/webhooks/deliveries"),
+          hosts: paths.includes("/v1/hosts") };
       } catch (err) {
         if (err instanceof SignedOut) throw err;
-        view.features = { webhooks: false };
+        view.features = { webhooks: false, hosts: false };
       }
     }
     return view.features;
@@ -313,16 +315,18 @@
       lanes.catch(() => {}); // awaited below; a refusal is reported once, by whichever fails first
       if (route.name === "overview") {
         const offered = await features();
-        const [accounts, jobs, tasks, deliveries] = await Promise.all([
+        const [accounts, jobs, tasks, deliveries, hosts] = await Promise.all([
           api("GET", "/v1/accounts"),
           api("GET", "/v1/jobs?limit=10"),
           api("GET", "/v1/tasks?state=running,pending&limit=200"),
           offered.webhooks ? api("GET", "/v1/webhooks/deliveries") : null,
+          offered.hosts ? api("GET", "/v1/hosts") : null,
         ]);
         view.accounts = accounts;
         view.jobs = itemsOf(jobs);
         view.tasks = itemsOf(tasks);
         view.deliveries = deliveries;
+        view.hosts = hosts;
       } else if (pages[route.name]) {
         await pages[route.name].load(route);
       }
@@ -350,6 +354,7 @@
     if (view.route.name === "overview") {
       renderLanes();
       renderAccounts();
+      renderHosts();
       renderJobs();
       renderTasks();
       renderDeliveries();
@@ -618,6 +623,22 @@
         el("td", { class: "muted", text: when(account.updated_at) }),
         el("td", {}, button, login));
     }));
+  }
+
+  // Shown once a second host shares the database: one host alone needs no list.
+  function renderHosts() {
+    const hosts = view.hosts || [];
+    $("hosts").hidden = hosts.length < 2;
+    $("hosts-body").replaceChildren(...hosts.map((host) => el("tr", { "data-testid": "host-row",
+      "data-host": host.host, "data-state": host.state },
+      el("td", { class: "mono" }, host.host, host.this_host ? el("span", { class: "muted", text: " (this host)" })
+        : null),
+      el("td", {}, el("span", { class: `switch ${host.state === "alive" ? "on" : "off"}`,
+        "data-testid": "host-state", text: host.state })),
+      el("td", { class: "muted", text: `${duration(host.silent_s)} ago` }),
+      el("td", { class: "mono", "data-testid": "host-accounts", text: (host.accounts || []).join(", ") || "–" }),
+      el("td", { class: "num", "data-testid": "host-running", text: String(host.running) }),
+      el("td", { class: "muted", text: when(host.started_at) }))));
   }
 
   function renderJobs() {
