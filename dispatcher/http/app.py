@@ -36,6 +36,7 @@ from dispatcher.errors import (
     StateConflict,
 )
 from dispatcher.http import bodies
+from dispatcher.http.jobview import job_progress
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
@@ -103,13 +104,13 @@ def _limit(request: Request, default: int) -> int:
     return int(raw)
 
 
-def _cursor(request: Request) -> int | None:
+def _cursor(request: Request, name: str = "after") -> int | None:
     """`after`: the `next` of a previous page (opaque to clients; a seq here)."""
-    raw = request.query_params.get("after")
+    raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or len(raw) > 18:
-        raise InputError("after must be the `next` value of a previous page")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise InputError(f"{name} must be the `next` value of a previous page")
     return int(raw)
 
 
@@ -167,12 +168,18 @@ class Api:
         answer["artifacts"] = task_artifacts(self.service.settings.results_dir, task)
         return answer
 
-    async def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
+    async def job_answer(self, job_id: str, *, tasks: str = "auto") -> JSON:
+        """Counts and aggregate progress; every task only for a small job: a
+        10,000-task answer is megabytes, and building it holds the event loop."""
+        if tasks not in ("auto", "none"):
+            raise InputError("tasks must be auto or none")
         job = await self.service.ledger.get_job(job_id)
         answer = (await self.job_answers([job]))[0]
-        if with_tasks:
-            tasks = await self.service.ledger.job_tasks(job)
-            answer["tasks"] = [await self.task_answer(t) for t in tasks]
+        answer.update(await job_progress(self.service, job))
+        answer["tasks_included"] = tasks == "auto" and answer["total"] <= MAX_LIST
+        if answer["tasks_included"]:
+            found = await self.service.ledger.job_tasks(job)
+            answer["tasks"] = [await self.task_answer(t) for t in found]
         return answer
 
     async def job_answers(self, jobs: list[Job]) -> list[JSON]:
@@ -297,7 +304,24 @@ class Api:
         return JSONResponse(_page(await self.job_answers(jobs), [j.seq for j in jobs], limit))
 
     async def get_job(self, request: Request) -> Response:
-        return JSONResponse(await self.job_answer(request.path_params["id"]))
+        tasks = request.query_params.get("tasks", "auto")
+        return JSONResponse(await self.job_answer(request.path_params["id"], tasks=tasks))
+
+    async def job_tasks(self, request: Request) -> Response:
+        """A job's tasks in job order, one page at a time (`?state=&ref=&cursor=&limit=`)."""
+        ledger = self.service.ledger
+        limit = _limit(request, 50)
+        job = await ledger.get_job(request.path_params["id"])
+        tasks = await ledger.list_tasks(
+            states=_states(request, State),
+            job_id=job.id,
+            ref=_text(request, "ref"),
+            after_seq=_cursor(request, "cursor"),
+            oldest_first=True,
+            limit=limit + 1,
+        )
+        page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        return JSONResponse(page)
 
     async def cancel_job(self, request: Request) -> Response:
         await self.service.ledger.cancel_job(request.path_params["id"])
@@ -531,6 +555,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/jobs", api.create_job, methods=["POST"]),
         Route("/v1/jobs", api.list_jobs, methods=["GET"]),
         Route("/v1/jobs/{id}", api.get_job, methods=["GET"]),
+        Route("/v1/jobs/{id}/tasks", api.job_tasks, methods=["GET"]),
         Route("/v1/jobs/{id}/cancel", api.cancel_job, methods=["POST"]),
         Route("/v1/jobs/{id}/retry", api.retry_job, methods=["POST"]),
         Route("/v1/lanes", api.lanes, methods=["GET"]),

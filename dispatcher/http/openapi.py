@@ -156,7 +156,21 @@ class JobSummary(_Answer):
 
 
 class JobAnswer(JobSummary):
-    tasks: list[TaskAnswer]
+    by_model: dict[str, dict[str, int]] = Field(
+        description="the job's tasks per model and state (every state named)"
+    )
+    done: int = Field(description="tasks that ended: success, failed or canceled")
+    eta_s: float | None = Field(
+        description="seconds until the last of its waiting or running tasks should finish; "
+        "null when unknown or while they cannot run"
+    )
+    tasks_included: bool = Field(
+        description=f"whether `tasks` is here: only for jobs of at most {MAX_LIST} tasks, "
+        "and never with `?tasks=none`; page through a larger job with /v1/jobs/{id}/tasks"
+    )
+    tasks: list[TaskAnswer] | None = Field(
+        default=None, description="every task of the job, in job order, when `tasks_included`"
+    )
 
 
 class JobPage(_Answer):
@@ -367,7 +381,27 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         query=(_JOB_STATE, Query("q", _TEXT, "text found in the job's name"), _LIMIT, _AFTER),
     ),
     ("/v1/jobs/{id}", "get"): Op(
-        "A job (id or unique prefix) with counts, state and tasks", answer=JobAnswer, errors=(409,)
+        "A job (id or unique prefix): counts, state, progress; its tasks too when small",
+        answer=JobAnswer,
+        query=(
+            Query(
+                "tasks",
+                {"type": "string", "enum": ["auto", "none"]},
+                f"auto (default): the tasks of a job of at most {MAX_LIST}; none: never",
+            ),
+        ),
+        errors=(409,),
+    ),
+    ("/v1/jobs/{id}/tasks", "get"): Op(
+        "A job's tasks in job order, filtered by state and ref, one page at a time",
+        answer=TaskPage,
+        query=(
+            _STATE,
+            Query("ref", _TEXT, "text found in the task's ref"),
+            Query("cursor", {"type": "string", "maxLength": 200}, "the `next` of the last page"),
+            _LIMIT,
+        ),
+        errors=(409,),
     ),
     ("/v1/jobs/{id}/cancel", "post"): Op(
         "Cancel pending and running tasks", answer=JobAnswer, errors=(409,)
