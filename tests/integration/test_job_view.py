@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from dispatcher import strictjson
+from dispatcher.cli.progress import watch_job
+from dispatcher.client import Client
 from dispatcher.taskspec import parse_job
 from tests.harness import Harness, running_service
 
@@ -109,3 +115,41 @@ async def test_a_small_job_still_carries_its_tasks(tmp_path: Path) -> None:
         job = await h.wait_job(created["id"])
         assert job["done"] == 1 and job["eta_s"] is None
         assert job["by_model"]["demo-chat-api"]["success"] == 1
+
+
+class MeasuredClient(Client):
+    """The CLI's client, noting how big each answer was."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir)
+        self.sizes: list[int] = []
+
+    def request(self, method: str, path: str, json: Any = None) -> Any:
+        answer = super().request(method, path, json)
+        self.sizes.append(len(strictjson.dump_bytes(answer)))
+        return answer
+
+
+async def test_the_batch_watcher_follows_a_10000_task_job_with_light_polls(
+    tmp_path: Path,
+) -> None:
+    async with running_service(tmp_path, concurrency={"demo": 1}) as h:
+        job_id = await big_job(h)
+        client = MeasuredClient(h.state_dir)
+        text = io.StringIO()
+        out = Console(file=text, width=120)
+        watching = asyncio.ensure_future(
+            asyncio.to_thread(watch_job, client, job_id, out=out, interval_s=0.05)
+        )
+        deadline = asyncio.get_running_loop().time() + 60
+        while len(client.sizes) < 4:  # a few polls of the running job
+            assert asyncio.get_running_loop().time() < deadline and not watching.done()
+            await asyncio.sleep(0.05)
+        assert (await h.http.post(f"/v1/jobs/{job_id}/cancel")).status_code == 200
+        job = await asyncio.wait_for(watching, timeout=120)
+        print(f"\nwatcher: {len(client.sizes)} answers, the largest {max(client.sizes)} bytes")
+        assert job["state"] == "canceled" and job["counts"]["canceled"] == BIG_JOB
+        # Before: each poll carried every task, about 7 MB.
+        assert max(client.sizes) < 64 * 1024
+        assert f"progress {BIG_JOB}/{BIG_JOB}" in text.getvalue()
+        assert "demo-video" in text.getvalue() or "api:demo" in text.getvalue()
