@@ -218,12 +218,18 @@ class Api:
         ledger = self.service.ledger
         limit = _limit(request, 50)
         job = request.query_params.get("job")
+        order = request.query_params.get("order", "newest")
+        if order not in ("newest", "oldest"):
+            raise InputError("order must be newest or oldest")
+        oldest = order == "oldest"  # waiting tasks oldest first: the next to run
         tasks = await ledger.list_tasks(
             states=_states(request, State),
             model=request.query_params.get("model") or None,
             job_id=(await ledger.get_job(job)).id if job else None,
             text=_text(request, "q"),
-            before_seq=_cursor(request),
+            before_seq=None if oldest else _cursor(request),
+            after_seq=_cursor(request) if oldest else None,
+            oldest_first=oldest,
             limit=limit + 1,
         )
         page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
@@ -365,6 +371,11 @@ class Api:
                 }
             )
         return entries
+
+    async def queues(self, request: Request) -> Response:
+        """Waiting tasks per queue, on every host: counts, never the tasks."""
+        counts = await self.service.ledger.queued_counts()
+        return JSONResponse([{"queue": q, "waiting": n} for q, n in sorted(counts.items())])
 
     async def reload(self, request: Request) -> Response:
         return JSONResponse(await self.service.reload())
@@ -559,6 +570,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/jobs/{id}/cancel", api.cancel_job, methods=["POST"]),
         Route("/v1/jobs/{id}/retry", api.retry_job, methods=["POST"]),
         Route("/v1/lanes", api.lanes, methods=["GET"]),
+        Route("/v1/queues", api.queues, methods=["GET"]),
         Route("/v1/reload", api.reload, methods=["POST"]),
         Route("/v1/accounts", api.accounts, methods=["GET"]),
         Route("/v1/accounts", api.add_account, methods=["POST"]),

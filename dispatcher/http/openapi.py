@@ -183,6 +183,11 @@ class Deliveries(_Answer):
     items: list[dict[str, Any]] = Field(description="recent delivery attempts, newest first")
 
 
+class Queue(_Answer):
+    queue: str = Field(description="a lane group: the queue its lanes take tasks from")
+    waiting: int
+
+
 class Live(_Answer):
     ok: bool
 
@@ -342,6 +347,11 @@ OPERATIONS: dict[tuple[str, str], Op] = {
             _STATE,
             Query("model", _TEXT, "a model name"),
             Query("job", _TEXT, "a job id or unique prefix"),
+            Query(
+                "order",
+                {"type": "string", "enum": ["newest", "oldest"]},
+                "newest first (default), or oldest first: waiting tasks in the order they run",
+            ),
             Query("q", _TEXT, "text found in the prompt/params or the ref"),
             _LIMIT,
             _AFTER,
@@ -410,6 +420,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
     ),
     ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
+    ("/v1/queues", "get"): Op("Waiting tasks per queue (lane group), on every host", list[Queue]),
     ("/v1/reload", "post"): Op(
         "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
     ),

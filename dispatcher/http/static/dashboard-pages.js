@@ -289,9 +289,18 @@
   };
 
   // -- one job --------------------------------------------------------------------------------
+  // The job's counts come from its light view; its tasks a page at a time,
+  // filtered on the service (a job of 10,000 is never read whole).
+  const JOB_PAGE = 100;
+
   const jobPage = {
     id: null,
     job: null,
+    tasks: [],
+    next: null,
+    cursors: [], // the cursors of the pages before this one, for "newer"
+    cursor: "",
+    filters: { state: "", ref: "" },
     error: null,
     cards: new Map(), // task id -> {signature, node}: finished media is never reloaded
 
@@ -299,15 +308,31 @@
       if (route.id === this.id) return;
       this.id = route.id;
       this.job = null;
+      this.tasks = [];
+      this.next = null;
+      this.cursors = [];
+      this.cursor = "";
+      this.filters = { state: "", ref: "" };
       this.error = null;
       this.cards = new Map();
       $("job-page").replaceChildren(el("p", { class: "muted", text: "loading…" }));
     },
 
+    tasksPath(id) {
+      const params = new URLSearchParams({ limit: String(JOB_PAGE) });
+      if (this.filters.state) params.set("state", this.filters.state);
+      if (this.filters.ref) params.set("ref", this.filters.ref);
+      if (this.cursor) params.set("cursor", this.cursor);
+      return `/v1/jobs/${encodeURIComponent(id)}/tasks?${params}`;
+    },
+
     async load(route) {
       try {
-        const job = await D.api("GET", `/v1/jobs/${encodeURIComponent(route.id)}`);
-        this.job = { ...job, tasks: itemsOf(job.tasks) };
+        const job = await D.api("GET", `/v1/jobs/${encodeURIComponent(route.id)}?tasks=none`);
+        const page = await D.api("GET", this.tasksPath(job.id));
+        this.job = job;
+        this.tasks = itemsOf(page);
+        this.next = page.next || null;
         this.error = null;
       } catch (err) {
         if (err instanceof D.SignedOut || err.status === undefined) throw err;
@@ -318,6 +343,31 @@
 
     onTask(task) {
       return this.job !== null && task.job_id === this.job.id;
+    },
+
+    go(cursor, back) {
+      if (back) this.cursor = this.cursors.pop() || "";
+      else if (cursor === "") { this.cursors = []; this.cursor = ""; }
+      else { this.cursors.push(this.cursor); this.cursor = cursor; }
+      D.scheduleRefresh(0);
+    },
+
+    filterForm() {
+      const apply = (event) => {
+        event.preventDefault();
+        const form = new FormData(event.currentTarget);
+        this.filters = { state: String(form.get("state") || ""), ref: String(form.get("ref") || "").trim() };
+        this.go("");
+      };
+      return el("form", { class: "filters", "data-testid": "job-filters", onsubmit: apply },
+        el("label", {}, "state",
+          el("select", { name: "state", "data-testid": "job-filter-state" },
+            el("option", { value: "", text: "any" }),
+            ...D.STATES.map((s) => el("option", { value: s, text: s })))),
+        el("label", { class: "grow" }, "ref",
+          el("input", { name: "ref", type: "search", "data-testid": "job-filter-ref",
+            autocomplete: "off", maxlength: "200" })),
+        el("button", { type: "submit", "data-testid": "job-filter-apply", text: "filter" }));
     },
 
     render() {
@@ -337,23 +387,35 @@
           section("Results", "job-gallery-section",
             el("p", { class: "muted", id: "job-gallery-note" }),
             el("div", { class: "gallery", id: "job-gallery", "data-testid": "job-gallery" })),
-          section("Tasks", "job-tasks", el("table", {},
+          section("Tasks", "job-tasks", this.filterForm(), el("table", {},
             el("thead", {}, el("tr", {}, ...["task", "model", "lane", "state", "stage", "attempt",
               "ahead", "ETA", "error", ""].map((h) => el("th", { text: h })))),
-            el("tbody", { id: "job-tasks-body" }))));
+            el("tbody", { id: "job-tasks-body" })),
+          el("p", { class: "muted", id: "job-tasks-empty", "data-testid": "job-tasks-empty",
+            text: "No task of this job matches.", hidden: true }),
+          el("div", { class: "pager" },
+            el("button", { type: "button", id: "job-tasks-newer", "data-testid": "job-tasks-newer",
+              text: "← earlier", onclick: () => this.go(null, true) }),
+            el("button", { type: "button", id: "job-tasks-older", "data-testid": "job-tasks-older",
+              text: "later →", onclick: () => this.go(this.next) }),
+            el("span", { class: "muted", id: "job-tasks-count", "data-testid": "job-tasks-count" }))));
       }
       this.renderHead(job);
       this.renderLanes(job);
       this.renderGallery(job);
-      $("job-tasks-body").replaceChildren(...job.tasks.map(D.taskRow));
+      $("job-tasks-body").replaceChildren(...this.tasks.map(D.taskRow));
+      $("job-tasks-empty").hidden = this.tasks.length > 0;
+      $("job-tasks-newer").disabled = this.cursors.length === 0;
+      $("job-tasks-older").disabled = !this.next;
+      const first = this.cursors.length * JOB_PAGE;
+      const filtered = this.filters.state || this.filters.ref;
+      $("job-tasks-count").textContent = this.tasks.length
+        ? `tasks ${first + 1}–${first + this.tasks.length}${filtered ? " that match" : ""}`
+          + ` · ${job.total} in the job` : `${job.total} in the job`;
     },
 
     renderHead(job) {
-      const starts = job.tasks.map((t) => t.started_at).filter(Boolean);
-      const ends = job.tasks.map((t) => t.finished_at).filter(Boolean);
       const open = job.counts.pending + job.counts.running > 0;
-      const took = starts.length
-        ? (open ? Date.now() / 1000 : Math.max(...ends)) - Math.min(...starts) : null;
       $("job-head").replaceChildren(
         el("div", { class: "section-head" },
           el("h2", { "data-testid": "job-title" }, "Job ", el("span", { text: job.name })),
@@ -363,18 +425,20 @@
           ...D.jobActions(job)),
         el("dl", { class: "facts" },
           ...[["created", when(job.created_at)], ["tasks", job.total],
-            [open ? "running for" : "took", took === null ? "–" : duration(took)]]
+            [open ? "running for" : "took", duration(job.elapsed_s)],
+            ["ETA", job.waiting || (job.eta_s === null || job.eta_s === undefined ? "–" : duration(job.eta_s))]]
             .map(([label, value]) => el("div", { class: "fact" }, el("dt", { text: label }),
-              el("dd", { text: value })))),
+              el("dd", { "data-testid": `job-fact-${label.replace(/ /g, "-")}`, text: value })))),
         D.progressBar(job.counts, job.total, "job-progress"));
     },
 
     renderLanes(job) {
       const lanes = new Map();
-      for (const task of job.tasks) {
-        const name = D.laneOf(task);
+      for (const [model, counts] of Object.entries(job.by_model || {})) {
+        const serving = D.view.lanes.filter((lane) => !lane.invalid && lane.models.includes(model));
+        const name = serving.length === 1 ? serving[0].name : `${model} (any account)`;
         if (!lanes.has(name)) lanes.set(name, Object.fromEntries(D.STATES.map((s) => [s, 0])));
-        lanes.get(name)[task.state] += 1;
+        for (const s of D.STATES) lanes.get(name)[s] += counts[s] || 0;
       }
       $("job-lanes-body").replaceChildren(...[...lanes.entries()].sort().map(([name, counts]) => {
         const total = D.STATES.reduce((sum, s) => sum + counts[s], 0);
@@ -386,9 +450,9 @@
     },
 
     renderGallery(job) {
-      const shown = job.tasks.slice(0, MAX_CARDS);
-      $("job-gallery-note").textContent = job.tasks.length > MAX_CARDS
-        ? `the first ${MAX_CARDS} of ${job.tasks.length} tasks; the table below lists them all` : "";
+      const shown = this.tasks.slice(0, MAX_CARDS);
+      $("job-gallery-note").textContent = job.total > shown.length
+        ? `the tasks of this page of the table below (${shown.length} of ${job.total})` : "";
       const nodes = shown.map((task) => {
         const signature = JSON.stringify([task.state, task.attempt, task.error,
           task.state === "running" ? [task.stage, task.progress, etaText(task).text] : null]);
