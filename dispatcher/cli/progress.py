@@ -120,10 +120,18 @@ def job_table(
         "[b]all[/b]",
         f"{_bar(done, total)} {done}/{total}",
         *(str(counts[s]) for s in STATES),
-        fmt_seconds(overall_eta) if overall_eta and job["state"] == "running" else "-",
+        _job_eta(job, overall_eta),
         end_section=True,
     )
     return table
+
+
+def _job_eta(job: dict[str, Any], eta_s: float) -> str:
+    if job["state"] != "running":
+        return "-"
+    if job.get("waiting") and not eta_s:
+        return "none: " + escape(job["waiting"])
+    return fmt_seconds(eta_s) if eta_s else "-"
 
 
 def task_label(task: dict[str, Any]) -> str:
@@ -372,7 +380,9 @@ def wait_task(client: Client, task: dict[str, Any], quiet: bool) -> dict[str, An
         with Progress(*columns, console=err, transient=True, disable=quiet) as progress:
             bar = progress.add_task(f"{task['model']} {task['id'][:8]}", total=100, note="")
             while task["state"] in ("pending", "running"):
-                if task["state"] == "pending":
+                if task["state"] == "pending" and task.get("waiting"):
+                    note = f"pending, {task['ahead']} ahead, {task['waiting']}"
+                elif task["state"] == "pending":
                     note = f"pending, {task['ahead']} ahead, eta {fmt_seconds(task.get('eta_s'))}"
                 else:
                     note = f"{task.get('stage') or 'running'}, eta {fmt_seconds(task.get('eta_s'))}"

@@ -122,6 +122,11 @@ class TaskAnswer(_Answer):
     note: str | None = Field(
         default=None, description="why a pending task waits (its model is not loaded)"
     )
+    waiting: str | None = Field(
+        default=None,
+        description="why a pending task cannot run (every lane serving it is disabled or "
+        "needs attention); its eta_s is null then",
+    )
     overdue_s: float | None = Field(
         default=None, description="how far a running task is past its estimate"
     )
@@ -163,6 +168,10 @@ class JobAnswer(JobSummary):
     eta_s: float | None = Field(
         description="seconds until the last of its waiting or running tasks should finish; "
         "null when unknown or while they cannot run"
+    )
+    waiting: str | None = Field(
+        description="why its waiting tasks cannot run (every lane disabled or needing "
+        "attention), instead of an ETA"
     )
     tasks_included: bool = Field(
         description=f"whether `tasks` is here: only for jobs of at most {MAX_LIST} tasks, "

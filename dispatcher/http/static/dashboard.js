@@ -112,6 +112,8 @@
       if (task.eta_s === 0) return { text: "overdue", late: true };
       return { text: duration(task.eta_s), late: false };
     }
+    // A task no lane can take has no ETA: the reason instead.
+    if (task.state === "pending" && task.waiting) return { text: task.waiting, late: true };
     if (task.state === "pending") return { text: duration(task.eta_s), late: false };
     return { text: "", late: false };
   }
