@@ -27,6 +27,7 @@ from dispatcher.client import Client
 # A light view's failures printed one by one at most; a job of 10,000
 # failing ones is told by its counts and `dispatcher tasks --state failed`.
 MAX_FEED_FAILED = 1000
+NARROW_BELOW = 100
 PAGE = 500
 
 
@@ -43,6 +44,13 @@ def job_task_pages(client: Client, job_id: str, state: str, most: int) -> list[d
             break
         cursor = page["next"]
     return found[:most]
+
+
+def _progress(done: int, total: int) -> str:
+    """A bar and the counts; the counts alone on a narrow terminal (no wrapped bars)."""
+    if console.width < NARROW_BELOW:
+        return f"{done}/{total}"
+    return f"{_bar(done, total)} {done}/{total}"
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -112,13 +120,13 @@ def job_table(
         lane_done = row["success"] + row["failed"] + row["canceled"]
         table.add_row(
             escape(lane),
-            f"{_bar(lane_done, lane_total)} {lane_done}/{lane_total}",
+            _progress(lane_done, lane_total),
             *(str(row[s]) for s in STATES),
             fmt_seconds(row["eta"]) if row["eta"] else "-",
         )
     table.add_row(
         "[b]all[/b]",
-        f"{_bar(done, total)} {done}/{total}",
+        _progress(done, total),
         *(str(counts[s]) for s in STATES),
         _job_eta(job, overall_eta),
         end_section=True,
