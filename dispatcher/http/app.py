@@ -52,7 +52,13 @@ log = logging.getLogger("dispatcher.http")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = frozenset(
-    {"dashboard.js", "dashboard-pages.js", "dashboard-login.js", "dashboard.css"}
+    {
+        "dashboard.js",
+        "dashboard-pages.js",
+        "dashboard-job.js",
+        "dashboard-login.js",
+        "dashboard.css",
+    }
 )
 # Where a one-time link may lead after the code is redeemed: the dashboard and
 # its pages only (an open redirect would lend our origin to any address).

@@ -34,6 +34,7 @@ PUBLIC_PATHS = frozenset(
         "/livez",
         "/static/dashboard.js",
         "/static/dashboard-pages.js",
+        "/static/dashboard-job.js",
         "/static/dashboard.css",
         "/static/dashboard-login.js",
     }
