@@ -108,7 +108,18 @@ async def _submit(client: httpx.AsyncClient, tasks: int, cycle: int) -> tuple[li
         )
         if answer.status_code != 201:
             raise RuntimeError(f"job refused: {answer.status_code} {answer.text[:300]}")
-        ids += [t["id"] for t in answer.json()["tasks"]]
+        job = answer.json()
+        # A job of more than 500 tasks answers without them: they come in pages.
+        cursor = ""
+        while not job["tasks_included"]:
+            page = (
+                await call(client, "GET", f"/v1/jobs/{job['id']}/tasks?limit=500&cursor={cursor}")
+            ).json()
+            ids += [t["id"] for t in page["items"]]
+            if page["next"] is None:
+                break
+            cursor = page["next"]
+        ids += [t["id"] for t in job.get("tasks") or []]
     return ids, time.monotonic() - t0
 
 

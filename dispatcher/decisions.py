@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from dispatcher.health import AccountState
 from dispatcher.models import Kind, State, Task
 from dispatcher.states import after_failure
 
@@ -142,3 +143,38 @@ def overdue_s(*, recent_durations_s: Sequence[float], running_elapsed_s: float) 
         return None
     late_s = running_elapsed_s - statistics.median(recent_durations_s)
     return late_s if late_s > 0 else None
+
+
+@dataclass(frozen=True)
+class ServingLane:
+    """A lane serving a waiting task's queue, as `why_waiting` sees it."""
+
+    name: str
+    state: AccountState
+    reason: str | None = None
+
+
+def why_waiting(lanes: Sequence[ServingLane], *, others_serving: int = 0) -> str | None:
+    """Why a waiting task cannot start by itself, or None when it can.
+
+    An ETA for a task whose every lane is disabled or needs a person would be
+    a promise nobody keeps: the answer says why instead. A cooldown ends by
+    itself, so it is no reason; a lane of another host running the queue
+    (`others_serving`) can take it; no lane here at all is said elsewhere
+    (the model is not loaded on this host)."""
+    if not lanes or others_serving > 0:
+        return None
+    if any(lane.state in (AccountState.OK, AccountState.COOLDOWN) for lane in lanes):
+        return None
+
+    def said(lane: ServingLane) -> str:
+        what = "is disabled" if lane.state is AccountState.DISABLED else "needs attention"
+        return f"{lane.name} {what}" + (f" ({lane.reason})" if lane.reason else "")
+
+    if len(lanes) == 1:
+        return f"cannot run: lane {said(lanes[0])}"
+    if all(lane.state is AccountState.NEEDS_ATTENTION for lane in lanes):
+        return f"cannot run: every account needs attention ({'; '.join(map(said, lanes))})"
+    if all(lane.state is AccountState.DISABLED for lane in lanes):
+        return f"cannot run: every lane is disabled ({'; '.join(map(said, lanes))})"
+    return f"cannot run: no lane can take it ({'; '.join(map(said, lanes))})"

@@ -33,12 +33,15 @@ from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
     STALE_AFTER_S,
     LaneSnapshot,
+    ServingLane,
     eta_s,
     free_slots,
     overdue_s,
     plan_reclaims,
+    why_waiting,
 )
 from dispatcher.errors import (
+    NotFound,
     RunError,
     TaskCanceled,
     TransientError,
@@ -548,14 +551,18 @@ class Scheduler:
                 for lane in self.lanes.values()
                 if task.queue in lane.queues and self.accounts.is_open(lane.owner)
             )
-            if self.shared_queues:
-                # A provider's quota is global (its lanes here already count
-                # it); web accounts of other hosts add their own slot each.
-                concurrency = max(concurrency, await self.ledger.running_owners(task))
+            others = await self.ledger.running_owners(task) if self.shared_queues else 0
+            # A provider's quota is global (its lanes here already count it);
+            # web accounts of other hosts add their own slot each.
+            concurrency = max(concurrency, others)
             info["ahead"] = ahead
             info["eta_s"] = eta_s(
                 ahead=ahead, concurrency=concurrency, recent_durations_s=durations
             )
+            waiting = why_waiting(self._serving(task.queue), others_serving=others)
+            if waiting is not None:
+                info["eta_s"] = None
+                info["waiting"] = waiting
         elif task.state is State.RUNNING:
             elapsed = self.clock.now() - (task.started_at or self.clock.now())
             info["eta_s"] = eta_s(
@@ -567,6 +574,19 @@ class Scheduler:
                 info["progress"] = live.live.progress
                 info["queue_position"] = live.live.queue_position
         return info
+
+    def _serving(self, queue: str) -> list[ServingLane]:
+        serving = []
+        for lane in self.lanes.values():
+            if queue not in lane.queues:
+                continue
+            try:
+                account = self.accounts.get(lane.owner)
+            except NotFound:
+                continue  # a lane on its way out while the account is removed
+            view = self.accounts.state(lane.owner)
+            serving.append(ServingLane(lane.name, view.state, view.reason or account.reason))
+        return serving
 
     async def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:

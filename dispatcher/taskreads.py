@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dispatcher.errors import AmbiguousId, NotFound
-from dispatcher.models import Attempt, Job, JobSummary, Task
+from dispatcher.models import Attempt, Job, JobSummary, State, Task
 from dispatcher.store import Store
 
 MIN_ID_PREFIX = 4
@@ -53,6 +53,9 @@ class TaskReads:
 
     async def job_tasks(self, job: Job) -> list[Task]:
         return await self.store.job_tasks(job.id)
+
+    async def job_model_counts(self, job: Job) -> dict[tuple[str, State], int]:
+        return await self.store.job_model_counts(job.id)
 
     async def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
         return await self.store.job_summaries([job.id for job in jobs])

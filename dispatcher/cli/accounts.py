@@ -229,7 +229,11 @@ def lanes(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(data)
         return
-    table = Table("lane", "models", "concurrency", "state", "queued", "running")
+    table = Table()
+    # Names and ids wrap whole rather than end in "…" on a narrow terminal.
+    table.add_column("lane", no_wrap=True)
+    for column in ("models", "concurrency", "state", "queued", "running"):
+        table.add_column(column, overflow="fold")
     for lane in data:
         effective = lane.get("effective_concurrency", lane.get("concurrency"))
         concurrency = str(lane.get("concurrency", "-"))

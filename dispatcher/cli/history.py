@@ -36,6 +36,51 @@ StateFilter = Annotated[
 ]
 
 
+# Columns by how much a narrow terminal needs them (0 always shown; higher
+# numbers go first as the width shrinks): ids stay whole rather than "fdfa…".
+TASK_COLUMNS = (
+    ("task", 0),
+    ("ref", 0),
+    ("job", 2),
+    ("model", 0),
+    ("state", 0),
+    ("attempt", 1),
+    ("lane", 3),
+    ("created", 3),
+    ("elapsed", 1),
+    ("result or error", 0),
+)
+JOB_COLUMNS = (
+    ("job", 0),
+    ("name", 0),
+    ("state", 0),
+    ("done", 0),
+    ("success", 2),
+    ("failed", 0),
+    ("canceled", 2),
+    ("created", 1),
+    ("elapsed", 1),
+)
+ID_COLUMNS = frozenset({"task", "job"})
+# The widest a terminal may be and still leave columns of this rank out.
+LEAVE_OUT_BELOW = {1: 90, 2: 110, 3: 140}
+
+
+def fitted(columns: tuple[tuple[str, int], ...], width: int) -> list[tuple[str, int]]:
+    """The columns a terminal this wide shows."""
+    return [(n, rank) for n, rank in columns if rank == 0 or width >= LEAVE_OUT_BELOW[rank]]
+
+
+def _table(columns: list[tuple[str, int]]) -> Table:
+    table = Table(title_justify="left")
+    for name, _ in columns:
+        if name in ID_COLUMNS:
+            table.add_column(name, no_wrap=True, min_width=SHORT_ID_CHARS)
+        else:
+            table.add_column(name, overflow="fold")
+    return table
+
+
 def short(value: str | None) -> str:
     return value[:SHORT_ID_CHARS] if value else "-"
 
@@ -77,33 +122,24 @@ def jobs(
     if as_json:
         print_json(page)
         return
-    table = Table(
-        "job",
-        "name",
-        "state",
-        "done",
-        "success",
-        "failed",
-        "canceled",
-        "created",
-        "elapsed",
-        title_justify="left",
-    )
+    columns = fitted(JOB_COLUMNS, console.width)
+    table = _table(columns)
     for job in page["items"]:
         counts = job["counts"]
         done = counts["success"] + counts["failed"] + counts["canceled"]
         cached = f" ({job['from_cache']} cached)" if job.get("from_cache") else ""
-        table.add_row(
-            short(job["id"]),
-            escape(clip(job["name"], 40)),
-            styled(job["state"]),
-            f"{done}/{job['total']}",
-            f"{counts['success']}{cached}",
-            str(counts["failed"]),
-            str(counts["canceled"]),
-            when(job["created_at"]),
-            fmt_seconds(job.get("elapsed_s")),
-        )
+        cells = {
+            "job": short(job["id"]),
+            "name": escape(clip(job["name"], 40)),
+            "state": styled(job["state"]),
+            "done": f"{done}/{job['total']}",
+            "success": f"{counts['success']}{cached}",
+            "failed": str(counts["failed"]),
+            "canceled": str(counts["canceled"]),
+            "created": when(job["created_at"]),
+            "elapsed": fmt_seconds(job.get("elapsed_s")),
+        }
+        table.add_row(*(cells[name] for name, _ in columns))
     _print_page(table, page, "jobs")
 
 
@@ -127,35 +163,25 @@ def tasks(
     if as_json:
         print_json(page)
         return
-    table = Table(
-        "task",
-        "ref",
-        "job",
-        "model",
-        "state",
-        "attempt",
-        "lane",
-        "created",
-        "elapsed",
-        "result or error",
-        title_justify="left",
-    )
+    columns = fitted(TASK_COLUMNS, console.width)
+    table = _table(columns)
     for task in page["items"]:
         outcome = error_text(task) if task.get("error") else result_text(task)
         if task.get("from_cache"):
             outcome = f"(cache) {outcome}"
-        table.add_row(
-            short(task["id"]),
-            escape(task.get("ref") or "-"),
-            short(task.get("job_id")),
-            escape(task["model"]),
-            styled(task["state"]),
-            f"{task['attempt']}/{task['max_attempts']}",
-            escape(f"{task['kind']}:{task['owner']}" if task.get("owner") else "-"),
-            when(task["created_at"]),
-            fmt_seconds(task_elapsed_s(task)),
-            escape(clip(outcome)),
-        )
+        cells = {
+            "task": short(task["id"]),
+            "ref": escape(task.get("ref") or "-"),
+            "job": short(task.get("job_id")),
+            "model": escape(task["model"]),
+            "state": styled(task["state"]),
+            "attempt": f"{task['attempt']}/{task['max_attempts']}",
+            "lane": escape(f"{task['kind']}:{task['owner']}" if task.get("owner") else "-"),
+            "created": when(task["created_at"]),
+            "elapsed": fmt_seconds(task_elapsed_s(task)),
+            "result or error": escape(clip(outcome)),
+        }
+        table.add_row(*(cells[name] for name, _ in columns))
     _print_page(table, page, "tasks")
 
 

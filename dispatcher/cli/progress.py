@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -24,6 +25,34 @@ from dispatcher.cli.plumbing import EXIT_INTERRUPTED
 from dispatcher.client import Client
 from dispatcher.invocation import cli_command
 
+# A light view's failures printed one by one at most; a job of 10,000
+# failing ones is told by its counts and `dispatcher tasks --state failed`.
+MAX_FEED_FAILED = 1000
+NARROW_BELOW = 100
+PAGE = 500
+
+
+def job_task_pages(client: Client, job_id: str, state: str, most: int) -> list[dict[str, Any]]:
+    """A job's tasks in this state, in job order, read page by page (at most `most`)."""
+    found: list[dict[str, Any]] = []
+    cursor = ""
+    while len(found) < most:
+        page = client.get(
+            f"/v1/jobs/{quote(job_id, safe='')}/tasks?state={state}&limit={PAGE}&cursor={cursor}"
+        )
+        found += page["items"]
+        if page["next"] is None:
+            break
+        cursor = page["next"]
+    return found[:most]
+
+
+def _progress(done: int, total: int) -> str:
+    """A bar and the counts; the counts alone on a narrow terminal (no wrapped bars)."""
+    if console.width < NARROW_BELOW:
+        return f"{done}/{total}"
+    return f"{_bar(done, total)} {done}/{total}"
+
 
 def _bar(done: int, total: int, width: int = 20) -> str:
     filled = int(width * done / total) if total else width
@@ -42,6 +71,10 @@ class LaneNames:
 
     def serving(self, model: str) -> list[dict[str, Any]]:
         return [self.lanes[name] for name in self._by_model.get(model, [])]
+
+    def of_model(self, model: str) -> str:
+        lanes = self._by_model.get(model, [])
+        return lanes[0] if len(lanes) == 1 else f"{model} (any lane)"
 
     def of(self, task: dict[str, Any]) -> str:
         if task.get("owner"):
@@ -70,29 +103,44 @@ def job_table(
     table.add_column("eta", justify="right")
     rows: dict[str, dict[str, Any]] = {}
     overall_eta = 0.0
-    for task in job.get("tasks", []):
+    for task in job.get("tasks") or []:
         row = rows.setdefault(lanes.of(task), {**dict.fromkeys(STATES, 0), "eta": 0.0})
         row[task["state"]] += 1
         if task["state"] in ("pending", "running") and task.get("eta_s"):
             row["eta"] = max(row["eta"], task["eta_s"])
             overall_eta = max(overall_eta, task["eta_s"])
+    if job.get("tasks") is None:
+        # The light view: counts per model, one estimate for the whole job.
+        for model, counts_of in (job.get("by_model") or {}).items():
+            row = rows.setdefault(lanes.of_model(model), {**dict.fromkeys(STATES, 0), "eta": 0.0})
+            for state in STATES:
+                row[state] += counts_of.get(state, 0)
+        overall_eta = job.get("eta_s") or 0.0
     for lane, row in sorted(rows.items()):
         lane_total = sum(row[s] for s in STATES)
         lane_done = row["success"] + row["failed"] + row["canceled"]
         table.add_row(
             escape(lane),
-            f"{_bar(lane_done, lane_total)} {lane_done}/{lane_total}",
+            _progress(lane_done, lane_total),
             *(str(row[s]) for s in STATES),
             fmt_seconds(row["eta"]) if row["eta"] else "-",
         )
     table.add_row(
         "[b]all[/b]",
-        f"{_bar(done, total)} {done}/{total}",
+        _progress(done, total),
         *(str(counts[s]) for s in STATES),
-        fmt_seconds(overall_eta) if overall_eta and job["state"] == "running" else "-",
+        _job_eta(job, overall_eta),
         end_section=True,
     )
     return table
+
+
+def _job_eta(job: dict[str, Any], eta_s: float) -> str:
+    if job["state"] != "running":
+        return "-"
+    if job.get("waiting") and not eta_s:
+        return "none: " + escape(job["waiting"])
+    return fmt_seconds(eta_s) if eta_s else "-"
 
 
 def task_label(task: dict[str, Any]) -> str:
@@ -104,7 +152,7 @@ def failures_table(job: dict[str, Any]) -> Table:
     table = Table(title="failed tasks", title_justify="left")
     for column in ("task", "ref", "model", "attempt", "error"):
         table.add_column(column, overflow="fold")
-    for task in job.get("tasks", []):
+    for task in job.get("tasks") or []:
         if task["state"] == "failed":
             table.add_row(
                 task["id"],
@@ -119,10 +167,26 @@ def failures_table(job: dict[str, Any]) -> Table:
 class FailureFeed:
     """Prints failures and automatic retries once each, as they happen."""
 
-    def __init__(self, out: Console) -> None:
+    def __init__(self, out: Console, client: Client | None = None) -> None:
         self.out = out
+        self.client = client
         self._failed: set[tuple[str, int]] = set()
         self._retrying: set[tuple[str, int]] = set()
+        self._failed_count = 0
+
+    def update_job(self, job: dict[str, Any]) -> None:
+        """From the job's tasks, or for a light view the failed ones read in
+        pages when their count grows (up to MAX_FEED_FAILED: past that the
+        counts tell it; retries show only with the tasks)."""
+        if job.get("tasks") is not None:
+            self.update(job["tasks"])
+            return
+        failed = job["counts"]["failed"]
+        if self.client is None or failed <= self._failed_count:
+            return
+        self._failed_count = failed
+        if len(self._failed) < MAX_FEED_FAILED:
+            self.update(job_task_pages(self.client, job["id"], "failed", MAX_FEED_FAILED))
 
     def update(self, tasks: list[dict[str, Any]]) -> None:
         for task in tasks:
@@ -151,6 +215,17 @@ class FailureFeed:
                 )
 
 
+def pending_by_model(job: dict[str, Any]) -> dict[str, int]:
+    """Waiting tasks per model, from the light view's counts or else the tasks."""
+    if job.get("by_model") is not None:
+        return {m: c["pending"] for m, c in job["by_model"].items() if c.get("pending")}
+    pending: dict[str, int] = {}
+    for task in job.get("tasks") or []:
+        if task["state"] == "pending":
+            pending[task["model"]] = pending.get(task["model"], 0) + 1
+    return pending
+
+
 class ClosedLanes:
     """Says once when pending tasks wait for lanes that are switched off."""
 
@@ -162,23 +237,23 @@ class ClosedLanes:
         self._checked = time.monotonic()
         self._told: set[tuple[str, str]] = set()
 
-    def update(self, tasks: list[dict[str, Any]], out: Console) -> None:
+    def update(self, job: dict[str, Any], out: Console) -> None:
         if time.monotonic() - self._checked < self.CHECK_EVERY_S:
             return
         self._checked = time.monotonic()
-        pending = [t for t in tasks if t["state"] == "pending"]
+        pending = pending_by_model(job)
         if not pending:
             return
         self.lanes = LaneNames(self.client.get("/v1/lanes"))
         waiting: dict[str, int] = {}
         closed: dict[str, dict[str, Any]] = {}
-        for task in pending:
-            serving = self.lanes.serving(task["model"])
+        for model, count in pending.items():
+            serving = self.lanes.serving(model)
             if serving and not any(
                 lane["enabled"] and not lane["needs_attention"] for lane in serving
             ):
                 for lane in serving:
-                    waiting[lane["name"]] = waiting.get(lane["name"], 0) + 1
+                    waiting[lane["name"]] = waiting.get(lane["name"], 0) + count
                     closed[lane["name"]] = lane
         for name, lane in closed.items():
             why = "needs attention" if lane["needs_attention"] else "is disabled"
@@ -209,34 +284,49 @@ def watch_job(
 
     out = out or console
     started = time.monotonic()
-    job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}")
+    job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}?tasks=none")
     if as_json:
         while job["state"] == "running":
             time.sleep(interval_s)
-            job = client.get(f"/v1/jobs/{job_id}")
-        return job
+            job = client.get(f"/v1/jobs/{job_id}?tasks=none")
+        return dict(client.get(f"/v1/jobs/{job_id}"))
+    poll = JobPoll(client, job)
+    job = poll.next()
     lanes = LaneNames(client.get("/v1/lanes"))
-    feed = FailureFeed(out)
+    feed = FailureFeed(out, client)
     closed = ClosedLanes(client, lanes)
     if not out.is_terminal:
-        return _watch_plain(client, job, lanes, feed, closed, interval_s, started)
+        return _watch_plain(poll, job, lanes, feed, closed, interval_s, started)
     with Live(
         job_table(job, lanes, 0.0), console=out, refresh_per_second=4, transient=False
     ) as live:
         while True:
             feed.out = live.console
-            feed.update(job["tasks"])
-            closed.update(job["tasks"], live.console)
+            feed.update_job(job)
+            closed.update(job, live.console)
             live.update(job_table(job, lanes, time.monotonic() - started))
             if job["state"] != "running":
                 break
             time.sleep(interval_s)
-            job = client.get(f"/v1/jobs/{job_id}")
+            job = poll.next()
     return job
 
 
+class JobPoll:
+    """The job's answer, with every task only while the job is small: a big
+    job's would be megabytes per poll (the light view and pages instead)."""
+
+    def __init__(self, client: Client, light: dict[str, Any]) -> None:
+        self.client = client
+        self.path = f"/v1/jobs/{quote(light['id'], safe='')}"
+        self.small = light["total"] <= PAGE
+
+    def next(self) -> dict[str, Any]:
+        return dict(self.client.get(self.path if self.small else f"{self.path}?tasks=none"))
+
+
 def _watch_plain(
-    client: Client,
+    poll: JobPoll,
     job: dict[str, Any],
     lanes: LaneNames,
     feed: FailureFeed,
@@ -247,8 +337,8 @@ def _watch_plain(
     """For logs and pipes: a line whenever the counts move, then the final table."""
     last: tuple[int, ...] = ()
     while True:
-        feed.update(job["tasks"])
-        closed.update(job["tasks"], feed.out)
+        feed.update_job(job)
+        closed.update(job, feed.out)
         counts = job["counts"]
         now = tuple(counts[s] for s in STATES)
         if now != last:
@@ -262,7 +352,7 @@ def _watch_plain(
         if job["state"] != "running":
             break
         time.sleep(interval_s)
-        job = client.get(f"/v1/jobs/{job['id']}")
+        job = poll.next()
     feed.out.print(job_table(job, lanes, time.monotonic() - started))
     return job
 
@@ -275,8 +365,14 @@ def summary(job: dict[str, Any], out: Console) -> None:
         f"job {escape(job['name'])} {job['id']}: {styled(job['state'])} — "
         f"{', '.join(parts) or 'nothing ran'} of {job['total']}{cached}"
     )
-    if counts["failed"]:
+    if counts["failed"] and job.get("tasks") is not None:
         out.print(failures_table(job))
+    elif counts["failed"]:
+        out.print(
+            f"list the failed ones with: {cli_command()} tasks --job {job['id']} "
+            "--state failed"
+        )
+    if counts["failed"]:
         out.print(f"retry the failed ones with: {cli_command()} retry {job['id']}")
 
 
@@ -293,7 +389,9 @@ def wait_task(client: Client, task: dict[str, Any], quiet: bool) -> dict[str, An
         with Progress(*columns, console=err, transient=True, disable=quiet) as progress:
             bar = progress.add_task(f"{task['model']} {task['id'][:8]}", total=100, note="")
             while task["state"] in ("pending", "running"):
-                if task["state"] == "pending":
+                if task["state"] == "pending" and task.get("waiting"):
+                    note = f"pending, {task['ahead']} ahead, {task['waiting']}"
+                elif task["state"] == "pending":
                     note = f"pending, {task['ahead']} ahead, eta {fmt_seconds(task.get('eta_s'))}"
                 else:
                     note = f"{task.get('stage') or 'running'}, eta {fmt_seconds(task.get('eta_s'))}"

@@ -24,6 +24,7 @@ from rich.markup import escape
 
 from dispatcher.cli.output import JsonFlag, console, err, error_text, print_json
 from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, service_client
+from dispatcher.cli.progress import job_task_pages
 from dispatcher.client import ApiError, Client
 
 MANIFEST = "manifest.csv"
@@ -178,7 +179,11 @@ def results(
     """
     with service_client(as_json) as client:
         job = client.get(f"/v1/jobs/{quote(job_id, safe='')}")
-        plans = plan(job["tasks"])
+        # A big job's answer leaves its tasks out: they come in pages.
+        found = job.get("tasks")
+        if found is None:
+            found = job_task_pages(client, job["id"], "", job["total"])
+        plans = plan(found)
         try:
             out.mkdir(parents=True, exist_ok=True)
             conflicts = check_existing(plans, out, overwrite)

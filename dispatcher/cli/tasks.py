@@ -194,7 +194,9 @@ def _task_table(task: dict[str, Any]) -> Table:
     ]
     if task["state"] == "pending":
         rows.append(("ahead", str(task.get("ahead", 0))))
-    if task["state"] in ("pending", "running"):
+    if task["state"] == "pending" and task.get("waiting"):
+        rows.append(("eta", f"none: {task['waiting']}"))
+    elif task["state"] in ("pending", "running"):
         rows.append(("eta", fmt_seconds(task.get("eta_s"))))
     if task.get("progress") is not None:
         rows.append(("progress", f"{task['progress']:.0f}%"))

@@ -39,6 +39,7 @@ from dispatcher.errors import (
 from dispatcher.events import TaskChanged
 from dispatcher.hostsview import hosts_view
 from dispatcher.http import bodies
+from dispatcher.http.jobview import job_progress
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import MAX_LIST, OPENAPI
 from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
@@ -56,7 +57,13 @@ log = logging.getLogger("dispatcher.http")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = frozenset(
-    {"dashboard.js", "dashboard-pages.js", "dashboard-login.js", "dashboard.css"}
+    {
+        "dashboard.js",
+        "dashboard-pages.js",
+        "dashboard-job.js",
+        "dashboard-login.js",
+        "dashboard.css",
+    }
 )
 # Where a one-time link may lead after the code is redeemed: the dashboard and
 # its pages only (an open redirect would lend our origin to any address).
@@ -109,13 +116,13 @@ def _limit(request: Request, default: int) -> int:
     return int(raw)
 
 
-def _cursor(request: Request) -> int | None:
+def _cursor(request: Request, name: str = "after") -> int | None:
     """`after`: the `next` of a previous page (opaque to clients; a seq here)."""
-    raw = request.query_params.get("after")
+    raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or len(raw) > 18:
-        raise InputError("after must be the `next` value of a previous page")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise InputError(f"{name} must be the `next` value of a previous page")
     return int(raw)
 
 
@@ -175,12 +182,18 @@ class Api:
         answer["result_on_host"] = self._elsewhere(task) if files else None
         return answer
 
-    async def job_answer(self, job_id: str, *, with_tasks: bool = True) -> JSON:
+    async def job_answer(self, job_id: str, *, tasks: str = "auto") -> JSON:
+        """Counts and aggregate progress; every task only for a small job: a
+        10,000-task answer is megabytes, and building it holds the event loop."""
+        if tasks not in ("auto", "none"):
+            raise InputError("tasks must be auto or none")
         job = await self.service.ledger.get_job(job_id)
         answer = (await self.job_answers([job]))[0]
-        if with_tasks:
-            tasks = await self.service.ledger.job_tasks(job)
-            answer["tasks"] = [await self.task_answer(t) for t in tasks]
+        answer.update(await job_progress(self.service, job))
+        answer["tasks_included"] = tasks == "auto" and answer["total"] <= MAX_LIST
+        if answer["tasks_included"]:
+            found = await self.service.ledger.job_tasks(job)
+            answer["tasks"] = [await self.task_answer(t) for t in found]
         return answer
 
     async def job_answers(self, jobs: list[Job]) -> list[JSON]:
@@ -219,12 +232,18 @@ class Api:
         ledger = self.service.ledger
         limit = _limit(request, 50)
         job = request.query_params.get("job")
+        order = request.query_params.get("order", "newest")
+        if order not in ("newest", "oldest"):
+            raise InputError("order must be newest or oldest")
+        oldest = order == "oldest"  # waiting tasks oldest first: the next to run
         tasks = await ledger.list_tasks(
             states=_states(request, State),
             model=request.query_params.get("model") or None,
             job_id=(await ledger.get_job(job)).id if job else None,
             text=_text(request, "q"),
-            before_seq=_cursor(request),
+            before_seq=None if oldest else _cursor(request),
+            after_seq=_cursor(request) if oldest else None,
+            oldest_first=oldest,
             limit=limit + 1,
         )
         page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
@@ -318,7 +337,24 @@ class Api:
         return JSONResponse(_page(await self.job_answers(jobs), [j.seq for j in jobs], limit))
 
     async def get_job(self, request: Request) -> Response:
-        return JSONResponse(await self.job_answer(request.path_params["id"]))
+        tasks = request.query_params.get("tasks", "auto")
+        return JSONResponse(await self.job_answer(request.path_params["id"], tasks=tasks))
+
+    async def job_tasks(self, request: Request) -> Response:
+        """A job's tasks in job order, one page at a time (`?state=&ref=&cursor=&limit=`)."""
+        ledger = self.service.ledger
+        limit = _limit(request, 50)
+        job = await ledger.get_job(request.path_params["id"])
+        tasks = await ledger.list_tasks(
+            states=_states(request, State),
+            job_id=job.id,
+            ref=_text(request, "ref"),
+            after_seq=_cursor(request, "cursor"),
+            oldest_first=True,
+            limit=limit + 1,
+        )
+        page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        return JSONResponse(page)
 
     async def cancel_job(self, request: Request) -> Response:
         await self.service.ledger.cancel_job(request.path_params["id"])
@@ -362,6 +398,11 @@ class Api:
                 }
             )
         return entries
+
+    async def queues(self, request: Request) -> Response:
+        """Waiting tasks per queue, on every host: counts, never the tasks."""
+        counts = await self.service.ledger.queued_counts()
+        return JSONResponse([{"queue": q, "waiting": n} for q, n in sorted(counts.items())])
 
     async def reload(self, request: Request) -> Response:
         return JSONResponse(await self.service.reload())
@@ -598,9 +639,11 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/jobs", api.create_job, methods=["POST"]),
         Route("/v1/jobs", api.list_jobs, methods=["GET"]),
         Route("/v1/jobs/{id}", api.get_job, methods=["GET"]),
+        Route("/v1/jobs/{id}/tasks", api.job_tasks, methods=["GET"]),
         Route("/v1/jobs/{id}/cancel", api.cancel_job, methods=["POST"]),
         Route("/v1/jobs/{id}/retry", api.retry_job, methods=["POST"]),
         Route("/v1/lanes", api.lanes, methods=["GET"]),
+        Route("/v1/queues", api.queues, methods=["GET"]),
         Route("/v1/reload", api.reload, methods=["POST"]),
         Route("/v1/hosts", api.hosts, methods=["GET"]),
         Route("/v1/accounts", api.accounts, methods=["GET"]),

@@ -124,6 +124,11 @@ class TaskAnswer(_Answer):
     note: str | None = Field(
         default=None, description="why a pending task waits (its model is not loaded)"
     )
+    waiting: str | None = Field(
+        default=None,
+        description="why a pending task cannot run (every lane serving it is disabled or "
+        "needs attention); its eta_s is null then",
+    )
     overdue_s: float | None = Field(
         default=None, description="how far a running task is past its estimate"
     )
@@ -163,7 +168,25 @@ class JobSummary(_Answer):
 
 
 class JobAnswer(JobSummary):
-    tasks: list[TaskAnswer]
+    by_model: dict[str, dict[str, int]] = Field(
+        description="the job's tasks per model and state (every state named)"
+    )
+    done: int = Field(description="tasks that ended: success, failed or canceled")
+    eta_s: float | None = Field(
+        description="seconds until the last of its waiting or running tasks should finish; "
+        "null when unknown or while they cannot run"
+    )
+    waiting: str | None = Field(
+        description="why its waiting tasks cannot run (every lane disabled or needing "
+        "attention), instead of an ETA"
+    )
+    tasks_included: bool = Field(
+        description=f"whether `tasks` is here: only for jobs of at most {MAX_LIST} tasks, "
+        "and never with `?tasks=none`; page through a larger job with /v1/jobs/{id}/tasks"
+    )
+    tasks: list[TaskAnswer] | None = Field(
+        default=None, description="every task of the job, in job order, when `tasks_included`"
+    )
 
 
 class JobPage(_Answer):
@@ -197,6 +220,11 @@ class OutboxItem(_Answer):
 
 class Outbox(_Answer):
     items: list[OutboxItem] = Field(description="newest first")
+
+
+class Queue(_Answer):
+    queue: str = Field(description="a lane group: the queue its lanes take tasks from")
+    waiting: int
 
 
 class Live(_Answer):
@@ -383,6 +411,11 @@ OPERATIONS: dict[tuple[str, str], Op] = {
             _STATE,
             Query("model", _TEXT, "a model name"),
             Query("job", _TEXT, "a job id or unique prefix"),
+            Query(
+                "order",
+                {"type": "string", "enum": ["newest", "oldest"]},
+                "newest first (default), or oldest first: waiting tasks in the order they run",
+            ),
             Query("q", _TEXT, "text found in the prompt/params or the ref"),
             _LIMIT,
             _AFTER,
@@ -422,7 +455,27 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         query=(_JOB_STATE, Query("q", _TEXT, "text found in the job's name"), _LIMIT, _AFTER),
     ),
     ("/v1/jobs/{id}", "get"): Op(
-        "A job (id or unique prefix) with counts, state and tasks", answer=JobAnswer, errors=(409,)
+        "A job (id or unique prefix): counts, state, progress; its tasks too when small",
+        answer=JobAnswer,
+        query=(
+            Query(
+                "tasks",
+                {"type": "string", "enum": ["auto", "none"]},
+                f"auto (default): the tasks of a job of at most {MAX_LIST}; none: never",
+            ),
+        ),
+        errors=(409,),
+    ),
+    ("/v1/jobs/{id}/tasks", "get"): Op(
+        "A job's tasks in job order, filtered by state and ref, one page at a time",
+        answer=TaskPage,
+        query=(
+            _STATE,
+            Query("ref", _TEXT, "text found in the task's ref"),
+            Query("cursor", {"type": "string", "maxLength": 200}, "the `next` of the last page"),
+            _LIMIT,
+        ),
+        errors=(409,),
     ),
     ("/v1/jobs/{id}/cancel", "post"): Op(
         "Cancel pending and running tasks", answer=JobAnswer, errors=(409,)
@@ -431,6 +484,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
     ),
     ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
+    ("/v1/queues", "get"): Op("Waiting tasks per queue (lane group), on every host", list[Queue]),
     ("/v1/reload", "post"): Op(
         "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
     ),

@@ -36,6 +36,7 @@ PUBLIC_PATHS = frozenset(
         "/livez",
         "/static/dashboard.js",
         "/static/dashboard-pages.js",
+        "/static/dashboard-job.js",
         "/static/dashboard.css",
         "/static/dashboard-login.js",
     }

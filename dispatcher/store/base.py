@@ -76,9 +76,14 @@ class Store(Protocol):
         text: str | None = None,
         before_seq: int | None = None,
         limit: int = 50,
+        ref: str | None = None,
+        after_seq: int | None = None,
+        oldest_first: bool = False,
     ) -> list[Task]:
-        """Newest first; `text` is found in the params (the prompt) or the ref;
-        `before_seq` pages on from a previous answer's last task."""
+        """Newest first (oldest first with `oldest_first`); `text` is found in the
+        params (the prompt) or the ref, `ref` in the ref only; `before_seq` pages
+        on from a previous newest-first answer's last task, `after_seq` from an
+        oldest-first one's."""
 
     async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
         """Ids of `tasks` or `jobs` starting with `prefix` (at most `limit`)."""
@@ -135,6 +140,9 @@ class Store(Protocol):
     async def job_tasks(self, job_id: str) -> list[Task]: ...
 
     async def job_counts(self, job_id: str) -> dict[State, int]: ...
+
+    async def job_model_counts(self, job_id: str) -> dict[tuple[str, State], int]:
+        """The job's tasks per (model, state): one grouped read, not the tasks."""
 
     async def list_jobs(
         self,

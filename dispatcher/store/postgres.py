@@ -41,6 +41,7 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     ID_TABLES,
+    JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
     SELECT_TASK,
     STALE_RUNNING,
@@ -331,11 +332,17 @@ class PostgresStore(PostgresHostOps):
         text: str | None = None,
         before_seq: int | None = None,
         limit: int = 50,
+        ref: str | None = None,
+        after_seq: int | None = None,
+        oldest_first: bool = False,
     ) -> list[Task]:
         where, args = list_tasks_where(
-            [State(x).value for x in states], model, job_id, text, before_seq
+            [State(x).value for x in states], model, job_id, text, before_seq, ref, after_seq
         )
-        rows = await self._query(f"{SELECT_TASK}{where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        order = "ASC" if oldest_first else "DESC"
+        rows = await self._query(
+            f"{SELECT_TASK}{where} ORDER BY seq {order} LIMIT ?", (*args, limit)
+        )
         return [row_to_task(r) for r in rows]
 
     async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
@@ -420,6 +427,10 @@ class PostgresStore(PostgresHostOps):
             "SELECT state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
         )
         return {State(r["state"]): int(r["n"]) for r in rows}
+
+    async def job_model_counts(self, job_id: str) -> dict[tuple[str, State], int]:
+        rows = await self._query(JOB_MODEL_COUNTS, (job_id,))
+        return {(r["model"], State(r["state"])): int(r["n"]) for r in rows}
 
     async def list_jobs(
         self,

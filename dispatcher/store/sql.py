@@ -146,6 +146,8 @@ def list_tasks_where(
     job_id: str | None,
     text: str | None,
     before_seq: int | None,
+    ref: str | None = None,
+    after_seq: int | None = None,
 ) -> tuple[str, list[Any]]:
     where: list[str] = []
     args: list[Any] = []
@@ -167,10 +169,22 @@ def list_tasks_where(
             like_pattern(text, in_json=True, ascii_json=True),
             like_pattern(text),
         ]
+    if ref:
+        where.append("ref LIKE ? ESCAPE '\\'")
+        args.append(like_pattern(ref))
     if before_seq is not None:
         where.append("seq < ?")
         args.append(before_seq)
+    if after_seq is not None:
+        where.append("seq > ?")
+        args.append(after_seq)
     return (f" WHERE {' AND '.join(where)}" if where else ""), args
+
+
+# A job's tasks per model and state: what a job's light view sums up.
+JOB_MODEL_COUNTS = (
+    "SELECT model, state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY model, state"
+)
 
 
 def list_jobs_sql(

@@ -51,6 +51,7 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     ID_TABLES,
+    JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
     SELECT_TASK,
     STALE_RUNNING,
@@ -295,11 +296,15 @@ class SqliteStore(SqliteHostOps):
         text: str | None = None,
         before_seq: int | None = None,
         limit: int = 50,
+        ref: str | None = None,
+        after_seq: int | None = None,
+        oldest_first: bool = False,
     ) -> list[Task]:
         where, args = list_tasks_where(
-            [State(x).value for x in states], model, job_id, text, before_seq
+            [State(x).value for x in states], model, job_id, text, before_seq, ref, after_seq
         )
-        rows = self._query(f"{SELECT_TASK}{where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        order = "ASC" if oldest_first else "DESC"
+        rows = self._query(f"{SELECT_TASK}{where} ORDER BY seq {order} LIMIT ?", (*args, limit))
         return [row_to_task(r) for r in rows]
 
     async def ids_with_prefix(self, table: str, prefix: str, limit: int = 10) -> list[str]:
@@ -387,6 +392,10 @@ class SqliteStore(SqliteHostOps):
             "SELECT state, COUNT(*) FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
         )
         return {State(r[0]): int(r[1]) for r in rows}
+
+    async def job_model_counts(self, job_id: str) -> dict[tuple[str, State], int]:
+        rows = self._query(JOB_MODEL_COUNTS, (job_id,))
+        return {(r[0], State(r[1])): int(r[2]) for r in rows}
 
     async def list_jobs(
         self,

@@ -197,3 +197,22 @@ def test_a_repeat_says_it_came_from_the_cache_and_force_runs_it_anew(
     job = json.loads(forced.stdout)
     assert job["from_cache"] == 0 and all(t["force"] for t in job["tasks"])
     assert [t["ref"] for t in job["tasks"]] == ["r1", "r2"]
+
+
+def test_lists_read_at_80_columns_with_whole_short_ids(
+    service: ServiceProcess, finished_job: str
+) -> None:
+    narrow = {**service.env, "COLUMNS": "80"}
+    ids = json.loads(service.cli("tasks", "--job", finished_job, "--json").stdout)["items"]
+    jobs = run_cli(["jobs"], narrow, service.cwd)
+    tasks = run_cli(["tasks", "--job", finished_job[:8]], narrow, service.cwd)
+    status = run_cli(["status", finished_job], narrow, service.cwd)
+    for run in (jobs, tasks, status):
+        assert run.returncode == 0, run.stderr
+        assert max(len(line) for line in run.stdout.splitlines()) <= 80, run.stdout
+    # Before: ten columns squeezed into 80, ids cut to "fdfa…".
+    assert finished_job[:8] in jobs.stdout
+    for task in ids:
+        row = next(line for line in tasks.stdout.splitlines() if task["id"][:8] in line)
+        assert task["state"] in row
+    assert "4/4" in status.stdout and "█" not in status.stdout

@@ -3,12 +3,15 @@ from __future__ import annotations
 from dispatcher.decisions import (
     LaneSnapshot,
     RecoveryAction,
+    ServingLane,
     eta_s,
     free_slots,
     overdue_s,
     plan_reclaims,
     plan_recovery,
+    why_waiting,
 )
+from dispatcher.health import AccountState
 from dispatcher.models import Kind, State, Task
 
 
@@ -74,3 +77,26 @@ def test_a_running_task_past_its_estimate_is_overdue_not_done() -> None:
     assert overdue_s(recent_durations_s=durations, running_elapsed_s=25.0) == 15.0
     assert overdue_s(recent_durations_s=durations, running_elapsed_s=4.0) is None
     assert overdue_s(recent_durations_s=[], running_elapsed_s=400.0) is None
+
+
+def test_a_task_no_lane_can_take_says_why_instead_of_an_eta() -> None:
+    off = ServingLane("api:demo", AccountState.DISABLED, "quota used up")
+    stuck = ServingLane("web:acct-1", AccountState.NEEDS_ATTENTION, "logged out")
+    stuck2 = ServingLane("web:acct-2", AccountState.NEEDS_ATTENTION, None)
+    cooling = ServingLane("web:acct-3", AccountState.COOLDOWN, "429")
+    fine = ServingLane("web:acct-4", AccountState.OK)
+    assert why_waiting([off]) == "cannot run: lane api:demo is disabled (quota used up)"
+    assert why_waiting([stuck, stuck2]) == (
+        "cannot run: every account needs attention "
+        "(web:acct-1 needs attention (logged out); web:acct-2 needs attention)"
+    )
+    assert why_waiting([off, stuck]) == (
+        "cannot run: no lane can take it "
+        "(api:demo is disabled (quota used up); web:acct-1 needs attention (logged out))"
+    )
+    # A cooldown ends by itself, an open lane takes it, another host's lane may.
+    assert why_waiting([stuck, cooling]) is None
+    assert why_waiting([off, fine]) is None
+    assert why_waiting([off], others_serving=1) is None
+    # No lane here at all is the "model not loaded" note's to say.
+    assert why_waiting([]) is None

@@ -14,6 +14,8 @@
 (() => {
   const WRITE_HEADER = { "X-Requested-With": "dispatcher-dashboard" };
   const TERMINAL = new Set(["success", "failed", "canceled"]);
+  const MAX_RUNNING_SHOWN = 100;
+  const NEXT_SHOWN = 20;
   const STATES = ["pending", "running", "success", "failed", "canceled"];
   const REFRESH_DEBOUNCE_MS = 150;
   const POLL_BUSY_MS = 2000;
@@ -109,6 +111,8 @@
       if (task.eta_s === 0) return { text: "overdue", late: true };
       return { text: duration(task.eta_s), late: false };
     }
+    // A task no lane can take has no ETA: the reason instead.
+    if (task.state === "pending" && task.waiting) return { text: task.waiting, late: true };
     if (task.state === "pending") return { text: duration(task.eta_s), late: false };
     return { text: "", late: false };
   }
@@ -315,16 +319,21 @@
       lanes.catch(() => {}); // awaited below; a refusal is reported once, by whichever fails first
       if (route.name === "overview") {
         const offered = await features();
-        const [accounts, jobs, tasks, deliveries, hosts] = await Promise.all([
+        // What runs, the next to run (oldest waiting first) and counts per queue:
+        // never every waiting task.
+        const [accounts, jobs, running, next, queues, deliveries, hosts] = await Promise.all([
           api("GET", "/v1/accounts"),
           api("GET", "/v1/jobs?limit=10"),
-          api("GET", "/v1/tasks?state=running,pending&limit=200"),
+          api("GET", `/v1/tasks?state=running&limit=${MAX_RUNNING_SHOWN}`),
+          api("GET", `/v1/tasks?state=pending&order=oldest&limit=${NEXT_SHOWN}`),
+          api("GET", "/v1/queues"),
           offered.webhooks ? api("GET", "/v1/webhooks/deliveries") : null,
           offered.hosts ? api("GET", "/v1/hosts") : null,
         ]);
         view.accounts = accounts;
         view.jobs = itemsOf(jobs);
-        view.tasks = itemsOf(tasks);
+        view.tasks = [...itemsOf(running), ...itemsOf(next)];
+        view.queues = queues;
         view.deliveries = deliveries;
         view.hosts = hosts;
       } else if (pages[route.name]) {
@@ -647,6 +656,12 @@
   }
 
   function renderTasks() {
+    const waiting = (view.queues || []).reduce((sum, q) => sum + q.waiting, 0);
+    const shown = view.tasks.filter((t) => t.state === "pending").length;
+    $("queues").replaceChildren(...(view.queues || []).map((q) => el("span", {
+      class: "queue", "data-testid": "queue-count", "data-queue": q.queue, text: `${q.queue}: ${q.waiting} waiting` })),
+    waiting > shown ? el("span", { class: "muted", "data-testid": "next-note",
+      text: `the next ${shown} to run are listed` }) : null);
     $("tasks-empty").hidden = view.tasks.length > 0;
     $("tasks-body").replaceChildren(...view.tasks.map(taskRow));
   }

@@ -98,6 +98,16 @@ async def test_tasks_and_jobs_round_trip_and_list(store: Store) -> None:
     assert [t.id for t in await store.list_tasks(text="r1")] == ["t-a"]  # the ref
     assert [t.id for t in await store.list_tasks(text="100%x")] == []  # % is literal
     assert [t.id for t in await store.list_tasks(states=[State.RUNNING])] == []
+    # A job's tasks in job order, paged on, by ref (its % and _ literal); counts per model.
+    assert [t.id for t in await store.list_tasks(job_id="job-1", oldest_first=True)] == [
+        "t-a",
+        "t-b",
+    ]
+    later = await store.list_tasks(oldest_first=True, after_seq=stored[0].seq)
+    assert [t.id for t in later] == ["t-b", "t-c"]
+    assert [t.id for t in await store.list_tasks(ref="r2")] == ["t-b"]
+    assert [t.id for t in await store.list_tasks(ref="r%")] == []
+    assert await store.job_model_counts("job-1") == {("m", State.PENDING): 2}
     assert await store.ids_with_prefix("tasks", "t-") == ["t-a", "t-b", "t-c"]
     assert await store.ids_with_prefix("jobs", "job", limit=5) == ["job-1"]
     assert await store.ids_with_prefix("tasks", "T-") == []
