@@ -369,8 +369,7 @@ def summary(job: dict[str, Any], out: Console) -> None:
         out.print(failures_table(job))
     elif counts["failed"]:
         out.print(
-            f"list the failed ones with: {cli_command()} tasks --job {job['id']} "
-            "--state failed"
+            f"list the failed ones with: {cli_command()} tasks --job {job['id']} --state failed"
         )
     if counts["failed"]:
         out.print(f"retry the failed ones with: {cli_command()} retry {job['id']}")
