@@ -330,7 +330,7 @@ async def test_cli_import_keeps_only_the_sites_cookies_and_refuses_huge_files(
         assert f"none of the file's 2 cookie(s) is for {host}" in refused.stderr
         too_large = await asyncio.to_thread(cli, "import", ACCOUNT, str(huge))
         assert too_large.returncode == 2, too_large.stderr
-        assert "too large to import" in too_large.stderr
+        assert "the most a session file may hold" in too_large.stderr
 
 
 async def test_a_task_waits_alive_while_a_login_holds_the_profile(tmp_path: Path) -> None:

@@ -77,4 +77,4 @@ def test_an_unknown_event_loop_is_refused_at_start(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "event_loop" in done.stdout + done.stderr
+    assert "DISPATCHER_EVENT_LOOP='trio'" in done.stdout + done.stderr

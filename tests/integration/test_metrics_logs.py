@@ -218,7 +218,7 @@ def test_log_format_flag_is_checked(tmp_path: Path) -> None:
     result = run_cli(["--log-format", "xml"], env, tmp_path)
     assert result.returncode == 2 and "--log-format must be one of text, json" in result.stderr
     result = run_cli(["serve"], {**env, "DISPATCHER_LOG_FORMAT": "yaml"}, tmp_path)
-    assert result.returncode == 2 and "log_format" in result.stderr
+    assert result.returncode == 2 and "DISPATCHER_LOG_FORMAT='yaml'" in result.stderr
 
 
 def test_scrub_masks_registered_secrets_and_credential_shapes() -> None:

@@ -141,6 +141,7 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("ALTER TABLE tasks DROP COLUMN host")
     store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
     store._db.execute("ALTER TABLE jobs DROP COLUMN finish_told_at")  # 8
+    store._db.execute("DROP TABLE webhook_outbox")  # 9
     store._db.execute("DROP TABLE cache_entries")
     store._db.execute(
         "CREATE TABLE cache_entries (fingerprint TEXT PRIMARY KEY, model TEXT NOT NULL, "
