@@ -7,7 +7,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,7 +24,7 @@ from starlette.responses import (
     JSONResponse as StarletteJSONResponse,
 )
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from dispatcher import strictjson
 from dispatcher.artifacts import artifact_file, task_artifacts
@@ -40,9 +40,17 @@ from dispatcher.events import TaskChanged
 from dispatcher.hostsview import hosts_view
 from dispatcher.http import bodies
 from dispatcher.http.jobview import job_progress
+from dispatcher.http.limits import MAX_LIST
 from dispatcher.http.login import login_routes
-from dispatcher.http.openapi import MAX_LIST, OPENAPI
-from dispatcher.http.security import SESSION_COOKIE, SESSION_TTL_S, Credentials, SecurityMiddleware
+from dispatcher.http.openapi import OPENAPI
+from dispatcher.http.params import cursor_of, is_count, limit_of, page_of, states_of, text_of
+from dispatcher.http.security import (
+    SESSION_COOKIE,
+    SESSION_TTL_S,
+    Credentials,
+    RefuseNul,
+    SecurityMiddleware,
+)
 from dispatcher.invocation import cli_command
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.profiles import ProfileProblem
@@ -71,7 +79,6 @@ _NEXT = re.compile(r"/(#[A-Za-z0-9/._-]{0,200})?")
 SSE_KEEPALIVE_S = 15.0
 DEFAULT_OUTBOX = 100  # deliveries listed when no limit is asked for
 NO_STORE = {"Cache-Control": "no-store"}
-MAX_QUERY_CHARS = 200
 # The dashboard runs only its own script and talks only to this origin.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -102,54 +109,6 @@ class JSONResponse(StarletteJSONResponse):
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
-
-
-def _is_count(raw: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes "²", which int() refuses."""
-    return raw.isascii() and raw.isdigit() and len(raw) <= 9
-
-
-def _limit(request: Request, default: int) -> int:
-    raw = request.query_params.get("limit", str(default))
-    if not _is_count(raw) or not 1 <= int(raw) <= MAX_LIST:
-        raise InputError(f"limit must be a whole number within 1..{MAX_LIST}")
-    return int(raw)
-
-
-def _cursor(request: Request, name: str = "after") -> int | None:
-    """`after`: the `next` of a previous page (opaque to clients; a seq here)."""
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        raise InputError(f"{name} must be the `next` value of a previous page")
-    return int(raw)
-
-
-_S = TypeVar("_S", State, JobState)
-
-
-def _states(request: Request, kind: type[_S]) -> list[_S]:
-    raw = request.query_params.get("state", "")
-    try:
-        return list(dict.fromkeys(kind(name.strip()) for name in raw.split(",") if name.strip()))
-    except ValueError as exc:
-        raise InputError(
-            f"state must be a comma-separated list of {', '.join(s.value for s in kind)}"
-        ) from exc
-
-
-def _text(request: Request, name: str) -> str | None:
-    value = request.query_params.get(name) or None
-    if value is not None and len(value) > MAX_QUERY_CHARS:
-        raise InputError(f"{name} is longer than {MAX_QUERY_CHARS} characters")
-    return value
-
-
-def _page(items: list[JSON], seqs: list[int], limit: int) -> JSON:
-    """One page of a listing; one item more than `limit` was read to know if more follow."""
-    more = len(items) > limit
-    return {"items": items[:limit], "next": str(seqs[limit - 1]) if more else None}
 
 
 async def _json_body(request: Request) -> Any:
@@ -230,23 +189,23 @@ class Api:
     async def list_tasks(self, request: Request) -> Response:
         """Tasks newest first, filtered, one page at a time (`?limit=&after=`)."""
         ledger = self.service.ledger
-        limit = _limit(request, 50)
+        limit = limit_of(request, 50)
         job = request.query_params.get("job")
         order = request.query_params.get("order", "newest")
         if order not in ("newest", "oldest"):
             raise InputError("order must be newest or oldest")
         oldest = order == "oldest"  # waiting tasks oldest first: the next to run
         tasks = await ledger.list_tasks(
-            states=_states(request, State),
+            states=states_of(request, State),
             model=request.query_params.get("model") or None,
             job_id=(await ledger.get_job(job)).id if job else None,
-            text=_text(request, "q"),
-            before_seq=None if oldest else _cursor(request),
-            after_seq=_cursor(request) if oldest else None,
+            text=text_of(request, "q"),
+            before_seq=None if oldest else cursor_of(request),
+            after_seq=cursor_of(request) if oldest else None,
             oldest_first=oldest,
             limit=limit + 1,
         )
-        page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        page = page_of([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
         return JSONResponse(page)
 
     async def get_task(self, request: Request) -> Response:
@@ -269,7 +228,7 @@ class Api:
         index_raw = request.query_params.get("file", "0")
         if not files:
             return JSONResponse({"text": task.result.get("text")})
-        if not _is_count(index_raw) or int(index_raw) >= len(files):
+        if not is_count(index_raw) or int(index_raw) >= len(files):
             raise InputError(f"file must be an index below {len(files)}")
         meta = files[int(index_raw)]
         path = real_path(str(meta["path"]), self.service.settings.results_dir, task.id)
@@ -327,14 +286,14 @@ class Api:
 
     async def list_jobs(self, request: Request) -> Response:
         """Jobs newest first, without their tasks, one page at a time."""
-        limit = _limit(request, 50)
+        limit = limit_of(request, 50)
         jobs = await self.service.ledger.list_jobs(
-            states=_states(request, JobState),
-            text=_text(request, "q"),
-            before_seq=_cursor(request),
+            states=states_of(request, JobState),
+            text=text_of(request, "q"),
+            before_seq=cursor_of(request),
             limit=limit + 1,
         )
-        return JSONResponse(_page(await self.job_answers(jobs), [j.seq for j in jobs], limit))
+        return JSONResponse(page_of(await self.job_answers(jobs), [j.seq for j in jobs], limit))
 
     async def get_job(self, request: Request) -> Response:
         tasks = request.query_params.get("tasks", "auto")
@@ -343,17 +302,17 @@ class Api:
     async def job_tasks(self, request: Request) -> Response:
         """A job's tasks in job order, one page at a time (`?state=&ref=&cursor=&limit=`)."""
         ledger = self.service.ledger
-        limit = _limit(request, 50)
+        limit = limit_of(request, 50)
         job = await ledger.get_job(request.path_params["id"])
         tasks = await ledger.list_tasks(
-            states=_states(request, State),
+            states=states_of(request, State),
             job_id=job.id,
-            ref=_text(request, "ref"),
-            after_seq=_cursor(request, "cursor"),
+            ref=text_of(request, "ref"),
+            after_seq=cursor_of(request, "cursor"),
             oldest_first=True,
             limit=limit + 1,
         )
-        page = _page([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
+        page = page_of([await self.task_answer(t) for t in tasks], [t.seq for t in tasks], limit)
         return JSONResponse(page)
 
     async def cancel_job(self, request: Request) -> Response:
@@ -480,7 +439,7 @@ class Api:
     async def webhook_outbox(self, request: Request) -> Response:
         state = request.query_params.get("state") or None
         return JSONResponse(
-            await self.service.webhooks.outbox_view(state, _limit(request, DEFAULT_OUTBOX))
+            await self.service.webhooks.outbox_view(state, limit_of(request, DEFAULT_OUTBOX))
         )
 
     async def webhook_redeliver(self, request: Request) -> Response:
@@ -566,27 +525,6 @@ def _allowed_methods(routes: list[Route], scope: Scope) -> str:
         if match is not Match.NONE:
             methods |= route.methods or set()
     return ", ".join(sorted(methods))
-
-
-class RefuseNul:
-    """A NUL in a request's URL never reaches a query (PostgreSQL refuses it
-    there: a 500). In the path it names nothing (404, as the API documents
-    for an unknown id); in the query it is bad input (400)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            if "\x00" in scope["path"]:
-                message = "no such id: an id holds no NUL character (%00)"
-                await _error(404, "not_found", message)(scope, receive, send)
-                return
-            if b"%00" in scope["query_string"]:
-                message = "the query holds a NUL character (%00); no name or search can hold one"
-                await _error(400, "invalid", message)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware:

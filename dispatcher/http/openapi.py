@@ -2,8 +2,8 @@
 
 Request schemas are the models that validate requests
 (`dispatcher.http.bodies`), so the document states the bounds the server
-enforces; answer schemas are the models below, which mirror what `Api`
-returns. Every operation documents each error it can answer with: 403 for a
+enforces; answer schemas are the models of `answers.py`, which mirror what
+`Api` returns. Every operation documents each error it can answer with: 403 for a
 Host that is not loopback, 413 for a body over 1 MiB (16 MiB for a job), 401/403 for a missing
 or wrong token, 400 for bad input, 404 for an unknown id, 409 for a state
 conflict. A wrong method gets 405 with an ``Allow`` header (not per
@@ -27,11 +27,36 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from dispatcher.http.answers import (
+    AccountAnswer,
+    AddedAccount,
+    DashboardCode,
+    Deliveries,
+    ErrorAnswer,
+    Health,
+    HostAnswer,
+    JobAnswer,
+    JobPage,
+    Lane,
+    Live,
+    LoginClosed,
+    LoginOpened,
+    LoginResult,
+    Ok,
+    Outbox,
+    OutboxItem,
+    Queue,
+    ReloadAnswer,
+    RemovedAccount,
+    TaskAnswer,
+    TaskPage,
+    TextResult,
+)
 from dispatcher.http.bodies import (
     AccountBody,
     DisableBody,
@@ -40,324 +65,11 @@ from dispatcher.http.bodies import (
     LoginInputBody,
     TaskBody,
 )
-from dispatcher.http.limits import MAX_BODY_BYTES, MAX_JOB_BODY_BYTES
+from dispatcher.http.limits import MAX_BODY_BYTES, MAX_JOB_BODY_BYTES, MAX_LIST
 from dispatcher.inputfiles import size_text
-from dispatcher.models import JobState, Kind, Stage, State
+from dispatcher.models import JobState, State
 
-MAX_LIST = 500
 UNDOCUMENTED = frozenset({("/", "get"), ("/static/{name}", "get")})
-
-# -- answers ----------------------------------------------------------------------
-
-
-class _Answer(BaseModel):
-    # Answers may gain fields; clients must ignore the ones they do not know.
-    model_config = ConfigDict(extra="allow")
-
-
-class ErrorDetail(_Answer):
-    kind: str = Field(description="not_found, invalid, conflict, unauthorized, forbidden, ...")
-    message: str = Field(description="what is wrong, for a person")
-
-
-# `account` said "web account" in one place and "API provider" in another.
-_OLD_OWNER = 'deprecated: the old name of "owner"; removed in 0.2'
-
-
-class ErrorAnswer(_Answer):
-    error: ErrorDetail
-
-
-class TaskError(_Answer):
-    kind: str
-    message: str
-
-
-class ArtifactInfo(_Answer):
-    name: str
-    kind: str = Field(description="screenshot, html, trace or answer")
-    size: int
-
-
-class AttemptAnswer(_Answer):
-    attempt: int
-    lane: str | None
-    owner: str | None = Field(description="the web account or API provider whose lane ran it")
-    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
-    outcome: State
-    started_at: float | None
-    ended_at: float | None
-    error: TaskError | None
-    stage_durations: dict[str, float]
-
-
-class TaskAnswer(_Answer):
-    id: str
-    job_id: str | None
-    model: str
-    kind: Kind
-    owner: str | None = Field(description="the web account or API provider whose lane ran it")
-    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
-    params: dict[str, Any]
-    fingerprint: str
-    state: State
-    stage: Stage | None
-    attempt: int
-    max_attempts: int
-    cancel_requested: bool
-    force: bool
-    remote_id: str | None
-    result: dict[str, Any] | None = Field(description='{"text": ...} and/or {"files": [...]}')
-    error: TaskError | None
-    from_cache: bool
-    created_at: float
-    started_at: float | None
-    heartbeat_at: float | None
-    finished_at: float | None
-    stage_durations: dict[str, float]
-    deduped: bool = Field(description="true when an identical recent task was returned")
-    ahead: int = Field(description="pending tasks before this one in its lanes")
-    eta_s: float | None
-    progress: float | None
-    queue_position: float | None = Field(description="the vendor's queue position, if told")
-    ref: str | None = Field(default=None, description="the task's name in its job")
-    note: str | None = Field(
-        default=None, description="why a pending task waits (its model is not loaded)"
-    )
-    waiting: str | None = Field(
-        default=None,
-        description="why a pending task cannot run (every lane serving it is disabled or "
-        "needs attention); its eta_s is null then",
-    )
-    overdue_s: float | None = Field(
-        default=None, description="how far a running task is past its estimate"
-    )
-    host: str | None = Field(
-        default=None,
-        description="the host that ran its current attempt (and holds its result files)",
-    )
-    result_on_host: str | None = Field(
-        default=None,
-        description="the host whose disk holds the result files, when this host cannot "
-        "serve them (no shared results dir): ask that host; null when this one serves them",
-    )
-    artifacts: dict[str, list[ArtifactInfo]] = Field(
-        default_factory=dict,
-        description="per attempt: what a failed, stalled or canceled attempt left",
-    )
-    attempts: list[AttemptAnswer] | None = Field(
-        default=None, description="the attempt history (GET /v1/tasks/{id} only)"
-    )
-
-
-class TaskPage(_Answer):
-    items: list[TaskAnswer]
-    next: str | None = Field(description="pass as `after` for the next page; null at the end")
-
-
-class JobSummary(_Answer):
-    id: str
-    name: str
-    created_at: float
-    state: JobState
-    counts: dict[str, int]
-    total: int
-    from_cache: int = Field(default=0, description="tasks completed from the result cache")
-    finished_at: float | None = None
-    elapsed_s: float | None = None
-
-
-class JobAnswer(JobSummary):
-    by_model: dict[str, dict[str, int]] = Field(
-        description="the job's tasks per model and state (every state named)"
-    )
-    done: int = Field(description="tasks that ended: success, failed or canceled")
-    eta_s: float | None = Field(
-        description="seconds until the last of its waiting or running tasks should finish; "
-        "null when unknown or while they cannot run"
-    )
-    waiting: str | None = Field(
-        description="why its waiting tasks cannot run (every lane disabled or needing "
-        "attention), instead of an ETA"
-    )
-    tasks_included: bool = Field(
-        description=f"whether `tasks` is here: only for jobs of at most {MAX_LIST} tasks, "
-        "and never with `?tasks=none`; page through a larger job with /v1/jobs/{id}/tasks"
-    )
-    tasks: list[TaskAnswer] | None = Field(
-        default=None, description="every task of the job, in job order, when `tasks_included`"
-    )
-
-
-class JobPage(_Answer):
-    items: list[JobSummary]
-    next: str | None = Field(description="pass as `after` for the next page; null at the end")
-
-
-class Deliveries(_Answer):
-    urls: list[str]
-    queued: int = Field(description="events waiting to be written or sent (retries included)")
-    delivering: int = Field(description="deliveries being posted now, on any host")
-    failed: int = Field(description="deliveries given up, kept for `redeliver`")
-    dropped: int = Field(description="deliveries this process gave up or could not keep")
-    items: list[dict[str, Any]] = Field(description="recent delivery attempts, newest first")
-
-
-class OutboxItem(_Answer):
-    id: str = Field(description="the delivery (one event to one receiver)")
-    event: str
-    event_id: str = Field(description="the X-Dispatcher-Delivery header")
-    url: str
-    state: Literal["pending", "delivering", "failed"]
-    attempts: int
-    next_at: float
-    host: str | None = Field(description="the host posting it now")
-    last_status: int | None
-    last_error: str | None
-    created_at: float
-    updated_at: float
-
-
-class Outbox(_Answer):
-    items: list[OutboxItem] = Field(description="newest first")
-
-
-class Queue(_Answer):
-    queue: str = Field(description="a lane group: the queue its lanes take tasks from")
-    waiting: int
-
-
-class Live(_Answer):
-    ok: bool
-
-
-AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled"]
-
-
-class Lane(_Answer):
-    name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
-    kind: Kind | None = Field(description="null for a profile file that is invalid")
-    owner: str = Field(description="the web account or API provider this lane belongs to")
-    account: str = Field(deprecated=True, description=_OLD_OWNER)
-    models: list[str]
-    concurrency: int
-    effective_concurrency: int = Field(
-        description="the quota, halved while 429s without Retry-After storm"
-    )
-    enabled: bool
-    needs_attention: bool
-    state: AccountStateName
-    until: float | None
-    reason: str | None
-    queued: int
-    running: list[str]
-    invalid: str | None = Field(
-        default=None,
-        description="an invalid profile file: every problem (file, key, why); "
-        "its model refuses tasks until it is fixed and reloaded",
-    )
-
-
-class AddedAccount(_Answer):
-    name: str
-    models: list[str] = Field(description="the web models it serves (besides its profiles')")
-    profiles: list[str] = Field(description="profile files that also list it")
-
-
-class RemovedAccount(_Answer):
-    name: str
-    removed: bool = Field(description="gone now (false while it drains)")
-    draining: bool = Field(description="takes no new task; goes when its running task ends")
-    running: list[str]
-
-
-class ReloadAnswer(_Answer):
-    added: list[str]
-    removed: list[str]
-    changed: list[str]
-    refused: dict[str, str] = Field(description="model -> why a restart is needed to apply it")
-    invalid_profiles: list[dict[str, Any]] = Field(description="file, key, why, model")
-    models: list[str] = Field(description="the models loaded after the reload")
-    settings: dict[str, Any] = Field(description="live settings that changed: name -> value")
-    settings_error: str | None = Field(description="why the settings were not applied")
-    settings_sources: dict[str, list[dict[str, Any]]] = Field(
-        default={},
-        description="live setting -> where it is set (variable, source, value; secrets "
-        "masked), the one used first: for each changed setting and each set in several places",
-    )
-
-
-class AccountAnswer(_Answer):
-    name: str
-    kind: Kind
-    state: AccountStateName = Field(
-        description="ok; cooldown (a usage cap, open again at `until`); needs_attention "
-        "(`reason` says why); disabled (the operator's switch)"
-    )
-    until: float | None = Field(description="epoch seconds a cooldown ends; else null")
-    enabled: bool
-    reason: str | None
-    needs_attention: bool
-    updated_at: float
-
-
-class HostAnswer(_Answer):
-    host: str
-    url: str | None = Field(description="where its local API answered when it started")
-    this_host: bool
-    state: Literal["alive", "silent", "dead"] = Field(
-        description="silent: no beat within the stale bound; dead: declared dead or stopped"
-    )
-    alive: bool
-    started_at: float
-    heartbeat_at: float
-    silent_s: float
-    dead_at: float | None
-    accounts: list[str] = Field(description="the web accounts it holds leases on")
-    running: int = Field(description="tasks it runs now")
-
-
-class LoginOpened(_Answer):
-    account: str
-    browser_pid: int | None
-    path: str = Field(description="the dashboard page that shows the browser")
-
-
-class LoginResult(_Answer):
-    logged_in: bool
-    account: Any = Field(description="the account (enabled) after a login, else its name")
-    requeued: list[str] = Field(default=[], description="tasks back in the queue")
-    cookies: int | None = Field(default=None, description="an import: cookies loaded")
-    dropped: int | None = Field(
-        default=None, description="an import: cookies for other sites, left out"
-    )
-
-
-class LoginClosed(_Answer):
-    account: str
-    closed: bool
-
-
-class Ok(_Answer):
-    ok: bool
-
-
-class TextResult(_Answer):
-    text: str | None
-
-
-class Health(_Answer):
-    ok: bool
-    service: str
-    pid: int
-    lanes: int
-
-
-class DashboardCode(_Answer):
-    code: str = Field(description="one-time, valid for 2 minutes: /v1/session?code=...")
-
-
-# -- operations ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

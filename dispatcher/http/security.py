@@ -265,3 +265,24 @@ class SecurityMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class RefuseNul:
+    """A NUL in a request's URL never reaches a query (PostgreSQL refuses it
+    there: a 500). In the path it names nothing (404, as the API documents
+    for an unknown id); in the query it is bad input (400)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if "\x00" in scope["path"]:
+                message = "no such id: an id holds no NUL character (%00)"
+                await _reject(send, 404, "not_found", message)
+                return
+            if b"%00" in scope["query_string"]:
+                message = "the query holds a NUL character (%00); no name or search can hold one"
+                await _reject(send, 400, "invalid", message)
+                return
+        await self.app(scope, receive, send)
