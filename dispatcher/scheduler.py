@@ -43,6 +43,7 @@ from dispatcher.decisions import (
 from dispatcher.errors import (
     NotFound,
     RunError,
+    StateConflict,
     TaskCanceled,
     TransientError,
 )
@@ -351,7 +352,9 @@ class Scheduler:
 
     async def _record_remote_id(self, task_id: str, remote_id: str) -> None:
         """What a run reports through `ctx.set_remote_id` (it runs only once registered)."""
-        running = self.running[task_id]
+        running = self.running.get(task_id)
+        if running is None:  # reclaimed meanwhile: the run is told to stop, not a KeyError
+            raise StateConflict(f"task {task_id} was reclaimed before its remote id was stored")
         running.task = await self.ledger.record_remote_id(running.task, remote_id)
 
     async def _execute(self, running: Running) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from dispatcher.accounts import AccountBook
 from dispatcher.clock import FakeClock
+from dispatcher.errors import StateConflict
 from dispatcher.events import Event, EventBus, TaskChanged
 from dispatcher.lanes import LaneSpec
 from dispatcher.ledger import Ledger
@@ -279,3 +280,11 @@ async def test_finished_tasks_leave_nothing_behind_in_the_scheduler(world: World
     assert scheduler.running == {}
     assert all(not scheduler.lane_tasks(name) for name in scheduler.lanes)
     assert len(scheduler.run_history) <= 2  # one shape per model, not one per task
+
+
+async def test_a_remote_id_reported_after_a_reclaim_is_a_state_conflict(world: World) -> None:
+    """A run whose task was reclaimed (no longer registered) that reports its
+    remote id is told the task moved on, as the ledger tells it when the write
+    is refused; it used to raise KeyError inside the run."""
+    with pytest.raises(StateConflict, match="reclaimed before its remote id was stored"):
+        await world.scheduler._record_remote_id("no-such-running-task", "remote-1")
