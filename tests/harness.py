@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,20 @@ async def running_service(
     )
     async with serving(settings) as harness:
         yield harness
+
+
+def host_service(
+    tmp_path: Path, host_id: str, profiles: Iterable[str], database_url: str, time_scale: float
+) -> AbstractAsyncContextManager[Harness]:
+    """One of several hosts on a shared database: its own dir under `tmp_path`."""
+    (tmp_path / host_id).mkdir(exist_ok=True)
+    return running_service(
+        tmp_path / host_id,
+        profiles=profiles,
+        time_scale=time_scale,
+        database_url=database_url,
+        host_id=host_id,
+    )
 
 
 @asynccontextmanager

@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
-from tests.harness import running_service
+from tests.harness import host_service
 from tests.pgdb import fresh_database
 
 pytestmark = [
@@ -31,19 +31,10 @@ async def test_another_hosts_result_is_said_to_be_there_and_the_hosts_are_listed
     tmp_path: Path, browser: Browser
 ) -> None:
     with fresh_database() as url:
-        services = []
-        for name, profiles in (("host-a", ("demo-chat-api",)), ("host-b", ("demo-video",))):
-            (tmp_path / name).mkdir()
-            services.append(
-                running_service(
-                    tmp_path / name,
-                    profiles=profiles,
-                    time_scale=SCALE,
-                    database_url=url,
-                    host_id=name,
-                )
-            )
-        async with services[0] as a, services[1] as b:
+        async with (
+            host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a,
+            host_service(tmp_path, "host-b", ("demo-video",), url, SCALE) as b,
+        ):
             job = await b.job(
                 "clips", [{"model": "demo-video", "params": {"prompt": "a clip", "gen_s": 1}}]
             )

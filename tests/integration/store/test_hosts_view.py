@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dispatcher.store import open_store
-from tests.harness import Harness, running_service
+from tests.harness import Harness, host_service, running_service
 from tests.helpers import REPO
 from tests.pgdb import fresh_database
 from tests.servicecli import clean_env, run_cli
@@ -47,27 +47,13 @@ async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
     tmp_path: Path,
 ) -> None:
     with fresh_database() as url:
-        (tmp_path / "host-a").mkdir()
-        (tmp_path / "host-b").mkdir()
         # A third host that holds a web account's lease (its browsers are its own).
         store = await open_store(url, "host-c")
         try:
             await store.register_host("host-c", time.time(), "http://127.0.0.1:1")
             await store.acquire_lease("acct-on-c", "host-c", time.time(), 600.0)
-            async with running_service(
-                tmp_path / "host-a",
-                profiles=("demo-chat-api",),
-                time_scale=SCALE,
-                database_url=url,
-                host_id="host-a",
-            ) as a:
-                b_service = running_service(
-                    tmp_path / "host-b",
-                    profiles=("demo-video",),
-                    time_scale=SCALE,
-                    database_url=url,
-                    host_id="host-b",
-                )
+            async with host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a:
+                b_service = host_service(tmp_path, "host-b", ("demo-video",), url, SCALE)
                 b = await b_service.__aenter__()
                 try:
                     slow = await b.submit("demo-video", "a slow pan", gen_s=600)
@@ -113,19 +99,10 @@ async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
 
 async def test_a_result_made_on_another_host_is_said_to_be_there(tmp_path: Path) -> None:
     with fresh_database() as url:
-        hosts = []
-        for name, profiles in (("host-a", ("demo-chat-api",)), ("host-b", ("demo-video",))):
-            (tmp_path / name).mkdir()
-            hosts.append(
-                running_service(
-                    tmp_path / name,
-                    profiles=profiles,
-                    time_scale=SCALE,
-                    database_url=url,
-                    host_id=name,
-                )
-            )
-        async with hosts[0] as a, hosts[1] as b:
+        async with (
+            host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a,
+            host_service(tmp_path, "host-b", ("demo-video",), url, SCALE) as b,
+        ):
             clip = await b.submit("demo-video", "a short clip", gen_s=1)
             done = await b.wait_task(clip["id"])
             assert done["state"] == "success" and done["result"]["files"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import running_service
+from tests.harness import host_service
 from tests.pgdb import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,22 +26,8 @@ async def test_a_host_accepts_a_model_another_host_runs_until_that_host_stops(
     tmp_path: Path,
 ) -> None:
     with fresh_database() as url:
-        for name in ("host-a", "host-b"):
-            (tmp_path / name).mkdir()
-        async with running_service(
-            tmp_path / "host-a",
-            profiles=("demo-chat-api",),
-            time_scale=SCALE,
-            database_url=url,
-            host_id="host-a",
-        ) as a:
-            b_service = running_service(
-                tmp_path / "host-b",
-                profiles=("demo-video",),
-                time_scale=SCALE,
-                database_url=url,
-                host_id="host-b",
-            )
+        async with host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a:
+            b_service = host_service(tmp_path, "host-b", ("demo-video",), url, SCALE)
             b = await b_service.__aenter__()
             try:
                 clip = await a.submit("demo-video", "a clip asked on A", gen_s=1)
