@@ -226,8 +226,10 @@ class BrowserSession:
 
     async def page(self) -> Page:
         """The tab Chromium opened at start (on `start_url`), or a new one."""
+        from webrunner.guard import own_page  # guard.py types its sessions with ours
+
         pages = self.context.pages
-        return pages[0] if pages else await self.context.new_page()
+        return pages[0] if pages else await own_page(self.context)
 
     def _group(self) -> list[psutil.Process]:
         return _family(self.process)

@@ -22,12 +22,13 @@ import contextlib
 import logging
 import re
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from playwright.async_api import CDPSession, Page, Route, WebSocketRoute
+from playwright.async_api import BrowserContext, CDPSession, Page, Route, WebSocketRoute
 from playwright.async_api import Error as PlaywrightError
 
 from dispatcher.errors import TransientError
@@ -96,6 +97,19 @@ def downloads_dir_for(user_data_dir: Path) -> Path:
     return user_data_dir.parent / f"{user_data_dir.name}.downloads"
 
 
+# A popup whose opener closed before its "page" event was handled has no
+# opener any more: a page is ours only if we opened it, so each guard knows
+# the tabs opened through `own_page`.
+_GUARDS: weakref.WeakKeyDictionary[BrowserContext, Guard] = weakref.WeakKeyDictionary()
+OWN_PAGE_WAIT_S = 5.0
+
+
+async def own_page(context: BrowserContext) -> Page:
+    """A new tab of ours (not a page's popup) in a browser that may be guarded."""
+    guard = _GUARDS.get(context)
+    return await (guard.new_page() if guard is not None else context.new_page())
+
+
 class Guard:
     """The policy in force on one browser, changed when a task of another model needs it."""
 
@@ -109,18 +123,41 @@ class Guard:
         self.downloads_cancelled = 0
         self._cancels: set[asyncio.Task[None]] = set()
         self._cancelled: set[str] = set()
+        self._own: weakref.WeakSet[Page] = weakref.WeakSet()
+        self._opening = 0
+        self._opened = asyncio.Condition()
+        _GUARDS[session.context] = self
         session.context.on("page", self._on_page)
 
+    async def new_page(self) -> Page:
+        """A tab of ours: its "page" event must not take it for a popup."""
+        self._opening += 1
+        try:
+            page = await self._session.context.new_page()
+            self._own.add(page)
+            return page
+        finally:
+            self._opening -= 1
+            async with self._opened:
+                self._opened.notify_all()
+
     async def _on_page(self, page: Page) -> None:
-        # Our own tabs (the first, spare ones) have no opener; a page's do.
         try:
             opener = await page.opener()
         except PlaywrightError:
             return
-        if opener is not None:
-            self.popups_closed += 1
-            with contextlib.suppress(PlaywrightError):
-                await page.close()
+        if opener is None:
+            # No opener: ours, or a popup whose opener has closed meanwhile
+            # (a task's tab is closed after its answer). Ours are known once
+            # the `new_page` that opened them has returned.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(OWN_PAGE_WAIT_S), self._opened:
+                    await self._opened.wait_for(lambda: self._opening == 0)
+            if page in self._own:
+                return
+        with contextlib.suppress(PlaywrightError):
+            await page.close()
+        self.popups_closed += 1  # counted once gone
 
     async def apply(self, policy: BrowserPolicy) -> None:
         if policy == self.policy:

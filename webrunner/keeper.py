@@ -39,6 +39,7 @@ from dispatcher.events import AccountChanged, Event
 from dispatcher.health import AccountState
 from dispatcher.models import Kind
 from webrunner.browser import BrowserSession, Log
+from webrunner.guard import own_page
 
 # Real seconds. A page pre-loaded longer ago than this is loaded again: a
 # site's page may hold tokens that go stale while nobody looks at it.
@@ -95,7 +96,7 @@ async def _load_spare(
     context: BrowserContext, url: str, prime: Primer | None
 ) -> tuple[Page | None, float | None]:
     try:
-        page = await context.new_page()
+        page = await own_page(context)
     except PlaywrightError:
         return None, None
     return page, await _load(page, url, prime)

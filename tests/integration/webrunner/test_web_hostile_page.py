@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import pytest_asyncio
+from playwright.async_api import Page
 
 from demo.hostile import SESSION_COOKIE, start_hostile
 from dispatcher.errors import HostNotAllowed, PermanentError
@@ -26,7 +27,7 @@ from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.serving import RunningServer
 from webrunner.browser import BrowserSession
-from webrunner.guard import downloads_dir_for
+from webrunner.guard import downloads_dir_for, own_page
 from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
@@ -273,3 +274,44 @@ async def test_popups_are_closed_and_allow_hosts_keeps_the_browser_to_listed_hos
     await _until("the listed host's image is loaded", listed_image_loaded)  # the control
     assert (await sites.stats(sites.foreign))["request_count"] == 0
     assert any(url.startswith(foreign) for url in guard.blocked)
+
+
+async def test_a_popup_whose_opener_closed_first_is_closed_and_our_tabs_are_kept(
+    web: WebEnv, sites: Sites, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's popups can reach us after their opener tab is gone (a task's
+    tab is closed after its answer; on a busy machine the popups' events come
+    later): they have no opener any more, and are closed all the same. The
+    tabs we open ourselves are never taken for popups."""
+    runner = await _runner(web, sites, keep_alive_s=600.0)
+    task = _task()
+    assert (await runner.run(task, web.context(task)[0])).text == "here you go"
+    session = _kept(runner)
+    guard = session.guard
+    assert guard is not None
+    before = guard.popups_closed
+
+    opener = await own_page(session.context)
+    # Every look at a new page's opener waits until the opener tab is closed,
+    # as it does on a busy machine where the "page" events come late.
+    closed_opener = asyncio.Event()
+    look_up = Page.opener
+
+    async def late_opener(page: Page) -> Page | None:
+        await closed_opener.wait()
+        return await look_up(page)
+
+    monkeypatch.setattr(Page, "opener", late_opener)
+    popup_urls = [f"{sites.foreign.url}/late-{i}" for i in range(3)]
+    script = "".join(f"window.open({url!r}, '_blank');" for url in popup_urls)
+    await opener.evaluate(f"() => {{ {script} }}")
+    ours = await own_page(session.context)
+    await opener.close()
+    closed_opener.set()
+
+    async def closed() -> bool:
+        return guard.popups_closed - before == len(popup_urls)
+
+    await _until("the popups of a closed opener are closed", closed)
+    assert not ours.is_closed()
+    assert [p.url for p in session.context.pages if "/late-" in p.url] == []
