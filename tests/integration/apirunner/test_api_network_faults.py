@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,24 @@ class Vendor:
     h: Harness
     app: Any = None
     port: int = 0
+    # Holds the port while the vendor is down: bound, not listening, so a
+    # connection is refused as before, and no other test's outgoing socket
+    # can take the port as its ephemeral one meanwhile (then `up` failed
+    # with "Address already in use").
+    reserved: socket.socket | None = None
 
     async def down(self) -> None:
         running = self.h.service.demo_servers[0]
         self.app, self.port = running.server.config.app, running.port
         await running.stop()
+        self.reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.reserved.bind(("127.0.0.1", self.port))
 
     async def up(self) -> None:
+        if self.reserved is not None:
+            self.reserved.close()
+            self.reserved = None
         self.h.service.demo_servers[0] = await start_server(self.app, self.port)
 
 
