@@ -402,8 +402,11 @@ class Api:
 
     async def enable_account(self, request: Request) -> Response:
         name = request.path_params["name"]
+        # Keys are read again before the lane opens (else its first request
+        # could go out keyless and be refused), and after: an account enabled
+        # without its key is marked again.
+        await self.service.check_api_keys()
         await self.service.accounts.enable(name)
-        # Keys are read again: an account enabled without its key is marked again.
         await self.service.check_api_keys()
         return JSONResponse(self.service.accounts.view(self.service.accounts.get(name)))
 
