@@ -317,6 +317,10 @@ class RunningServer:
     task: asyncio.Task[None]
     port: int
     http_parser: str = "h11"
+    # Ours until uvicorn has served on it; closed again at stop either way
+    # (a server cancelled before it listened never closed it, and the
+    # unclosed socket surfaced later as a ResourceWarning in some other test).
+    sock: socket.socket | None = None
 
     @property
     def url(self) -> str:
@@ -330,6 +334,8 @@ class RunningServer:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
+        if self.sock is not None:
+            self.sock.close()
 
 
 async def start_server(
@@ -374,11 +380,22 @@ async def start_server(
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-            raise ConfigError(f"server on port {bound_port} stopped while starting")
-        await asyncio.sleep(0.01)
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise ConfigError(f"server on port {bound_port} stopped while starting")
+            await asyncio.sleep(0.01)
+    except BaseException:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        sock.close()
+        raise
     return RunningServer(
-        server=server, task=task, port=bound_port, http_parser=protocol_name(protocol)
+        server=server,
+        task=task,
+        port=bound_port,
+        http_parser=protocol_name(protocol),
+        sock=sock,
     )

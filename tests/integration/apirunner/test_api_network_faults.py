@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,28 @@ class Vendor:
         self.reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.reserved.bind(("127.0.0.1", self.port))
 
-    async def up(self) -> None:
+    def release(self) -> None:
         if self.reserved is not None:
             self.reserved.close()
             self.reserved = None
+
+    async def up(self) -> None:
+        self.release()
         self.h.service.demo_servers[0] = await start_server(self.app, self.port)
+
+
+@pytest.fixture
+def vendor_of() -> Iterator[Callable[[Harness], Vendor]]:
+    """Vendors whose reserved port is released even when a test fails while down."""
+    made: list[Vendor] = []
+
+    def make(h: Harness) -> Vendor:
+        made.append(Vendor(h))
+        return made[-1]
+
+    yield make
+    for vendor in made:
+        vendor.release()
 
 
 def read_result(task: dict[str, Any]) -> bytes:
@@ -134,9 +152,11 @@ async def test_a_slow_drip_completes_and_a_stalled_one_is_fetched_again(tmp_path
         assert_one_job_each(stats, 2)
 
 
-async def test_a_vendor_down_while_its_job_is_polled_is_polled_again(tmp_path: Path) -> None:
+async def test_a_vendor_down_while_its_job_is_polled_is_polled_again(
+    tmp_path: Path, vendor_of: Callable[[Harness], Vendor]
+) -> None:
     async with running_service(tmp_path, time_scale=SCALE) as h:
-        vendor = Vendor(h)
+        vendor = vendor_of(h)
         tasks = [
             (await h.submit(model, "through an outage", gen_s=100))["id"]
             for model in ("demo-video", "demo-queue")
@@ -158,9 +178,11 @@ async def test_a_vendor_down_while_its_job_is_polled_is_polled_again(tmp_path: P
         assert 'dispatcher_remote_requests_total{provider="demo",status="error"}' in metrics
 
 
-async def test_a_vendor_down_at_submit_is_retried_until_it_is_back(tmp_path: Path) -> None:
+async def test_a_vendor_down_at_submit_is_retried_until_it_is_back(
+    tmp_path: Path, vendor_of: Callable[[Harness], Vendor]
+) -> None:
     async with running_service(tmp_path, time_scale=SCALE) as h:
-        vendor = Vendor(h)
+        vendor = vendor_of(h)
         await vendor.down()
         tasks = [
             (await h.submit(model, "while it was down", gen_s=2))["id"]
@@ -177,9 +199,11 @@ async def test_a_vendor_down_at_submit_is_retried_until_it_is_back(tmp_path: Pat
         assert 'dispatcher_remote_requests_total{provider="demo",status="error"}' in metrics
 
 
-async def test_a_vendor_gone_for_good_fails_each_task_with_a_clear_error(tmp_path: Path) -> None:
+async def test_a_vendor_gone_for_good_fails_each_task_with_a_clear_error(
+    tmp_path: Path, vendor_of: Callable[[Harness], Vendor]
+) -> None:
     async with running_service(tmp_path, time_scale=SCALE) as h:
-        vendor = Vendor(h)
+        vendor = vendor_of(h)
         await vendor.down()
         tasks = [
             (await h.submit(model, "nobody answers", gen_s=2))["id"]
