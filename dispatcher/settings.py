@@ -57,64 +57,165 @@ class Settings(BaseSettings):
         toml_file="dispatcher.toml",
     )
 
-    state_dir: Path = Field(default_factory=default_state_dir)
-    database_url: str | None = None  # default: SQLite in the state dir
-    # This machine's name among the hosts sharing one PostgreSQL database.
-    host_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
-    # One directory mounted at this same path on every host sharing the
-    # database: each host writes its results there and serves any host's.
-    # Unset, results stay in <state dir>/results and only their host serves them.
-    shared_results_dir: Path | None = None
-    profiles_dir: Path = BUNDLED_PROFILES_DIR
-    port: int | None = None  # default: a free one in 49152-65535
-    browser_executable: str | None = None  # default: a Chromium found on the machine
-    headless: bool = True
-    # Real seconds a web account's browser stays open after a task, so the
-    # next task skips the launch (~2-7 s); 0 closes it after every task.
-    browser_keep_alive_s: float = Field(default=60.0, ge=0)
-    # Start each web account's browser (on its model's page, logged-in
-    # check done) when its lane opens, in the background, so its first task
-    # skips the start; closed after `browser_keep_alive_s` without a task.
-    browser_prewarm: bool = True
-    concurrency: dict[str, int] = Field(default_factory=dict)  # per API provider
-    default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
-    cache_max_bytes: int = 2 * 1024**3
-    cache_ttl_s: float = 7 * 24 * 3600.0
-    # What failed attempts leave for a person to look at (screenshots, HTML,
-    # traces, the vendor's last answer): the oldest attempts' go first.
-    artifacts_max_bytes: int = Field(default=256 * 1024**2, ge=0)
-    artifacts_max_count: int = Field(default=200, ge=1)
-    time_scale: float = Field(default=1.0, gt=0)
-    http_timeout_s: float = 30.0
-    # Bounds on what a vendor or a page may send us (per profile:
-    # `max_download_bytes` in [api] or [web] overrides the first).
-    max_download_bytes: int = Field(default=2 * 1024**3, gt=0)
-    max_json_bytes: int = Field(default=16 * 1024**2, gt=0)
-    retry_delay_s: float = 5.0
-    # Failures of one class in a row on one web account or provider that take
-    # it out of service (needs attention, with the class as the reason).
-    account_failures_for_attention: int = Field(default=3, ge=1)
-    log_format: Literal["text", "json"] = "text"
-    # The service's event loop and HTTP/1.1 parser: auto = uvloop and
-    # httptools (uvicorn's production pair) when installed, else asyncio's
-    # loop and h11. Either can be pinned to the standard one should a
-    # platform misbehave (see dispatcher/eventloop.py, dispatcher/serving.py).
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    http_parser: Literal["auto", "httptools", "h11"] = "auto"
-    log_level: str = "INFO"
-    demo: bool = False
-    # Endpoints told when a job finishes or an account changes state (comma- or
-    # space-separated, or a JSON list); every POST is signed with the secret.
-    webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    webhook_secret: str | None = None
-    # Real seconds one webhook POST may take in all (a receiver dripping its
-    # answer is cut off here, not after each read's timeout).
-    webhook_deadline_s: float = Field(default=10.0, gt=0, le=300)
-    # Local reference images are read only from under these dirs (default:
-    # <state dir>/inputs); the variable takes paths separated by ":".
-    input_dirs: Annotated[list[Path], NoDecode] = Field(default_factory=list)
-    # Checked before a byte is read: a reference image is a picture, not a video.
-    max_reference_image_bytes: int = Field(default=50 * 1024**2, gt=0)
+    # Every field carries its `description` (and, when the default is computed
+    # on the machine, its `shown_default`): docs/settings.md is generated from
+    # them (`python -m dispatcher.settings_doc > docs/settings.md`).
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="database, token, port, browser profiles, results, cache",
+        json_schema_extra={
+            "shown_default": "`$XDG_STATE_HOME/dispatcher` (`~/.local/state/dispatcher`)"
+        },
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="`sqlite:///path` or `postgresql://user@host:5432/db` "
+        "(see docs/operations.md and docs/several-hosts.md)",
+        json_schema_extra={"shown_default": "SQLite in the state dir"},
+    )
+    host_id: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=200,
+        description="this machine's name among the hosts sharing one PostgreSQL database",
+        json_schema_extra={"shown_default": "the hostname"},
+    )
+    shared_results_dir: Path | None = Field(
+        default=None,
+        description="one results dir mounted at this same path on every host sharing the "
+        "database: each host writes its results there and any host serves any task's "
+        "files (docs/several-hosts.md)",
+        json_schema_extra={"shown_default": "none (`<state dir>/results`)"},
+    )
+    profiles_dir: Path = Field(
+        default=BUNDLED_PROFILES_DIR,
+        description="one TOML per model (docs/profiles.md)",
+        json_schema_extra={"shown_default": "the bundled `profiles/`"},
+    )
+    port: int | None = Field(
+        default=None,
+        description="the local API's port (always on 127.0.0.1)",
+        json_schema_extra={"shown_default": "a free one in 49152-65535"},
+    )
+    browser_executable: str | None = Field(
+        default=None,
+        description="the Chromium that web models run in",
+        json_schema_extra={"shown_default": "a Chromium found on the machine"},
+    )
+    headless: bool = Field(default=True, description="run Chromium without a window")
+    browser_keep_alive_s: float = Field(
+        default=60.0,
+        ge=0,
+        # The next task skips the launch (~2-7 s).
+        description="real seconds a web account's browser stays open after a task, with "
+        "the model's page pre-loaded for the next one; `0` closes it after every task",
+    )
+    browser_prewarm: bool = Field(
+        default=True,
+        description="start each web account's browser when its lane opens (start, an "
+        "account added, enabled again or back from a cooldown), in the background, on "
+        "its model's page with the logged-in check done, so its first task skips the "
+        "start; a logged-out, human-check or usage-cap page found then marks the account "
+        "with no task spent; closed after `browser_keep_alive_s` without a task; `false`: "
+        "the first task starts it",
+    )
+    concurrency: dict[str, int] = Field(
+        default_factory=dict,
+        description='per API provider quota as JSON, e.g. `{"openai": 3}`; each 1..5',
+        json_schema_extra={"shown_default": "`{}`"},
+    )
+    default_concurrency: int = Field(
+        default=DEFAULT_PROVIDER_CONCURRENCY,
+        description="the quota of a provider `concurrency` does not name (a ComfyUI "
+        "server: 1); 1..5",
+    )
+    cache_max_bytes: int = Field(default=2 * 1024**3, description="result cache size cap")
+    cache_ttl_s: float = Field(
+        default=7 * 24 * 3600.0, description="how long a cached result is reused"
+    )
+    artifacts_max_bytes: int = Field(
+        default=256 * 1024**2,
+        ge=0,
+        description="what failed attempts leave for a person to look at (screenshots, page "
+        "HTML, traces, the vendor's last answer), in all; the oldest attempts' go first",
+    )
+    artifacts_max_count: int = Field(default=200, ge=1, description="the same, counted in attempts")
+    time_scale: float = Field(
+        default=1.0, gt=0, description="multiplies every internal timer (tests, benchmarks)"
+    )
+    http_timeout_s: float = Field(
+        default=30.0,
+        description="timeout of one request to an API provider (a chat answer may take "
+        "the profile's longer `timeout_s`)",
+    )
+    max_download_bytes: int = Field(
+        default=2 * 1024**3,
+        gt=0,
+        description="largest result file or web medium; a profile's `max_download_bytes` "
+        "(in `[api]` or `[web]`) overrides it",
+    )
+    max_json_bytes: int = Field(
+        default=16 * 1024**2, gt=0, description="largest JSON answer read from a vendor"
+    )
+    retry_delay_s: float = Field(
+        default=5.0,
+        description="the wait before a retryable failure's next attempt, doubled at each attempt",
+    )
+    account_failures_for_attention: int = Field(
+        default=3,
+        ge=1,
+        description="failures of one kind in a row that mark a web account or provider "
+        "*needs attention* (with the kind as the reason)",
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json` for log shippers (the systemd unit sets it)"
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="`auto`: uvloop when installed (uvicorn's production choice); "
+        "`asyncio` pins the standard library's loop should a platform misbehave; the "
+        "start-up line names the loop in use",
+    )
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        default="auto",
+        description="`auto`: httptools when installed; `h11` pins the pure-Python parser",
+    )
+    log_level: str = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING`, ...")
+    demo: bool = Field(
+        default=False,
+        description="start the bundled demo backends and log the demo accounts in "
+        "(`serve --demo`, `make demo`)",
+    )
+    webhook_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="endpoints told of `job.finished` and `account.state_changed` "
+        "(comma- or space-separated, or a JSON list); see docs/operations.md",
+        json_schema_extra={"shown_default": "none"},
+    )
+    webhook_secret: str | None = Field(
+        default=None,
+        description="signs every webhook (`X-Dispatcher-Signature`); 16+ characters, "
+        "required with the URLs",
+    )
+    webhook_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        # Not per read: a receiver dripping its answer is cut off here.
+        description="real seconds one webhook POST may take in all",
+    )
+    input_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="dirs (`:`-separated) that local `reference_image` paths must lie "
+        'under; anything else is refused with one message for "not allowed or not found"',
+        json_schema_extra={"shown_default": "`<state dir>/inputs`"},
+    )
+    max_reference_image_bytes: int = Field(
+        default=50 * 1024**2,
+        gt=0,
+        # Checked before a byte is read: a reference image is a picture, not a video.
+        description="a larger reference image file is refused before it is read",
+    )
 
     @classmethod
     def settings_customise_sources(
