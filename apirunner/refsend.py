@@ -1,6 +1,6 @@
 """What a submit needs of a task's reference images, in the profile's shape.
 
-Three shapes (README "Reference images"):
+Three shapes (docs/how-it-works.md, "Reference images reach the model"):
 
 - *inline*: ``{reference_image:data_url}``, ``{reference_image:base64}`` or
   ``{reference_image:url}`` (an http(s) URL passed through) in the body;
