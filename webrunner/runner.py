@@ -21,8 +21,7 @@ from pathlib import Path
 
 from playwright.async_api import Playwright, async_playwright
 
-from apirunner.allowlist import Allowlist
-from apirunner.refimages import Prepared
+from dispatcher.allowlist import Allowlist
 from dispatcher.clock import Clock
 from dispatcher.errors import (
     ConfigError,
@@ -38,7 +37,8 @@ from dispatcher.fingerprint import LocalFiles
 from dispatcher.lanes import web_models_by_account
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import Interruption, RunContext, RunnerStats, RunResult
+from dispatcher.refimages import Prepared
+from dispatcher.runner import Interruption, RunContext, Runner, RunnerStats, RunResult
 from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
@@ -71,12 +71,15 @@ from webrunner.profiledirs import check_account_name, user_data_dir_for
 START_LIMIT_S = 90.0
 
 
-class WebRunner:
+class WebRunner(Runner):
     """Runs web-model tasks, one Chromium per account at a time, for the web profiles."""
 
     # A frozen page looks alive to asyncio: liveness is proven by beats that
     # happen only after page calls return.
     beats_required = True
+    # Media a page shows may live on any host the profiles name (the site, an
+    # API vendor's CDN), and nowhere else: the API runner's list.
+    allowlist: Allowlist
 
     def __init__(
         self,
@@ -94,8 +97,6 @@ class WebRunner:
         self._clock = clock
         # The service's own mapping (a reload changes it in place).
         self._all_profiles = profiles
-        # Media a page shows may live on any host the profiles name (the
-        # site, an API vendor's CDN), and nowhere else: the API runner's list.
         self.allowlist = Allowlist.from_profiles(profiles)
         accounts: set[str] = set()
         for profile in self.web_profiles.values():
@@ -207,11 +208,11 @@ class WebRunner:
             raise ConfigError(str(exc)) from exc
         return lock
 
-    def set_keep_alive(self, keep_alive_s: float) -> None:
-        """A reload changed how long a browser stays open after a task (from the next task)."""
-        self._keeper.keep_alive_s = keep_alive_s
+    def apply_settings(self, settings: Settings) -> None:
+        """How long a browser stays open after a task, as a reload changed it."""
+        self._keeper.keep_alive_s = settings.browser_keep_alive_s
 
-    def add_account(self, account: str) -> None:
+    def add_owner(self, account: str) -> None:
         """Take on a web account while running: lock it, make its dir; it serves at once."""
         check_account_name(account)
         if account in self._locks:

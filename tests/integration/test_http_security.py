@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.service import Service
 from dispatcher.settings import Settings
@@ -133,7 +134,8 @@ async def test_second_service_on_same_state_dir_is_refused(tmp_path: Path) -> No
                 profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
                 demo=True,
                 time_scale=0.02,
-            )
+            ),
+            demo=Demo(),
         )
         with pytest.raises(LockHeld, match=f"answers on 127.0.0.1:{h.service.http.port}"):  # type: ignore[union-attr]
             await second.start()
@@ -151,4 +153,4 @@ async def test_provider_quota_outside_1_to_5_is_refused_at_start(
         concurrency={"demo": quota},
     )
     with pytest.raises(ConfigError, match=f"'demo' is {quota}"):
-        await Service(settings).start()
+        await Service(settings, demo=Demo()).start()

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from apirunner.refimages import prepare
 from dispatcher.errors import PermanentError
 from dispatcher.models import Stage
 from dispatcher.profiles import Profile
+from dispatcher.refimages import prepare
 from tests.integration.apirunner.conftest import Kit
 
 
