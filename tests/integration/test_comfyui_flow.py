@@ -31,7 +31,7 @@ async def test_a_shot_list_with_one_failed_shot_retried_alone_ends_with_8_images
     tmp_path: Path,
 ) -> None:
     async with running_service(tmp_path, profiles=PROFILES) as h:
-        shots = [
+        shots: list[dict[str, Any]] = [
             {"model": "demo-comfy", "params": {"prompt": f"story 1, shot {i}: the harbour"}}
             for i in range(1, 9)
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -34,9 +35,10 @@ async def test_host_header_must_be_loopback(tmp_path: Path) -> None:
         response = await h.http.get("/v1/lanes", headers={"Host": "evil.example:8080"})
         assert response.status_code == 403
         assert "loopback" in response.json()["error"]["message"]
+        assert h.service.http is not None
         response = await h.http.get(
             "/v1/lanes", headers={"Host": f"localhost:{h.service.http.port}"}
-        )  # type: ignore[union-attr]
+        )
         assert response.status_code == 200
 
 
@@ -46,7 +48,7 @@ async def test_oversized_body_gets_413_and_creates_nothing(tmp_path: Path) -> No
         response = await h.http.post("/v1/tasks", json=big)
         assert response.status_code == 413
 
-        async def chunks():  # type: ignore[no-untyped-def]
+        async def chunks() -> AsyncIterator[bytes]:
             for _ in range(20):
                 yield b"x" * 65536
 

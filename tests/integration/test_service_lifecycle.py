@@ -27,8 +27,9 @@ import demo.bootstrap
 from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, DispatcherError, LockHeld, StoreError
 from dispatcher.scheduler import Scheduler
-from dispatcher.service import LOCK_FILE, PORT_FILE, Phase, Service
+from dispatcher.service import Phase, Service
 from dispatcher.settings import Settings
+from dispatcher.statedir import LOCK_FILE, PORT_FILE
 from dispatcher.webhooks import Webhooks
 from tests.harness import API_PROFILES, WEB_PROFILES, profiles_dir
 

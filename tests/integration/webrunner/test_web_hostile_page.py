@@ -32,7 +32,7 @@ from webrunner.guard import downloads_dir_for, own_page
 from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
+    from tests.integration.webrunner.conftest import WebEnv
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 

@@ -22,8 +22,7 @@ from webrunner import keeper
 from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
-
+    from tests.integration.webrunner.conftest import WebEnv
     from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
