@@ -25,6 +25,7 @@ from demo.comfyui import start_demo_comfy
 from demo.web_model import login_demo_accounts, start_demo_web
 from dispatcher.logs import redact
 from dispatcher.serving import RunningServer
+from dispatcher.settings import Settings
 
 if TYPE_CHECKING:
     from webrunner.runner import WebRunner
@@ -80,15 +81,13 @@ class Demo:
     """The demo's start-up step, for `Service(settings, demo=Demo())`."""
 
     async def start_servers(
-        self,
-        servers: list[RunningServer],
-        *,
-        time_scale: float,
-        state_dir: Path,
-        input_dirs: list[Path],
+        self, servers: list[RunningServer], settings: Settings
     ) -> dict[str, str]:
         return await start_demos(
-            servers, time_scale=time_scale, state_dir=state_dir, input_dirs=input_dirs
+            servers,
+            time_scale=settings.time_scale,
+            state_dir=settings.state_dir,
+            input_dirs=settings.resolved_input_dirs,
         )
 
     async def log_in(self, web: WebRunner, urls: Mapping[str, str]) -> None:

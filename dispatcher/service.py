@@ -28,7 +28,7 @@ from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
-from dispatcher.demostartup import DemoStartup
+from dispatcher.demostartup import DemoStartup, start_demo
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.eventloop import loop_name
 from dispatcher.events import EventBus, ProfilesReloaded
@@ -209,20 +209,7 @@ class Service:
         if not settings.input_dirs:
             make_private_dir(self.state_dir / "inputs", "inputs dir")
         if settings.demo:
-            if self._demo is None:
-                raise ConfigError(
-                    "the demo is on (DISPATCHER_DEMO) but this service was made without "
-                    "the demo's start-up step: start it with `dispatcher serve --demo`"
-                )
-            # Pushed first: the demo lists each server as it comes up, so
-            # one failing stops those before it.
-            stack.push_async_callback(self._stop_demos)
-            self.demo_urls = await self._demo.start_servers(
-                self.demo_servers,
-                time_scale=settings.time_scale,
-                state_dir=self.state_dir,
-                input_dirs=settings.resolved_input_dirs,
-            )
+            self.demo_urls = await start_demo(self._demo, self.demo_servers, stack, settings)
         found = read_profiles(settings.profiles_dir, self.demo_urls)
         self.profiles = found.profiles
         self.profile_problems = found.problems
@@ -558,12 +545,6 @@ class Service:
             await http.stop()
         with contextlib.suppress(OSError):
             (self.state_dir / PORT_FILE).unlink()
-
-    async def _stop_demos(self) -> None:
-        servers = list(self.demo_servers)
-        self.demo_servers.clear()
-        for server in servers:
-            await server.stop()
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down gracefully."""
