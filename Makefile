@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # longest first. `make test PYTEST_PARALLEL=` runs serially.
 PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-.PHONY: venv demo test lint typecheck bench clean
+.PHONY: venv demo test unit lint typecheck bench clean
 
 venv: $(STAMP)
 	@$(BIN)/python -m dispatcher.browser_setup
@@ -25,8 +25,15 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+
+# The edit-run loop: tests/unit alone (no browser, no PostgreSQL, no service
+# process), serially: ~20 s of CPU, where two workers would each pay the
+# imports and collection again. A test that needs more moves to integration.
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 lint: venv
 	$(BIN)/ruff check .

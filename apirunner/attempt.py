@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from apirunner.allowlist import origin_of
 from apirunner.classify import Failure, bad_answer, classify_remote_failure
 from apirunner.client import (
     Answer,
@@ -28,7 +27,6 @@ from apirunner.client import (
     with_retries,
 )
 from apirunner.polling import PollEvidence, ProgressTrack, next_poll_wait
-from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
 from apirunner.remote import (
     RemoteIdRefused,
@@ -48,6 +46,7 @@ from apirunner.templates import (
     split_path,
     walk,
 )
+from dispatcher.allowlist import origin_of
 from dispatcher.errors import (
     PermanentError,
     RunError,
@@ -56,6 +55,7 @@ from dispatcher.errors import (
 )
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
+from dispatcher.refimages import PreparedImages, UploadCache
 from dispatcher.runner import ResultFile, RunResult
 from dispatcher.settings import Settings
 

@@ -8,7 +8,7 @@ again *inside* the attempt is a second pure decision, `decide_retry`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 
@@ -49,9 +49,6 @@ class Failure:
     @property
     def rate_limited(self) -> bool:
         return self.status == 429
-
-    def with_retry_after(self, retry_after_s: float | None) -> Failure:
-        return replace(self, retry_after_s=retry_after_s)
 
     def to_error(self) -> RunError:
         cls = TransientError if self.retryable else PermanentError

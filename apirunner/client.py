@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from apirunner.allowlist import Allowlist
 from apirunner.classify import (
     Failure,
     bad_answer,
@@ -34,6 +33,7 @@ from apirunner.gate import RetryGate
 from apirunner.polling import Rand, parse_retry_after
 from apirunner.wire import head_holding_transport
 from dispatcher import fetch
+from dispatcher.allowlist import Allowlist
 from dispatcher.clock import Clock
 from dispatcher.errors import TransientError
 from dispatcher.fetch import Origin, OriginJars, result_file_name

@@ -46,7 +46,6 @@ from urllib.parse import urlencode
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from apirunner.allowlist import Allowlist, origin_of, same_origin
 from apirunner.classify import decide_retry
 from apirunner.client import (
     AttemptBase,
@@ -71,6 +70,7 @@ from apirunner.comfy_protocol import (
 from apirunner.inbox import CLOSED, MISSED, Inbox
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
+from dispatcher.allowlist import Allowlist, origin_of, same_origin
 from dispatcher.background import stop_job
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError

@@ -28,7 +28,6 @@ from dataclasses import replace
 
 import httpx
 
-from apirunner.allowlist import Allowlist
 from apirunner.attempt import ProviderAttempt, config_error
 from apirunner.client import (
     AttemptScope,
@@ -39,10 +38,10 @@ from apirunner.client import (
 from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, SharedGates
 from apirunner.polling import Rand
-from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.templates import (
     TemplateError,
 )
+from dispatcher.allowlist import Allowlist
 from dispatcher.artifacts import keep_answer
 from dispatcher.clock import Clock
 from dispatcher.errors import (
@@ -55,13 +54,14 @@ from dispatcher.errors import (
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Task
 from dispatcher.profiles import ApiSpec, Profile
-from dispatcher.runner import RunContext, RunnerStats, RunResult
+from dispatcher.refimages import PreparedImages, UploadCache
+from dispatcher.runner import RunContext, Runner, RunnerStats, RunResult
 from dispatcher.settings import Settings
 
 log = logging.getLogger("apirunner")
 
 
-class ApiRunner:
+class ApiRunner(Runner):
     """Runs `kind = "api"` tasks; one pooled client per provider."""
 
     # A live coroutine is proof of life: nothing here can freeze like a page.

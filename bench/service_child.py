@@ -34,6 +34,7 @@ from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
+from demo.bootstrap import Demo
 from dispatcher import eventloop
 from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
@@ -111,7 +112,7 @@ def _memdiag(state_dir: Path) -> dict[str, Any]:
 async def main() -> None:
     settings = Settings()
     setup_logging(settings.log_level, settings.log_format)
-    service = Service(settings)
+    service = Service(settings, demo=Demo() if settings.demo else None)
     transitions: Counter[str] = Counter()
 
     def on_event(event: Event) -> None:

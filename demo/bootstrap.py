@@ -1,8 +1,10 @@
 """What `--demo` adds to a starting service: the three demo servers, a demo
 API key, the sample batch's reference images and the demo accounts' logins.
 
-The service calls these and keeps nothing demo-specific of its own; the
-bundled profiles read the URLs written here (see `dispatcher/cli/server.py`).
+The CLI hands them to the service as `Demo` (`dispatcher.demostartup.DemoStartup`),
+so the service keeps nothing demo-specific of its own and never imports this
+package; the bundled profiles read the URLs written here (see
+`dispatcher/cli/server.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +25,7 @@ from demo.comfyui import start_demo_comfy
 from demo.web_model import login_demo_accounts, start_demo_web
 from dispatcher.logs import redact
 from dispatcher.serving import RunningServer
+from dispatcher.settings import Settings
 
 if TYPE_CHECKING:
     from webrunner.runner import WebRunner
@@ -71,3 +75,20 @@ async def log_in_demo_accounts(runner: WebRunner, demo_web_url: str) -> None:
     logged_in = await login_demo_accounts(runner, demo_web_url)
     if any(logged_in.values()):
         log.info("demo accounts logged in: %s", ", ".join(a for a, new in logged_in.items() if new))
+
+
+class Demo:
+    """The demo's start-up step, for `Service(settings, demo=Demo())`."""
+
+    async def start_servers(
+        self, servers: list[RunningServer], settings: Settings
+    ) -> dict[str, str]:
+        return await start_demos(
+            servers,
+            time_scale=settings.time_scale,
+            state_dir=settings.state_dir,
+            input_dirs=settings.resolved_input_dirs,
+        )
+
+    async def log_in(self, web: WebRunner, urls: Mapping[str, str]) -> None:
+        await log_in_demo_accounts(web, urls["DEMO_WEB_URL"])

@@ -262,11 +262,6 @@ def read_batch_lines(path: Path) -> list[BatchLine]:
     return found.lines
 
 
-def read_batch(path: Path) -> list[dict[str, Any]]:
-    """The task bodies of a batch file, ready for `POST /v1/jobs`."""
-    return [entry.task for entry in read_batch_lines(path)]
-
-
 def locate(message: str, path: Path, lines: list[BatchLine]) -> str:
     """Rewrite the service's `tasks[i]` in an error message as `file:line`."""
     match = _TASK_INDEX.search(message)

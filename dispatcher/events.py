@@ -105,7 +105,3 @@ class EventBus:
             yield queue
         finally:
             self._subscribers.discard(queue)
-
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)

@@ -25,24 +25,16 @@ from dispatcher.settings_sources import describe, env_name, shown, where_set
 
 if TYPE_CHECKING:
     from dispatcher.cache import ResultCache
-    from webrunner.runner import WebRunner
 
 # The reload's lines are the service's own (operators filter on this name).
 log = logging.getLogger("dispatcher.service")
 
 
-def web_runner(runners: Mapping[Kind, Runner]) -> WebRunner | None:
-    from webrunner.runner import WebRunner
-
-    runner = runners.get(Kind.WEB)
-    return runner if isinstance(runner, WebRunner) else None
-
-
 def why_not_live(runners: Mapping[Kind, Runner], profile: Profile) -> str | None:
     """Why a new or changed profile cannot be served without a restart, if so.
 
-    A web account it brings is taken on here (locked, its dir made), so
-    that its lane can open with the reload.
+    An owner it brings (a web account: locked, its dir made) is taken on
+    here, so that its lane can open with the reload.
     """
     runner = runners.get(profile.kind)
     if runner is None:
@@ -51,13 +43,11 @@ def why_not_live(runners: Mapping[Kind, Runner], profile: Profile) -> str | None
     url = profile.api.base_url if profile.api else profile.web.url if profile.web else ""
     if not runner.allowlist.allows(url):
         return f"host of {url} is not on this run's outbound allowlist"
-    web = web_runner(runners)
-    if profile.kind is Kind.WEB and web is not None:
-        for account in profile.accounts:
-            try:
-                web.add_account(account)
-            except (InputError, LockHeld, ConfigError) as exc:
-                return str(exc)
+    for owner in profile.accounts:
+        try:
+            runner.add_owner(owner)
+        except (InputError, LockHeld, ConfigError) as exc:
+            return str(exc)
     return None
 
 
@@ -82,9 +72,8 @@ def reload_settings(
         why = str(exc) if isinstance(exc, ConfigError) else describe(exc)
         log.error("reload: settings not applied: %s", why)
         return running, {"settings": {}, "settings_error": why, "settings_sources": sources}
-    web = web_runner(runners)
-    if web is not None:
-        web.set_keep_alive(candidate.browser_keep_alive_s)
+    for runner in runners.values():
+        runner.apply_settings(candidate)
     cache.max_bytes = candidate.cache_max_bytes
     cache.ttl_s = candidate.cache_ttl_s
     if changed:
@@ -112,22 +101,15 @@ def _live_sources() -> dict[str, list[JSON]]:
 def _check_concurrency(
     profiles: Mapping[str, Profile], settings: Settings, runners: Mapping[Kind, Runner]
 ) -> None:
-    from apirunner.runner import ApiRunner
-
     runner = runners.get(Kind.API)
-    pools = runner.pool_size if isinstance(runner, ApiRunner) else lambda _: None
-    check_pools(build_lanes(profiles, settings), pools)
+    check_pools(build_lanes(profiles, settings), runner.pool_size if runner else lambda _: None)
 
 
 async def add_api_providers(
     runners: Mapping[Kind, Runner], profiles: Mapping[str, Profile], lanes: Mapping[str, LaneSpec]
 ) -> None:
-    """A client for every API provider a reload brought (on an allowed host)."""
-    from apirunner.runner import ApiRunner
-
-    runner = runners.get(Kind.API)
-    if isinstance(runner, ApiRunner):
-        concurrency = {
-            lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is Kind.API
-        }
+    """What serving a reload's profiles needs: a client for every API
+    provider it brought (on an allowed host)."""
+    for kind, runner in runners.items():
+        concurrency = {lane.owner: lane.concurrency for lane in lanes.values() if lane.kind is kind}
         await runner.add_profiles(profiles, concurrency)

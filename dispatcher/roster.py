@@ -98,7 +98,7 @@ class Roster:
                 )
         stored = (await self._store.get_web_accounts()).get(name, ())
         try:
-            web.add_account(name)
+            web.add_owner(name)
         except LockHeld as exc:
             raise StateConflict(str(exc)) from exc
         serves = sorted({*stored, *models})

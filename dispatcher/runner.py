@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -36,6 +36,7 @@ from dispatcher.clock import Clock
 from dispatcher.errors import TaskCanceled, TransientError
 from dispatcher.models import JSON, Stage, Task
 from dispatcher.profiles import Profile
+from dispatcher.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -328,15 +329,19 @@ def _close(work: Awaitable[Any]) -> None:
 
 
 class Runner(Protocol):
-    """A kind of model (web or api) behind one small interface."""
+    """A kind of model (web or api) behind one small interface.
+
+    The service calls every runner through this interface alone, never
+    asking which kind it holds. A runner subclasses it explicitly, so mypy
+    checks that it fits, and inherits the defaults below for what its kind
+    has no use for.
+    """
 
     # True when liveness must be proven by `ctx.beat()` (a frozen browser page
     # looks alive to asyncio); False when a live coroutine is proof enough.
     beats_required: bool
-
-    @property
-    def allowlist(self) -> HostList:
-        """Hosts this runner may reach; a profile added by a reload must fit in it."""
+    # Hosts this runner may reach; a profile added by a reload must fit in it.
+    allowlist: HostList
 
     async def start(self) -> None:
         """Acquire what lanes hold for their lifetime (locks, clients)."""
@@ -349,6 +354,33 @@ class Runner(Protocol):
 
     def stats(self) -> RunnerStats:
         """Counters for the service's metrics."""
+
+    # -- while running: a reload, an account added -----------------------------
+
+    def add_owner(self, owner: str) -> None:
+        """Serve `owner` (a web account, an API provider) from now on, as a
+        reload or `accounts add` brings it; ConfigError, InputError or
+        LockHeld when it cannot (a web account: its lock, its dir)."""
+        return None  # a body, not just a docstring: a default, not abstract
+
+    def apply_settings(self, settings: Settings) -> None:
+        """A reload's live settings, from the next task on."""
+        return None
+
+    async def add_profiles(
+        self, profiles: Mapping[str, Profile], concurrency: Mapping[str, int]
+    ) -> None:
+        """A reload's profiles: what serving them needs (an API client per new
+        provider); their hosts are already on the allowlist."""
+        return None
+
+    def effective_concurrency(self, owner: str, quota: int) -> int:
+        """The owner's lane concurrency now (an API provider's, after 429 storms)."""
+        return quota
+
+    def pool_size(self, owner: str) -> int | None:
+        """The connection pool the owner's client was opened with, if it has one."""
+        return None
 
 
 class HostList(Protocol):

@@ -28,6 +28,7 @@ from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
 from dispatcher.decisions import EXPIRE_AFTER_S
+from dispatcher.demostartup import DemoStartup, start_demo
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.eventloop import loop_name
 from dispatcher.events import EventBus, ProfilesReloaded
@@ -45,7 +46,7 @@ from dispatcher.prewarm import BrowserPrewarm
 from dispatcher.profiles import ProfileProblem, read_profiles
 from dispatcher.recovery import recover
 from dispatcher.reload import plan_reload
-from dispatcher.reload_apply import add_api_providers, reload_settings, web_runner, why_not_live
+from dispatcher.reload_apply import add_api_providers, reload_settings, why_not_live
 from dispatcher.roster import Roster
 from dispatcher.runner import Runner
 from dispatcher.scheduler import Scheduler
@@ -83,8 +84,14 @@ class Phase(enum.Enum):
 class Service:
     """The composition root; start and stop it, or use it as an async context manager."""
 
-    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+    def __init__(
+        self, settings: Settings, clock: Clock | None = None, *, demo: DemoStartup | None = None
+    ) -> None:
+        """`demo`: the demo's start-up step (`demo.bootstrap.Demo`), which
+        settings.demo needs; the CLI passes it in, so the service itself
+        never imports the demo."""
         self.settings = settings
+        self._demo = demo
         self.clock: Clock = clock or SystemClock(settings.time_scale)
         self.pid = os.getpid()
         self.events = EventBus()
@@ -92,6 +99,8 @@ class Service:
         self.demo_servers: list[RunningServer] = []
         self.demo_urls: dict[str, str] = {}
         self.runners: dict[Kind, Runner] = {}
+        # The web runner again, for the parts only it has (accounts, logins).
+        self.web: WebRunner | None = None
         self.http: RunningServer | None = None
         self.phase = Phase.NEW
         # What stop undoes: set once start has finished, emptied by stop.
@@ -152,9 +161,9 @@ class Service:
         if Kind.WEB in kinds:
             from webrunner.runner import WebRunner
 
-            web = WebRunner(self.settings, self.profiles, self.clock)
-            self.events.listen(web.on_event)  # a disabled account's kept browser is closed
-            self.runners[Kind.WEB] = web
+            self.web = WebRunner(self.settings, self.profiles, self.clock)
+            self.events.listen(self.web.on_event)  # a disabled account's kept browser is closed
+            self.runners[Kind.WEB] = self.web
 
     async def check_api_keys(self) -> None:
         """Keys read again; see `apikeys.check_keys`."""
@@ -162,12 +171,9 @@ class Service:
 
     def _effective_concurrency(self, lane: LaneSpec) -> int:
         runner = self.runners.get(lane.kind)
-        if lane.kind is Kind.API and runner is not None:
-            from apirunner.runner import ApiRunner
-
-            if isinstance(runner, ApiRunner):
-                return int(runner.effective_concurrency(lane.owner, lane.concurrency))
-        return lane.concurrency
+        if runner is None:
+            return lane.concurrency
+        return runner.effective_concurrency(lane.owner, lane.concurrency)
 
     async def start(self) -> None:
         """Start every part in order; on a failure, stop the ones started, newest first."""
@@ -203,17 +209,7 @@ class Service:
         if not settings.input_dirs:
             make_private_dir(self.state_dir / "inputs", "inputs dir")
         if settings.demo:
-            from demo.bootstrap import start_demos
-
-            # Pushed first: start_demos lists each server as it comes up, so
-            # one failing stops those before it.
-            stack.push_async_callback(self._stop_demos)
-            self.demo_urls = await start_demos(
-                self.demo_servers,
-                time_scale=settings.time_scale,
-                state_dir=self.state_dir,
-                input_dirs=settings.resolved_input_dirs,
-            )
+            self.demo_urls = await start_demo(self._demo, self.demo_servers, stack, settings)
         found = read_profiles(settings.profiles_dir, self.demo_urls)
         self.profiles = found.profiles
         self.profile_problems = found.problems
@@ -290,15 +286,13 @@ class Service:
             # Pushed before start: a runner's aclose undoes a start that failed halfway.
             stack.push_async_callback(_close_runner, runner)
             await runner.start()
-        web = self._web_runner()
+        web = self.web
         for lane in lanes.values():
             if web is not None and lane.kind is Kind.WEB:
-                web.add_account(lane.owner)  # one added at run time (the rest are held)
+                web.add_owner(lane.owner)  # one added at run time (the rest are held)
         self._tell_web(configured)
-        if settings.demo and web is not None:
-            from demo.bootstrap import log_in_demo_accounts
-
-            await log_in_demo_accounts(web, self.demo_urls["DEMO_WEB_URL"])
+        if self._demo is not None and settings.demo and web is not None:
+            await self._demo.log_in(web, self.demo_urls)
         self.scheduler = Scheduler(
             ledger=self.ledger,
             clock=self.clock,
@@ -391,9 +385,6 @@ class Service:
             ", ".join(lanes),
         )
 
-    def _web_runner(self) -> WebRunner | None:
-        return web_runner(self.runners)
-
     async def _relane(self) -> None:
         """Lanes for the loaded profiles and the added web accounts, swapped in live."""
         async with self._relaning:
@@ -416,9 +407,10 @@ class Service:
         """The web runner learns which models each web account serves (a
         login or a cookie import opens the account on one of their pages),
         those another host holds now included: a lease may come later."""
-        web = self._web_runner()
-        if web is not None:
-            web.serve({lane.owner: lane.models for lane in lanes.values() if lane.kind is Kind.WEB})
+        if self.web is not None:
+            self.web.serve(
+                {lane.owner: lane.models for lane in lanes.values() if lane.kind is Kind.WEB}
+            )
 
     async def _bound(self, lanes: Mapping[str, LaneSpec]) -> dict[str, LaneSpec]:
         """The lanes this host may open: each web account leased to it (one
@@ -553,12 +545,6 @@ class Service:
             await http.stop()
         with contextlib.suppress(OSError):
             (self.state_dir / PORT_FILE).unlink()
-
-    async def _stop_demos(self) -> None:
-        servers = list(self.demo_servers)
-        self.demo_servers.clear()
-        for server in servers:
-            await server.stop()
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down gracefully."""

@@ -25,7 +25,7 @@ HEAVY_FIRST = (
     "tests/e2e/test_remote_login.py",
     "tests/integration/test_web_lanes.py",
     "tests/integration/store/test_account_leases.py",
-    "tests/unit/test_ledger_stateful.py",
+    "tests/integration/test_ledger_stateful.py",
     "tests/e2e/test_dashboard_pages.py",
     "tests/integration/test_failure_evidence.py",
     "tests/integration/test_browser_faults.py",

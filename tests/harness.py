@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from demo.bootstrap import Demo
 from dispatcher.service import Service
 from dispatcher.settings import Settings
 from tests.helpers import REPO
@@ -164,7 +165,7 @@ def host_service(
 async def serving(settings: Settings) -> AsyncIterator[Harness]:
     """The service started in process with `settings`, and a client holding its token."""
     async with (
-        Service(settings) as service,
+        Service(settings, demo=Demo()) as service,
         httpx.AsyncClient(
             base_url=service.url,
             headers={"Authorization": f"Bearer {service.credentials.token}"},

@@ -57,3 +57,16 @@ def traced_demo_profile(
     text = text.replace('accounts = ["demo-1", "demo-2"]', f"accounts = {list(accounts)!r}")
     text = text.replace("[web]\n", f"max_attempts = {max_attempts}\n\n[web]\ntrace = true\n")
     (target / f"{name}.toml").write_text(text.replace("'", '"'))
+
+
+def result_files(directory: Path) -> list[str]:
+    """Result files left in an attempt's dir; the failure's evidence (a
+    vendor's last answer, a page's screenshot and HTML, under `artifacts/`)
+    is kept there on purpose."""
+    if not directory.exists():
+        return []
+    return sorted(
+        p.name
+        for p in directory.rglob("*")
+        if p.is_file() and "artifacts" not in p.relative_to(directory).parts
+    )

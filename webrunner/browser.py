@@ -482,9 +482,9 @@ async def start_browser(
     *,
     executable: str,
     user_data_dir: Path,
-    headless: bool = True,
     log: Log | None = None,
     start_url: str | None = None,
+    headless: bool = True,
 ) -> BrowserSession:
     """Self-check, launch Chromium on the profile, connect Playwright over CDP.
 

@@ -22,12 +22,12 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import FilePayload, Locator, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
-from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
 from dispatcher.errors import AccountHold, AuthError, TransientError
 from dispatcher.health import parse_reset
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
+from dispatcher.refimages import Prepared
 
 T = TypeVar("T")
 

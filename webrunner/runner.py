@@ -21,8 +21,7 @@ from pathlib import Path
 
 from playwright.async_api import Playwright, async_playwright
 
-from apirunner.allowlist import Allowlist
-from apirunner.refimages import Prepared
+from dispatcher.allowlist import Allowlist
 from dispatcher.clock import Clock
 from dispatcher.errors import (
     ConfigError,
@@ -38,7 +37,8 @@ from dispatcher.fingerprint import LocalFiles
 from dispatcher.lanes import web_models_by_account
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import Interruption, RunContext, RunnerStats, RunResult
+from dispatcher.refimages import Prepared
+from dispatcher.runner import Interruption, RunContext, Runner, RunnerStats, RunResult
 from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
@@ -71,12 +71,15 @@ from webrunner.profiledirs import check_account_name, user_data_dir_for
 START_LIMIT_S = 90.0
 
 
-class WebRunner:
+class WebRunner(Runner):
     """Runs web-model tasks, one Chromium per account at a time, for the web profiles."""
 
     # A frozen page looks alive to asyncio: liveness is proven by beats that
     # happen only after page calls return.
     beats_required = True
+    # Media a page shows may live on any host the profiles name (the site, an
+    # API vendor's CDN), and nowhere else: the API runner's list.
+    allowlist: Allowlist
 
     def __init__(
         self,
@@ -91,11 +94,9 @@ class WebRunner:
         Without one, `start` starts a driver and `aclose` stops it.
         """
         self._settings = settings
-        self._clock = clock
+        self.clock = clock
         # The service's own mapping (a reload changes it in place).
         self._all_profiles = profiles
-        # Media a page shows may live on any host the profiles name (the
-        # site, an API vendor's CDN), and nowhere else: the API runner's list.
         self.allowlist = Allowlist.from_profiles(profiles)
         accounts: set[str] = set()
         for profile in self.web_profiles.values():
@@ -113,7 +114,8 @@ class WebRunner:
             for account, listing in web_models_by_account(profiles).items()
         }
         self._locks: dict[str, AccountLock] = {}
-        self._keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, close_logged)
+        # Each account's browser between tasks (also one started before its first task).
+        self.keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, close_logged)
         # Counters the service's metrics read (`stats`).
         self.counts: dict[str, int] = {
             "browser_launches": 0,
@@ -144,15 +146,6 @@ class WebRunner:
     def models_of(self, account: str) -> tuple[str, ...]:
         """The web models the account serves (listed in a profile or added at run time)."""
         return self._models.get(account, ())
-
-    @property
-    def keeper(self) -> BrowserKeeper:
-        """Each account's browser between tasks (also one started before its first task)."""
-        return self._keeper
-
-    @property
-    def clock(self) -> Clock:
-        return self._clock
 
     @property
     def playwright(self) -> Playwright:
@@ -207,11 +200,11 @@ class WebRunner:
             raise ConfigError(str(exc)) from exc
         return lock
 
-    def set_keep_alive(self, keep_alive_s: float) -> None:
-        """A reload changed how long a browser stays open after a task (from the next task)."""
-        self._keeper.keep_alive_s = keep_alive_s
+    def apply_settings(self, settings: Settings) -> None:
+        """How long a browser stays open after a task, as a reload changed it."""
+        self.keeper.keep_alive_s = settings.browser_keep_alive_s
 
-    def add_account(self, account: str) -> None:
+    def add_owner(self, account: str) -> None:
         """Take on a web account while running: lock it, make its dir; it serves at once."""
         check_account_name(account)
         if account in self._locks:
@@ -219,12 +212,12 @@ class WebRunner:
         if self._playwright is None:
             raise ConfigError("the web runner is not started; web accounts cannot be added")
         self._locks[account] = self._lock_account(account)
-        self._keeper.add(account)
+        self.keeper.add(account)
         self.accounts = tuple(sorted({*self.accounts, account}))
 
     async def remove_account(self, account: str) -> None:
         """Give an account up: once its running task (if any) ends, close its browser, unlock it."""
-        await self._keeper.drop(account)
+        await self.keeper.drop(account)
         lock = self._locks.pop(account, None)
         if lock is not None:
             lock.release()
@@ -233,7 +226,7 @@ class WebRunner:
     async def aclose(self) -> None:
         """Close the kept browsers, kill any still busy, stop the driver, release the locks."""
         await self.logins.aclose()
-        await self._keeper.aclose()
+        await self.keeper.aclose()
         if self._playwright is not None:
             playwright, self._playwright = self._playwright, None
             if playwright is not self._shared_playwright:
@@ -274,18 +267,18 @@ class WebRunner:
         """
         if account not in self._locks or self._playwright is None:
             raise NotFound(f"web account {account!r} is not held by this runner")
-        async with self._keeper.locks[account]:
-            session = self._keeper.session(account)
+        async with self.keeper.locks[account]:
+            session = self.keeper.session(account)
             if session is not None:
                 # Chromium allows one browser per profile.
-                await self._keeper.forget(account)
+                await self.keeper.forget(account)
                 await close_logged(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
             yield self.user_data_dir(account)
 
     def running_browser(self, account: str) -> BrowserSession | None:
         """The browser a task of the account is using now, if any (to watch it)."""
-        session = self._keeper.session(account)
-        if session is None or not session.usable or not self._keeper.locks[account].locked():
+        session = self.keeper.session(account)
+        if session is None or not session.usable or not self.keeper.locks[account].locked():
             return None
         return session
 
@@ -314,7 +307,7 @@ class WebRunner:
         # a mistake there wait instead of opening the profile twice. An
         # operator's login or import holds it for minutes: the task waits,
         # alive (beating) and cancellable, instead of being reclaimed as stale.
-        lock = self._keeper.locks[account]
+        lock = self.keeper.locks[account]
         if lock.locked():
             ctx.log.info(
                 "waiting for the account's profile (its browser is starting, or a login or "
@@ -322,7 +315,7 @@ class WebRunner:
             )
         await ctx.guard(lock.acquire(), alive=True)
         try:
-            self._keeper.resume(account)
+            self.keeper.resume(account)
             return await self._run_in_browser(ctx, account, message, images)
         finally:
             lock.release()
@@ -331,8 +324,8 @@ class WebRunner:
         # The profile's timeout is nominal (scaled for tests and benchmarks);
         # starting a browser and loading a page take real time, bounded apart.
         return Budget.after(
-            self._clock,
-            self._clock.scaled(spec.timeout_s),
+            self.clock,
+            self.clock.scaled(spec.timeout_s),
             f"the profile's timeout_s ({spec.timeout_s:g} s)",
         )
 
@@ -341,11 +334,11 @@ class WebRunner:
     ) -> tuple[BrowserSession, bool]:
         """The account's open browser if it is still healthy, else a new one
         whose first tab starts loading `url` at launch; (session, reused)."""
-        session = self._keeper.session(account)
+        session = self.keeper.session(account)
         if session is not None:
             if session.usable:
                 self.counts["browser_reuses"] += 1
-                idle_s = self._keeper.idle_s(account)
+                idle_s = self.keeper.idle_s(account)
                 ctx.log.info("reusing browser pid %d (idle %.1f s)", session.pid, idle_s)
                 return session, True
             # Crashed or disconnected while idle: make sure it is gone, start afresh.
@@ -359,7 +352,7 @@ class WebRunner:
             ctx,
             self.launch_browser(account, url, ctx.log),
             what="starting the browser",
-            budget=Budget.after(self._clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
+            budget=Budget.after(self.clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
             # Interrupted, it kills what it launched before it passes the
             # interrupt on (`start_browser`): nothing is left to dispose of.
             alive=True,
@@ -386,7 +379,7 @@ class WebRunner:
             start_url=None if policy.allow_hosts else url,
         )
         await install_guard(session, policy)
-        self._keeper.adopt(account, session)
+        self.keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
         leftovers = session.selfcheck
         self.counts["leftovers_ended"] += len(leftovers.terminated) + len(leftovers.killed)
@@ -399,7 +392,7 @@ class WebRunner:
         assert session is not None
         preloaded = await page_step(
             ctx,
-            self._keeper.preloaded(ctx.account, spec.url),
+            self.keeper.preloaded(ctx.account, spec.url),
             what=f"loading {spec.url}",
             budget=budget,
         )
@@ -446,7 +439,7 @@ class WebRunner:
                 # Not kept: after a failure or a cancel its state is suspect;
                 # after a success, keep-alive is off or the account was released.
                 with ctx.alive():
-                    await self._keeper.forget(account)
+                    await self.keeper.forget(account)
                     await close_logged(run.session, ctx.log)
         add_close_timings(result, run)
         return result
@@ -466,7 +459,7 @@ class WebRunner:
         t_submitted = time.monotonic()
         assert run.session is not None
         # While it generates, the next task's page loads in a spare tab.
-        self._keeper.spare(run.account, run.session, spec.url, functools.partial(prime, spec=spec))
+        self.keeper.spare(run.account, run.session, spec.url, functools.partial(prime, spec=spec))
         await ctx.set_stage(Stage.GENERATING)
         text = await driver.wait_answer(before)
         t_answer = time.monotonic()
@@ -503,7 +496,7 @@ class WebRunner:
         )
         if run.tracing:
             await evidence.drop_trace(session.context)
-        run.kept = self._keeper.keep(
+        run.kept = self.keeper.keep(
             run.account,
             session,
             driver.page,
@@ -518,7 +511,7 @@ class WebRunner:
         run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
         await self._guard(ctx, run.session, spec)
         run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
-        page_budget = Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
+        page_budget = Budget.after(self.clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
         try:
             run.driver = await self._open_page(ctx, run, spec, page_budget)
         except TransientError as exc:
@@ -543,7 +536,7 @@ class WebRunner:
             ctx,
             session.guard.apply(self._policy(ctx.account, spec)),
             what="setting the browser's limits",
-            budget=Budget.after(self._clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s"),
+            budget=Budget.after(self.clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s"),
         )
 
     async def _interrupted(self, ctx: RunContext, run: BrowserRun) -> None:
@@ -585,7 +578,7 @@ class WebRunner:
 
     async def _kill(self, account: str, session: BrowserSession) -> None:
         """Kill the account's browser at once (dead, broken or frozen) and stop keeping it."""
-        await self._keeper.forget(account)
+        await self.keeper.forget(account)
         await session.abort()
 
     def stats(self) -> RunnerStats:
@@ -593,11 +586,11 @@ class WebRunner:
 
     def on_event(self, event: Event) -> None:
         """Event-bus listener: a web account taken out of service gives its browser back."""
-        self._keeper.on_event(event)
+        self.keeper.on_event(event)
 
     def open_browsers(self) -> dict[str, int]:
         """The PID of each account's open browser (busy, or kept between tasks)."""
-        return self._keeper.open_browsers()
+        return self.keeper.open_browsers()
 
     def __repr__(self) -> str:
         return f"WebRunner(accounts={list(self.accounts)}, started={self._playwright is not None})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -27,6 +27,10 @@ from dispatcher.cli.tasks import create_job
 from dispatcher.client import Client
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.invocation import cli_command
+
+if TYPE_CHECKING:
+    from dispatcher.service import Service
+    from dispatcher.settings import Settings
 
 # What `--demo` provides to the bundled profiles (see demo/bootstrap.py start_demos).
 DEMO_VARIABLES = ("DEMO_API_URL", "DEMO_WEB_URL", "DEMO_COMFY_URL")
@@ -74,6 +78,18 @@ def migrate(
     console.print(f"schema version {version}")
 
 
+def make_service(settings: Settings) -> Service:
+    """The service, handed the demo's start-up step when the settings ask for
+    the demo (the service itself never imports the demo)."""
+    from dispatcher.service import Service
+
+    if not settings.demo:
+        return Service(settings)
+    from demo.bootstrap import Demo
+
+    return Service(settings, demo=Demo())
+
+
 def serve(
     demo: DemoFlag = False,
     port: PortOption = None,
@@ -101,10 +117,9 @@ def serve(
     except ValueError as exc:
         fail(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
     from dispatcher import eventloop
-    from dispatcher.service import Service
 
     try:
-        eventloop.run(Service(settings).serve_forever(), settings.event_loop)
+        eventloop.run(make_service(settings).serve_forever(), settings.event_loop)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     except DispatcherError as exc:
@@ -144,7 +159,6 @@ def demo_run(
 
     from dispatcher import eventloop
     from dispatcher.logs import setup_logging
-    from dispatcher.service import Service
 
     settings = load_settings(demo=True, state_dir=options.get("state_dir"))
     setup_logging("WARNING", settings.log_format)
@@ -183,7 +197,7 @@ def demo_run(
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stopping.set)
-        service = Service(settings)
+        service = make_service(settings)
         try:
             await service.start()
             with service.reloading_on_hangup():

@@ -20,7 +20,7 @@ from dispatcher import strictjson
 from dispatcher.errors import NotFound, StateConflict
 from dispatcher.events import TaskChanged
 from dispatcher.http import bodies
-from dispatcher.models import Kind, State
+from dispatcher.models import State
 from webrunner.cookies import CookieFileError, parse_session_file, site_cookies, site_host
 
 if TYPE_CHECKING:
@@ -89,10 +89,8 @@ class LoginRoutes:
         self.service = service
 
     def _runner(self) -> WebRunner:
-        from webrunner.runner import WebRunner
-
-        runner = self.service.runners.get(Kind.WEB)
-        if not isinstance(runner, WebRunner):
+        runner = self.service.web
+        if runner is None:
             raise NotFound("this service runs no web models, so it has no web accounts")
         return runner
 

@@ -87,7 +87,6 @@ class TaskListener:
         self.reconnects = 0  # connections lost and made again
         self.received = 0  # notices of other hosts passed on
         self._job: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
 
     async def start(self) -> None:
         """Listening once this returns; a first connection that fails says why."""
@@ -98,10 +97,6 @@ class TaskListener:
         job, self._job = self._job, None
         if job is not None:
             await stop_job(job)
-
-    async def wait_listening(self) -> None:
-        """Until the (re)connected listener hears notices again."""
-        await self._listening.wait()
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         conn = await psycopg.AsyncConnection.connect(
@@ -119,7 +114,6 @@ class TaskListener:
         except BaseException:
             await conn.close()
             raise
-        self._listening.set()
         return conn
 
     async def _run(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
@@ -128,7 +122,6 @@ class TaskListener:
             try:
                 await self._listen(conn)
             except psycopg.Error as exc:
-                self._listening.clear()
                 log.warning("lost the PostgreSQL listener connection (%s); reconnecting", exc)
             finally:
                 await conn.close()

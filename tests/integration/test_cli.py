@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from dispatcher import client as cli_client
-from dispatcher import service as service_module
+from dispatcher import statedir
 from tests.servicecli import DEMO_API_KEY, ServiceProcess, clean_env, run_many, start_service
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,8 +54,8 @@ def wait_state(
 
 
 def test_the_client_reads_the_files_the_service_writes() -> None:
-    assert cli_client.PORT_FILE == service_module.PORT_FILE
-    assert cli_client.TOKEN_FILE == service_module.TOKEN_FILE
+    assert cli_client.PORT_FILE == statedir.PORT_FILE
+    assert cli_client.TOKEN_FILE == statedir.TOKEN_FILE
 
 
 def test_submit_prints_the_id_and_wait_follows_it_to_the_end(service: ServiceProcess) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from demo.bootstrap import Demo
 from demo.comfyui import start_demo_comfy
 from dispatcher.decisions import DEDUP_WINDOW_S
 from dispatcher.service import Service
@@ -30,7 +31,7 @@ async def test_a_shot_list_with_one_failed_shot_retried_alone_ends_with_8_images
     tmp_path: Path,
 ) -> None:
     async with running_service(tmp_path, profiles=PROFILES) as h:
-        shots = [
+        shots: list[dict[str, Any]] = [
             {"model": "demo-comfy", "params": {"prompt": f"story 1, shot {i}: the harbour"}}
             for i in range(1, 9)
         ]
@@ -145,7 +146,7 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
         time_scale=TIME_SCALE,
     )
     try:
-        service = Service(settings)
+        service = Service(settings, demo=Demo())
         await service.start()
         try:
             spec = parse_spec(
@@ -164,7 +165,7 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
         async with httpx.AsyncClient() as http:
             still = (await http.get(f"{comfy.url}/history/{current.remote_id}")).json()
         assert still == {}  # the prompt is still rendering while no dispatcher runs
-        service = Service(settings)
+        service = Service(settings, demo=Demo())
         await service.start()
         try:
             for _ in range(500):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from dispatcher.decisions import HEARTBEAT_INTERVAL_S
@@ -84,10 +85,13 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
 
 
 async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
-    base = dict(
+    base = Task(
+        id="",
+        model="demo-video",
         kind=Kind.API,
         lane_group="api-model:demo-video",
         params={"prompt": "x", "gen_s": 1},
+        fingerprint="",
         created_at=now - 10,
         state=State.RUNNING,
         stage=Stage.GENERATING,
@@ -96,22 +100,21 @@ async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
         account="demo",
     )
     tasks = {
-        "no-remote": Task(id="no-remote", model="demo-video", fingerprint="a", **base),  # type: ignore[arg-type]
-        "unknown-remote": Task(
-            id="unknown-remote", model="demo-video", fingerprint="b", remote_id="video_gone", **base
-        ),  # type: ignore[arg-type]
-        "expired": Task(
-            id="expired",
-            model="demo-video",
-            fingerprint="c",
-            **{**base, "started_at": now - 3 * 3600, "remote_id": "video_x"},
-        ),  # type: ignore[arg-type]
-        "web": Task(
+        "no-remote": replace(base, id="no-remote", fingerprint="a"),
+        "unknown-remote": replace(
+            base, id="unknown-remote", fingerprint="b", remote_id="video_gone"
+        ),
+        "expired": replace(
+            base, id="expired", fingerprint="c", started_at=now - 3 * 3600, remote_id="video_x"
+        ),
+        "web": replace(
+            base,
             id="web",
             model="demo-chat-api",
             fingerprint="d",
-            **{**base, "kind": Kind.WEB, "lane_group": "web:no-lane-here"},
-        ),  # type: ignore[arg-type]
+            kind=Kind.WEB,
+            lane_group="web:no-lane-here",
+        ),
     }
     await store.insert_tasks(list(tasks.values()))
     return tasks
@@ -139,4 +142,8 @@ async def test_startup_reconciliation_rules(tmp_path: Path) -> None:
         assert stale["error"]["kind"] == "stale"
         unknown = await h.wait_task("unknown-remote")
         assert unknown["state"] == "failed"
-        assert "video_gone" in unknown["error"]["message"] or "not" in unknown["error"]["message"]
+        # The vendor no longer knows the job: failed for good, with the vendor's own words.
+        assert unknown["error"] == {
+            "kind": "http_404",
+            "message": "HTTP 404: not_found: no job 'video_gone'",
+        }

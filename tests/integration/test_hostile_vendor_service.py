@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from demo.api_media import png_bytes
+from demo.bootstrap import Demo
 from demo.hostile import start_hostile
 from dispatcher.logs import JsonFormatter, RedactingFilter
 from dispatcher.service import Service
@@ -122,7 +123,7 @@ async def service(
         database_url=database_url,
         host_id="hostile-host",
     )
-    service = Service(settings)
+    service = Service(settings, demo=Demo())
     await service.start()
     try:
         async with httpx.AsyncClient(

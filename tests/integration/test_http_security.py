@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, LockHeld
 from dispatcher.service import Service
 from dispatcher.settings import Settings
@@ -33,9 +35,10 @@ async def test_host_header_must_be_loopback(tmp_path: Path) -> None:
         response = await h.http.get("/v1/lanes", headers={"Host": "evil.example:8080"})
         assert response.status_code == 403
         assert "loopback" in response.json()["error"]["message"]
+        assert h.service.http is not None
         response = await h.http.get(
             "/v1/lanes", headers={"Host": f"localhost:{h.service.http.port}"}
-        )  # type: ignore[union-attr]
+        )
         assert response.status_code == 200
 
 
@@ -45,7 +48,7 @@ async def test_oversized_body_gets_413_and_creates_nothing(tmp_path: Path) -> No
         response = await h.http.post("/v1/tasks", json=big)
         assert response.status_code == 413
 
-        async def chunks():  # type: ignore[no-untyped-def]
+        async def chunks() -> AsyncIterator[bytes]:
             for _ in range(20):
                 yield b"x" * 65536
 
@@ -133,7 +136,8 @@ async def test_second_service_on_same_state_dir_is_refused(tmp_path: Path) -> No
                 profiles_dir=profiles_dir(tmp_path, ["demo-chat-api"]),
                 demo=True,
                 time_scale=0.02,
-            )
+            ),
+            demo=Demo(),
         )
         with pytest.raises(LockHeld, match=f"answers on 127.0.0.1:{h.service.http.port}"):  # type: ignore[union-attr]
             await second.start()
@@ -151,4 +155,4 @@ async def test_provider_quota_outside_1_to_5_is_refused_at_start(
         concurrency={"demo": quota},
     )
     with pytest.raises(ConfigError, match=f"'demo' is {quota}"):
-        await Service(settings).start()
+        await Service(settings, demo=Demo()).start()

@@ -134,7 +134,7 @@ async def test_rows_with_bad_json_still_list_and_answer(tmp_path: Path) -> None:
 async def test_a_nul_from_a_client_is_a_4xx_on_both_stores(tmp_path: Path, dialect: str) -> None:
     # PostgreSQL refuses a NUL in text: each of these used to answer 500 there.
     with contextlib.ExitStack() as stack:
-        extra = {}
+        extra: dict[str, Any] = {}
         if dialect == "postgresql":
             extra = {"database_url": stack.enter_context(fresh_database()), "host_id": "nul-host"}
         async with running_service(tmp_path, **extra) as h:

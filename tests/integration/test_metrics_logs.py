@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -120,7 +121,7 @@ def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def json_lines(text: str) -> list[dict[str, object]]:
+def json_lines(text: str) -> list[dict[str, Any]]:
     lines = []
     for line in text.splitlines():
         if line.strip():

@@ -24,10 +24,12 @@ import psutil
 import pytest
 
 import demo.bootstrap
+from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, DispatcherError, LockHeld, StoreError
 from dispatcher.scheduler import Scheduler
-from dispatcher.service import LOCK_FILE, PORT_FILE, Phase, Service
+from dispatcher.service import Phase, Service
 from dispatcher.settings import Settings
+from dispatcher.statedir import LOCK_FILE, PORT_FILE
 from dispatcher.webhooks import Webhooks
 from tests.harness import API_PROFILES, WEB_PROFILES, profiles_dir
 
@@ -118,7 +120,7 @@ async def _start_fails(service: Service, error: type[Exception], match: str) -> 
 
 
 async def test_a_held_state_dir_starts_nothing(tmp_path: Path) -> None:
-    service = Service(_settings(tmp_path, API_PROFILES))
+    service = Service(_settings(tmp_path, API_PROFILES), demo=Demo())
     service.state_dir.mkdir(mode=0o700)
     held = filelock.FileLock(str(service.state_dir / LOCK_FILE), timeout=0)
     held.acquire()
@@ -139,18 +141,27 @@ async def test_a_demo_server_failing_stops_the_ones_already_up(
     monkeypatch.setattr(
         demo.bootstrap, "start_demo_comfy", _fails(ConfigError("comfy demo refused"))
     )
-    await _start_fails(Service(_settings(tmp_path, API_PROFILES)), ConfigError, "comfy demo")
+    await _start_fails(
+        Service(_settings(tmp_path, API_PROFILES), demo=Demo()), ConfigError, "comfy demo"
+    )
+
+
+async def test_the_demo_setting_without_the_demo_step_is_refused(tmp_path: Path) -> None:
+    # The service never imports the demo: whoever makes it passes the demo's
+    # start-up step in; a service made without it refuses, saying how to start.
+    service = Service(_settings(tmp_path, API_PROFILES))
+    await _start_fails(service, ConfigError, r"dispatcher serve --demo")
 
 
 async def test_no_usable_profile_stops_the_demo_servers(tmp_path: Path) -> None:
-    service = Service(_settings(tmp_path, ()))
+    service = Service(_settings(tmp_path, ()), demo=Demo())
     await _start_fails(service, ConfigError, "no usable profiles")
 
 
 async def test_a_store_that_cannot_open_stops_what_came_before(tmp_path: Path) -> None:
     (tmp_path / "db-is-a-dir").mkdir()
     settings = _settings(tmp_path, API_PROFILES, database_url=f"sqlite:///{tmp_path}/db-is-a-dir")
-    await _start_fails(Service(settings), StoreError, "cannot open SQLite database")
+    await _start_fails(Service(settings, demo=Demo()), StoreError, "cannot open SQLite database")
 
 
 async def test_a_runner_failing_to_start_closes_the_one_started_before(tmp_path: Path) -> None:
@@ -161,7 +172,7 @@ async def test_a_runner_failing_to_start_closes_the_one_started_before(tmp_path:
     settings = _settings(
         tmp_path, API_PROFILES + WEB_PROFILES, browser_executable=str(not_a_browser)
     )
-    await _start_fails(Service(settings), ConfigError, "is not an executable file")
+    await _start_fails(Service(settings, demo=Demo()), ConfigError, "is not an executable file")
 
 
 async def test_webhooks_failing_to_start_stops_everything_before(
@@ -174,7 +185,7 @@ async def test_webhooks_failing_to_start_stops_everything_before(
         webhook_urls=["http://127.0.0.1:9/hook"],
         webhook_secret="s" * 20,
     )
-    await _start_fails(Service(settings), DispatcherError, "webhooks refused")
+    await _start_fails(Service(settings, demo=Demo()), DispatcherError, "webhooks refused")
 
 
 @pytest.mark.browser
@@ -183,7 +194,9 @@ async def test_a_taken_port_closes_the_logged_in_browsers(tmp_path: Path) -> Non
     # Everything up to the API has started here, the demo accounts' browsers too.
     with _taken_port() as port:
         settings = _settings(tmp_path, API_PROFILES + WEB_PROFILES, port=port)
-        await _start_fails(Service(settings), ConfigError, f"cannot bind 127.0.0.1:{port}")
+        await _start_fails(
+            Service(settings, demo=Demo()), ConfigError, f"cannot bind 127.0.0.1:{port}"
+        )
 
 
 async def test_a_failure_after_the_port_file_removes_it_and_the_next_start_works(
@@ -196,9 +209,11 @@ async def test_a_failure_after_the_port_file_removes_it_and_the_next_start_works
 
         patch.setattr(Scheduler, "start", refuse)
         await _start_fails(
-            Service(_settings(tmp_path, API_PROFILES)), DispatcherError, "scheduler refused"
+            Service(_settings(tmp_path, API_PROFILES), demo=Demo()),
+            DispatcherError,
+            "scheduler refused",
         )
-    again = Service(_settings(tmp_path, API_PROFILES))
+    again = Service(_settings(tmp_path, API_PROFILES), demo=Demo())
     async with again:
         port = (again.state_dir / PORT_FILE).read_text().strip()
         assert again.url.endswith(f":{port}")
@@ -210,7 +225,7 @@ async def test_stop_twice_is_fine_and_a_stopped_service_does_not_start_again(
 ) -> None:
     mask = _umask()
     before = Leftovers.now()
-    service = Service(_settings(tmp_path, API_PROFILES))
+    service = Service(_settings(tmp_path, API_PROFILES), demo=Demo())
     await service.start()
     assert service.phase is Phase.STARTED
     await service.stop()

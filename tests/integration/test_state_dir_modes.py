@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError
 from dispatcher.service import Service
 from dispatcher.settings import Settings
@@ -65,7 +66,7 @@ async def test_a_state_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> N
         time_scale=0.02,
     )
     with pytest.raises(ConfigError, match=f"owned by uid 4242.*{os.getuid()}"):
-        await Service(settings).start()
+        await Service(settings, demo=Demo()).start()
     assert not (state / "dispatcher.db").exists()
 
 
@@ -127,7 +128,7 @@ async def test_a_planted_database_or_lock_symlink_refuses_the_start(
             time_scale=0.02,
         )
         with pytest.raises(ConfigError, match=f"{name} is a symlink .*remove it"):
-            await Service(settings).start()
+            await Service(settings, demo=Demo()).start()
         assert victim.read_text() == "precious\n"
         assert _mode(victim) == 0o644
     finally:
@@ -152,7 +153,7 @@ async def test_a_dir_link_planted_by_another_user_refuses_the_start(
             time_scale=0.02,
         )
         with pytest.raises(ConfigError, match=f"{name} is a symlink .*owned by uid {NOBODY}"):
-            await Service(settings).start()
+            await Service(settings, demo=Demo()).start()
         assert _mode(victim) == 0o755
         assert list(victim.iterdir()) == []
     finally:

@@ -4,6 +4,7 @@ that changes the generation must."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import random
 from pathlib import Path
@@ -187,10 +188,13 @@ def test_profile_field_list_is_respected() -> None:
     assert fingerprint("m", {**params, "seed": 2}, fields) != fingerprint("m", params, fields)
 
 
-def test_result_is_sha256_hex() -> None:
-    fp = fingerprint("m", {"prompt": "x"}, FIELDS)
-    assert len(fp) == 64
-    assert int(fp, 16) >= 0
+def test_result_is_the_sha256_hex_of_the_canonical_document() -> None:
+    # Pinned: the result cache and dedup are keyed by it, so a change of
+    # encoding would silently orphan every cached result of an upgraded host.
+    fp = fingerprint("m", {"prompt": "x", "unlisted": 1}, FIELDS)
+    document = b'{"fields":{"prompt":"x"},"images":{},"model":"m"}'
+    assert fp == hashlib.sha256(document).hexdigest()
+    assert fp == "39988cf20c361e81a8eb2f477151c7a4252b524dd14299c882738a6d302d5f7e"
 
 
 def test_non_json_value_is_an_input_error() -> None:

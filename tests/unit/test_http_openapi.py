@@ -9,7 +9,7 @@ from starlette.routing import Route
 
 from dispatcher import accounts
 from dispatcher.errors import InputError
-from dispatcher.http import bodies
+from dispatcher.http import bodies, limits
 from dispatcher.http.app import create_app
 from dispatcher.http.openapi import OPENAPI, OPERATIONS, UNDOCUMENTED, build_document
 from dispatcher.http.security import Credentials
@@ -60,7 +60,7 @@ def test_request_schemas_are_the_validating_models() -> None:
     assert task["properties"]["model"]["maxLength"] == bodies.MAX_MODEL_CHARS
     assert task["additionalProperties"] is False and task["required"] == ["model"]
     job = schemas["JobBody"]
-    assert job["properties"]["tasks"]["maxItems"] == bodies.MAX_JOB_TASKS
+    assert job["properties"]["tasks"]["maxItems"] == limits.MAX_JOB_TASKS
     assert job["properties"]["tasks"]["minItems"] == 1
     params = schemas["Params"]
     assert params["properties"]["prompt"] == {"title": "Prompt", "type": "string"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apirunner.allowlist import Allowlist
+from dispatcher.allowlist import Allowlist
 from dispatcher.errors import ConfigError
 from dispatcher.lanes import build_lanes
 from dispatcher.profiles import parse_profile

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import pytest
 
 from dispatcher.clock import FakeClock
 from dispatcher.errors import TaskCanceled, TransientError
-from dispatcher.models import Kind, Stage, Task
+from dispatcher.models import Kind, Task
 from dispatcher.runner import Interruption, RunContext
+from dispatcher.testing import run_context
 from tests.helpers import api_profile
 
 
@@ -25,23 +25,8 @@ def context(tmp_path: Path, clock: FakeClock | None = None) -> RunContext:
         fingerprint="f",
         created_at=0.0,
     )
-
-    async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
-        return None
-
-    async def record_remote_id(remote_id: str) -> None:
-        return None
-
-    return RunContext(
-        task=task,
-        profile=api_profile(),
-        lane="api:prov",
-        account="prov",
-        clock=clock or FakeClock(),
-        result_dir=tmp_path,
-        log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-        report_stage=report_stage,
-        record_remote_id=record_remote_id,
+    return run_context(
+        task, api_profile(), owner="prov", result_dir=tmp_path, clock=clock or FakeClock()
     )
 
 

@@ -27,32 +27,8 @@ from dispatcher.runner import RunContext, RunResult
 from dispatcher.scheduler import Scheduler
 from dispatcher.store.sqlite import SqliteStore
 from dispatcher.taskspec import TaskSpec
+from dispatcher.testing import FakeRunner
 from tests.helpers import api_profile
-
-
-class FakeRunner:
-    """Records what runs, in order; each run waits for its release (or a cancel)."""
-
-    beats_required = False
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.release: dict[str, asyncio.Event] = {}
-
-    async def start(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-    def stats(self) -> dict[str, int]:
-        return {}
-
-    async def run(self, task: Task, ctx: RunContext) -> RunResult:
-        self.started.append(str(task.params["prompt"]))
-        gate = self.release.setdefault(str(task.params["prompt"]), asyncio.Event())
-        await ctx.guard(gate.wait())  # TaskCanceled on a cancel
-        return RunResult(text=f"answer to {task.params['prompt']}")
 
 
 @dataclass
@@ -119,7 +95,7 @@ async def test_a_lane_takes_its_oldest_task_first_and_refills_as_one_ends(world:
     await world.settle()
     assert world.runner.started == ["p0"]  # concurrency 1: one at a time, oldest first
 
-    world.runner.release["p0"].set()
+    world.runner.finish("p0")
     await world.settle()
     # The freed slot took the next task without waiting for a round.
     assert world.runner.started == ["p0", "p1"]
@@ -135,7 +111,7 @@ async def test_lanes_are_independent(world: World) -> None:
     await world.settle()
     assert sorted(world.runner.started) == ["other lane", "slow"]
 
-    world.runner.release["other lane"].set()
+    world.runner.finish("other lane")
     await world.settle()
     # The busy lane of m-a never held up m-b's lane.
     assert (await world.ledger.get(other.id)).state is State.SUCCESS
@@ -199,7 +175,7 @@ async def test_a_heartbeat_that_loses_its_cancel_does_not_hold_the_outcome(tmp_p
         await world.scheduler.round()
         await asyncio.wait_for(beating.wait(), timeout=5)
 
-        world.runner.release["beats"].set()
+        world.runner.finish("beats")
         await asyncio.wait_for(finished.wait(), timeout=5)
         assert (await ledger.get(task.id)).state is State.SUCCESS
         assert task.id not in world.scheduler.running
@@ -222,7 +198,7 @@ async def test_a_round_while_an_outcome_is_written_does_not_start_the_next_run(
     queued = await world.submit("m-a", "second")
     await world.scheduler.round()
     await world.settle()
-    world.runner.release["first"].set()
+    world.runner.finish("first")
     await asyncio.wait_for(writing.wait(), timeout=5)
 
     await world.scheduler.round()  # the slot is not free until the outcome is on record
@@ -268,8 +244,7 @@ async def test_finished_tasks_leave_nothing_behind_in_the_scheduler(world: World
     # memory benchmark): whatever it keeps per task must go when the task ends.
     prompts = [f"p{i}" for i in range(30)]
     for prompt in prompts:
-        world.runner.release[prompt] = asyncio.Event()
-        world.runner.release[prompt].set()
+        world.runner.finish(prompt)
         await world.submit("m-a" if len(prompt) % 2 else "m-b", prompt)
     for _ in range(len(prompts)):
         await world.scheduler.round()

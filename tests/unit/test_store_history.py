@@ -117,9 +117,9 @@ async def test_jobs_filter_by_state_as_the_state_rule_decides(store: SqliteStore
             counts[state] = counts.get(state, 0) + 1
         expected[f"job{n:02d}"] = job_state(counts)
     expected["empty"] = JobState.RUNNING
-    for state in JobState:
-        listed = {job.id for job in await store.list_jobs(states=[state], limit=100)}
-        assert listed == {j for j, s in expected.items() if s is state}, state
+    for wanted in JobState:
+        listed = {job.id for job in await store.list_jobs(states=[wanted], limit=100)}
+        assert listed == {j for j, s in expected.items() if s is wanted}, wanted
     newest = await store.list_jobs(limit=2)
     assert [j.id for j in newest] == ["empty", f"job{len(mixes) - 1:02d}"]
     assert [j.id for j in await store.list_jobs(text="mix 1", limit=100)][-1] == "job01"

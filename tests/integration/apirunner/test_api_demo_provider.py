@@ -6,7 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conftest import Demo
+    from tests.integration.apirunner.conftest import Demo
 
 AUTH = {"Authorization": "Bearer k1"}
 

@@ -9,7 +9,6 @@ key on a host other than the profile's own.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from dispatcher.profiles import Profile, load_profiles
 from dispatcher.runner import RunContext, RunResult
 from dispatcher.serving import RunningServer
 from dispatcher.settings import Settings
+from dispatcher.testing import run_context
+from tests.helpers import result_files
 
 SCALE = 0.02
 KEY = "hk-" + "k" * 40
@@ -157,23 +158,12 @@ class Hostile:
 
     def ctx(self, task: Task) -> RunContext:
         profile = self.profiles[task.model]
-
-        async def report_stage(*_: Any) -> None:
-            return None
-
-        async def record_remote_id(_: str) -> None:
-            return None
-
-        return RunContext(
-            task=task,
-            profile=profile,
-            lane=profile.queue,
-            account=profile.provider or "",
-            clock=self.clock,
+        return run_context(
+            task,
+            profile,
+            owner=profile.provider or "",
             result_dir=self.result_dir / task.id,
-            log=logging.LoggerAdapter(logging.getLogger("test.hostile"), {}),
-            report_stage=report_stage,
-            record_remote_id=record_remote_id,
+            clock=self.clock,
         )
 
     async def run_like_the_scheduler(self, shape: str, model: str | None = None) -> Outcome:
@@ -238,18 +228,6 @@ async def _submits(vendor: Vendor, shape: str) -> int:
     return int((await vendor.stats())["submits"].get(shape, 0))
 
 
-def _files_left(directory: Path) -> list[str]:
-    """Result files left in an attempt's dir; the failure's evidence (the
-    vendor's last answer under `artifacts/`) is kept there on purpose."""
-    if not directory.exists():
-        return []
-    return sorted(
-        p.name
-        for p in directory.rglob("*")
-        if p.is_file() and "artifacts" not in p.relative_to(directory).parts
-    )
-
-
 async def test_a_well_behaved_job_is_the_control(hostile: Hostile) -> None:
     outcome = await hostile.run_like_the_scheduler("plain")
     assert outcome.result is not None, outcome.errors
@@ -292,7 +270,7 @@ async def test_a_hostile_answer_fails_the_task_once_without_a_second_submit(
     assert all(r["path"] != f"/{shape}/status" for r in stats["requests"])
     assert (await hostile.foreign.stats())["request_count"] == 0
     # No partial download is left behind.
-    assert _files_left(hostile.result_dir) == []
+    assert result_files(hostile.result_dir) == []
 
 
 async def test_the_endless_download_stops_at_the_cap(hostile: Hostile) -> None:

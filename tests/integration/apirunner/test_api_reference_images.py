@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from apirunner.refimages import prepare
 from dispatcher.errors import PermanentError
-from dispatcher.models import Stage
+from dispatcher.models import Stage, Task
 from dispatcher.profiles import Profile
-from tests.integration.apirunner.conftest import Kit
+from dispatcher.refimages import prepare
+from dispatcher.runner import RunResult
+from tests.integration.apirunner.conftest import Kit, Recorder
 
 
 def _png(colour: str, side: int = 64) -> bytes:
@@ -45,7 +46,9 @@ def _with_body(profile: Profile, **body: str) -> Profile:
     return profile.model_copy(update={"api": api})
 
 
-async def _run(kit: Kit, model: str, params: dict[str, object], profile: Profile | None = None):
+async def _run(
+    kit: Kit, model: str, params: dict[str, object], profile: Profile | None = None
+) -> tuple[RunResult, Recorder, Task]:
     task = kit.task(model, {"gen_s": 0.2, **params})
     ctx, recorder = kit.ctx(task, profile)
     return await kit.runner.run(task, ctx), recorder, task

@@ -9,7 +9,7 @@ import pytest
 from dispatcher.errors import HostNotAllowed
 
 if TYPE_CHECKING:
-    from conftest import Kit
+    from tests.integration.apirunner.conftest import Kit
 
 
 async def test_a_profile_host_that_was_not_loaded_is_refused(kit: Kit) -> None:

@@ -17,7 +17,7 @@ from dispatcher.runner import Interruption, RunResult
 from dispatcher.settings import Settings
 
 if TYPE_CHECKING:
-    from conftest import Kit
+    from tests.integration.apirunner.conftest import Kit
 
 
 @pytest.mark.parametrize("model", ["demo-video", "demo-queue"])

@@ -16,7 +16,7 @@ from dispatcher.models import Kind
 from dispatcher.settings import Settings
 
 if TYPE_CHECKING:
-    from conftest import Kit
+    from tests.integration.apirunner.conftest import Kit
 
 
 def read_file(path: str) -> bytes:

@@ -9,7 +9,7 @@ from dispatcher.models import Task
 from dispatcher.runner import RunResult
 
 if TYPE_CHECKING:
-    from conftest import Kit
+    from tests.integration.apirunner.conftest import Kit
 
 LANE = 3  # stands in for the scheduler's lane (the provider's quota)
 

@@ -12,7 +12,7 @@ from demo.api_provider import png_bytes, video_bytes
 from dispatcher.models import Stage
 
 if TYPE_CHECKING:
-    from conftest import Kit
+    from tests.integration.apirunner.conftest import Kit
 
 
 def read_file(path: str) -> bytes:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import running_service
+from tests.harness import Harness, running_service
 from tests.pgdb import fresh_database
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
@@ -30,7 +30,7 @@ async def test_a_second_host_is_refused_an_account_until_its_owner_lets_it_go(
         )
         (tmp_path / "one").mkdir()
         (tmp_path / "two").mkdir()
-        h1 = await first.__aenter__()
+        h1: Harness | None = await first.__aenter__()
         try:
             async with running_service(
                 tmp_path / "two",

@@ -12,6 +12,7 @@ import asyncio
 from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ async def test_hosts_share_the_outbox_and_deliver_each_event_once(tmp_path: Path
     with fresh_database() as url:
         async with receiver() as hook, AsyncExitStack() as b_stack:
             hook.down = True
-            settings = {
+            settings: dict[str, Any] = {
                 "time_scale": SCALE,
                 "database_url": url,
                 "webhook_urls": [hook.url],

@@ -14,7 +14,7 @@ from PIL import Image
 from dispatcher.errors import PermanentError
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
+    from tests.integration.webrunner.conftest import WebEnv
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
@@ -38,7 +38,7 @@ async def test_reference_images_are_attached_and_reach_the_page(web: WebEnv) -> 
     task = task.replace(params={**task.params, "reference_images": ["hero.png", _b64(second)]})
     ctx, _ = web.context(task)
     result = await runner.run(task, ctx)
-    assert "describe them" in result.text
+    assert result.text is not None and "describe them" in result.text
 
     received = (await web.stats())["reference_hashes"][before:]
     assert received == [hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()]

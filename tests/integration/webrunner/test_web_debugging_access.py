@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
+    from tests.integration.webrunner.conftest import WebEnv
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 

@@ -26,12 +26,13 @@ from dispatcher.errors import HostNotAllowed, PermanentError
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.serving import RunningServer
+from tests.helpers import result_files
 from webrunner.browser import BrowserSession
 from webrunner.guard import downloads_dir_for, own_page
 from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
+    from tests.integration.webrunner.conftest import WebEnv
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
@@ -125,18 +126,6 @@ def _task() -> Task:
     )
 
 
-def _files(directory: Path) -> list[str]:
-    """Result files in an attempt's dir; the failure's evidence (screenshot,
-    page HTML under `artifacts/`) is kept there on purpose."""
-    if not directory.exists():
-        return []
-    return sorted(
-        p.name
-        for p in directory.rglob("*")
-        if p.is_file() and "artifacts" not in p.relative_to(directory).parts
-    )
-
-
 async def test_cookies_go_to_the_page_origin_only_not_to_another_port(
     web: WebEnv, sites: Sites
 ) -> None:
@@ -172,7 +161,7 @@ async def test_media_off_the_allowlist_is_refused_and_nothing_reaches_it(
     assert caught.value.kind == "allowlist"
     assert f"127.0.0.1:{sites.foreign.port}" in str(caught.value)
     assert (await sites.stats(sites.foreign))["request_count"] == 0
-    assert _files(ctx.result_dir) == []
+    assert result_files(ctx.result_dir) == []
 
 
 async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites) -> None:
@@ -183,7 +172,7 @@ async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites)
     with pytest.raises(PermanentError) as caught:
         await runner.run(task, ctx)
     assert caught.value.kind == "too_large"
-    assert _files(ctx.result_dir) == []  # the partial file is gone
+    assert result_files(ctx.result_dir) == []  # the partial file is gone
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], within_s: float = 60.0) -> None:

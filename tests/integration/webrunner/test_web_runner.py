@@ -22,8 +22,7 @@ from webrunner import keeper
 from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 
 if TYPE_CHECKING:
-    from conftest import WebEnv
-
+    from tests.integration.webrunner.conftest import WebEnv
     from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
@@ -141,7 +140,7 @@ async def test_the_next_page_loads_in_a_spare_tab_unless_generations_run_long(
     runner = await web.runner()
     # While the first task generates, the next task's page loads beside it.
     assert await _tabs_during_generation(web, runner, "one [duration=30]") == 2
-    session = runner._keeper.session("demo-1")
+    session = runner.keeper.session("demo-1")
     assert session is not None
     deadline = time.monotonic() + 10
     while len(session.context.pages) > 1:  # the finished conversation's tab is closed

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apirunner.allowlist import Allowlist, origin_of, same_origin
+from dispatcher.allowlist import Allowlist, origin_of, same_origin
 from dispatcher.errors import HostNotAllowed, PermanentError
 from dispatcher.profiles import load_profiles
 

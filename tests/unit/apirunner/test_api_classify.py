@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
 
@@ -134,7 +136,7 @@ def test_retry_decisions() -> None:
     assert decide_retry(server, 1, 0, middle).wait_s == pytest.approx(2.0)
     assert decide_retry(server, MAX_ERRORS_IN_PLACE - 1, 0, middle).retry is False
     # With a Retry-After the gate waits; the decision adds nothing on top.
-    assert decide_retry(server.with_retry_after(3.0), 0, 0, middle).wait_s == 0.0
+    assert decide_retry(replace(server, retry_after_s=3.0), 0, 0, middle).wait_s == 0.0
 
 
 def test_rate_limits_have_their_own_budget() -> None:

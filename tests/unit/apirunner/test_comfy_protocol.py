@@ -120,10 +120,12 @@ def test_only_our_prompts_messages_count() -> None:
     def msg(kind: str, **data: object) -> str:
         return json.dumps({"type": kind, "data": data})
 
-    assert read_message(msg("progress", value=5, max=20, prompt_id="p"), "p").progress == 25.0
+    progress = read_message(msg("progress", value=5, max=20, prompt_id="p"), "p")
+    assert progress is not None and progress.progress == 25.0
     assert read_message(msg("progress", value=5, max=20, prompt_id="other"), "p") is None
     assert read_message(msg("progress", value=5, max=0, prompt_id="p"), "p") is None
-    assert read_message(msg("executing", node=None, prompt_id="p"), "p").kind == "ended"
+    ended = read_message(msg("executing", node=None, prompt_id="p"), "p")
+    assert ended is not None and ended.kind == "ended"
     # A reconnect's replay has no prompt_id: it is not an ending.
     assert read_message(msg("executing", node=None), "p") is None
     assert read_message(msg("progress_state", prompt_id="p", nodes={}), "p") is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 
@@ -11,12 +10,12 @@ import pytest
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
-from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled, TransientError
 from dispatcher.fetch import result_file_name
-from dispatcher.models import Kind, Stage, Task
+from dispatcher.models import Kind, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.runner import Interruption, RunContext
+from dispatcher.testing import run_context
 from webrunner.media import _save_data_url
 from webrunner.page import (
     Budget,
@@ -50,24 +49,7 @@ def context(tmp_path: Path) -> RunContext:
         fingerprint="f",
         created_at=0.0,
     )
-
-    async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
-        return None
-
-    async def record_remote_id(remote_id: str) -> None:
-        return None
-
-    return RunContext(
-        task=task,
-        profile=profile,
-        lane="web:a",
-        account="a",
-        clock=SystemClock(),
-        result_dir=tmp_path,
-        log=logging.LoggerAdapter(logging.getLogger("test"), {}),
-        report_stage=report_stage,
-        record_remote_id=record_remote_id,
-    )
+    return run_context(task, profile, owner="a", result_dir=tmp_path)
 
 
 def budget(seconds: float) -> Budget:
