@@ -173,10 +173,10 @@ class Intake:
         return await in_decode_thread(hash_all)
 
     def _extra_image_params(self, spec: TaskSpec) -> list[str]:
-        """Image params a profile names beyond the standard two (ComfyUI's
-        `images`), present in this spec: hashed by pixels like the others."""
+        """Image params a profile names beyond the standard two (ComfyUI's and
+        gradio's `images`), present in this spec: hashed by pixels like the others."""
         profile = self.profiles.get(spec.model)
-        if profile is None or profile.api is None or profile.api.style != "comfyui":
+        if profile is None or profile.api is None or profile.api.style not in ("comfyui", "gradio"):
             return []
         return [
             name

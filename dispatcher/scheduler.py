@@ -576,6 +576,10 @@ class Scheduler:
                 info["stage"] = live.live.stage.value
                 info["progress"] = live.live.progress
                 info["queue_position"] = live.live.queue_position
+                remote_eta_s = live.ctx.remote_eta_s()
+                if remote_eta_s is not None:  # the server's queue knows better
+                    info["eta_s"] = remote_eta_s
+                    info["overdue_s"] = None
         return info
 
     def _serving(self, queue: str) -> list[ServingLane]:
