@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from apirunner.runner import ApiRunner
+from dispatcher.clock import SystemClock
+from dispatcher.models import Kind, Stage, Task, new_id
+from dispatcher.profiles import load_profiles
+from dispatcher.runner import RunContext
 from dispatcher.settings import Settings
 from tests.harness import serving
 from tests.helpers import REPO
@@ -279,6 +285,13 @@ async def test_a_restart_mid_run_fails_that_attempt_and_the_next_one_calls_again
     async with serving(settings) as h:
         task = await h.submit("gr-queue", "restart", seconds=1.0)
         first = await h.wait_remote_id(task["id"])
+        for _ in range(500):  # our stream is open: the app's events come through it
+            seen = await h.task(task["id"])
+            if seen["queue_position"] is not None or seen["progress"] is not None:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("no event from the app")
     # gradio forgot the event when our stream closed with the service.
     async with serving(settings) as h:
         done = await h.wait_task(task["id"], timeout_s=60)
@@ -287,3 +300,59 @@ async def test_a_restart_mid_run_fails_that_attempt_and_the_next_one_calls_again
         lost = done["attempts"][0]["error"]
         assert lost["kind"] == "remote_lost" and "no longer serves event" in lost["message"]
     assert (await _stats(apps["queue"]))["runs"]["restart"] <= 2
+
+
+async def test_a_resumed_task_reattaches_to_an_event_the_app_still_holds(
+    tmp_path: Path, apps: dict[str, int]
+) -> None:
+    """The service stopped after the call and before it followed the event:
+    the app still holds it, and the resumed attempt takes its result without
+    calling again."""
+    settings = _settings(tmp_path, apps)
+    profiles = load_profiles(settings.profiles_dir)
+    app = f"http://127.0.0.1:{apps['queue']}/gradio_api"
+    async with httpx.AsyncClient() as other:
+        answer = await other.post(f"{app}/call/slow", json={"data": ["held", 0.2]})
+    event_id = answer.json()["event_id"]
+    clock = SystemClock(TIME_SCALE)
+    runner = ApiRunner(settings, profiles, clock, {})
+    await runner.start()
+    try:
+        profile = profiles["gr-queue"]
+        task = Task(
+            id=new_id(),
+            model="gr-queue",
+            kind=Kind.API,
+            lane_group=profile.queue,
+            params={"prompt": "held", "seconds": 0.2},
+            fingerprint=new_id(),
+            created_at=0.0,
+            account="gr-queue-app",
+            remote_id=event_id,
+        )
+        stages: list[tuple[Stage, float | None, int | None]] = []
+
+        async def report(stage: Stage, progress: float | None, queue: int | None) -> None:
+            stages.append((stage, progress, queue))
+
+        async def record(remote_id: str) -> None:
+            raise AssertionError(f"called the app again: {remote_id}")
+
+        ctx = RunContext(
+            task=task,
+            profile=profile,
+            lane="api:gr-queue-app",
+            account="gr-queue-app",
+            clock=clock,
+            result_dir=tmp_path / "results",
+            log=logging.LoggerAdapter(logging.getLogger("test.gradio"), {}),
+            report_stage=report,
+            record_remote_id=record,
+        )
+        result = await runner.run(task, ctx)
+    finally:
+        await runner.aclose()
+    assert result.text == "HELD" and result.meta["remote_id"] == event_id
+    requests = (await _stats(apps["queue"]))["requests"]
+    runs = (await _stats(apps["queue"]))["runs"]
+    assert runs["held"] == 1 and requests["POST /gradio_api/call/slow"] >= 1
