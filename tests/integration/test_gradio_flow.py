@@ -266,6 +266,13 @@ async def test_an_app_error_fails_the_task_at_once_with_the_apps_message(
         assert failed["error"]["kind"] == "app_error"
         assert "cannot write about war" in failed["error"]["message"]
 
+        response = await h.http.post(
+            "/v1/tasks", json={"model": "gr-image", "params": {"prompt": "x", "sede": 3}}
+        )
+        assert response.status_code == 400  # a typo is refused, not dropped
+        message = response.json()["error"]["message"]
+        assert "sede" in message and "known: height, prompt, reference_image, seed" in message
+
         monkeypatch.delenv("GR_TEST_TOKEN")  # a private app without its token
         task = await h.submit("gr-image", "no key", seed=2)
         for _ in range(500):
