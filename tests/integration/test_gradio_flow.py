@@ -27,6 +27,7 @@ from dispatcher.runner import RunContext
 from dispatcher.settings import Settings
 from tests.harness import serving
 from tests.helpers import REPO
+from tests.servicecli import clean_env, run_cli
 
 TOKEN = "gradio-test-token"
 TIME_SCALE = 0.02
@@ -363,3 +364,29 @@ async def test_a_resumed_task_reattaches_to_an_event_the_app_still_holds(
     requests = (await _stats(apps["queue"]))["requests"]
     runs = (await _stats(apps["queue"]))["runs"]
     assert runs["held"] == 1 and requests["POST /gradio_api/call/slow"] >= 1
+
+
+def test_check_live_asks_each_app_whether_the_mapping_fits(
+    tmp_path: Path, apps: dict[str, int]
+) -> None:
+    _settings(tmp_path, apps)  # writes the profiles
+    folder = tmp_path / "profiles"
+    (folder / "gr-typo.toml").write_text(
+        PROFILES["gr-queue"]
+        .format(**apps)
+        .replace('"gr-queue"', '"gr-typo"')
+        .replace('seconds = "seconds"', 'seconds = "secs"')
+    )
+    env = clean_env({"GR_TEST_TOKEN": TOKEN})
+    result = run_cli(["check", str(folder), "--live"], env, tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    for name in ("gr-text", "gr-broken", "gr-image", "gr-queue"):
+        assert f"live ok  {name}" in result.stdout
+    assert "/slow has no parameter 'secs' (its parameters: prompt, seconds)" in result.stderr
+    assert "1 live problem(s) in 1 profile(s)" in result.stderr
+    # Without its token, the private app says so.
+    env.pop("GR_TEST_TOKEN")
+    (folder / "gr-typo.toml").unlink()
+    result = run_cli(["check", str(folder), "--live"], env, tmp_path)
+    assert result.returncode == 2
+    assert "gr-image (gr-image-app): $GR_TEST_TOKEN is not set" in result.stderr
