@@ -180,7 +180,7 @@ class GradioEvent:
     kind: EventKind
     rank: int | None = None  # events ahead in the app's queue
     eta_s: float | None = None  # the app's estimate, seconds from now
-    progress: float | None = None  # 0..1
+    progress: float | None = None  # percent, as every runner reports it
     output: list[Any] = field(default_factory=list)
     message: str = ""
 
@@ -233,16 +233,16 @@ def _seconds(value: Any) -> float | None:
 
 
 def _progress(data: Any) -> float | None:
-    """Done fraction of the outermost progress bar gradio reports."""
+    """Percent done of the outermost progress bar gradio reports."""
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         return None
     unit = data[0]
     share = unit.get("progress")
     if isinstance(share, int | float) and not isinstance(share, bool):
-        return min(1.0, max(0.0, float(share)))
+        return min(100.0, max(0.0, 100.0 * float(share)))
     index, length = _count(unit.get("index")), _count(unit.get("length"))
     if index is not None and length:
-        return min(1.0, index / length)
+        return min(100.0, 100.0 * index / length)
     return None
 
 

@@ -251,7 +251,7 @@ async def test_cancel_while_running_stops_the_apps_function(
             if len(seen) >= 2:
                 break
             await asyncio.sleep(0.02)
-        assert seen and 0 < seen[0] < 100
+        assert seen and 0 < seen[0] <= seen[-1] < 100  # percent, as for every runner
         response = await h.http.post(f"/v1/tasks/{task['id']}/cancel")
         assert response.status_code == 200
         assert (await h.wait_task(task["id"]))["state"] == "canceled"

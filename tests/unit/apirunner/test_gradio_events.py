@@ -86,7 +86,7 @@ def test_events_become_rank_eta_progress_results_and_errors() -> None:
     queued = event(msg="estimation", rank=2, queue_size=3, rank_eta=4.5)
     assert (queued.kind, queued.rank, queued.eta_s) == ("queued", 2, 4.5)
     bar = [{"index": 1, "length": 4, "unit": "steps", "progress": None}]
-    assert event(msg="progress", progress_data=bar).progress == 0.25
+    assert event(msg="progress", progress_data=bar).progress == 25.0  # percent
     done = event(msg="process_completed", success=True, output={"data": ["hi"]})
     assert (done.kind, done.output) == ("completed", ["hi"])
     failed = event(msg="process_completed", success=False, output={"error": "no GPU\n"})
