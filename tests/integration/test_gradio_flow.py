@@ -84,20 +84,23 @@ inputs = {{ prompt = "prompt", seconds = "seconds" }}
 
 
 @pytest.fixture(scope="module")
-def apps() -> Iterator[dict[str, int]]:
+def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
     """The three apps in one process (gradio's import is the slow part)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.gradio_apps.api_serve", "--token", TOKEN],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    log_path = tmp_path_factory.mktemp("gradio") / "apps.log"
+    with log_path.open("w") as log:  # the apps' tracebacks (an app error is one)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.gradio_apps.api_serve", "--token", TOKEN],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line, "the gradio apps did not start"
+        assert line, f"the gradio apps did not start: {log_path.read_text()[-2000:]}"
         yield json.loads(line)
     finally:
         proc.terminate()
