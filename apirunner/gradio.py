@@ -54,7 +54,7 @@ from apirunner.gradio_events import (
 )
 from apirunner.refimages import PreparedImages, UploadCache
 from apirunner.templates import join_url
-from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
+from dispatcher.errors import DispatcherError, InputError, PermanentError, TransientError
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
 from dispatcher.runner import ResultFile, RunResult
@@ -96,6 +96,7 @@ class _GradioAttempt(AttemptBase):
         self.uploads = uploads
         self.reference_files = reference_files
         self.max_download_bytes = 0
+        self.ended = False  # the app said the event is over (done, failed, gone)
         assert self.api.api_name is not None  # the profile's validator saw to it
         self.api_name: str = self.api.api_name
 
@@ -159,7 +160,6 @@ class _GradioAttempt(AttemptBase):
             )
             await self.ctx.guard(self.client.gate.wait())
             event_id = await self.submit(data)
-        finished = False
         try:
             done = await self.ctx.guard(
                 self.follow(event_id),
@@ -167,12 +167,12 @@ class _GradioAttempt(AttemptBase):
                 what=f"waiting for gradio event {event_id}",
                 budget_label=f"the profile's timeout_s ({self.api.timeout_s:g} s)",
             )
-            finished = True
             return await self.collect(event_id, done)
-        except (TaskCanceled, TransientError, CallFailed):
-            # Canceled or given up on: free the app's queue. Not on
-            # CancelledError (a shutdown): the event may yet be resumed.
-            if not finished:
+        except (DispatcherError, CallFailed):
+            # Canceled or given up on (a timeout, a stream we cannot read):
+            # free the app's queue. Not on CancelledError (a shutdown): the
+            # event may yet be resumed.
+            if not self.ended:
                 await self.cancel_remote(event_id)
             raise
 
@@ -270,6 +270,7 @@ class _GradioAttempt(AttemptBase):
 
     async def on_event(self, event_id: str, event: GradioEvent) -> bool:
         """Report what a message says; True when the event has a result."""
+        self.ended = event.kind in ("completed", "failed", "lost")
         if event.kind == "queued":
             self.ctx.set_remote_eta(event.eta_s)
             await self.ctx.set_stage(Stage.GENERATING, None, event.rank)
