@@ -577,7 +577,9 @@ class Scheduler:
                 info["progress"] = live.live.progress
                 info["queue_position"] = live.live.queue_position
                 remote_eta_s = live.ctx.remote_eta_s()
-                if remote_eta_s is not None:  # the server's queue knows better
+                # The server's own estimate knows its queue better; once it
+                # ran out (a slow run), ours stands again, overdue included.
+                if remote_eta_s:
                     info["eta_s"] = remote_eta_s
                     info["overdue_s"] = None
         return info
