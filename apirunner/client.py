@@ -11,11 +11,12 @@ retries (`with_retries`) sit on top, decided by `decide_retry`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import ssl
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -279,6 +280,23 @@ class ProviderClient:
                 bad_answer(f"HTTP {response.status_code} answer: {exc}", retryable=True)
             ) from exc
         return Answer(data, response.status_code, response.http_version)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, call: Call) -> AsyncIterator[httpx.Response]:
+        """An answer read as it arrives (an event stream), through the one
+        fetch path; network errors while reading it become `CallFailed` too.
+        No deadline: the caller bounds the whole wait."""
+        await self._before_send(call.url)
+        try:
+            async with fetch.open_stream(
+                self._http, self._allowlist, self._outbound(call), jars=self._jars
+            ) as response:
+                if response.status_code >= 300:
+                    raise self._failed(response, await fetch.read_error_text(response))
+                yield response
+        except httpx.HTTPError as exc:
+            self.requests["error"] += 1
+            raise CallFailed(classify_exception(exc)) from exc
 
     async def download(
         self,

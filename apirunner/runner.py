@@ -1,6 +1,7 @@
 """`ApiRunner`: runs API-model tasks from their profiles alone.
 
-Two shapes (SPEC "API runner"), and ComfyUI servers (`apirunner.comfyui`):
+Two shapes (SPEC "API runner"), ComfyUI servers (`apirunner.comfyui`) and
+gradio apps (`apirunner.gradio`):
 
 - ``chat``: one request; the answer's text is at ``[api.result] text``.
 - ``async-job``: submit (with ``Idempotency-Key: <task id>-<attempt>``),
@@ -37,6 +38,7 @@ from apirunner.client import (
 )
 from apirunner.comfyui import run_comfyui
 from apirunner.gate import RetryGate, SharedGates
+from apirunner.gradio import run_gradio
 from apirunner.polling import Rand
 from apirunner.templates import (
     TemplateError,
@@ -227,6 +229,19 @@ class ApiRunner(Runner):
                         self._settings.resolved_input_dirs,
                         self._settings.max_reference_image_bytes,
                     ),
+                )
+            if api.style == "gradio":
+                return await run_gradio(
+                    attempt.scope,
+                    prepared_images=self.prepared_images,
+                    uploads=self.uploads.setdefault(
+                        attempt.scope.client.provider, UploadCache(self._clock)
+                    ),
+                    reference_files=LocalFiles.under(
+                        self._settings.resolved_input_dirs,
+                        self._settings.max_reference_image_bytes,
+                    ),
+                    max_download_bytes=api.max_download_bytes or self._settings.max_download_bytes,
                 )
             if api.style == "chat":
                 return await attempt.chat()

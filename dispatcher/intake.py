@@ -74,6 +74,20 @@ def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[
     return with_seed(params, api.inputs, _SEEDS), task_fingerprint
 
 
+def check_gradio_params(profile: Profile, params: JSON) -> None:
+    """A gradio task's params: only those its profile maps (a typo would
+    otherwise be dropped silently and the app's default used)."""
+    api = profile.api
+    assert api is not None
+    unknown = sorted(set(params) - set(api.inputs) - set(api.images))
+    if unknown:
+        known = ", ".join(sorted({*api.inputs, *api.images})) or "none"
+        raise InputError(
+            f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            f"for {profile.name} (gradio {api.api_name}); known: {known}"
+        )
+
+
 # Seeds only need to differ between tasks, not to be secret.
 _SEEDS = random.Random()
 
@@ -126,6 +140,8 @@ class Intake:
         elif profile.api is not None and profile.api.style == "comfyui":
             params, task_fingerprint = comfyui_params(profile, spec.params, images or {})
         else:
+            if profile.api is not None and profile.api.style == "gradio":
+                check_gradio_params(profile, spec.params)
             fields = profile.fingerprint_fields
             task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
         return Task(
@@ -173,10 +189,10 @@ class Intake:
         return await in_decode_thread(hash_all)
 
     def _extra_image_params(self, spec: TaskSpec) -> list[str]:
-        """Image params a profile names beyond the standard two (ComfyUI's
-        `images`), present in this spec: hashed by pixels like the others."""
+        """Image params a profile names beyond the standard two (ComfyUI's and
+        gradio's `images`), present in this spec: hashed by pixels like the others."""
         profile = self.profiles.get(spec.model)
-        if profile is None or profile.api is None or profile.api.style != "comfyui":
+        if profile is None or profile.api is None or profile.api.style not in ("comfyui", "gradio"):
             return []
         return [
             name

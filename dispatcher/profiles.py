@@ -201,7 +201,10 @@ def _strings(value: Any) -> list[str]:
 # A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
 # only the workflow and where parameters go.
 _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
-_COMFYUI_ONLY = ("workflow", "inputs", "outputs", "images")
+_COMFYUI_ONLY = ("workflow", "outputs")
+_MAPPING_KEYS = ("inputs", "images")  # styles 'comfyui' and 'gradio'
+_GRADIO_ONLY = ("api_name", "values")
+_GRADIO_API_NAME = re.compile(r"/[A-Za-z0-9_\-]{1,100}")
 
 
 class ProviderSpec(_Strict):
@@ -218,7 +221,7 @@ class ApiSpec(_Strict):
     auth_header: str = "Authorization"
     auth_env: str | None = None
     auth_prefix: str = "Bearer "
-    style: Literal["chat", "async-job", "comfyui"] = "chat"
+    style: Literal["chat", "async-job", "comfyui", "gradio"] = "chat"
     timeout_s: float = 600.0
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
     submit: HttpCall = _COMFYUI_SUBMIT
@@ -237,6 +240,11 @@ class ApiSpec(_Strict):
     inputs: dict[str, str] = Field(default_factory=dict)
     outputs: tuple[str, ...] | None = None
     images: dict[str, str] = Field(default_factory=dict)
+    # style "gradio" (`apirunner.gradio`): the app's endpoint ("/generate"),
+    # and fixed values for endpoint parameters no task sets; `inputs` and
+    # `images` map task parameters to the endpoint's parameter names.
+    api_name: str | None = None
+    values: dict[str, Any] = Field(default_factory=dict)
     # A model served by several providers: what differs per provider.
     providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     _graph: Graph | None = PrivateAttr(default=None)
@@ -250,18 +258,47 @@ class ApiSpec(_Strict):
 
     @model_validator(mode="after")
     def _style_needs(self, info: ValidationInfo) -> ApiSpec:
+        given = [key for key in _GRADIO_ONLY if key in self.model_fields_set]
+        if given and self.style != "gradio":
+            raise ValueError(f"`{given[0]}` is only for style 'gradio'")
         if self.style == "comfyui":
             return self._load_workflow(info)
+        if self.style == "gradio":
+            return self._gradio_needs()
         if "submit" not in self.model_fields_set:
             raise ValueError(f"style {self.style!r} needs an [api.submit] table")
         given = [key for key in _COMFYUI_ONLY if key in self.model_fields_set]
         if given:
             raise ValueError(f"`{given[0]}` is only for style 'comfyui'")
+        given = [key for key in _MAPPING_KEYS if key in self.model_fields_set]
+        if given:
+            raise ValueError(f"`{given[0]}` is only for styles 'comfyui' and 'gradio'")
         _check_image_forms(self.submit.body, self.upload is not None)
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
         if self.style == "chat" and (self.result is None or not self.result.text):
             raise ValueError("style 'chat' needs [api.result] text = '<path of the answer>'")
+        return self
+
+    def _gradio_needs(self) -> ApiSpec:
+        others = [
+            k
+            for k in ("submit", "status", "result", "cancel", "upload", "workflow", "outputs")
+            if k in self.model_fields_set
+        ]
+        if others:
+            raise ValueError(
+                f"style 'gradio' takes no `{others[0]}`: the app's API fixes its calls"
+            )
+        if not self.api_name or not _GRADIO_API_NAME.fullmatch(self.api_name):
+            raise ValueError(
+                "style 'gradio' needs `api_name = '/<endpoint>'` (as the app's "
+                "'Use via API' page names it)"
+            )
+        targets = [*self.inputs.values(), *self.images.values(), *self.values]
+        twice = sorted({t for t in targets if targets.count(t) > 1})
+        if twice:
+            raise ValueError(f"endpoint parameter {twice[0]!r} is set twice (inputs/images/values)")
         return self
 
     def _load_workflow(self, info: ValidationInfo) -> ApiSpec:

@@ -145,6 +145,9 @@ class RunContext:
         self._cut: set[asyncio.Task[Any]] = set()
         self._report_stage = report_stage
         self._record_remote_id = record_remote_id
+        # The remote side's own estimate (seconds left, when it said so), for
+        # a server that keeps its own queue (a gradio app): better than ours.
+        self._remote_eta: tuple[float, float] | None = None
 
     # -- interruption ------------------------------------------------------
 
@@ -313,6 +316,17 @@ class RunContext:
     ) -> None:
         self.beat()
         await self._report_stage(stage, progress, queue_position)
+
+    def set_remote_eta(self, eta_s: float | None) -> None:
+        """The remote side's estimate of the seconds left; None: it has none."""
+        self._remote_eta = None if eta_s is None else (eta_s, self.clock.now())
+
+    def remote_eta_s(self) -> float | None:
+        """Seconds left by the remote side's last estimate, counted down since."""
+        if self._remote_eta is None:
+            return None
+        eta_s, said_at = self._remote_eta
+        return max(0.0, eta_s - (self.clock.now() - said_at))
 
     async def set_remote_id(self, remote_id: str) -> None:
         """Persist the remote job id; returns only once it is durably stored."""

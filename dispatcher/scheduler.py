@@ -576,6 +576,12 @@ class Scheduler:
                 info["stage"] = live.live.stage.value
                 info["progress"] = live.live.progress
                 info["queue_position"] = live.live.queue_position
+                remote_eta_s = live.ctx.remote_eta_s()
+                # The server's own estimate knows its queue better; once it
+                # ran out (a slow run), ours stands again, overdue included.
+                if remote_eta_s:
+                    info["eta_s"] = remote_eta_s
+                    info["overdue_s"] = None
         return info
 
     def _serving(self, queue: str) -> list[ServingLane]:

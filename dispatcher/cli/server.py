@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,6 +30,7 @@ from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.invocation import cli_command
 
 if TYPE_CHECKING:
+    from dispatcher.profiles import Profile
     from dispatcher.service import Service
     from dispatcher.settings import Settings
 
@@ -244,6 +246,10 @@ def check(
         typer.Argument(help="A profiles dir (default: the configured DISPATCHER_PROFILES_DIR)."),
     ] = None,
     demo: DemoFlag = False,
+    live: Annotated[
+        bool,
+        typer.Option("--live", help="Also ask each gradio app whether its mapping fits."),
+    ] = False,
 ) -> None:
     """Validate every profile in a dir and list every problem (file, key, why).
 
@@ -285,3 +291,26 @@ def check(
         )
     skipped = f", {len(found.skipped)} skipped" if found.skipped else ""
     console.print(f"{len(found.profiles)} profile(s) valid in {where}{skipped}")
+    if live:
+        _check_live(found.profiles)
+
+
+def _check_live(profiles: Mapping[str, Profile]) -> None:
+    """`check --live`: each gradio app asked for its endpoint's parameters."""
+    import asyncio
+
+    from apirunner.gradio_check import check_gradio_live
+
+    checked, problems = asyncio.run(check_gradio_live(profiles))
+    for problem in problems:
+        err.print(
+            f"live     {escape(problem.profile)} ({escape(problem.provider)}): "
+            f"{escape(problem.why)}"
+        )
+    bad = {p.profile for p in problems}
+    for name in checked:
+        if name not in bad:
+            console.print(f"live ok  {escape(name)}")
+    if problems:
+        err.print(f"{len(problems)} live problem(s) in {len(bad)} profile(s)")
+        raise typer.Exit(EXIT_USAGE)
