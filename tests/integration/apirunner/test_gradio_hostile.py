@@ -56,7 +56,7 @@ def _app(seen: Counter[str]) -> Starlette:
                 return
             if shape == "crowded":  # another event's messages on our stream
                 yield say(msg="process_completed", event_id="someone-else", success=False)
-                output = {"data": ["ours"]}
+                output: dict[str, Any] = {"data": ["ours"]}
             else:
                 off = "http://files.elsewhere.example/gradio_api/file=/tmp/g/a.png"
                 item = {"path": "/tmp/g/a.png", "url": off, "orig_name": "a.png",
