@@ -568,13 +568,20 @@ class Scheduler:
                 info["waiting"] = waiting
         elif task.state is State.RUNNING:
             elapsed = self.clock.now() - (task.started_at or self.clock.now())
+            progress = live.live.progress if live is not None else None
             info["eta_s"] = eta_s(
-                ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=elapsed
+                ahead=0,
+                concurrency=1,
+                recent_durations_s=durations,
+                running_elapsed_s=elapsed,
+                progress_pct=progress,
             )
-            info["overdue_s"] = overdue_s(recent_durations_s=durations, running_elapsed_s=elapsed)
+            info["overdue_s"] = overdue_s(
+                recent_durations_s=durations, running_elapsed_s=elapsed, progress_pct=progress
+            )
             if live is not None:
                 info["stage"] = live.live.stage.value
-                info["progress"] = live.live.progress
+                info["progress"] = progress
                 info["queue_position"] = live.live.queue_position
         return info
 

@@ -61,6 +61,10 @@ async def test_progress_shows_on_the_task_while_it_renders_and_cancel_interrupts
     tmp_path: Path,
 ) -> None:
     async with running_service(tmp_path, profiles=PROFILES) as h:
+        # A short render first: the model's history says "about 0.1 s", so
+        # the long one below is far past it while its progress is known.
+        short = await h.submit("demo-comfy", "a quick sketch", steps=2)
+        assert (await h.wait_task(short["id"]))["state"] == "success"
         task = await h.submit("demo-comfy", "a long render", steps=3000)
         seen: list[float] = []
         for _ in range(500):
@@ -72,6 +76,8 @@ async def test_progress_shows_on_the_task_while_it_renders_and_cancel_interrupts
             await asyncio.sleep(0.02)
         assert len(seen) >= 3 and 0 < seen[0] <= seen[-1] < 100
         assert answer["state"] == "running" and answer["remote_id"]
+        # The ETA follows the progress: never "0 s" nor overdue beside "55 %".
+        assert answer["eta_s"] > 0 and answer["overdue_s"] is None
 
         response = await h.http.post(f"/v1/tasks/{task['id']}/cancel")
         assert response.status_code == 200
