@@ -256,7 +256,8 @@ def read_message(raw: str | bytes, prompt_id: str) -> Event | None:
             return Event("progress", min(100.0, max(0.0, 100.0 * value / maximum)))
         return None
     if kind == "executing":
-        return Event("ended") if data.get("node") is None else Event("node")
+        node = data.get("node")
+        return Event("ended") if node is None else Event("node", data=_text(node, 40))
     if kind == "execution_error":
         return Event("error", data=data)
     if kind == "execution_interrupted":

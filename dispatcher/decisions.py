@@ -187,7 +187,11 @@ def why_waiting(lanes: Sequence[ServingLane], *, others_serving: int = 0) -> str
     (the model is not loaded on this host)."""
     if not lanes or others_serving > 0:
         return None
-    if any(lane.state in (AccountState.OK, AccountState.COOLDOWN) for lane in lanes):
+    # An unreachable provider is tried again by itself, as a cooldown ends.
+    if any(
+        lane.state in (AccountState.OK, AccountState.COOLDOWN, AccountState.UNREACHABLE)
+        for lane in lanes
+    ):
         return None
 
     def said(lane: ServingLane) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dispatcher.account_health import AccountHealth
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts import UNREACHABLE_PROBE_S, AccountBook
 from dispatcher.attempt import (
     Canceled,
     Live,
@@ -301,6 +301,12 @@ class Scheduler:
                 return lane
         return None
 
+    def _reachability(self, owner: str, problem: str | None) -> None:
+        if problem is None:
+            self.accounts.mark_reachable(owner)
+        else:
+            self.accounts.mark_unreachable(owner, problem, self.clock.scaled(UNREACHABLE_PROBE_S))
+
     async def adopt(self, task: Task) -> bool:
         """Resume a task a previous run (or a dead host) left running: an API job
         with a remote id, polled here from now on."""
@@ -340,6 +346,7 @@ class Scheduler:
             report_stage=report_stage,
             record_remote_id=functools.partial(self._record_remote_id, task.id),
             history_s=self.run_history.durations(task.model, task.params) if polls(profile) else (),
+            reachability=functools.partial(self._reachability, lane.owner),
         )
         running = Running(
             task=task, lane=lane, ctx=ctx, live=live, started_monotonic=ctx.last_beat_monotonic
@@ -583,6 +590,7 @@ class Scheduler:
                 info["stage"] = live.live.stage.value
                 info["progress"] = progress
                 info["queue_position"] = live.live.queue_position
+                info["stage_detail"] = live.ctx.stage_detail
         return info
 
     def _serving(self, queue: str) -> list[ServingLane]:
@@ -624,6 +632,7 @@ class Scheduler:
                     "needs_attention": account.needs_attention,
                     "state": state.state.value,
                     "until": state.until,
+                    "since": state.since,
                     "reason": state.reason or account.reason,
                     "queued": sum(queued.get(queue, 0) for queue in lane.queues),
                     "running": sorted(self._lane_running[lane.name]),
