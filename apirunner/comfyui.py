@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -83,6 +84,7 @@ from dispatcher.errors import (
     TransientError,
 )
 from dispatcher.fingerprint import LocalFiles, read_image
+from dispatcher.flows import Flow, choose
 from dispatcher.models import Stage
 from dispatcher.runner import ResultFile, RunResult
 from dispatcher.workflow import Graph, fill
@@ -150,6 +152,11 @@ class _ComfyAttempt(AttemptBase):
         self.away_since: float | None = None
 
     # -- plumbing ----------------------------------------------------------------
+    @functools.cached_property
+    def flow(self) -> Flow:
+        """The workflow the task picked (an `InputError` if the profile no longer has it)."""
+        return choose(self.api.flows, self.task.params)
+
     def url(self, path: str, query: dict[str, str] | None = None) -> str:
         url = join_url(self.api.base_url, path)
         return f"{url}?{urlencode(query)}" if query else url
@@ -249,7 +256,8 @@ class _ComfyAttempt(AttemptBase):
 
     async def start(self) -> str:
         """Fill, upload, open the socket and post: the new prompt's id."""
-        graph = fill(self.api.graph, self.api.inputs, self.task.params)
+        params = self.task.params
+        graph = fill(self.flow.graph, self.flow.places(params), params)
         await self.ctx.guard(self.client.gate.wait())
         graph = await self.upload_images(graph)
         self.graph = graph
@@ -288,7 +296,7 @@ class _ComfyAttempt(AttemptBase):
         await self.ctx.set_remote_id(prompt_id)
         self.ctx.log.info("submitted: ComfyUI prompt %s", prompt_id)
         broken = failing_outputs(data.get("node_errors"))
-        if broken and (self.api.outputs is None or broken & set(self.api.outputs)):
+        if broken and (self.flow.outputs is None or broken & set(self.flow.outputs)):
             await self.cancel_remote(prompt_id, confirm=False)
             raise PermanentError(
                 describe_rejection(json.dumps({"error": "", **data})), kind="node_errors"
@@ -302,7 +310,7 @@ class _ComfyAttempt(AttemptBase):
         retried upload or a second attempt changes nothing on the server.
         """
         names: dict[str, str] = {}
-        for param in self.api.images:
+        for param in self.flow.images:
             ref = self.task.params.get(param)
             if ref is None:
                 continue  # the workflow's own image stays
@@ -326,7 +334,7 @@ class _ComfyAttempt(AttemptBase):
                 )
             names[param] = f"{sub}/{given}" if sub else given
             self.ctx.log.info("uploaded %s as %s", param, names[param])
-        return fill(graph, self.api.images, names) if names else graph
+        return fill(graph, self.flow.images, names) if names else graph
 
     # -- following the prompt ------------------------------------------------------
     async def follow(self, prompt_id: str, *, poll_first: bool) -> Any:
@@ -525,11 +533,11 @@ class _ComfyAttempt(AttemptBase):
 
     # -- results -------------------------------------------------------------------
     async def collect(self, prompt_id: str, entry: Any) -> RunResult:
-        files = output_files(entry, self.api.outputs)
+        files = output_files(entry, self.flow.outputs)
         if not files:
             raise PermanentError(
                 f"ComfyUI prompt {prompt_id} ended without files from "
-                f"{'nodes ' + ', '.join(self.api.outputs) if self.api.outputs else 'any node'}",
+                f"{'nodes ' + ', '.join(self.flow.outputs) if self.flow.outputs else 'any node'}",
                 kind="no_output",
             )
         await self.ctx.set_stage(Stage.DOWNLOADING)
