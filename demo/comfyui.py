@@ -43,7 +43,16 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from demo.comfy_nodes import Interrupted, NodeFailed, Outputs, execute, object_info, validate
+from demo.comfy_nodes import (
+    NODES,
+    Interrupted,
+    NodeFailed,
+    Outputs,
+    execute,
+    node_info,
+    object_info,
+    validate,
+)
 from dispatcher.serving import RunningServer, bind_loopback, start_server
 
 MAX_BODY_BYTES = 20 * 1024 * 1024
@@ -326,7 +335,13 @@ class DemoComfy:
         return JSONResponse({"name": name, "subfolder": subfolder, "type": "input"})
 
     async def get_object_info(self, request: Request) -> Response:
-        return JSONResponse(object_info(self.input_files()))
+        name = request.path_params.get("node_class")
+        if name is None:
+            return JSONResponse(object_info(self.input_files()))
+        # ComfyUI answers {} for a class it does not know.
+        if name not in NODES:
+            return JSONResponse({})
+        return JSONResponse({name: node_info(name, self.input_files())})
 
     async def websocket(self, ws: WebSocket) -> None:
         await ws.accept()
@@ -387,6 +402,7 @@ class DemoComfy:
             Route("/view", self.get_view, methods=["GET"]),
             Route("/upload/image", self.post_upload, methods=["POST"]),
             Route("/object_info", self.get_object_info, methods=["GET"]),
+            Route("/object_info/{node_class}", self.get_object_info, methods=["GET"]),
             Route("/__stats", self.get_stats, methods=["GET"]),
             Route("/__drop_sockets", self.drop_sockets, methods=["POST"]),
             Route("/__flood", self.set_flood, methods=["POST"]),

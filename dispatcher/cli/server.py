@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -230,6 +230,14 @@ def check(
         typer.Argument(help="A profiles dir (default: the configured DISPATCHER_PROFILES_DIR)."),
     ] = None,
     demo: DemoFlag = False,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Also ask each ComfyUI server (GET /object_info) whether it can run "
+            "the profile's workflows: node classes, mapped inputs, value types.",
+        ),
+    ] = False,
 ) -> None:
     """Validate every profile in a dir and list every problem (file, key, why).
 
@@ -237,6 +245,8 @@ def check(
     for a `${NAME}` set nowhere; exit 2 when any file is wrong or no profile
     is usable (the service would not start), 0 otherwise. Needs no running
     service. With --demo, the demo's `${DEMO_*_URL}` variables count as provided.
+    With --live, each ComfyUI profile is checked against its servers too
+    (exit 2 on any problem or a server that cannot be reached).
     """
     from dispatcher.profiles import read_profiles
 
@@ -271,3 +281,24 @@ def check(
         )
     skipped = f", {len(found.skipped)} skipped" if found.skipped else ""
     console.print(f"{len(found.profiles)} profile(s) valid in {where}{skipped}")
+    if live:
+        _check_live(found.profiles, settings.http_timeout_s)
+
+
+def _check_live(profiles: dict[str, Any], timeout_s: float) -> None:
+    from dispatcher.cli.livecheck import live_check
+
+    results = live_check(profiles, timeout_s)
+    bad = 0
+    for result in results:
+        spot = f"{escape(result.profile)} on {escape(result.server)}"
+        if not result.problems:
+            console.print(f"live ok  {spot}: {escape(result.checked)}")
+        for problem in result.problems:
+            bad += 1
+            err.print(f"live bad {spot}: {escape(problem)}")
+    if not results:
+        console.print("live: no ComfyUI profile to check")
+    elif bad:
+        err.print(f"{bad} problem(s) found on the servers")
+        raise typer.Exit(EXIT_USAGE)
