@@ -41,7 +41,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -55,9 +54,9 @@ from apirunner.client import (
     AttemptScope,
     Call,
     CallFailed,
-    ProviderClient,
     with_retries,
 )
+from apirunner.comfy_files import fetch_file, image_suffix
 from apirunner.comfy_protocol import (
     Event,
     OutputFile,
@@ -71,10 +70,9 @@ from apirunner.comfy_protocol import (
     read_outcome,
 )
 from apirunner.inbox import CLOSED, MISSED, Inbox
-from apirunner.polling import Rand, poll_wait
+from apirunner.polling import poll_wait
 from apirunner.templates import join_url
 from dispatcher.background import stop_job
-from dispatcher.clock import Clock
 from dispatcher.errors import (
     UNREACHABLE_KIND,
     AccountHold,
@@ -315,7 +313,7 @@ class _ComfyAttempt(AttemptBase):
             if ref is None:
                 continue  # the workflow's own image stays
             data = await asyncio.to_thread(read_image, ref, param, self.reference_files)
-            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
+            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{image_suffix(data)}"
             url = self.url("/upload/image")
             call = self.make_call(
                 "POST",
@@ -605,31 +603,3 @@ class _ComfyAttempt(AttemptBase):
                 )
                 return
             await self.clock.sleep(CONFIRM_WAIT_S)
-
-
-def _image_suffix(data: bytes) -> str:
-    # ComfyUI opens any format Pillow knows; the suffix only helps a human.
-    if data.startswith(b"\xff\xd8"):
-        return ".jpg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ".webp"
-    return ".png"
-
-
-async def fetch_file(
-    client: ProviderClient,
-    call: Call,
-    dest_dir: Path,
-    clock: Clock,
-    rand: Rand,
-    *,
-    stem: str,
-    max_bytes: int,
-) -> ResultFile:
-    """The one place this style downloads a result file (the shared download
-    path, allowlisted and streamed, retried in place)."""
-    return await with_retries(
-        partial(client.download, call, dest_dir, stem, max_bytes=max_bytes),
-        clock=clock,
-        rand=rand,
-    )
