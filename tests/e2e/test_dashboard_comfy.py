@@ -1,5 +1,6 @@
-"""The task page of a ComfyUI render in a real Chromium: percentage and the
-running node while it runs (issue 28, finding 3)."""
+"""A ComfyUI render in a real Chromium: the task page shows percentage and
+the running node while it runs, and the provider shows an outage (issue 28,
+findings 3 and 4)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
+from demo.comfyui import ComfyServer
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
 from tests.harness import running_service
 
@@ -42,4 +44,21 @@ async def test_the_task_page_shows_percentage_and_node_while_a_comfyui_prompt_ru
         response = await h.http.post(f"/v1/tasks/{task['id']}/cancel")
         assert response.status_code == 200
         assert (await h.wait_task(task["id"]))["state"] == "canceled"
+
+        # The server stops answering: the provider says since when, and
+        # the shot waits for it (no attempt spent) and renders once it is back.
+        (comfy,) = [s for s in h.service.demo_servers if isinstance(s, ComfyServer)]
+        await comfy.go_down()
+        shot = await h.submit("demo-comfy", "after the outage", steps=2)
+        await page.goto(f"{h.service.url}/#")
+        provider = page.locator('[data-testid=account-row][data-account="demo-comfy"]')
+        await expect(provider).to_have_attribute("data-state", "unreachable")
+        await expect(provider.get_by_test_id("account-status")).to_contain_text(
+            "unreachable since"
+        )
+        await keep_screenshot(page, "provider-unreachable")
+        await comfy.come_back()
+        done = await h.wait_task(shot["id"])
+        assert done["state"] == "success" and done["attempt"] == 1
+        await expect(provider).to_have_attribute("data-state", "ok")
         assert browser.problems == []
