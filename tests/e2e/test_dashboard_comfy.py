@@ -53,9 +53,7 @@ async def test_the_task_page_shows_percentage_and_node_while_a_comfyui_prompt_ru
         await page.goto(f"{h.service.url}/#")
         provider = page.locator('[data-testid=account-row][data-account="demo-comfy"]')
         await expect(provider).to_have_attribute("data-state", "unreachable")
-        await expect(provider.get_by_test_id("account-status")).to_contain_text(
-            "unreachable since"
-        )
+        await expect(provider.get_by_test_id("account-status")).to_contain_text("unreachable since")
         await keep_screenshot(page, "provider-unreachable")
         await comfy.come_back()
         done = await h.wait_task(shot["id"])
