@@ -330,6 +330,8 @@ class Scheduler:
             live.enter(stage, self.clock.now())
             live.progress = progress
             live.queue_position = queue
+            if progress is not None and live.progress_since is None:
+                live.progress_since = self.clock.now()
 
         adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
@@ -576,11 +578,12 @@ class Scheduler:
         elif task.state is State.RUNNING:
             elapsed = self.clock.now() - (task.started_at or self.clock.now())
             progress = live.live.progress if live is not None else None
+            since = live.live.progress_since if live is not None else None
             info["eta_s"] = eta_s(
                 ahead=0,
                 concurrency=1,
                 recent_durations_s=durations,
-                running_elapsed_s=elapsed,
+                running_elapsed_s=elapsed if since is None else self.clock.now() - since,
                 progress_pct=progress,
             )
             info["overdue_s"] = overdue_s(
