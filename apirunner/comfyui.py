@@ -148,6 +148,7 @@ class _ComfyAttempt(AttemptBase):
         self.stage = Stage.QUEUED
         # Since when (epoch s) the server refuses connections; None while it answers.
         self.away_since: float | None = None
+        self.client_id: str | None = None  # the one our prompt was posted with
 
     # -- plumbing ----------------------------------------------------------------
     @functools.cached_property
@@ -259,7 +260,7 @@ class _ComfyAttempt(AttemptBase):
         await self.ctx.guard(self.client.gate.wait())
         graph = await self.upload_images(graph)
         self.graph = graph
-        client_id = uuid.uuid4().hex
+        client_id = self.client_id = uuid.uuid4().hex
         await self.open_socket(client_id)
         return await self.submit(graph, client_id)
 
@@ -367,6 +368,7 @@ class _ComfyAttempt(AttemptBase):
                     if self.away_since is not None:
                         self.away_since = None
                         self.ctx.log.info("ComfyUI answers again")
+                        await self.reconnect()
                     self.ctx.server_reachable()
                     if entry is not None:
                         return entry
@@ -519,6 +521,16 @@ class _ComfyAttempt(AttemptBase):
                         return event
         except TimeoutError:
             return None
+
+    async def reconnect(self) -> None:
+        """Back after an outage: the socket under our prompt's client_id again,
+        for its progress. Safe only because the old socket is gone (ComfyUI
+        drops the id's entry when an old socket of that id closes)."""
+        if self.reader is not None or self.client_id is None:
+            return
+        await self.close_socket()
+        self.inbox = Inbox()
+        await self.open_socket(self.client_id)
 
     async def close_socket(self) -> None:
         reader, self.reader = self.reader, None

@@ -20,6 +20,8 @@ def _two_gpus(tmp_path: Path, url_a: str, url_b: str) -> None:
     text = text.replace('name = "demo-comfy"', 'name = "two-gpus"')
     text = text.replace('provider = "demo-comfy"', 'providers = ["gpu-a", "gpu-b"]')
     text = text.replace("${DEMO_COMFY_URL}", url_a)
+    # 6,000 nominal s (120 s here): the long renders below never time out.
+    text = text.replace("timeout_s = 600", "timeout_s = 6000")
     text += f'\n[api.providers.gpu-b]\nbase_url = "{url_b}"\n'
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "two-gpus.toml").write_text(text, encoding="utf-8")
@@ -64,7 +66,7 @@ async def test_an_unreachable_server_is_shown_skipped_and_cleared_when_back(
 
             # Back: the next render on it clears the outage.
             await a.come_back()
-            long = [await h.submit("two-gpus", f"a long render {i}", steps=2000) for i in range(2)]
+            long = [await h.submit("two-gpus", f"a long render {i}", steps=6000) for i in range(2)]
 
             async def rendering() -> list[dict[str, Any]] | None:
                 tasks = [await h.task(t["id"]) for t in long]
@@ -76,6 +78,7 @@ async def test_an_unreachable_server_is_shown_skipped_and_cleared_when_back(
 
             # Down while it renders: the task says it waits, the provider is unreachable.
             await a.go_down()
+            at_outage = (await h.task(on_a["id"]))["progress"]
 
             async def waiting() -> dict[str, Any] | None:
                 task = await h.task(on_a["id"])
@@ -96,6 +99,14 @@ async def test_an_unreachable_server_is_shown_skipped_and_cleared_when_back(
 
             task = await _until(back, "the outage clears on the task and the provider")
             assert task["state"] == "running" and task["attempt"] == 1
+
+            async def moving() -> bool:
+                task = await h.task(on_a["id"])
+                assert task["state"] == "running"  # 6,000 steps: far from done
+                return bool((task["progress"] or 0) > at_outage)
+
+            # The socket is opened again: the percentage moves on.
+            await _until(moving, "progress moves again after the outage")
             for t in long:
                 await h.http.post(f"/v1/tasks/{t['id']}/cancel")
             for t in long:
