@@ -45,7 +45,8 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text[:limit]
+    # ComfyUI's messages often end in a newline (tracebacks): it would split a log line.
+    return text.strip()[:limit]
 
 
 # -- submit ----------------------------------------------------------------------
