@@ -8,6 +8,7 @@ servers add message types and fields; COMFYUI-NOTES 10).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +18,19 @@ MAX_FILES = 200  # files collected from one prompt
 MAX_TEXT = 300
 # An out-of-memory failure depends on what else the GPU was doing: worth
 # another attempt. Every other node exception comes from the graph itself.
-_TRANSIENT_WORDS = ("out of memory", "outofmemory", "oom", "cuda error", "connection")
+# Decided from ComfyUI's structured `exception_type` (the exception's
+# qualified class name) first; the message only counts as whole phrases, so
+# "zoom", "room" or "boom" never read as "oom".
+_TRANSIENT_EXCEPTIONS = frozenset(
+    {"OutOfMemoryError", "MemoryError", "ConnectionError", "ConnectionResetError"}
+)
+_TRANSIENT_PHRASES = re.compile(r"\b(?:cuda out of memory|out of memory|cuda error)\b", re.I)
+
+
+def transient_node_failure(exception_type: str, message: str) -> bool:
+    """Whether a node's exception depends on the machine rather than the graph."""
+    name = exception_type.rsplit(".", 1)[-1].strip()
+    return name in _TRANSIENT_EXCEPTIONS or bool(_TRANSIENT_PHRASES.search(message))
 
 
 def _list(value: Any) -> list[Any]:
@@ -32,7 +45,8 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text[:limit]
+    # ComfyUI's messages often end in a newline (tracebacks): it would split a log line.
+    return text.strip()[:limit]
 
 
 # -- submit ----------------------------------------------------------------------
@@ -145,12 +159,11 @@ def execution_failure(data: Any) -> Failure:
     node = _text(data.get("node_id"), 40) or "?"
     node_type = _text(data.get("node_type"), 80)
     kind = _text(data.get("exception_type"), 80)
-    message = _text(data.get("exception_message"), 240)
+    # ComfyUI keeps the traceback's trailing newline: cut, or it splits a log line.
+    message = _text(data.get("exception_message"), 240).strip()
     where = f"node {node}" + (f" ({node_type})" if node_type else "")
     text = f"ComfyUI failed at {where}: {kind + ': ' if kind else ''}{message or 'no message'}"
-    lowered = f"{kind} {message}".lower()
-    transient = any(word in lowered for word in _TRANSIENT_WORDS)
-    return Failure(transient, "node_failed", text)
+    return Failure(transient_node_failure(kind, message), "node_failed", text)
 
 
 def read_outcome(entry: Any) -> Outcome:
@@ -244,7 +257,8 @@ def read_message(raw: str | bytes, prompt_id: str) -> Event | None:
             return Event("progress", min(100.0, max(0.0, 100.0 * value / maximum)))
         return None
     if kind == "executing":
-        return Event("ended") if data.get("node") is None else Event("node")
+        node = data.get("node")
+        return Event("ended") if node is None else Event("node", data=_text(node, 40))
     if kind == "execution_error":
         return Event("error", data=data)
     if kind == "execution_interrupted":

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -52,9 +53,9 @@ from apirunner.client import (
     AttemptScope,
     Call,
     CallFailed,
-    ProviderClient,
     with_retries,
 )
+from apirunner.comfy_files import fetch_file, image_suffix
 from apirunner.comfy_protocol import (
     Event,
     OutputFile,
@@ -68,13 +69,20 @@ from apirunner.comfy_protocol import (
     read_outcome,
 )
 from apirunner.inbox import CLOSED, MISSED, Inbox
-from apirunner.polling import Rand, poll_wait
+from apirunner.polling import poll_wait
 from apirunner.templates import join_url
 from dispatcher.allowlist import Allowlist, origin_of, same_origin
 from dispatcher.background import stop_job
-from dispatcher.clock import Clock
-from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
+from dispatcher.errors import (
+    UNREACHABLE_KIND,
+    AccountHold,
+    InputError,
+    PermanentError,
+    TaskCanceled,
+    TransientError,
+)
 from dispatcher.fingerprint import LocalFiles, read_image
+from dispatcher.flows import Flow, choose
 from dispatcher.models import Stage
 from dispatcher.runner import ResultFile, RunResult
 from dispatcher.workflow import Graph, fill
@@ -132,8 +140,22 @@ class _ComfyAttempt(AttemptBase):
         self.told_missed = False
         self.reader: asyncio.Task[None] | None = None
         self.polls = 0
+        # The graph sent (class types for the node shown); empty on a resume.
+        self.graph: Graph = {}
+        # The last percentage and running node seen: a quiet poll keeps them.
+        self.progress: float | None = None
+        self.node: str | None = None
+        self.stage = Stage.QUEUED
+        # Since when (epoch s) the server refuses connections; None while it answers.
+        self.away_since: float | None = None
+        self.client_id: str | None = None  # the one our prompt was posted with
 
     # -- plumbing ----------------------------------------------------------------
+    @functools.cached_property
+    def flow(self) -> Flow:
+        """The workflow the task picked (an `InputError` if the profile no longer has it)."""
+        return choose(self.api.flows, self.task.params)
+
     def url(self, path: str, query: dict[str, str] | None = None) -> str:
         url = join_url(self.api.base_url, path)
         return f"{url}?{urlencode(query)}" if query else url
@@ -192,12 +214,19 @@ class _ComfyAttempt(AttemptBase):
         if prompt_id:
             self.ctx.log.info("resuming ComfyUI prompt %s without posting it again", prompt_id)
         else:
-            graph = fill(self.api.graph, self.api.inputs, self.task.params)
-            await self.ctx.guard(self.client.gate.wait())
-            graph = await self.upload_images(graph)
-            client_id = uuid.uuid4().hex
-            await self.open_socket(client_id)
-            prompt_id = await self.submit(graph, client_id)
+            try:
+                prompt_id = await self.start()
+            except CallFailed as exc:
+                if exc.failure.kind != "connect":
+                    raise
+                # Nothing was queued: the task goes back on the same attempt
+                # (to another server of the model, if any), and this one is
+                # skipped while it refuses connections.
+                raise AccountHold(
+                    f"ComfyUI at {self.api.base_url} refuses connections: {exc.failure.message}",
+                    kind=UNREACHABLE_KIND,
+                ) from exc
+            self.ctx.server_reachable()
         finished = False
         try:
             entry = await self.follow(prompt_id, poll_first=resumed)
@@ -224,6 +253,17 @@ class _ComfyAttempt(AttemptBase):
                 await self.cancel_remote(prompt_id, confirm=False)
             raise
 
+    async def start(self) -> str:
+        """Fill, upload, open the socket and post: the new prompt's id."""
+        params = self.task.params
+        graph = fill(self.flow.graph, self.flow.places(params), params)
+        await self.ctx.guard(self.client.gate.wait())
+        graph = await self.upload_images(graph)
+        self.graph = graph
+        client_id = self.client_id = uuid.uuid4().hex
+        await self.open_socket(client_id)
+        return await self.submit(graph, client_id)
+
     async def submit(self, graph: Graph, client_id: str) -> str:
         call = self.call("POST", "/prompt", {"prompt": graph, "client_id": client_id})
         errors = rate_limits = 0
@@ -238,8 +278,9 @@ class _ComfyAttempt(AttemptBase):
                         describe_rejection(exc.body or ""), kind="node_errors"
                     ) from exc
                 # POST /prompt is not idempotent: repeat it only when the
-                # server cannot have queued it (no connection, or it said so).
-                if not (failure.kind == "connect" or failure.status in (429, 503)):
+                # server cannot have queued it (it said so). A refused
+                # connection is an outage: the caller holds the task.
+                if failure.status not in (429, 503):
                     raise
                 decision = decide_retry(failure, errors, rate_limits, self.rand)
                 if not decision.retry:
@@ -254,7 +295,7 @@ class _ComfyAttempt(AttemptBase):
         await self.ctx.set_remote_id(prompt_id)
         self.ctx.log.info("submitted: ComfyUI prompt %s", prompt_id)
         broken = failing_outputs(data.get("node_errors"))
-        if broken and (self.api.outputs is None or broken & set(self.api.outputs)):
+        if broken and (self.flow.outputs is None or broken & set(self.flow.outputs)):
             await self.cancel_remote(prompt_id, confirm=False)
             raise PermanentError(
                 describe_rejection(json.dumps({"error": "", **data})), kind="node_errors"
@@ -268,12 +309,12 @@ class _ComfyAttempt(AttemptBase):
         retried upload or a second attempt changes nothing on the server.
         """
         names: dict[str, str] = {}
-        for param in self.api.images:
+        for param in self.flow.images:
             ref = self.task.params.get(param)
             if ref is None:
                 continue  # the workflow's own image stays
             data = await asyncio.to_thread(read_image, ref, param, self.reference_files)
-            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{_image_suffix(data)}"
+            name = f"dispatcher-{hashlib.sha256(data).hexdigest()[:24]}{image_suffix(data)}"
             url = self.url("/upload/image")
             call = self.make_call(
                 "POST",
@@ -292,11 +333,11 @@ class _ComfyAttempt(AttemptBase):
                 )
             names[param] = f"{sub}/{given}" if sub else given
             self.ctx.log.info("uploaded %s as %s", param, names[param])
-        return fill(graph, self.api.images, names) if names else graph
+        return fill(graph, self.flow.images, names) if names else graph
 
     # -- following the prompt ------------------------------------------------------
     async def follow(self, prompt_id: str, *, poll_first: bool) -> Any:
-        await self.ctx.set_stage(Stage.GENERATING)
+        await self.ctx.set_stage(Stage.QUEUED, detail="queued on server")
         deadline = self.clock.monotonic() + self.clock.scaled(self.api.timeout_s)
         step = 0
         errors = 0
@@ -313,12 +354,22 @@ class _ComfyAttempt(AttemptBase):
                 try:
                     entry = await self.where(prompt_id)
                 except CallFailed as exc:
-                    errors += 1
-                    if not exc.failure.retryable or errors >= MAX_POLL_ERRORS:
-                        raise
-                    self.ctx.log.debug("poll failed, polling on: %s", exc.failure.message)
+                    if exc.failure.kind == "connect":
+                        # The server is away (stopped, restarting): wait for
+                        # it, bounded by the task's timeout, and say so.
+                        await self.server_away(exc.failure.message)
+                    else:
+                        errors += 1
+                        if not exc.failure.retryable or errors >= MAX_POLL_ERRORS:
+                            raise
+                        self.ctx.log.debug("poll failed, polling on: %s", exc.failure.message)
                 else:
                     errors = 0
+                    if self.away_since is not None:
+                        self.away_since = None
+                        self.ctx.log.info("ComfyUI answers again")
+                        await self.reconnect()
+                    self.ctx.server_reachable()
                     if entry is not None:
                         return entry
             wait_s = poll_wait(step, self.rand)
@@ -343,14 +394,38 @@ class _ComfyAttempt(AttemptBase):
     async def on_event(self, event: Event) -> bool:
         """Report what a message says; True when the prompt has ended."""
         if event.kind in ("started", "progress"):
-            await self.ctx.set_stage(Stage.GENERATING, event.progress)
+            self.progress = event.progress
+            await self.running()
             return False
         if event.kind == "node":
-            self.ctx.beat()
+            self.node = self.describe_node(str(event.data))
+            await self.running()
             return False
         if event.kind == "error":
             self.ctx.log.info("%s", execution_failure(event.data).message)
         return True
+
+    def describe_node(self, node_id: str) -> str:
+        node = self.graph.get(node_id)
+        class_type = node.get("class_type") if isinstance(node, dict) else None
+        return f"node {node_id} ({str(class_type)[:80]})" if class_type else f"node {node_id}"
+
+    async def running(self) -> None:
+        """The prompt runs: its percentage and the node at work."""
+        self.stage = Stage.GENERATING
+        await self.ctx.set_stage(Stage.GENERATING, self.progress, detail=self.node)
+
+    async def server_away(self, reason: str) -> None:
+        """A poll found the server refusing connections: the task and the
+        provider show it until a poll gets an answer."""
+        if self.away_since is None:
+            self.away_since = self.clock.now()
+            self.ctx.log.warning("ComfyUI unreachable, waiting for it: %s", reason)
+        self.ctx.server_unreachable(reason)
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.away_since))
+        await self.ctx.set_stage(
+            self.stage, self.progress, detail=f"waiting for the server (unreachable since {since})"
+        )
 
     async def where(self, prompt_id: str) -> Any:
         """The history entry once the prompt ended; else None, with the stage set."""
@@ -369,8 +444,16 @@ class _ComfyAttempt(AttemptBase):
                 f"ComfyUI no longer knows prompt {prompt_id} (was the server restarted?)",
                 kind="remote_lost",
             )
-        position = spot.ahead if spot.place == "pending" else None
-        await self.ctx.set_stage(Stage.GENERATING, None, position)
+        if spot.place == "pending":
+            # Not running yet: "generating" would be a lie while other
+            # prompts go first.
+            ahead = spot.ahead or 0
+            self.stage = Stage.QUEUED
+            await self.ctx.set_stage(
+                Stage.QUEUED, None, ahead, detail=f"queued on server, {ahead} ahead"
+            )
+        else:
+            await self.running()
         return None
 
     async def history(self, prompt_id: str) -> Any:
@@ -439,6 +522,16 @@ class _ComfyAttempt(AttemptBase):
         except TimeoutError:
             return None
 
+    async def reconnect(self) -> None:
+        """Back after an outage: the socket under our prompt's client_id again,
+        for its progress. Safe only because the old socket is gone (ComfyUI
+        drops the id's entry when an old socket of that id closes)."""
+        if self.reader is not None or self.client_id is None:
+            return
+        await self.close_socket()
+        self.inbox = Inbox()
+        await self.open_socket(self.client_id)
+
     async def close_socket(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None:
@@ -450,11 +543,11 @@ class _ComfyAttempt(AttemptBase):
 
     # -- results -------------------------------------------------------------------
     async def collect(self, prompt_id: str, entry: Any) -> RunResult:
-        files = output_files(entry, self.api.outputs)
+        files = output_files(entry, self.flow.outputs)
         if not files:
             raise PermanentError(
                 f"ComfyUI prompt {prompt_id} ended without files from "
-                f"{'nodes ' + ', '.join(self.api.outputs) if self.api.outputs else 'any node'}",
+                f"{'nodes ' + ', '.join(self.flow.outputs) if self.flow.outputs else 'any node'}",
                 kind="no_output",
             )
         await self.ctx.set_stage(Stage.DOWNLOADING)
@@ -522,31 +615,3 @@ class _ComfyAttempt(AttemptBase):
                 )
                 return
             await self.clock.sleep(CONFIRM_WAIT_S)
-
-
-def _image_suffix(data: bytes) -> str:
-    # ComfyUI opens any format Pillow knows; the suffix only helps a human.
-    if data.startswith(b"\xff\xd8"):
-        return ".jpg"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ".webp"
-    return ".png"
-
-
-async def fetch_file(
-    client: ProviderClient,
-    call: Call,
-    dest_dir: Path,
-    clock: Clock,
-    rand: Rand,
-    *,
-    stem: str,
-    max_bytes: int,
-) -> ResultFile:
-    """The one place this style downloads a result file (the shared download
-    path, allowlisted and streamed, retried in place)."""
-    return await with_retries(
-        partial(client.download, call, dest_dir, stem, max_bytes=max_bytes),
-        clock=clock,
-        rand=rand,
-    )

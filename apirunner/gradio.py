@@ -36,7 +36,6 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from dispatcher.allowlist import origin_of, same_origin
 from apirunner.classify import decide_retry
 from apirunner.client import AttemptBase, AttemptScope, Call, CallFailed, with_retries
 from apirunner.gradio_events import (
@@ -52,11 +51,12 @@ from apirunner.gradio_events import (
     read_event,
     uploaded_path,
 )
-from dispatcher.refimages import PreparedImages, UploadCache
 from apirunner.templates import join_url
+from dispatcher.allowlist import origin_of, same_origin
 from dispatcher.errors import DispatcherError, InputError, PermanentError, TransientError
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
+from dispatcher.refimages import PreparedImages, UploadCache
 from dispatcher.runner import ResultFile, RunResult
 
 PREFIX = "/gradio_api"

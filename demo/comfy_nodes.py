@@ -88,18 +88,32 @@ def _required(class_type: str, input_files: list[str]) -> dict[str, list[Any]]:
     return required
 
 
-def object_info(input_files: list[str]) -> dict[str, Any]:
+# What ComfyUI's SaveImage asks for besides its inputs (server.py's node_info).
+_HIDDEN = {"SaveImage": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}}
+
+
+def node_info(name: str, input_files: list[str]) -> dict[str, Any]:
+    """One node as ComfyUI's `GET /object_info` describes it (server.py's node_info)."""
+    _, outputs, is_output = NODES[name]
+    required = _required(name, input_files)
+    hidden = _HIDDEN.get(name, {})
     return {
-        name: {
-            "input": {"required": _required(name, input_files)},
-            "output": outputs,
-            "output_node": is_output,
-            "name": name,
-            "display_name": name,
-            "category": "demo",
-        }
-        for name, (_, outputs, is_output) in NODES.items()
+        "input": {"required": required, **({"hidden": hidden} if hidden else {})},
+        "input_order": {"required": list(required), **({"hidden": list(hidden)} if hidden else {})},
+        "output": outputs,
+        "output_is_list": [False] * len(outputs),
+        "output_name": outputs,
+        "name": name,
+        "display_name": name,
+        "description": "",
+        "python_module": "nodes",
+        "category": "demo",
+        "output_node": is_output,
     }
+
+
+def object_info(input_files: list[str]) -> dict[str, Any]:
+    return {name: node_info(name, input_files) for name in NODES}
 
 
 def _node_error(kind: str, message: str, details: str, name: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import email.parser
 import email.policy
 import re
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -42,8 +43,17 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from demo.comfy_nodes import Interrupted, NodeFailed, Outputs, execute, object_info, validate
-from dispatcher.serving import RunningServer, start_server
+from demo.comfy_nodes import (
+    NODES,
+    Interrupted,
+    NodeFailed,
+    Outputs,
+    execute,
+    node_info,
+    object_info,
+    validate,
+)
+from dispatcher.serving import RunningServer, bind_loopback, start_server
 
 MAX_BODY_BYTES = 20 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._ -]+$")
@@ -325,7 +335,13 @@ class DemoComfy:
         return JSONResponse({"name": name, "subfolder": subfolder, "type": "input"})
 
     async def get_object_info(self, request: Request) -> Response:
-        return JSONResponse(object_info(self.input_files()))
+        name = request.path_params.get("node_class")
+        if name is None:
+            return JSONResponse(object_info(self.input_files()))
+        # ComfyUI answers {} for a class it does not know.
+        if name not in NODES:
+            return JSONResponse({})
+        return JSONResponse({name: node_info(name, self.input_files())})
 
     async def websocket(self, ws: WebSocket) -> None:
         await ws.accept()
@@ -386,6 +402,7 @@ class DemoComfy:
             Route("/view", self.get_view, methods=["GET"]),
             Route("/upload/image", self.post_upload, methods=["POST"]),
             Route("/object_info", self.get_object_info, methods=["GET"]),
+            Route("/object_info/{node_class}", self.get_object_info, methods=["GET"]),
             Route("/__stats", self.get_stats, methods=["GET"]),
             Route("/__drop_sockets", self.drop_sockets, methods=["POST"]),
             Route("/__flood", self.set_flood, methods=["POST"]),
@@ -403,12 +420,41 @@ async def _json(request: Request) -> dict[str, Any]:
 
 @dataclass
 class ComfyServer(RunningServer):
-    """The running server; stopping it also stops the worker and removes its files."""
+    """The running server; stopping it also stops the worker and removes its files.
+
+    `go_down` makes it refuse connections while its queue, the running
+    prompt and its history live on (a network outage, a proxy restarting);
+    `come_back` serves again on the same port.
+    """
 
     comfy: DemoComfy | None = None
+    app: Starlette | None = None
+    # While down: the port, bound but not listening (connections are
+    # refused, and no other socket can take the port meanwhile).
+    holder: socket.socket | None = None
+
+    async def go_down(self) -> None:
+        assert self.comfy is not None and self.holder is None
+        sockets, self.comfy.sockets = list(self.comfy.sockets.values()), {}
+        for ws in sockets:
+            with contextlib.suppress(Exception):
+                await ws.close(code=1001)
+        await RunningServer.stop(self)
+        self.holder = bind_loopback(self.port)
+
+    async def come_back(self) -> None:
+        assert self.app is not None and self.holder is not None
+        holder, self.holder = self.holder, None
+        holder.close()
+        running = await start_server(self.app, self.port)
+        self.server, self.task, self.sock = running.server, running.task, running.sock
 
     async def stop(self) -> None:
-        await super().stop()
+        if self.holder is not None:
+            self.holder.close()
+            self.holder = None
+        else:
+            await super().stop()
         if self.comfy is not None:
             worker = self.comfy.worker
             if worker is not None:
@@ -424,4 +470,12 @@ async def start_demo_comfy(port: int | None = None, time_scale: float = 1.0) -> 
     app = Starlette(routes=comfy.routes())
     comfy.start()
     running = await start_server(app, port)
-    return ComfyServer(running.server, running.task, running.port, running.http_parser, comfy=comfy)
+    return ComfyServer(
+        running.server,
+        running.task,
+        running.port,
+        running.http_parser,
+        running.sock,
+        comfy=comfy,
+        app=app,
+    )

@@ -8,10 +8,10 @@ they reach the threshold (`dispatcher.health.after_outcome` decides).
 
 from __future__ import annotations
 
-from dispatcher.accounts import MAX_REASON_CHARS, AccountBook
+from dispatcher.accounts import MAX_REASON_CHARS, UNREACHABLE_PROBE_S, AccountBook
 from dispatcher.attempt import Running
 from dispatcher.clock import Clock
-from dispatcher.errors import AccountHold, AuthError, RunError
+from dispatcher.errors import UNREACHABLE_KIND, AccountHold, AuthError, RunError
 from dispatcher.health import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_FAILURES_FOR_ATTENTION,
@@ -75,7 +75,12 @@ class AccountHealth:
         nominal seconds; a login wall or a human check: needs attention),
         whether a task's run met it or its browser's start before any task
         (`dispatcher.prewarm`). False when `error` is not one of those."""
-        if isinstance(error, AccountHold) and error.kind == "usage_limit":
+        if isinstance(error, AccountHold) and error.kind == UNREACHABLE_KIND:
+            # Its server refuses connections: skipped until a probe, with no
+            # attempt spent (another provider of the model may take the task).
+            probe_s = self.clock.scaled(UNREACHABLE_PROBE_S)
+            self.accounts.mark_unreachable(owner, str(error), probe_s)
+        elif isinstance(error, AccountHold) and error.kind == "usage_limit":
             until = error.until
             if until is None:
                 until = self.clock.now() + self.clock.scaled(cooldown_s)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, NotFound
@@ -19,6 +21,23 @@ from dispatcher.strictjson import storable_text
 log = logging.getLogger("dispatcher.accounts")
 
 MAX_REASON_CHARS = 500
+# Nominal seconds an unreachable provider gets no new task; then one tries it
+# again (a running task's polls clear the outage as soon as one answers).
+UNREACHABLE_PROBE_S = 30.0
+
+
+@dataclass
+class Outage:
+    """A provider's server refusing connections: since when, and when a
+    lane may try it again (epoch seconds)."""
+
+    since: float
+    probe_at: float
+    reason: str
+
+
+def utc_time(epoch_s: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(epoch_s))
 
 
 class AccountBook:
@@ -31,6 +50,9 @@ class AccountBook:
         self._clock = clock
         self._events = events
         self._accounts = accounts
+        # Providers that cannot be reached now: memory only, never stored
+        # (a restart simply tries them again).
+        self._outages: dict[str, Outage] = {}
         # The state each account was last announced in: a cooldown ends by
         # itself, and that change is announced by `refresh`.
         self._announced = {name: self._state_of(a).state for name, a in self._accounts.items()}
@@ -44,7 +66,37 @@ class AccountBook:
         return cls(store, clock, events, await store.get_accounts())
 
     def _state_of(self, account: Account) -> StateView:
-        return state_of(account, self._clock.now())
+        view = state_of(account, self._clock.now())
+        outage = self._outages.get(account.name)
+        if outage is None or view.state is not AccountState.OK:
+            return view  # the operator's switch and a cap outrank an outage
+        reason = f"unreachable since {utc_time(outage.since)}: {outage.reason}"
+        return StateView(AccountState.UNREACHABLE, outage.probe_at, reason, outage.since)
+
+    # -- outages (in memory) --------------------------------------------------
+    def mark_unreachable(self, name: str, reason: str, probe_in_s: float) -> None:
+        """The provider refused a connection: no new task goes to it until
+        `probe_in_s` (real seconds) has passed; then one may try again."""
+        account = self._accounts.get(name)
+        if account is None:
+            return
+        now = self._clock.now()
+        outage = self._outages.get(name)
+        reason = storable_text(mask_secrets(reason))[:MAX_REASON_CHARS]
+        if outage is None:
+            self._outages[name] = Outage(now, now + probe_in_s, reason)
+            self._announce(account, "unreachable")
+        else:
+            outage.probe_at, outage.reason = now + probe_in_s, reason
+
+    def mark_reachable(self, name: str) -> None:
+        """The provider answered: the outage is over."""
+        if self._outages.pop(name, None) is not None and name in self._accounts:
+            self._announce(self._accounts[name], "reachable again")
+
+    def unreachable_since(self, name: str) -> float | None:
+        outage = self._outages.get(name)
+        return outage.since if outage is not None else None
 
     async def ensure(self, names: Iterable[tuple[str, Kind]]) -> None:
         """Every lane has a row; existing rows keep the operator's last word."""
@@ -74,12 +126,18 @@ class AccountBook:
         return account
 
     def state(self, name: str) -> StateView:
-        return state_of(self.get(name), self._clock.now())
+        return self._state_of(self.get(name))
 
     def is_open(self, name: str) -> bool:
-        """Whether the lane may start new tasks (a cooldown opens by itself)."""
+        """Whether the lane may start new tasks (a cooldown opens by itself;
+        an unreachable provider gets one try again once its probe time came)."""
         account = self._accounts.get(name)
-        return account is not None and state_of(account, self._clock.now()).open
+        if account is None:
+            return False
+        view = self._state_of(account)
+        if view.state is AccountState.UNREACHABLE:
+            return view.until is not None and self._clock.now() >= view.until
+        return view.open
 
     def next_opening(self) -> float | None:
         """The earliest epoch second a cooling-down account opens: the scheduler wakes then."""
@@ -89,16 +147,18 @@ class AccountBook:
             for a in self._accounts.values()
             if state_of(a, now).state is AccountState.COOLDOWN and a.cooldown_until is not None
         ]
+        ends += [o.probe_at for o in self._outages.values() if o.probe_at > now]
         return min(ends, default=None)
 
     def view(self, account: Account) -> JSON:
         """What `GET /v1/accounts` and the SSE event answer: the record plus its state."""
-        state = state_of(account, self._clock.now())
+        state = self._state_of(account)
         return {
             **account.to_json(),
             "state": state.state.value,
             "until": state.until,
             "reason": state.reason,
+            "since": state.since,
         }
 
     def views(self) -> list[JSON]:

@@ -68,6 +68,9 @@ class Live:
     stage: Stage = Stage.DISPATCHED
     progress: float | None = None
     queue_position: int | None = None
+    # When progress was first reported (epoch s): an ETA from progress
+    # counts from there, not from time spent waiting in a vendor's queue.
+    progress_since: float | None = None
     stage_started: float = 0.0
     durations: dict[str, float] = field(default_factory=dict)
 

@@ -122,12 +122,20 @@ def eta_s(
     concurrency: int,
     recent_durations_s: Sequence[float],
     running_elapsed_s: float | None = None,
+    progress_pct: float | None = None,
 ) -> float | None:
     """Seconds until the task should finish, from the model's recent run times.
 
     The median resists the field's outliers (web runs span 31 s to 370 s).
     None when the model has no history yet: a made-up number would mislead.
+    A running task whose progress is known (e.g. ComfyUI's sampler steps)
+    is estimated from that progress and its elapsed time instead: the
+    server's own count beats the model's history, and the two never
+    contradict each other ("55 %" beside "overdue").
     """
+    from_progress = _eta_from_progress_s(running_elapsed_s, progress_pct)
+    if from_progress is not None:
+        return from_progress
     if not recent_durations_s:
         return None
     typical_s = statistics.median(recent_durations_s)
@@ -137,9 +145,24 @@ def eta_s(
     return waves * typical_s
 
 
-def overdue_s(*, recent_durations_s: Sequence[float], running_elapsed_s: float) -> float | None:
-    """Seconds a running task is past its estimate (`eta_s` stops at 0); None if not past it."""
-    if not recent_durations_s:
+def _eta_from_progress_s(elapsed_s: float | None, progress_pct: float | None) -> float | None:
+    """Remaining seconds at the pace so far; None unless progress has begun."""
+    if elapsed_s is None or progress_pct is None or not 0 < progress_pct <= 100:
+        return None
+    return max(0.0, elapsed_s * (100.0 - progress_pct) / progress_pct)
+
+
+def overdue_s(
+    *,
+    recent_durations_s: Sequence[float],
+    running_elapsed_s: float,
+    progress_pct: float | None = None,
+) -> float | None:
+    """Seconds a running task is past its estimate (`eta_s` stops at 0); None if not past it.
+
+    Never overdue while progress is known: the estimate then follows it.
+    """
+    if not recent_durations_s or _eta_from_progress_s(running_elapsed_s, progress_pct) is not None:
         return None
     late_s = running_elapsed_s - statistics.median(recent_durations_s)
     return late_s if late_s > 0 else None
@@ -164,7 +187,11 @@ def why_waiting(lanes: Sequence[ServingLane], *, others_serving: int = 0) -> str
     (the model is not loaded on this host)."""
     if not lanes or others_serving > 0:
         return None
-    if any(lane.state in (AccountState.OK, AccountState.COOLDOWN) for lane in lanes):
+    # An unreachable provider is tried again by itself, as a cooldown ends.
+    if any(
+        lane.state in (AccountState.OK, AccountState.COOLDOWN, AccountState.UNREACHABLE)
+        for lane in lanes
+    ):
         return None
 
     def said(lane: ServingLane) -> str:

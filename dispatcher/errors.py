@@ -101,6 +101,11 @@ class RunError(DispatcherError):
         return str(self)
 
 
+# An API provider's server refused the connection: an `AccountHold` of this
+# kind skips the provider for a while (`AccountBook.mark_unreachable`).
+UNREACHABLE_KIND = "unreachable"
+
+
 class AccountHold(RunError):
     """The account, not the task, is the problem: a usage cap (`until`, epoch
     seconds, when it lifts; None: the profile's cooldown) or a human check

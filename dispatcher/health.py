@@ -32,6 +32,9 @@ class AccountState(enum.StrEnum):
     COOLDOWN = "cooldown"
     NEEDS_ATTENTION = "needs_attention"
     DISABLED = "disabled"
+    # A provider whose server refuses connections (in memory only: it
+    # clears by itself once the server answers again).
+    UNREACHABLE = "unreachable"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class StateView:
     state: AccountState
     until: float | None  # epoch seconds; only while cooling down
     reason: str | None
+    since: float | None = None  # epoch seconds; only while unreachable
 
     @property
     def open(self) -> bool:

@@ -30,13 +30,14 @@ from dispatcher.fingerprint import (
     normalize_prompt,
     reference_hashes,
 )
+from dispatcher.flows import check_task_params
 from dispatcher.modelcards import ModelCard, read_cards
 from dispatcher.models import JSON, State, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
-from dispatcher.workflow import check_params, fill, with_seed
+from dispatcher.workflow import fill, with_seed
 
 
 class ResultStore(Protocol):
@@ -63,15 +64,15 @@ def comfyui_params(profile: Profile, params: JSON, image_hashes: JSON) -> tuple[
     """
     api = profile.api
     assert api is not None
-    check_params(params, api.inputs, api.images)
+    flow = check_task_params(api.flows, params)
     asked = {
         name: normalize_prompt(value) if name in PROMPT_FIELDS and isinstance(value, str) else value
         for name, value in params.items()
     }
-    graph = fill(api.graph, api.inputs, asked)
-    images = {name: image_hashes[name] for name in api.images if name in image_hashes}
+    graph = fill(flow.graph, flow.places(asked), asked)
+    images = {name: image_hashes[name] for name in flow.images if name in image_hashes}
     task_fingerprint = graph_fingerprint(profile.name, graph, images)
-    return with_seed(params, api.inputs, _SEEDS), task_fingerprint
+    return with_seed(params, flow.inputs, _SEEDS), task_fingerprint
 
 
 def check_gradio_params(profile: Profile, params: JSON) -> None:

@@ -127,13 +127,13 @@ class _LiveCollector(Collector):
         account_state = GaugeMetricFamily(
             "dispatcher_account_state",
             "1 for the state each web account or API provider is in "
-            "(ok, cooldown, needs_attention, disabled)",
+            "(ok, cooldown, needs_attention, disabled, unreachable)",
             labels=["account", "state"],
         )
         for lane in snap["lanes"]:
             effective.add_metric([lane["name"]], lane["effective_concurrency"])
         for account in snap.get("accounts", ()):
-            for state in ("ok", "cooldown", "needs_attention", "disabled"):
+            for state in ("ok", "cooldown", "needs_attention", "disabled", "unreachable"):
                 account_state.add_metric(
                     [account["name"], state], 1 if account["state"] == state else 0
                 )

@@ -29,6 +29,7 @@ TERMINAL_STATES = frozenset({State.SUCCESS, State.FAILED, State.CANCELED})
 class Stage(StrEnum):
     DISPATCHED = "dispatched"
     UPLOADING = "uploading"  # reference images on their way to the vendor
+    QUEUED = "queued"  # accepted by the vendor, waiting in its own queue
     GENERATING = "generating"
     DOWNLOADING = "downloading"
     PERSISTING = "persisting"

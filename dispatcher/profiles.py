@@ -29,8 +29,9 @@ from pydantic import (
 )
 
 from dispatcher.errors import ConfigError
+from dispatcher.flows import WORKFLOW_PARAM, Flow, build_flows
 from dispatcher.models import Kind
-from dispatcher.workflow import Graph, WorkflowError, check_mapping, load_workflow
+from dispatcher.workflow import Graph, WorkflowError, load_workflow
 
 log = logging.getLogger("dispatcher.profiles")
 
@@ -201,7 +202,7 @@ def _strings(value: Any) -> list[str]:
 # A ComfyUI server's calls are fixed by ComfyUI itself; the profile names
 # only the workflow and where parameters go.
 _COMFYUI_SUBMIT = HttpCall(method="POST", path="/prompt")
-_COMFYUI_ONLY = ("workflow", "outputs")
+_COMFYUI_ONLY = ("workflow", "workflows", "outputs", "overridable")
 _MAPPING_KEYS = ("inputs", "images")  # styles 'comfyui' and 'gradio'
 _GRADIO_ONLY = ("api_name", "values")
 _GRADIO_API_NAME = re.compile(r"/[A-Za-z0-9_\-]{1,100}")
@@ -236,7 +237,11 @@ class ApiSpec(_Strict):
     # profile), where each task parameter goes ("<node>.inputs.<name>"),
     # which output nodes' files to collect (default: all), and which
     # parameters are images to upload first.
+    # Or several workflows, one picked by each task's `workflow` param
+    # (`dispatcher.flows`); places may name a node by its title; tasks may
+    # set the node inputs `overridable` lists.
     workflow: str | None = None
+    workflows: dict[str, str] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict)
     outputs: tuple[str, ...] | None = None
     images: dict[str, str] = Field(default_factory=dict)
@@ -245,16 +250,22 @@ class ApiSpec(_Strict):
     # `images` map task parameters to the endpoint's parameter names.
     api_name: str | None = None
     values: dict[str, Any] = Field(default_factory=dict)
+    overridable: tuple[str, ...] = ()
     # A model served by several providers: what differs per provider.
     providers: dict[str, ProviderSpec] = Field(default_factory=dict)
-    _graph: Graph | None = PrivateAttr(default=None)
+    _flows: dict[str, Flow] = PrivateAttr(default_factory=dict)
+
+    @property
+    def flows(self) -> dict[str, Flow]:
+        """The loaded workflows, mapping resolved (style "comfyui" only)."""
+        if not self._flows:
+            raise ConfigError("this profile has no ComfyUI workflow")
+        return self._flows
 
     @property
     def graph(self) -> Graph:
-        """The loaded workflow (style "comfyui" only)."""
-        if self._graph is None:
-            raise ConfigError("this profile has no ComfyUI workflow")
-        return self._graph
+        """The default (first) loaded workflow."""
+        return next(iter(self.flows.values())).graph
 
     @model_validator(mode="after")
     def _style_needs(self, info: ValidationInfo) -> ApiSpec:
@@ -305,16 +316,30 @@ class ApiSpec(_Strict):
         others = [k for k in ("submit", "status", "result", "cancel") if k in self.model_fields_set]
         if others:
             raise ValueError(f"style 'comfyui' takes no [api.{others[0]}]: ComfyUI fixes its calls")
-        if not self.workflow:
-            raise ValueError("style 'comfyui' needs `workflow = '<file>.json'` (API format)")
+        if bool(self.workflow) == bool(self.workflows):
+            raise ValueError(
+                "style 'comfyui' needs `workflow = '<file>.json'` (API format), or "
+                "`workflows = { <name> = '<file>.json', ... }`: one of the two"
+            )
+        if WORKFLOW_PARAM in self.inputs or WORKFLOW_PARAM in self.images:
+            raise ValueError(f"`{WORKFLOW_PARAM}` is the task param that picks the workflow")
         base = (info.context or {}).get("profile_dir")
-        path = Path(base, self.workflow) if base else Path(self.workflow)
+        files = self.workflows or {"default": self.workflow or ""}
         try:
-            graph = load_workflow(path)
-            check_mapping(graph, {**self.inputs, **self.images}, self.outputs, "[api]")
+            graphs = {
+                name: load_workflow(Path(base, file) if base else Path(file))
+                for name, file in files.items()
+            }
+            self._flows = build_flows(
+                graphs,
+                inputs=self.inputs,
+                images=self.images,
+                outputs=self.outputs,
+                overridable=self.overridable,
+                where="[api]",
+            )
         except WorkflowError as exc:
             raise ValueError(str(exc)) from None
-        self._graph = graph
         return self
 
 

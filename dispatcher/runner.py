@@ -123,8 +123,12 @@ class RunContext:
         report_stage: StageReporter,
         record_remote_id: RemoteIdRecorder,
         history_s: tuple[float, ...] = (),
+        reachability: Callable[[str | None], None] | None = None,
     ) -> None:
         self.task = task
+        # Tells the lane's provider whether its server answers (None: it
+        # does; a text: it refuses connections, and why).
+        self._reachability = reachability
         # Nominal run times of recent jobs of the same model and shape
         # (`dispatcher.history`): where an async job's poll expects its end.
         self.history_s = history_s
@@ -148,6 +152,10 @@ class RunContext:
         # The remote side's own estimate (seconds left, when it said so), for
         # a server that keeps its own queue (a gradio app): better than ours.
         self._remote_eta: tuple[float, float] | None = None
+        # What the stage is doing right now, in a few words ("node 3
+        # (KSampler)", "queued on server, 2 ahead", "waiting for the
+        # server"); shown beside the stage, set with each `set_stage`.
+        self.stage_detail: str | None = None
 
     # -- interruption ------------------------------------------------------
 
@@ -313,8 +321,11 @@ class RunContext:
         stage: Stage,
         progress: float | None = None,
         queue_position: int | None = None,
+        *,
+        detail: str | None = None,
     ) -> None:
         self.beat()
+        self.stage_detail = detail[:200] if detail else None
         await self._report_stage(stage, progress, queue_position)
 
     def set_remote_eta(self, eta_s: float | None) -> None:
@@ -327,6 +338,16 @@ class RunContext:
             return None
         eta_s, said_at = self._remote_eta
         return max(0.0, eta_s - (self.clock.now() - said_at))
+
+    def server_unreachable(self, reason: str) -> None:
+        """The provider's server refuses connections: shown on the provider,
+        and no new task goes to it for a while."""
+        if self._reachability is not None:
+            self._reachability(reason)
+
+    def server_reachable(self) -> None:
+        if self._reachability is not None:
+            self._reachability(None)
 
     async def set_remote_id(self, remote_id: str) -> None:
         """Persist the remote job id; returns only once it is durably stored."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dispatcher.account_health import AccountHealth
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts import UNREACHABLE_PROBE_S, AccountBook
 from dispatcher.attempt import (
     Canceled,
     Live,
@@ -301,6 +301,12 @@ class Scheduler:
                 return lane
         return None
 
+    def _reachability(self, owner: str, problem: str | None) -> None:
+        if problem is None:
+            self.accounts.mark_reachable(owner)
+        else:
+            self.accounts.mark_unreachable(owner, problem, self.clock.scaled(UNREACHABLE_PROBE_S))
+
     async def adopt(self, task: Task) -> bool:
         """Resume a task a previous run (or a dead host) left running: an API job
         with a remote id, polled here from now on."""
@@ -324,6 +330,8 @@ class Scheduler:
             live.enter(stage, self.clock.now())
             live.progress = progress
             live.queue_position = queue
+            if progress is not None and live.progress_since is None:
+                live.progress_since = self.clock.now()
 
         adapter = TaskLog(
             logging.getLogger(f"dispatcher.lane.{lane.name}"),
@@ -340,6 +348,7 @@ class Scheduler:
             report_stage=report_stage,
             record_remote_id=functools.partial(self._record_remote_id, task.id),
             history_s=self.run_history.durations(task.model, task.params) if polls(profile) else (),
+            reachability=functools.partial(self._reachability, lane.owner),
         )
         running = Running(
             task=task, lane=lane, ctx=ctx, live=live, started_monotonic=ctx.last_beat_monotonic
@@ -568,14 +577,23 @@ class Scheduler:
                 info["waiting"] = waiting
         elif task.state is State.RUNNING:
             elapsed = self.clock.now() - (task.started_at or self.clock.now())
+            progress = live.live.progress if live is not None else None
+            since = live.live.progress_since if live is not None else None
             info["eta_s"] = eta_s(
-                ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=elapsed
+                ahead=0,
+                concurrency=1,
+                recent_durations_s=durations,
+                running_elapsed_s=elapsed if since is None else self.clock.now() - since,
+                progress_pct=progress,
             )
-            info["overdue_s"] = overdue_s(recent_durations_s=durations, running_elapsed_s=elapsed)
+            info["overdue_s"] = overdue_s(
+                recent_durations_s=durations, running_elapsed_s=elapsed, progress_pct=progress
+            )
             if live is not None:
                 info["stage"] = live.live.stage.value
-                info["progress"] = live.live.progress
+                info["progress"] = progress
                 info["queue_position"] = live.live.queue_position
+                info["stage_detail"] = live.ctx.stage_detail
                 remote_eta_s = live.ctx.remote_eta_s()
                 # The server's own estimate knows its queue better; once it
                 # ran out (a slow run), ours stands again, overdue included.
@@ -623,6 +641,7 @@ class Scheduler:
                     "needs_attention": account.needs_attention,
                     "state": state.state.value,
                     "until": state.until,
+                    "since": state.since,
                     "reason": state.reason or account.reason,
                     "queued": sum(queued.get(queue, 0) for queue in lane.queues),
                     "running": sorted(self._lane_running[lane.name]),

@@ -52,6 +52,45 @@ def parse_slot(text: str) -> Slot:
     return Slot(parts[0], tuple(parts[1:]))
 
 
+TITLE_PREFIX = "title:"
+
+
+def resolve_node(graph: Graph, text: str, where: str) -> str:
+    """A node id from an id or ``"title:<the node's title>"`` (its ``_meta.title``).
+
+    A title is a name the user gave in the UI; it survives a re-export that
+    renumbers the nodes. Two nodes of one title make it ambiguous: refused.
+    """
+    if not text.startswith(TITLE_PREFIX):
+        return text
+    title = text.removeprefix(TITLE_PREFIX)
+    found = [
+        node_id
+        for node_id, node in graph.items()
+        if isinstance(node, dict)
+        and isinstance(node.get("_meta"), dict)
+        and node["_meta"].get("title") == title
+    ]
+    if not found:
+        raise WorkflowError(f"{where}: the workflow has no node titled {title!r}")
+    if len(found) > 1:
+        raise WorkflowError(
+            f"{where}: the title {title!r} is ambiguous: nodes {', '.join(found)} have it; "
+            "rename one in ComfyUI or name the node by id"
+        )
+    return found[0]
+
+
+def resolve_place(graph: Graph, text: str, where: str) -> str:
+    """``"title:Positive Prompt.text"`` as ``"<id>.inputs.text"``; an id form as is."""
+    if not text.startswith(TITLE_PREFIX):
+        return text
+    title, dot, name = text.rpartition(".")
+    if not dot or not name or title == TITLE_PREFIX.rstrip(":") or title == TITLE_PREFIX:
+        raise WorkflowError(f"{where}: {text!r} is not 'title:<node title>.<input name>'")
+    return f"{resolve_node(graph, title, where)}.inputs.{name}"
+
+
 def load_workflow(path: Path) -> Graph:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -248,7 +248,12 @@ def check(
     demo: DemoFlag = False,
     live: Annotated[
         bool,
-        typer.Option("--live", help="Also ask each gradio app whether its mapping fits."),
+        typer.Option(
+            "--live",
+            help="Also ask each ComfyUI server (GET /object_info) whether it can run "
+            "the profile's workflows: node classes, mapped inputs, value types; "
+            "and each gradio app whether its endpoint's parameters fit the mapping.",
+        ),
     ] = False,
 ) -> None:
     """Validate every profile in a dir and list every problem (file, key, why).
@@ -257,6 +262,8 @@ def check(
     for a `${NAME}` set nowhere; exit 2 when any file is wrong or no profile
     is usable (the service would not start), 0 otherwise. Needs no running
     service. With --demo, the demo's `${DEMO_*_URL}` variables count as provided.
+    With --live, each ComfyUI profile is checked against its servers too
+    (exit 2 on any problem or a server that cannot be reached).
     """
     from dispatcher.profiles import read_profiles
 
@@ -292,10 +299,13 @@ def check(
     skipped = f", {len(found.skipped)} skipped" if found.skipped else ""
     console.print(f"{len(found.profiles)} profile(s) valid in {where}{skipped}")
     if live:
-        _check_live(found.profiles)
+        comfy_bad = _check_comfy_live(found.profiles, settings.http_timeout_s)
+        gradio_bad = _check_gradio_live(found.profiles)
+        if comfy_bad or gradio_bad:
+            raise typer.Exit(EXIT_USAGE)
 
 
-def _check_live(profiles: Mapping[str, Profile]) -> None:
+def _check_gradio_live(profiles: Mapping[str, Profile]) -> int:
     """`check --live`: each gradio app asked for its endpoint's parameters."""
     import asyncio
 
@@ -313,4 +323,22 @@ def _check_live(profiles: Mapping[str, Profile]) -> None:
             console.print(f"live ok  {escape(name)}")
     if problems:
         err.print(f"{len(problems)} live problem(s) in {len(bad)} profile(s)")
-        raise typer.Exit(EXIT_USAGE)
+    return len(problems)
+
+
+def _check_comfy_live(profiles: dict[str, Any], timeout_s: float) -> int:
+    """`check --live`: each ComfyUI server asked (GET /object_info) about the workflows."""
+    from dispatcher.cli.livecheck import live_check
+
+    results = live_check(profiles, timeout_s)
+    bad = 0
+    for result in results:
+        spot = f"{escape(result.profile)} on {escape(result.server)}"
+        if not result.problems:
+            console.print(f"live ok  {spot}: {escape(result.checked)}")
+        for problem in result.problems:
+            bad += 1
+            err.print(f"live bad {spot}: {escape(problem)}")
+    if bad:
+        err.print(f"{bad} problem(s) found on the servers")
+    return bad

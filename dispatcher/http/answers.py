@@ -82,6 +82,11 @@ class TaskAnswer(_Answer):
     eta_s: float | None
     progress: float | None
     queue_position: float | None = Field(description="the vendor's queue position, if told")
+    stage_detail: str | None = Field(
+        default=None,
+        description="what a running task's stage is doing now, in a few words: the node "
+        "running (ComfyUI), 'queued on server, N ahead', 'waiting for the server ...'",
+    )
     ref: str | None = Field(default=None, description="the task's name in its job")
     note: str | None = Field(
         default=None, description="why a pending task waits (its model is not loaded)"
@@ -193,7 +198,7 @@ class Live(_Answer):
     ok: bool
 
 
-AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled"]
+AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled", "unreachable"]
 
 
 class Lane(_Answer):
@@ -210,6 +215,7 @@ class Lane(_Answer):
     needs_attention: bool
     state: AccountStateName
     until: float | None
+    since: float | None = Field(default=None, description="an unreachable provider's outage start")
     reason: str | None
     queued: int
     running: list[str]
@@ -254,9 +260,16 @@ class AccountAnswer(_Answer):
     kind: Kind
     state: AccountStateName = Field(
         description="ok; cooldown (a usage cap, open again at `until`); needs_attention "
-        "(`reason` says why); disabled (the operator's switch)"
+        "(`reason` says why); disabled (the operator's switch); unreachable (its server "
+        "refuses connections since `since`; tried again from `until`; clears by itself)"
     )
-    until: float | None = Field(description="epoch seconds a cooldown ends; else null")
+    until: float | None = Field(
+        description="epoch seconds a cooldown ends, or an unreachable provider is tried "
+        "again; else null"
+    )
+    since: float | None = Field(
+        default=None, description="epoch seconds an unreachable provider stopped answering"
+    )
     enabled: bool
     reason: str | None
     needs_attention: bool

@@ -4,11 +4,14 @@ live progress, cancel, de-duplication and clear errors."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 
 from demo.bootstrap import Demo
 from demo.comfyui import start_demo_comfy
@@ -62,6 +65,10 @@ async def test_progress_shows_on_the_task_while_it_renders_and_cancel_interrupts
     tmp_path: Path,
 ) -> None:
     async with running_service(tmp_path, profiles=PROFILES) as h:
+        # A short render first: the model's history says "about 0.1 s", so
+        # the long one below is far past it while its progress is known.
+        short = await h.submit("demo-comfy", "a quick sketch", steps=2)
+        assert (await h.wait_task(short["id"]))["state"] == "success"
         task = await h.submit("demo-comfy", "a long render", steps=3000)
         seen: list[float] = []
         for _ in range(500):
@@ -73,6 +80,8 @@ async def test_progress_shows_on_the_task_while_it_renders_and_cancel_interrupts
             await asyncio.sleep(0.02)
         assert len(seen) >= 3 and 0 < seen[0] <= seen[-1] < 100
         assert answer["state"] == "running" and answer["remote_id"]
+        # The ETA follows the progress: never "0 s" nor overdue beside "55 %".
+        assert answer["eta_s"] > 0 and answer["overdue_s"] is None
 
         response = await h.http.post(f"/v1/tasks/{task['id']}/cancel")
         assert response.status_code == 200
@@ -182,3 +191,61 @@ async def test_a_restarted_service_resumes_the_prompt_without_posting_it_again(
         assert len(stats["prompts"]) == 1 and stats["interrupts"] == 0
     finally:
         await comfy.stop()
+
+
+STUDIO_PROFILE = """\
+name = "studio"
+kind = "api"
+provider = "demo-comfy"
+
+[api]
+base_url = "${DEMO_COMFY_URL}"
+style = "comfyui"
+workflows = { txt2img = "workflows/txt2img.json", img2img = "workflows/img2img.json" }
+images = { reference_image = "title:Reference.image" }
+outputs = ["title:Save Image"]
+overridable = ["title:KSampler.cfg", "title:KSampler.denoise"]
+
+[api.inputs]
+prompt = "title:Positive Prompt.text"
+seed = "title:KSampler.seed"
+steps = "title:KSampler.steps"
+"""
+
+
+async def test_img2img_by_titles_needs_its_reference_image_and_takes_marked_overrides(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "studio.toml").write_text(STUDIO_PROFILE, encoding="utf-8")
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 40, 40)).save(buffer, "PNG")
+    reference = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    async with running_service(tmp_path, profiles=PROFILES) as h:
+        response = await h.http.post(
+            "/v1/tasks",
+            json={"model": "studio", "params": {"prompt": "x", "workflow": "img2img"}},
+        )
+        assert response.status_code == 400
+        assert "reference_image is required: workflow 'img2img'" in response.text
+        task = await h.submit(
+            "studio",
+            "the same harbour, in red",
+            workflow="img2img",
+            reference_image=reference,
+            steps=3,
+            **{"title:KSampler.denoise": 0.4},
+        )
+        done = await h.wait_task(task["id"])
+        assert done["state"] == "success", done["error"]
+        (graph,) = (await _comfy_stats(h))["prompts"]
+        # Node ids of the img2img export, found by their titles.
+        assert graph["16"]["inputs"]["text"] == "the same harbour, in red"
+        assert graph["13"]["inputs"]["denoise"] == 0.4 and graph["13"]["inputs"]["steps"] == 3
+        assert graph["10"]["inputs"]["image"].startswith("dispatcher-")  # the upload's name
+        assert [o["node"] for o in done["result"]["meta"]["outputs"]] == ["19"]
+        response = await h.http.post(
+            "/v1/tasks",
+            json={"model": "studio", "params": {"prompt": "x", "title:KSampler.seed": 3}},
+        )
+        assert response.status_code == 400 and "title:KSampler.cfg" in response.text

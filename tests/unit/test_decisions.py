@@ -100,3 +100,21 @@ def test_a_task_no_lane_can_take_says_why_instead_of_an_eta() -> None:
     assert why_waiting([off], others_serving=1) is None
     # No lane here at all is the "model not loaded" note's to say.
     assert why_waiting([]) is None
+
+
+def test_a_running_task_with_known_progress_is_estimated_from_it_never_overdue() -> None:
+    durations = [2.0, 2.0, 2.0]  # earlier runs were short; this one is long
+    eta = eta_s(
+        ahead=0,
+        concurrency=1,
+        recent_durations_s=durations,
+        running_elapsed_s=10.0,
+        progress_pct=25.0,
+    )
+    assert eta == 30.0  # 25 % took 10 s: 75 % takes 30 s more
+    assert (
+        overdue_s(recent_durations_s=durations, running_elapsed_s=10.0, progress_pct=25.0) is None
+    )
+    # Without progress (or before it starts) the model's history still decides.
+    assert eta_s(ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=10.0) == 0
+    assert overdue_s(recent_durations_s=durations, running_elapsed_s=10.0, progress_pct=0.0) == 8.0

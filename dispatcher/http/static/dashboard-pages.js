@@ -105,6 +105,9 @@
     },
 
     updateClock(task) {
+      // Progress and the running node change without a new stage: updated in place.
+      const stageNode = document.querySelector("#task-page [data-testid=task-stage-fact]");
+      if (stageNode) stageNode.textContent = D.stageText(task) || "–";
       const eta = etaText(task);
       const etaNode = document.querySelector("#task-page [data-testid=task-eta]");
       if (etaNode) {
@@ -146,7 +149,7 @@
           fact("finished", when(task.finished_at)),
           fact("took", "", "task-elapsed"),
           fact("attempt", `${task.attempt} of ${task.max_attempts}`, "task-attempt"),
-          fact("stage", task.state === "running" ? (task.stage || "") : ""),
+          fact("stage", "", "task-stage-fact"),
           fact("ETA", "", "task-eta"),
           fact("id", el("span", { class: "mono", text: task.id }))));
     },

@@ -429,6 +429,7 @@
     const state = account.state || (account.needs_attention ? "needs_attention"
       : account.enabled ? "ok" : "disabled");
     if (state === "cooldown" && account.until) return `cooldown until ${when(account.until)}`;
+    if (state === "unreachable" && account.since) return `unreachable since ${when(account.since)}`;
     return state.replace("_", " ");
   }
 
@@ -511,15 +512,24 @@
     return `${task.kind}:${task.model} (any account)`;
   }
 
-  function taskRow(task) {
-    const lane = laneOf(task);
+  // A running task's stage in a few words: "generating 55% · node 3 (KSampler)",
+  // "queued · queued on server, 2 ahead", "generating · waiting for the server ...".
+  function stageText(task) {
     let stage = task.state === "running" ? (task.stage || "") : "";
     if (stage && task.progress !== null && task.progress !== undefined) {
       stage += ` ${Math.round(task.progress)}%`;
     }
-    if (stage && task.queue_position !== null && task.queue_position !== undefined) {
+    if (stage && task.stage_detail) {
+      stage += ` · ${task.stage_detail}`;
+    } else if (stage && task.queue_position !== null && task.queue_position !== undefined) {
       stage += ` (queue ${task.queue_position})`;
     }
+    return stage;
+  }
+
+  function taskRow(task) {
+    const lane = laneOf(task);
+    let stage = stageText(task);
     if (task.cancel_requested && !TERMINAL.has(task.state)) stage += " · canceling";
     const error = errorText(task.error);
     const running = task.state === "pending" || task.state === "running";
@@ -692,7 +702,7 @@
   // -- for dashboard-pages.js ---------------------------------------------------------------------
   window.dispatcherDashboard = {
     $, el, short, duration, when, bytes, errorText, etaText, elapsed, itemsOf, toast,
-    api, SignedOut, act, badge, progressBar, laneOf, taskRow, taskLink, jobRow, jobActions,
+    api, SignedOut, act, badge, progressBar, laneOf, stageText, taskRow, taskLink, jobRow, jobActions,
     cancelTask, retryTask, view, pages, scheduleRefresh, STATES, TERMINAL,
   };
 

@@ -36,10 +36,14 @@ class Recorder:
     def __init__(self) -> None:
         self.stages: list[tuple[Stage, float | None, int | None]] = []
         self.remote_ids: list[str] = []
+        self.details: list[tuple[Stage, float | None, str | None]] = []
         self.changed = asyncio.Event()
+        self.ctx: RunContext | None = None
 
     async def report_stage(self, stage: Stage, progress: float | None, queue: int | None) -> None:
         self.stages.append((stage, progress, queue))
+        if self.ctx is not None:
+            self.details.append((stage, progress, self.ctx.stage_detail))
         self.changed.set()
 
     async def record_remote_id(self, remote_id: str) -> None:
@@ -99,6 +103,7 @@ class Comfy:
             report_stage=recorder.report_stage,
             record_remote_id=recorder.record_remote_id,
         )
+        recorder.ctx = ctx
         return ctx, recorder
 
     async def run(self, task: Task) -> tuple[RunResult, Recorder]:
@@ -165,8 +170,11 @@ async def test_parameters_land_in_their_nodes_and_the_files_are_the_servers_pngs
 
     (prompt_id,) = recorder.remote_ids
     assert result.meta["remote_id"] == prompt_id
-    # Progress reached the task, step by step, up to 100 %.
+    # Progress reached the task, step by step, up to 100 %, with the node at work.
     assert recorder.progress[-1] == 100.0 and len(set(recorder.progress)) >= 12
+    sampling = [d for stage, p, d in recorder.details if p and 0 < p < 100]
+    assert sampling and set(sampling) == {"node 3 (KSampler)"}
+    assert (Stage.GENERATING, 100.0, "node 8 (VAEDecode)") in recorder.details
     (file,) = result.files
     (output,) = result.meta["outputs"]
     served = await comfy.http.get(f"{comfy.url}/view", params=output)
@@ -216,6 +224,9 @@ async def test_cancel_deletes_our_queued_prompt_and_leaves_the_running_one(comfy
     ctx, recorder = comfy.ctx(task)
     running = asyncio.create_task(comfy.runner.run(task, ctx))
     await recorder.until(lambda r: any(q == 1 for _, _, q in r.stages))
+    # Waiting behind another prompt is not "generating".
+    assert (Stage.QUEUED, None, "queued on server, 1 ahead") in recorder.details
+    assert not any(stage is Stage.GENERATING for stage, _, _ in recorder.stages)
     ctx.interrupt(Interruption.CANCELED)
     with pytest.raises(TaskCanceled):
         await running

@@ -131,3 +131,43 @@ def test_only_our_prompts_messages_count() -> None:
     assert read_message(msg("progress_state", prompt_id="p", nodes={}), "p") is None
     assert read_message(b"\x00\x01binary preview", "p") is None
     assert read_message("not json", "p") is None
+
+
+def _node_error(kind: str, message: str) -> dict[str, object]:
+    return {
+        "status": {
+            "status_str": "error",
+            "messages": [
+                [
+                    "execution_error",
+                    {
+                        "node_id": "4",
+                        "node_type": "ImageScale",
+                        "exception_type": kind,
+                        "exception_message": message,
+                    },
+                ]
+            ],
+        }
+    }
+
+
+def test_a_word_containing_oom_is_not_out_of_memory() -> None:
+    for message in ("zoom factor must be positive", "no room left in the batch", "boom\n"):
+        failure = read_outcome(_node_error("ValueError", message)).failure
+        assert failure is not None and not failure.retryable, message
+
+
+def test_out_of_memory_is_read_from_the_exception_type_or_the_phrase() -> None:
+    for kind, message in (
+        ("torch.OutOfMemoryError", "Allocation on device"),
+        ("torch.cuda.OutOfMemoryError", "tried to allocate 2.00 GiB"),
+        ("RuntimeError", "CUDA out of memory. Tried to allocate 20.00 MiB"),
+    ):
+        failure = read_outcome(_node_error(kind, message)).failure
+        assert failure is not None and failure.retryable, (kind, message)
+
+
+def test_a_node_error_message_loses_comfyuis_trailing_newline() -> None:
+    failure = read_outcome(_node_error("ValueError", "bad size\n")).failure
+    assert failure is not None and failure.message.endswith("ValueError: bad size")
