@@ -173,7 +173,8 @@ class _Look:
     logged_out: bool
     busy: bool
     text: str | None  # the latest answer's text
-    done_text: str | None  # the text of the latest answer marked done
+    done: bool  # the `done` marker is visible
+    done_text: str | None  # the `done` marker's text
     media: int  # how many media elements the answer has so far
     hold: _HoldLook
 
@@ -211,6 +212,11 @@ class PageDriver:
         self.submitted = False
         # Media elements on the page when the answer was seen finished.
         self.finished_media: int | None = None
+        # What the page showed before the prompt was sent: a `done` marker
+        # showing then belongs to an earlier answer, and media already there
+        # are no answer to this prompt.
+        self._done_before = False
+        self._media_before = 0
         stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
@@ -360,18 +366,19 @@ class PageDriver:
         """All the markers of a generating page at once: the calls travel
         together to the browser, so a look costs one round trip, not eight."""
         spec = self.spec
-        (error, logged_out, busy, text, done_text), media, hold = await asyncio.gather(
+        (error, logged_out, busy, text, done, done_text), media, hold = await asyncio.gather(
             asyncio.gather(
                 self._visible(spec.error, "checking for an error banner"),
                 self._visible(spec.logged_out, "checking for the logged-out marker"),
                 self._visible(spec.busy, "checking whether it is generating"),
                 self._text(spec.answer, "reading the answer"),
-                self._text(spec.done, "checking the done marker"),
+                self._visible(spec.done, "checking the done marker"),
+                self._text(spec.done, "reading the done marker"),
             ),
             self._media_count(),
             self._hold_look(),
         )
-        return _Look(error, logged_out, busy, text, done_text, media, hold)
+        return _Look(error, logged_out, busy, text, done, done_text, media, hold)
 
     async def _media_count(self) -> int:
         """How many media elements the answer has: a look counts them, and
@@ -398,8 +405,10 @@ class PageDriver:
             await self.attach(images)
         box = self._loc(spec.input).first
         # Independent calls: sent together, they cost one round trip.
-        before, _ = await asyncio.gather(
+        before, self._done_before, self._media_before, _ = await asyncio.gather(
             self._text(spec.answer, "reading the previous answer"),
+            self._visible(spec.done, "checking the done marker"),
+            self._media_count(),
             self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt"),
         )
         self.ctx.check_canceled()
@@ -445,18 +454,23 @@ class PageDriver:
                 "waiting for the attachment to be ready",
             )
 
-    async def wait_answer(self, before: str | None) -> str:
-        """Wait for the generation to end; return the answer text.
+    async def wait_answer(self, before: str | None) -> str | None:
+        """Wait for the generation to end; return the answer text (None for
+        an answer of media only).
 
-        Finished means: the busy marker (if any) has gone, and either the
-        `done` marker matches the answer or its text has not changed for
-        `stable_ms`. An error banner fails the attempt with its text. While
-        the page stays busy, an answer (text and media) unchanged for
-        `stall_s` is a stalled generation: the attempt fails as `stalled`.
+        Finished means: the busy marker (if any) has gone, the answer has
+        text or new media, and either the `done` marker is visible (and is
+        this answer's: hidden at some moment since the prompt, or showing the
+        answer's own text) or the answer (text and media count) has not
+        changed for `stable_ms`. An error banner fails the attempt with its
+        text. While the page stays busy, an answer unchanged for `stall_s` is
+        a stalled generation: the attempt fails as `stalled`.
         """
         spec = self.spec
         clock = self.ctx.clock
         started = False
+        # A marker that showed before the prompt counts once seen hidden.
+        done_armed = not self._done_before
         last_text: str | None = None
         last_change = clock.monotonic()
         last_media = 0
@@ -495,8 +509,11 @@ class PageDriver:
             media = look.media
             if text != last_text or media != last_media:
                 last_text, last_media, last_change = text, media, now
-            if busy or (text is not None and text != before):
+            new_media = media > self._media_before
+            if busy or (text is not None and text != before) or new_media:
                 started = True
+            if not look.done:
+                done_armed = True
             if (busy or not started) and now - last_change >= self.stall_s:
                 # The page answers our looks, but its answer does not move.
                 raise TransientError(
@@ -505,10 +522,13 @@ class PageDriver:
                     kind="stalled",
                 )
             # The done marker must be on this answer, not on an earlier one.
-            marked = look.done_text is not None and look.done_text == text
-            if started and not busy and text and (marked or now - last_change >= self.stable_s):
+            marked = look.done and (
+                done_armed or (look.done_text is not None and look.done_text == text)
+            )
+            answered = bool(text) or new_media
+            if started and not busy and answered and (marked or now - last_change >= self.stable_s):
                 self.finished_media = media
-                return text
+                return text or None
             await self._until_next_look(look)
 
     async def _until_next_look(self, look: _Look) -> None:
@@ -523,8 +543,8 @@ class PageDriver:
         state: Literal["hidden", "visible"] = "hidden"
         if spec.busy and look.busy:
             target = self._loc(spec.busy).first
-        elif spec.done and look.done_text is None:
-            # Only while no answer is marked done: one marked earlier would
+        elif spec.done and not look.done:
+            # Only while the marker is hidden: one showing already would
             # satisfy the wait at once and turn the loop into a busy poll.
             target, state = self._loc(spec.done).first, "visible"
         if target is None:

@@ -1,0 +1,224 @@
+"""The web runner against pages built the way real sites are (issue 27).
+
+Each test serves its own page from one small local site: an image-only
+answer, a `done` marker that is a button, a human check or a usage cap that
+replaces the whole page, a session revoked while the page is loaded. The
+profiles are the ones an operator would write for such a site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_asyncio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from demo.api_media import png_bytes
+from dispatcher.errors import AccountHold, AuthError, TaskCanceled, TransientError
+from dispatcher.models import Kind, Task, new_id
+from dispatcher.profiles import Profile
+from dispatcher.runner import Interruption
+from dispatcher.serving import RunningServer, start_server
+from webrunner import evidence
+from webrunner.runner import WebRunner
+
+if TYPE_CHECKING:
+    from conftest import WebEnv
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
+
+MODEL = "site"
+
+
+@dataclass
+class Site:
+    """A local site whose one page each test writes (`html`)."""
+
+    server: RunningServer
+    html: dict[str, str] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"{self.server.url}/p/{name}"
+
+
+def _app(site_pages: dict[str, str]) -> Starlette:
+    async def page(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in site_pages:
+            return Response("no such page", status_code=404)
+        return HTMLResponse(site_pages[name])
+
+    async def image(request: Request) -> Response:
+        return Response(png_bytes(request.path_params["seed"]), media_type="image/png")
+
+    async def revoked(request: Request) -> Response:
+        # The site's own backend: the session was revoked elsewhere.
+        return JSONResponse({"error": "session expired"}, status_code=401)
+
+    return Starlette(
+        routes=[
+            Route("/p/{name}", page),
+            Route("/img/{seed}.png", image),
+            Route("/api/generate", revoked, methods=["POST"]),
+        ]
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def site() -> AsyncIterator[Site]:
+    pages: dict[str, str] = {}
+    server = await start_server(_app(pages))
+    try:
+        yield Site(server, pages)
+    finally:
+        await server.stop()
+
+
+COMPOSER = """<div id="app"><textarea id="q"></textarea><button id="go">Go</button>
+<div id="out"></div></div>"""
+
+
+def _page(script: str, body: str = COMPOSER) -> str:
+    return f"<!doctype html><html><body>{body}<script>{script}</script></body></html>"
+
+
+def _profile(site: Site, page: str, **web: Any) -> Profile:
+    return Profile.model_validate(
+        {
+            "name": MODEL,
+            "kind": "web",
+            "accounts": ["demo-1"],
+            "max_attempts": 3,
+            "web": {
+                "url": site.url(page),
+                "logged_in": "#app",
+                "input": "#q",
+                "submit": "#go",
+                "answer": "#out .answer",
+                # Nominal: 100 s is 5 s real at the tests' scale, far beyond
+                # what a finished answer needs when its `done` marker shows.
+                "stable_ms": 100_000,
+                "timeout_s": 400,
+                **web,
+            },
+        }
+    )
+
+
+async def _runner(web: WebEnv, profile: Profile) -> WebRunner:
+    web.profiles = {profile.name: profile}
+    runner = WebRunner(web.settings, web.profiles, web.clock, playwright=web.driver)
+    web.runners.append(runner)
+    await runner.start()
+    return runner
+
+
+def _task(prompt: str = "a red fox") -> Task:
+    task_id = new_id()
+    return Task(
+        id=task_id,
+        model=MODEL,
+        kind=Kind.WEB,
+        lane_group=f"web:{MODEL}",
+        params={"prompt": prompt},
+        fingerprint=f"fp-{task_id}",
+        created_at=0.0,
+    )
+
+
+# -- answers of any kind -------------------------------------------------------
+
+IMAGE_ONLY = """
+document.getElementById('go').onclick = () => {
+  const seed = document.getElementById('q').value;
+  const out = document.getElementById('out');
+  out.innerHTML = '<div id="busy">generating</div>';
+  setTimeout(() => {
+    out.innerHTML = '<div class="answer"><img class="result" src="/img/' +
+      encodeURIComponent(seed) + '.png"></div>';
+  }, 200);
+};
+"""
+
+
+async def test_an_image_only_answer_finishes_when_done_shows_and_stores_no_text(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["image"] = _page(IMAGE_ONLY)
+    profile = _profile(
+        site,
+        "image",
+        busy="#busy",
+        answer="#out .answer",
+        media="#out .answer img.result",
+        done="#out .answer img.result",
+        stable_ms=100_000,
+    )
+    runner = await _runner(web, profile)
+    task = _task("seed-7")
+    result = await runner.run(task, web.context(task)[0])
+    assert not result.text, "an image-only answer stores no text result"
+    assert len(result.files) == 1
+    assert Path(result.files[0].path).read_bytes() == png_bytes("seed-7")
+
+
+async def test_an_image_only_answer_without_done_finishes_once_stable(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["image"] = _page(IMAGE_ONLY)
+    profile = _profile(
+        site,
+        "image",
+        busy="#busy",
+        answer="#out .answer",
+        media="#out .answer img.result",
+        stable_ms=1000,
+        timeout_s=400,
+    )
+    runner = await _runner(web, profile)
+    task = _task("seed-8")
+    result = await runner.run(task, web.context(task)[0])
+    assert not result.text
+    assert [hashlib.sha256(Path(f.path).read_bytes()).hexdigest() for f in result.files] == [
+        hashlib.sha256(png_bytes("seed-8")).hexdigest()
+    ]
+
+
+RETRY_BUTTON = """
+document.getElementById('go').onclick = () => {
+  const q = document.getElementById('q').value;
+  const out = document.getElementById('out');
+  out.innerHTML = '<div class="answer"></div>';
+  const words = ('echo: ' + q).split(' ');
+  let i = 0;
+  const tick = () => {
+    out.firstChild.textContent = words.slice(0, ++i).join(' ');
+    if (i < words.length) setTimeout(tick, 30);
+    else out.insertAdjacentHTML('beforeend', '<button id="retry">Retry</button>');
+  };
+  tick();
+};
+"""
+
+
+async def test_a_done_marker_with_other_text_than_the_answer_counts_once_visible(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["retry"] = _page(RETRY_BUTTON)
+    # `done` is a Retry button (its text is not the answer's); without it
+    # counting, the answer would wait `stable_ms` and then time out.
+    profile = _profile(site, "retry", done="#retry", stable_ms=1_000_000, timeout_s=100)
+    runner = await _runner(web, profile)
+    task = _task("two words")
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "echo: two words"
