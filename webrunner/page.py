@@ -65,6 +65,9 @@ MIN_POLL_S = 0.02
 # Real seconds a page gets to show either its logged-in or logged-out marker.
 PAGE_READY_S = 60.0
 STOP_CLICK_S = 2.0
+# Real seconds between two looks at a loading page for a gate that only a
+# regex over its text can spot (any marker with a selector wakes it at once).
+GATE_POLL_S = 0.25
 
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
@@ -162,7 +165,8 @@ class _HoldLook:
 
     challenge: bool  # the human-check marker is visible
     limit: bool  # the usage-cap marker is visible
-    body: str | None  # the page's text, when only `limit_text` can spot a cap
+    body: str | None  # the page's text, when only a regex can spot a cap or a logout
+    banner: str | None  # the visible error banner's text, for `logged_out_text`
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,7 @@ class PageDriver:
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
         self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
+        self._logged_out_re = re.compile(spec.logged_out_text) if spec.logged_out_text else None
 
     # -- small helpers ---------------------------------------------------
 
@@ -249,10 +254,11 @@ class PageDriver:
         )
         return str(texts[0]).strip() if texts else None
 
-    def _logged_out_error(self) -> AuthError:
+    def _logged_out_error(self, said: str | None = None) -> AuthError:
+        shows = f"says {said[:200]!r}" if said is not None else f"shows {self.spec.logged_out!r}"
         return AuthError(
-            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page shows "
-            f"{self.spec.logged_out!r}); log it in with `dispatcher accounts login "
+            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page "
+            f"{shows}); log it in with `dispatcher accounts login "
             f"{self.ctx.account}` (or `import`), which re-enables the account"
         )
 
@@ -273,62 +279,91 @@ class PageDriver:
                 )
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
-        either = login_markers(self.page, spec)
-        # A page loaded (and read) ahead for this task, in a spare tab or at
-        # the browser's start, shows its markers already: one look reads the
-        # login and the account markers together, one round trip. Only a
-        # page that shows neither marker yet (still rendering, or navigating)
-        # is waited for, then looked at again.
-        try:
-            shown, logged_out, hold = await asyncio.gather(
-                self._call(either.first.is_visible(), "checking that it is logged in"),
-                self._visible(spec.logged_out, "checking for the logged-out marker"),
-                self._hold_look(),
-            )
-        except TransientError as exc:
-            if not _navigated(exc):
-                raise
-            shown = False
-        if not shown:
-            logged_out, hold = await self._wait_login_markers(either)
-        if logged_out:
-            raise self._logged_out_error()
-        await self._raise_hold(hold)
+        await self._wait_ready(login_markers(self.page, spec))
 
-    async def _wait_login_markers(self, either: Locator) -> tuple[bool, _HoldLook]:
-        """Wait for the page to show either login marker, then read the markers."""
+    def _gates(self, either: Locator) -> Locator:
+        """Whatever a loading page may show first: a login marker, or a gate
+        (a human check, a usage cap) that replaces the whole page."""
+        gates = either
+        for selector in (self.spec.challenge, self.spec.limit):
+            if selector:
+                gates = gates.or_(self._loc(selector))
+        return gates
+
+    async def _wait_ready(self, either: Locator) -> None:
+        """Until the page shows that it is logged in; a gate (logged out, a
+        human check, a usage cap, a `logged_out_text`) raises as soon as it
+        shows, whether or not a login marker is on the page.
+
+        A page loaded (and read) ahead for this task, in a spare tab or at
+        the browser's start, shows its markers already: the first look reads
+        the login and the account markers together, one round trip. A page
+        that shows none yet (still rendering, or navigating) is waited for,
+        woken by any marker; a gate only a regex can spot (`limit_text`,
+        `logged_out_text` over the page's text) is read again each
+        `GATE_POLL_S`.
+        """
         spec = self.spec
-        try:
-            await self._call(
-                either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
-                "waiting for the page to show that it is logged in",
-            )
-        except TransientError as exc:
-            if exc.kind != "timeout":
-                raise
-            raise TransientError(
-                f"{spec.url} showed neither {spec.logged_in!r} nor {spec.logged_out!r} "
-                f"(timed out after {self.budget.label})",
-                kind="page_load",
-            ) from exc
-        # The markers together: one round trip, not three (each is ~10-50 ms
-        # of a warm task's time, in series with the account's generations).
-        return await asyncio.gather(
-            self._visible(spec.logged_out, "checking for the logged-out marker"),
-            self._hold_look(),
+        clock = self.ctx.clock
+        gates = self._gates(either)
+        navigations = 0
+        while True:
+            try:
+                shown, logged_out, hold = await asyncio.gather(
+                    self._call(either.first.is_visible(), "checking that it is logged in"),
+                    self._visible(spec.logged_out, "checking for the logged-out marker"),
+                    self._hold_look(),
+                )
+            except TransientError as exc:
+                if exc.kind == "timeout":
+                    raise self._not_ready() from exc
+                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                    raise
+                navigations += 1
+                shown = False
+            else:
+                if logged_out:
+                    raise self._logged_out_error()
+                await self._raise_hold(hold)
+                if shown:
+                    return
+            if self.budget.remaining(clock) <= 0:
+                raise self._not_ready()
+            try:
+                await self._call(
+                    gates.first.wait_for(state="visible", timeout=self._remaining_ms(GATE_POLL_S)),
+                    "waiting for the page to show that it is logged in",
+                )
+            except TransientError as exc:
+                # Nothing showed yet (or the page navigated): look again.
+                if exc.kind != "timeout" and not _navigated(exc):
+                    raise
+
+    def _not_ready(self) -> TransientError:
+        spec = self.spec
+        return TransientError(
+            f"{spec.url} showed neither {spec.logged_in!r} nor {spec.logged_out!r} "
+            f"(timed out after {self.budget.label})",
+            kind="page_load",
         )
 
     async def _hold_look(self) -> _HoldLook:
         """What `_raise_hold` needs from the page, read in one round trip."""
         spec = self.spec
-        # Without a cap selector the pattern is looked for in the whole page.
-        body_needed = not spec.limit and self._limit_re is not None
-        challenge, limit, body = await asyncio.gather(
+        # Without a cap selector the pattern is looked for in the whole page;
+        # so is `logged_out_text` without an error banner's selector.
+        body_needed = (not spec.limit and self._limit_re is not None) or (
+            not spec.error and self._logged_out_re is not None
+        )
+        banner_needed = spec.error if self._logged_out_re is not None else None
+        challenge, limit, body, banner_shown, banner = await asyncio.gather(
             self._visible(spec.challenge, "checking for a human check"),
             self._visible(spec.limit, "checking for a usage cap"),
-            self._text("body" if body_needed else None, "reading the page for a usage cap"),
+            self._text("body" if body_needed else None, "reading the page for a gate"),
+            self._visible(banner_needed, "checking for an error banner"),
+            self._text(banner_needed, "reading the error banner"),
         )
-        return _HoldLook(challenge, limit, body)
+        return _HoldLook(challenge, limit, body, banner if banner_shown else None)
 
     async def _raise_hold(self, look: _HoldLook) -> None:
         """A human check or a usage cap on the page: the account, not the task, is held."""
@@ -341,6 +376,11 @@ class PageDriver:
                 "re-enable the account",
                 kind="challenge",
             )
+        if self._logged_out_re is not None:
+            said = look.banner if spec.error else look.body
+            match = self._logged_out_re.search(said or "")
+            if match is not None:
+                raise self._logged_out_error(match[0])
         if not spec.limit and self._limit_re is None:
             return
         if spec.limit:
