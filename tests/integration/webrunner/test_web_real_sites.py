@@ -222,3 +222,131 @@ async def test_a_done_marker_with_other_text_than_the_answer_counts_once_visible
     task = _task("two words")
     result = await runner.run(task, web.context(task)[0])
     assert result.text == "echo: two words"
+
+
+# -- gates at any moment -----------------------------------------------------
+
+
+def _later(html: str) -> str:
+    """A page that replaces itself with `html` a moment after it loads, as a
+    CDN's interstitial or a site's own redirect does: no login marker ever."""
+    return _page(f"setTimeout(() => {{ document.body.innerHTML = {html!r}; }}, 150);", body="")
+
+
+GATES = {
+    "challenge": (
+        '<div class="cf-check">Confirm you are a person</div>',
+        {"challenge": ".cf-check"},
+        AccountHold,
+        "challenge",
+    ),
+    "cap_selector": (
+        '<div class="cap">You have reached the limit. Try again in 2 hours.</div>',
+        {"limit": ".cap", "limit_text": r"in \d+ \w+"},
+        AccountHold,
+        "usage_limit",
+    ),
+    "cap_text": (
+        "<p>Daily quota used up. Come back in 3 hours.</p>",
+        {"limit_text": r"(?P<reset>in \d+ \w+)"},
+        AccountHold,
+        "usage_limit",
+    ),
+    "logged_out_text": (
+        "<h1>Your session expired</h1><p>Please log in again.</p>",
+        {"logged_out_text": "(?i)session expired|log in again"},
+        AuthError,
+        "auth",
+    ),
+}
+
+
+@pytest.mark.parametrize("gate", sorted(GATES))
+async def test_a_gate_that_replaces_the_whole_page_holds_the_account_at_once(
+    web: WebEnv, site: Site, gate: str
+) -> None:
+    html, keys, error, kind = GATES[gate]
+    site.html[gate] = _later(html)
+    runner = await _runner(web, _profile(site, gate, **keys))
+    task = _task()
+    ctx, recorder = web.context(task)
+    with pytest.raises(error) as raised:
+        await runner.run(task, ctx)
+    assert raised.value.kind == kind
+    # Nothing was typed: the page was never ready for a prompt.
+    assert "generating" not in recorder.stage_names
+    if kind == "usage_limit":
+        assert isinstance(raised.value, AccountHold) and raised.value.until is not None
+        assert raised.value.until > web.clock.now() + 3600
+
+
+REVOKED = """
+document.getElementById('go').onclick = async () => {
+  const answer = await fetch('/api/generate', {method: 'POST'});
+  if (answer.status === 401) {
+    document.getElementById('out').innerHTML =
+      '<div class="error-badge">Error: session expired (401)</div>';
+  }
+};
+"""
+
+
+@pytest.mark.parametrize("banner", [True, False], ids=["error_banner", "page_text"])
+async def test_a_session_revoked_on_a_loaded_page_is_a_logout_not_a_page_error(
+    web: WebEnv, site: Site, banner: bool
+) -> None:
+    site.html["revoked"] = _page(REVOKED)
+    keys: dict[str, Any] = {"logged_out_text": "(?i)session expired"}
+    if banner:
+        keys["error"] = ".error-badge"
+    runner = await _runner(web, _profile(site, "revoked", **keys))
+    task = _task()
+    with pytest.raises(AuthError, match="session expired"):
+        await runner.run(task, web.context(task)[0])
+
+
+# -- evidence ------------------------------------------------------------------
+
+FAILS_LATER = """
+document.getElementById('go').onclick = () => {
+  setTimeout(() => {
+    document.getElementById('out').innerHTML = '<div class="oops">the model broke: E42</div>';
+  }, 300);
+};
+"""
+
+
+async def test_a_failed_attempts_screenshot_and_html_are_both_kept_while_a_spare_tab_loads(
+    web: WebEnv, site: Site, caplog: pytest.LogCaptureFixture
+) -> None:
+    site.html["fails"] = _page(FAILS_LATER)
+    # Keep-alive on (the settings' default): the next task's page loads in a
+    # spare tab while this one generates, and this one's tab goes to the back.
+    runner = await _runner(web, _profile(site, "fails", error=".oops"))
+    task = _task()
+    ctx, _ = web.context(task)
+    with caplog.at_level(logging.INFO, logger=web.log_name):
+        with pytest.raises(TransientError, match="E42"):
+            await runner.run(task, ctx)
+    kept = ctx.result_dir / "artifacts"
+    assert sorted(p.name for p in kept.iterdir()) == ["page.html", "screenshot.png"], caplog.text
+    # The task's own tab, not the spare one: its HTML shows the error.
+    assert "the model broke: E42" in (kept / "page.html").read_text()
+    assert (kept / "screenshot.png").read_bytes().startswith(b"\x89PNG")
+
+
+async def test_the_html_is_kept_when_the_screenshot_runs_out_of_time(
+    web: WebEnv, site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site.html["fails"] = _page(FAILS_LATER)
+    # A screenshot that cannot finish in its bound (a tab in the back on a
+    # busy machine took 3.7 s): the HTML, read in milliseconds, has its own.
+    monkeypatch.setattr(evidence, "SCREENSHOT_S", 0.0, raising=False)
+    monkeypatch.setattr(evidence, "CAPTURE_S", 0.0, raising=False)  # the shared bound of old
+    runner = await _runner(web, _profile(site, "fails", error=".oops"))
+    task = _task()
+    ctx, _ = web.context(task)
+    with pytest.raises(TransientError, match="E42"):
+        await runner.run(task, ctx)
+    kept = ctx.result_dir / "artifacts"
+    assert "the model broke: E42" in (kept / "page.html").read_text()
