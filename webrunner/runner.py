@@ -385,7 +385,13 @@ class WebRunner:
             # place: with allowed hosts, the task loads it itself.
             start_url=None if policy.allow_hosts else url,
         )
-        await install_guard(session, policy)
+        try:
+            await install_guard(session, policy)
+        except BaseException:
+            # Interrupted (or failed) before the keeper knows it: nobody
+            # else would ever close it.
+            await session.abort()
+            raise
         self._keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
         leftovers = session.selfcheck

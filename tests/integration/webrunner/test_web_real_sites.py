@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
+from playwright._impl import browser as browser_impl
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -325,9 +326,11 @@ async def test_a_failed_attempts_screenshot_and_html_are_both_kept_while_a_spare
     runner = await _runner(web, _profile(site, "fails", error=".oops"))
     task = _task()
     ctx, _ = web.context(task)
-    with caplog.at_level(logging.INFO, logger=web.log_name):
-        with pytest.raises(TransientError, match="E42"):
-            await runner.run(task, ctx)
+    with (
+        caplog.at_level(logging.INFO, logger=web.log_name),
+        pytest.raises(TransientError, match="E42"),
+    ):
+        await runner.run(task, ctx)
     kept = ctx.result_dir / "artifacts"
     assert sorted(p.name for p in kept.iterdir()) == ["page.html", "screenshot.png"], caplog.text
     # The task's own tab, not the spare one: its HTML shows the error.
@@ -350,3 +353,56 @@ async def test_the_html_is_kept_when_the_screenshot_runs_out_of_time(
         await runner.run(task, ctx)
     kept = ctx.result_dir / "artifacts"
     assert "the model broke: E42" in (kept / "page.html").read_text()
+
+
+# -- cancel at any stage of browser start ------------------------------------------
+
+# Real seconds after the task's start: the self-check, the launch, the CDP
+# connect (~0.3-3 s), the page; where each lands depends on the machine,
+# which is the point. One more moment is an event, not a time (below).
+CANCEL_MOMENTS_S = (0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.35, 0.6, 1.0)
+
+
+async def test_a_cancel_at_any_moment_of_browser_start_ends_the_task_canceled(
+    web: WebEnv,
+) -> None:
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    try:
+        # No browser is kept: every task starts its own.
+        runner = await web.runner(browser_keep_alive_s=0.0)
+        for moment_s in CANCEL_MOMENTS_S:
+            # A generation long enough (1.5 s at the tests' scale) that a
+            # start faster than the moment still meets its cancel.
+            task = web.task(f"canceled after {moment_s} s [duration=30]")
+            ctx, _ = web.context(task)
+            run = asyncio.create_task(runner.run(task, ctx))
+            await asyncio.sleep(moment_s)
+            ctx.interrupt(Interruption.CANCELED)
+            with pytest.raises(TaskCanceled):
+                await run
+            assert not web.browser_pids(), f"a browser outlived the cancel after {moment_s} s"
+        # The narrowest moment: the browser's first context has just reached
+        # Playwright, whose connect has not answered yet.
+        task = web.task("canceled as the connect answers")
+        ctx, _ = web.context(task)
+        created = browser_impl.Browser._did_create_context
+
+        def cancel_then_create(self: browser_impl.Browser, context: Any) -> None:
+            ctx.interrupt(Interruption.CANCELED)
+            created(self, context)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(browser_impl.Browser, "_did_create_context", cancel_then_create)
+            with pytest.raises(TaskCanceled):
+                await runner.run(task, ctx)
+        assert not web.browser_pids()
+        # The runner (and its Playwright driver) still works.
+        last = web.task("still here")
+        assert (await runner.run(last, web.context(last)[0])).text
+        await asyncio.sleep(0.2)  # events of the killed browsers, if any, arrive
+    finally:
+        loop.set_exception_handler(previous)
+    assert not unhandled, unhandled
