@@ -36,6 +36,7 @@ from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
+from dispatcher.webfields import check_web_params
 from dispatcher.workflow import check_params, fill, with_seed
 
 
@@ -126,6 +127,7 @@ class Intake:
         elif profile.api is not None and profile.api.style == "comfyui":
             params, task_fingerprint = comfyui_params(profile, spec.params, images or {})
         else:
+            check_web_params(profile, spec.params)
             fields = profile.fingerprint_fields
             task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
         return Task(

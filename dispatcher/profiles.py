@@ -73,6 +73,12 @@ class WebSpec(_Strict):
     # Record a Playwright trace of every attempt; kept only when one goes wrong.
     trace: bool = False
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # Task params set in the page's controls before the prompt is sent
+    # (`[web.fields]`: param = selector), in the order listed here, each
+    # checked after it is set: a text input or textarea (filled), a range,
+    # a <select> (by value or label), a checkbox (a true/false param) or a
+    # file input (a path under the input dirs).
+    fields: dict[str, str] = Field(default_factory=dict)
     # Reference images (issue 15): a file input, or a button that opens a
     # file chooser; and what shows the attachment is ready.
     upload: str | None = None
@@ -113,6 +119,9 @@ class WebSpec(_Strict):
                     f"allow_hosts entry {host!r} is not a host, host:port or *.domain "
                     "(no scheme, no path)"
                 )
+        for name in self.fields:
+            if name == "prompt" or name in ("reference_image", "reference_images"):
+                raise ValueError(f"fields: {name!r} is not a field (it goes to `input`/`upload`)")
         for key in ("limit_text", "logged_out_text"):
             pattern = getattr(self, key)
             if pattern is None:

@@ -230,12 +230,18 @@ class PageDriver:
 
     # -- small helpers ---------------------------------------------------
 
-    async def _call(self, aw: Awaitable[T], what: str) -> T:
+    async def call(self, aw: Awaitable[T], what: str) -> T:
+        """One page call through the run's guard, within the phase's budget."""
         return await page_step(self.ctx, aw, what=what, budget=self.budget)
 
-    def _remaining_ms(self, cap_s: float) -> float:
+    _call = call
+
+    def remaining_ms(self, cap_s: float) -> float:
+        """Milliseconds for a Playwright call: `cap_s`, or what the budget has left."""
         left = self.budget.remaining(self.ctx.clock)
         return max(1.0, min(cap_s, left) * 1000)
+
+    _remaining_ms = remaining_ms
 
     def _loc(self, selector: str) -> Locator:
         return self.page.locator(selector)

@@ -44,6 +44,7 @@ from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
 from webrunner.browserrun import BrowserRun, add_close_timings, close_logged
+from webrunner.fields import set_fields
 from webrunner.guard import (
     BrowserPolicy,
     clear_downloads,
@@ -323,7 +324,7 @@ class WebRunner:
         await ctx.guard(lock.acquire(), alive=True)
         try:
             self._keeper.resume(account)
-            return await self._run_in_browser(ctx, account, message, images)
+            return await self._run_in_browser(ctx, account, message, images, files)
         finally:
             lock.release()
 
@@ -420,11 +421,16 @@ class WebRunner:
         return driver
 
     async def _run_in_browser(
-        self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
+        self,
+        ctx: RunContext,
+        account: str,
+        message: str,
+        images: Sequence[Prepared],
+        inputs: LocalFiles,
     ) -> RunResult:
         run = BrowserRun(account)
         try:
-            result = await self._generate(ctx, run, message, images)
+            result = await self._generate(ctx, run, message, images, inputs)
         except TaskCanceled:
             with ctx.alive():
                 clicked = await run.driver.click_stop() if run.driver is not None else False
@@ -458,7 +464,12 @@ class WebRunner:
         return result
 
     async def _generate(
-        self, ctx: RunContext, run: BrowserRun, message: str, images: Sequence[Prepared]
+        self,
+        ctx: RunContext,
+        run: BrowserRun,
+        message: str,
+        images: Sequence[Prepared],
+        inputs: LocalFiles,
     ) -> RunResult:
         """Browser, page, prompt, answer, media: the attempt's happy path."""
         spec = ctx.profile.web
@@ -468,6 +479,9 @@ class WebRunner:
         t_ready = time.monotonic()
         ctx.check_canceled()
         driver.budget = self._generation_budget(spec)
+        if spec.fields:
+            shown = await set_fields(driver, ctx.task.params, inputs)
+            ctx.log.info("fields set: %s", ", ".join(shown) or "none (the page's defaults)")
         before = await driver.submit(message, images)
         t_submitted = time.monotonic()
         assert run.session is not None

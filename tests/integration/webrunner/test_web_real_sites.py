@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,7 +26,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from demo.api_media import png_bytes
-from dispatcher.errors import AccountHold, AuthError, TaskCanceled, TransientError
+from dispatcher.errors import (
+    AccountHold,
+    AuthError,
+    PermanentError,
+    TaskCanceled,
+    TransientError,
+)
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption
@@ -406,3 +413,85 @@ async def test_a_cancel_at_any_moment_of_browser_start_ends_the_task_canceled(
     finally:
         loop.set_exception_handler(previous)
     assert not unhandled, unhandled
+
+
+# -- forms: [web.fields] -------------------------------------------------------
+
+FORM = """<div id="app">
+<textarea id="q"></textarea>
+<input id="seed" type="number" value="-1">
+<textarea id="neg"></textarea>
+<input id="steps" type="range" min="1" max="50" value="20">
+<select id="size"><option value="512">512 px</option><option value="768">768 px</option></select>
+<label><input id="hd" type="checkbox"> HD</label>
+<input id="ref" type="file">
+<button id="go">Go</button><div id="out"></div></div>"""
+
+FORM_JS = """
+const order = [];
+for (const id of ['seed', 'neg', 'steps', 'size', 'hd', 'ref']) {
+  document.getElementById(id).addEventListener('input', () => {
+    if (!order.includes(id)) order.push(id);
+  });
+}
+const $ = id => document.getElementById(id);
+$('go').onclick = () => {
+  const got = {prompt: $('q').value, seed: $('seed').value, neg: $('neg').value,
+    steps: $('steps').value, size: $('size').value, hd: $('hd').checked,
+    ref: $('ref').files.length ? $('ref').files[0].name : null, order: order};
+  $('out').innerHTML = '<div class="answer"></div>';
+  $('out').firstChild.textContent = JSON.stringify(got);
+  $('out').insertAdjacentHTML('beforeend', '<span id="fin">ok</span>');
+};
+"""
+
+FIELDS = {
+    "seed": "#seed",
+    "negative_prompt": "#neg",
+    "steps": "#steps",
+    "size": "#size",
+    "hd": "#hd",
+    "init_image": "#ref",
+}
+
+
+async def test_fields_are_set_in_the_profiles_order_and_reach_the_page(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["form"] = _page(FORM_JS, body=FORM)
+    inputs = web.settings.resolved_input_dirs[0]
+    inputs.mkdir(parents=True, exist_ok=True)
+    (inputs / "start.png").write_bytes(png_bytes("start"))
+    runner = await _runner(web, _profile(site, "form", fields=FIELDS, done="#fin"))
+    task = _task("a lighthouse")
+    task.params.update(
+        seed=42,
+        negative_prompt="blurry, text",
+        steps=37,
+        size="768 px",
+        hd=True,
+        init_image="start.png",
+    )
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text is not None
+    assert json.loads(result.text) == {
+        "prompt": "a lighthouse",
+        "seed": "42",
+        "neg": "blurry, text",
+        "steps": "37",
+        "size": "768",
+        "hd": True,
+        "ref": "start.png",
+        "order": ["seed", "neg", "steps", "size", "hd", "ref"],
+    }
+
+
+async def test_a_value_the_page_will_not_show_fails_naming_the_field(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["form"] = _page(FORM_JS, body=FORM)
+    runner = await _runner(web, _profile(site, "form", fields=FIELDS, done="#fin"))
+    task = _task()
+    task.params["steps"] = 500  # the slider stops at 50
+    with pytest.raises(PermanentError, match=r"field steps .* shows '50'"):
+        await runner.run(task, web.context(task)[0])
