@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -24,10 +23,10 @@ from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from apirunner.refimages import Prepared
 from dispatcher.clock import Clock
-from dispatcher.errors import AccountHold, AuthError, TransientError
-from dispatcher.health import parse_reset
+from dispatcher.errors import AuthError, TransientError
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
+from webrunner.gates import GateLook, GateRule, logged_out_error
 
 T = TypeVar("T")
 
@@ -160,16 +159,6 @@ def _navigated(exc: TransientError) -> bool:
 
 
 @dataclass(frozen=True)
-class _HoldLook:
-    """The page's account markers as one look saw them."""
-
-    challenge: bool  # the human-check marker is visible
-    limit: bool  # the usage-cap marker is visible
-    body: str | None  # the page's text, when only a regex can spot a cap or a logout
-    banner: str | None  # the visible error banner's text, for `logged_out_text`
-
-
-@dataclass(frozen=True)
 class _Look:
     """A generating page as one look saw it."""
 
@@ -180,7 +169,7 @@ class _Look:
     done: bool  # the `done` marker is visible
     done_text: str | None  # the `done` marker's text
     media: int  # how many media elements the answer has so far
-    hold: _HoldLook
+    hold: GateLook
 
 
 def login_markers(page: Page, spec: WebSpec) -> Locator:
@@ -225,8 +214,7 @@ class PageDriver:
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
-        self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
-        self._logged_out_re = re.compile(spec.logged_out_text) if spec.logged_out_text else None
+        self._gates_rule = GateRule.of(spec)
 
     # -- small helpers ---------------------------------------------------
 
@@ -260,13 +248,8 @@ class PageDriver:
         )
         return str(texts[0]).strip() if texts else None
 
-    def _logged_out_error(self, said: str | None = None) -> AuthError:
-        shows = f"says {said[:200]!r}" if said is not None else f"shows {self.spec.logged_out!r}"
-        return AuthError(
-            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page "
-            f"{shows}); log it in with `dispatcher accounts login "
-            f"{self.ctx.account}` (or `import`), which re-enables the account"
-        )
+    def _logged_out_error(self) -> AuthError:
+        return logged_out_error(self.spec, self.ctx.account)
 
     # -- the steps ---------------------------------------------------------
 
@@ -353,60 +336,38 @@ class PageDriver:
             kind="page_load",
         )
 
-    async def _hold_look(self) -> _HoldLook:
-        """What `_raise_hold` needs from the page, read in one round trip."""
-        spec = self.spec
-        # Without a cap selector the pattern is looked for in the whole page;
-        # so is `logged_out_text` without an error banner's selector.
-        body_needed = (not spec.limit and self._limit_re is not None) or (
-            not spec.error and self._logged_out_re is not None
+    async def _hold_look(self) -> GateLook:
+        """What the gates' verdict needs from the page, read in one round trip."""
+        spec, rule = self.spec, self._gates_rule
+        banner = rule.banner
+        (
+            (challenge, challenge_text, limit, limit_text),
+            (body, banner_shown, said),
+        ) = await asyncio.gather(
+            asyncio.gather(
+                self._visible(spec.challenge, "checking for a human check"),
+                self._text(spec.challenge, "reading the human check"),
+                self._visible(spec.limit, "checking for a usage cap"),
+                self._text(spec.limit, "reading the usage cap"),
+            ),
+            asyncio.gather(
+                self._text("body" if rule.body_needed else None, "reading the page"),
+                self._visible(banner, "checking for an error banner"),
+                self._text(banner, "reading the error banner"),
+            ),
         )
-        banner_needed = spec.error if self._logged_out_re is not None else None
-        challenge, limit, body, banner_shown, banner = await asyncio.gather(
-            self._visible(spec.challenge, "checking for a human check"),
-            self._visible(spec.limit, "checking for a usage cap"),
-            self._text("body" if body_needed else None, "reading the page for a gate"),
-            self._visible(banner_needed, "checking for an error banner"),
-            self._text(banner_needed, "reading the error banner"),
+        return GateLook(
+            (challenge_text or "") if challenge else None,
+            (limit_text or "") if limit else None,
+            body,
+            said if banner_shown else None,
         )
-        return _HoldLook(challenge, limit, body, banner if banner_shown else None)
 
-    async def _raise_hold(self, look: _HoldLook) -> None:
-        """A human check or a usage cap on the page: the account, not the task, is held."""
-        spec = self.spec
-        if look.challenge:
-            shown = await self._text(spec.challenge, "reading the human check")
-            raise AccountHold(
-                f"{spec.url} asks account {self.ctx.account!r} for a human check "
-                f"({(shown or spec.challenge or '')[:200]}); solve it in its browser, then "
-                "re-enable the account",
-                kind="challenge",
-            )
-        if self._logged_out_re is not None:
-            said = look.banner if spec.error else look.body
-            match = self._logged_out_re.search(said or "")
-            if match is not None:
-                raise self._logged_out_error(match[0])
-        if not spec.limit and self._limit_re is None:
-            return
-        if spec.limit:
-            if not look.limit:
-                return
-            text = await self._text(spec.limit, "reading the usage cap") or ""
-        else:
-            text = look.body or ""
-        reset = text
-        if self._limit_re is not None:
-            match = self._limit_re.search(text)
-            if match is None:
-                return
-            groups = match.groupdict()
-            reset = groups.get("reset") or (match.group(1) if match.re.groups else match[0])
-        raise AccountHold(
-            f"account {self.ctx.account!r} reached its usage cap: {text.strip()[:200]}",
-            kind="usage_limit",
-            until=parse_reset(reset, self.ctx.clock.now()),
-        )
+    async def _raise_hold(self, look: GateLook) -> None:
+        """A human check, a usage cap or a logout on the page: the account, not the task."""
+        error = self._gates_rule.verdict(look, self.ctx.account, self.ctx.clock.now())
+        if error is not None:
+            raise error
 
     async def _look(self) -> _Look:
         """All the markers of a generating page at once: the calls travel
