@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption
 from dispatcher.serving import RunningServer, start_server
+from tests.servicecli import clean_env
 from webrunner import evidence
 from webrunner.runner import WebRunner
 
@@ -495,3 +497,66 @@ async def test_a_value_the_page_will_not_show_fails_naming_the_field(
     task.params["steps"] = 500  # the slider stops at 50
     with pytest.raises(PermanentError, match=r"field steps .* shows '50'"):
         await runner.run(task, web.context(task)[0])
+
+
+# -- dispatcher profiles try -----------------------------------------------------
+
+
+async def _try(tmp_path: Path, site: Site, page: str, **web: Any) -> tuple[int, str, Path]:
+    """`dispatcher profiles try site "two words"` in a second process, as an operator runs it."""
+    profiles = tmp_path / "try-profiles"
+    profiles.mkdir(exist_ok=True)
+    spec = _profile(site, page, **web).web
+    assert spec is not None
+    lines = ['name = "site"', 'kind = "web"', 'accounts = ["demo-1"]', "[web]"]
+    for key, value in spec.model_dump(exclude_defaults=True).items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    (profiles / "site.toml").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "shots"
+    env = clean_env({"DISPATCHER_STATE_DIR": str(tmp_path / "try-state")})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dispatcher",
+        "profiles",
+        "try",
+        "site",
+        "two words",
+        "--profiles-dir",
+        str(profiles),
+        "--out",
+        str(out),
+        env=env,
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(), out
+
+
+async def test_profiles_try_prints_each_step_with_a_screenshot(tmp_path: Path, site: Site) -> None:
+    site.html["retry"] = _page(RETRY_BUTTON)
+    code, output, out = await _try(tmp_path, site, "retry", done="#retry", timeout_s=60)
+    assert code == 0, output
+    steps = ["browser started", "page loaded, logged in", "submitted", "answer growing", "done"]
+    positions = [output.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), output
+    assert "answer: 'echo: two words'" in output
+    shots = sorted(p.name for p in out.glob("*.png"))
+    assert len(shots) >= 4 and shots[0].startswith("01-page-loaded"), shots
+
+
+async def test_profiles_try_names_the_selector_that_matched_nothing(
+    tmp_path: Path, site: Site
+) -> None:
+    site.html["retry"] = _page(RETRY_BUTTON)
+    # The answer is `#out .answer`; this profile looks for `#out .reply`.
+    code, output, out = await _try(
+        tmp_path, site, "retry", answer="#out .reply", done="#retry", timeout_s=2
+    )
+    assert code == 1, output
+    assert "`answer` = '#out .reply' matches nothing; nearest: '#out' shows" in output
+    assert "echo: two words" in output  # what the page shows there
+    assert any(p.name.endswith("-failed.png") for p in out.glob("*.png"))
