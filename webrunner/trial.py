@@ -37,7 +37,12 @@ Say = Callable[[str], None]
 # Real seconds between two looks of the watcher at a generating page.
 WATCH_S = 0.5
 SHOT_S = 5.0
-SELECTOR_KEYS = ("logged_in", "logged_out", "input", "submit", "busy", "answer", "done", "media")
+# The selectors that should match at each phase: a failure names those of
+# its phase that match nothing (an answer's selectors match nothing before
+# the prompt is sent, and that is no news).
+BEFORE_KEYS = ("logged_in", "input", "submit", "fields")
+FINISHED_KEYS = ("answer", "done", "media")
+SELECTOR_KEYS = BEFORE_KEYS + FINISHED_KEYS
 
 
 @dataclass
@@ -63,13 +68,15 @@ class Trial:
         self.say(f"{elapsed:6.1f} s  {name}{': ' + detail if detail else ''}{shot}")
 
 
-async def diagnose(page: Page, spec: WebSpec) -> list[str]:
+async def diagnose(page: Page, spec: WebSpec, keys: tuple[str, ...] = SELECTOR_KEYS) -> list[str]:
     """A line per selector of the profile that matches nothing on the page,
     with the nearest thing the page does show: the longest leading part of
     the selector that matches, and the start of its HTML."""
     lines: list[str] = []
-    for key in SELECTOR_KEYS:
-        selector = getattr(spec, key)
+    named = [(key, getattr(spec, key)) for key in keys if key != "fields"]
+    if "fields" in keys:
+        named += [(f"fields.{name}", selector) for name, selector in spec.fields.items()]
+    for key, selector in named:
         if not selector:
             continue
         try:
@@ -83,6 +90,31 @@ async def diagnose(page: Page, spec: WebSpec) -> list[str]:
     return lines
 
 
+# What a found element holds, in selector form: the controls and the named
+# elements inside it (what a profile's selector would point at), and its text.
+_OUTLINE_JS = """e => {
+  const found = [];
+  const walk = el => {
+    for (const c of el.children) {
+      if (found.length >= 12) return;
+      const tag = c.tagName.toLowerCase();
+      if (['svg', 'style', 'script', 'template'].includes(tag)) continue;
+      let name = tag;
+      if (c.id) name += '#' + c.id;
+      for (const a of ['data-testid', 'type', 'aria-label', 'role']) {
+        const v = c.getAttribute(a);
+        if (v) name += '[' + a + '=' + JSON.stringify(v) + ']';
+      }
+      if (name !== tag || ['input', 'textarea', 'select', 'button', 'img', 'video'].includes(tag))
+        found.push(name);
+      walk(c);
+    }
+  };
+  walk(e);
+  return [found, (e.innerText || '').trim()];
+}"""
+
+
 async def _nearest(page: Page, selector: str) -> str:
     parts = selector.split()
     for end in range(len(parts) - 1, 0, -1):
@@ -90,8 +122,9 @@ async def _nearest(page: Page, selector: str) -> str:
         with contextlib.suppress(PlaywrightError):
             found = page.locator(prefix)
             if await found.count():
-                html = await found.first.evaluate("e => e.outerHTML")
-                return f"nearest: {prefix!r} shows {_squeeze(str(html))}"
+                inside, text = await found.first.evaluate(_OUTLINE_JS)
+                held = ", ".join(str(x) for x in inside) or "no control"
+                return f"nearest: {prefix!r} holds {held}; its text: {_squeeze(str(text), 120)}"
     with contextlib.suppress(PlaywrightError):
         text = await page.locator("body").inner_text(timeout=2000)
         return f"the page ({page.url}) shows: {_squeeze(text)}"
@@ -178,6 +211,7 @@ async def try_profile(
     )
     session = await runner.launch_browser(account, spec.url, log)
     page: Page | None = None
+    submitted = False
     try:
         await trial.step(None, "browser started", f"pid {session.pid}")
         page = await session.page()
@@ -193,6 +227,7 @@ async def try_profile(
             shown = await set_fields(driver, task.params, files)
             await trial.step(page, "fields set", ", ".join(shown) or "none given")
         before = await driver.submit(compose_message(spec, prompt))
+        submitted = True
         await trial.step(page, "submitted")
         stop = asyncio.Event()
         watcher = asyncio.create_task(_watch(driver, trial, stop))
@@ -209,11 +244,16 @@ async def try_profile(
         elif spec.media:
             await trial.step(page, "no media", f"{spec.media!r} matches nothing")
         say(f"answer: {text!r}" if text else "answer: (no text)")
+        # An answer came, but a selector that should show the finished
+        # answer may still be wrong (media alone can finish an answer).
+        for line in await diagnose(page, spec, FINISHED_KEYS):
+            say(f"  warning: {line}")
         return True
     except DispatcherError as exc:
         await trial.step(page, "failed", f"{type(exc).__name__}: {exc}")
         if page is not None and not page.is_closed():
-            for line in await diagnose(page, spec):
+            keys = FINISHED_KEYS if submitted else BEFORE_KEYS
+            for line in await diagnose(page, spec, keys):
                 say(f"  {line}")
         return False
     finally:

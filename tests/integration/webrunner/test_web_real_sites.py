@@ -557,6 +557,6 @@ async def test_profiles_try_names_the_selector_that_matched_nothing(
         tmp_path, site, "retry", answer="#out .reply", done="#retry", timeout_s=2
     )
     assert code == 1, output
-    assert "`answer` = '#out .reply' matches nothing; nearest: '#out' shows" in output
+    assert "`answer` = '#out .reply' matches nothing; nearest: '#out' holds" in output
     assert "echo: two words" in output  # what the page shows there
     assert any(p.name.endswith("-failed.png") for p in out.glob("*.png"))
