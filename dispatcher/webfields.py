@@ -37,7 +37,10 @@ def check_web_params(profile: Profile, params: Mapping[str, Any]) -> None:
     if profile.web is None or not profile.web.fields:
         return
     known = {*carried_params(profile), *IMAGE_PARAMS}
-    unknown = sorted(name for name, value in params.items() if name not in known)
+    # A param given as null is no param (a batch file's empty column).
+    unknown = sorted(
+        name for name, value in params.items() if name not in known and value is not None
+    )
     if unknown:
         names = ", ".join(unknown)
         raise InputError(

@@ -71,6 +71,8 @@ async def _bounded(work: Awaitable[T], bound_s: float) -> T | BaseException:
         task.cancel()
         await asyncio.wait({task}, timeout=ABANDON_S)
         return TimeoutError()
+    if task.cancelled():
+        return TimeoutError()
     exc = task.exception()
     return exc if exc is not None else task.result()
 
