@@ -43,7 +43,7 @@ from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
-from webrunner.browserrun import BrowserRun, add_close_timings, close_logged
+from webrunner.browserrun import BrowserRun, add_close_timings, close_logged, keep_evidence
 from webrunner.fields import set_fields
 from webrunner.guard import (
     BrowserPolicy,
@@ -585,23 +585,7 @@ class WebRunner:
         )
 
     async def _keep_evidence(self, ctx: RunContext, run: BrowserRun) -> None:
-        """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
-        session, driver, tracing = run.session, run.driver, run.tracing
-        if session is None or not session.usable:
-            return
-        # Without a driver the attempt failed while opening the page (logged
-        # out, the page never became ready): its tab still shows why. (The
-        # browser may hold other tabs: a spare, a conversation being closed.)
-        pages = session.context.pages
-        page = driver.page if driver is not None else run.page or (pages[0] if pages else None)
-        await evidence.capture(
-            ctx.result_dir,
-            page,
-            session.context,
-            tracing=tracing,
-            retention=self._settings.artifacts_retention,
-            log=ctx.log,
-        )
+        await keep_evidence(run, ctx.result_dir, self._settings.artifacts_retention, ctx.log)
 
     async def _kill(self, account: str, session: BrowserSession) -> None:
         """Kill the account's browser at once (dead, broken or frozen) and stop keeping it."""
