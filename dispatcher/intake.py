@@ -37,6 +37,7 @@ from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
 from dispatcher.taskspec import TaskSpec
+from dispatcher.webfields import check_web_params
 from dispatcher.workflow import fill, with_seed
 
 
@@ -143,6 +144,7 @@ class Intake:
         else:
             if profile.api is not None and profile.api.style == "gradio":
                 check_gradio_params(profile, spec.params)
+            check_web_params(profile, spec.params)
             fields = profile.fingerprint_fields
             task_fingerprint = fingerprint(spec.model, spec.params, fields, images=images or {})
         return Task(

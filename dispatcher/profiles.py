@@ -74,6 +74,12 @@ class WebSpec(_Strict):
     # Record a Playwright trace of every attempt; kept only when one goes wrong.
     trace: bool = False
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # Task params set in the page's controls before the prompt is sent
+    # (`[web.fields]`: param = selector), in the order listed here, each
+    # checked after it is set: a text input or textarea (filled), a range,
+    # a <select> (by value or label), a checkbox (a true/false param) or a
+    # file input (a path under the input dirs).
+    fields: dict[str, str] = Field(default_factory=dict)
     # Reference images (issue 15): a file input, or a button that opens a
     # file chooser; and what shows the attachment is ready.
     upload: str | None = None
@@ -88,6 +94,12 @@ class WebSpec(_Strict):
     cooldown_s: float = Field(default=3600.0, gt=0)
     # A human check (a captcha, "verify you are human"): the account needs attention.
     challenge: str | None = None
+    # A regex over the error banner (`error`), or the page's text when the
+    # profile has no `error`, saying the session is gone ("session expired",
+    # "please log in again"): the account needs attention, no attempt is
+    # charged, as for `logged_out`. Looked for while the page loads and
+    # while it generates.
+    logged_out_text: str | None = None
     # Nominal seconds an answer (text or media) may stay unchanged while the
     # page is busy before the attempt is reclaimed as stalled.
     stall_s: float = Field(default=120.0, gt=0)
@@ -108,11 +120,17 @@ class WebSpec(_Strict):
                     f"allow_hosts entry {host!r} is not a host, host:port or *.domain "
                     "(no scheme, no path)"
                 )
-        if self.limit_text is not None:
+        for name in self.fields:
+            if name == "prompt" or name in ("reference_image", "reference_images"):
+                raise ValueError(f"fields: {name!r} is not a field (it goes to `input`/`upload`)")
+        for key in ("limit_text", "logged_out_text"):
+            pattern = getattr(self, key)
+            if pattern is None:
+                continue
             try:
-                re.compile(self.limit_text)
+                re.compile(pattern)
             except re.error as exc:
-                raise ValueError(f"limit_text is not a valid regex: {exc}") from None
+                raise ValueError(f"{key} is not a valid regex: {exc}") from None
         return self
 
 

@@ -26,7 +26,7 @@ from playwright.async_api import Browser, BrowserContext, Page, Playwright
 from playwright.async_api import Error as PlaywrightError
 
 from dispatcher.errors import PermanentError, TransientError
-from webrunner.cdppipe import BrowserExited, CdpPipe, until_exit
+from webrunner.cdppipe import EXIT_POLL_S, BrowserExited, CdpPipe, until_exit
 from webrunner.selfcheck import (
     KILL_AFTER_S,
     SelfCheckReport,
@@ -45,6 +45,8 @@ DEBUGGING_PIPE_FLAG = "--remote-debugging-pipe"
 STARTUP_TIMEOUT_S = 30.0
 # How long a browser whose pipe broke during the connect may take to exit.
 EXIT_WAIT_S = 1.0
+# Real seconds an interrupted CDP connect gets to finish before the kill.
+CONNECT_SETTLE_S = 10.0
 # How long a kill may take to show (an exiting Chromium unmaps a lot of memory).
 SWEEP_S = 5.0
 SWEEP_CONFIRM_S = 0.05
@@ -570,6 +572,23 @@ async def _launch(
     return proc, pipe
 
 
+async def _settle(connect: asyncio.Future[Browser], proc: subprocess.Popen[bytes]) -> None:
+    """Let an interrupted connect finish (or the browser exit) before the
+    browser is killed, within `CONNECT_SETTLE_S`; then give it up."""
+    deadline = time.monotonic() + CONNECT_SETTLE_S
+    try:
+        while not connect.done() and proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.wait({connect}, timeout=EXIT_POLL_S)
+    except asyncio.CancelledError:
+        # Cancelled again while settling: the kill follows at once.
+        pass
+    if not connect.done():
+        connect.cancel()
+        await asyncio.wait({connect}, timeout=EXIT_WAIT_S)
+    if connect.done() and not connect.cancelled():
+        connect.exception()  # retrieved: its failure is no news
+
+
 async def _connect(
     playwright: Playwright,
     proc: subprocess.Popen[bytes],
@@ -577,14 +596,20 @@ async def _connect(
     pipe: CdpPipe,
 ) -> Browser:
     """Playwright's connection to the launched browser; on any failure it is killed."""
+    connect: asyncio.Future[Browser] | None = None
     try:
         ws_url = await pipe.open()
         # Chromium reads the pipe once it is up: the connect waits for that.
-        return await until_exit(
-            proc,
-            playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000),
+        # Shielded: a connect cancelled half-way leaves Playwright a browser
+        # it never finished wiring, whose close event then crashes its
+        # dispatcher (`'NoneType' object has no attribute '_contexts'`).
+        connect = asyncio.ensure_future(
+            playwright.chromium.connect_over_cdp(ws_url, timeout=STARTUP_TIMEOUT_S * 1000)
         )
+        return await until_exit(proc, asyncio.shield(connect))
     except BaseException as exc:
+        if connect is not None and not connect.done():
+            await _settle(connect, proc)
         if isinstance(exc, PlaywrightError):
             # The pipe closed under the connect: most likely Chromium quit;
             # let it finish so that its exit code, not our kill, is reported.

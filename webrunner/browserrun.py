@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from playwright.async_api import Page
 
+from dispatcher.artifacts import Retention
 from dispatcher.runner import RunResult
+from webrunner import evidence
 from webrunner.browser import BrowserSession, Log
 from webrunner.page import PageDriver
 
@@ -49,3 +52,18 @@ async def close_logged(session: BrowserSession, log: Log) -> None:
             session.survivors,
             session.user_data_dir,
         )
+
+
+async def keep_evidence(run: BrowserRun, result_dir: Path, retention: Retention, log: Log) -> None:
+    """Screenshot, HTML (and trace) of the attempt's own tab, bounded; see `evidence`."""
+    session, driver = run.session, run.driver
+    if session is None or not session.usable:
+        return
+    # Without a driver the attempt failed while opening the page (logged
+    # out, the page never became ready): its tab still shows why. (The
+    # browser may hold other tabs: a spare, a conversation being closed.)
+    pages = session.context.pages
+    page = driver.page if driver is not None else run.page or (pages[0] if pages else None)
+    await evidence.capture(
+        result_dir, page, session.context, tracing=run.tracing, retention=retention, log=log
+    )

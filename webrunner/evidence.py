@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
@@ -27,8 +29,18 @@ from dispatcher.artifacts import (
 )
 from webrunner.browser import Log
 
-# Real seconds for the screenshot and the HTML together.
+T = TypeVar("T")
+
+# Real seconds for the screenshot, and apart from it for the HTML: a tab in
+# the back while a spare tab loads the next task's page took 3.7 s for its
+# screenshot on a busy 2-core VM; the HTML takes ~50 ms and must not be lost
+# with it.
+SCREENSHOT_S = 4.0
+HTML_S = 2.0
+# Real seconds for starting a trace.
 CAPTURE_S = 2.0
+# Real seconds a cancelled capture gets to end (Playwright gives up at once).
+ABANDON_S = 0.5
 # Real seconds for writing the trace (it is assembled in the browser's driver).
 TRACE_STOP_S = 5.0
 
@@ -51,12 +63,39 @@ async def drop_trace(context: BrowserContext) -> None:
             await context.tracing.stop()
 
 
-async def _snapshot(page: Page) -> tuple[bytes | None, str | None]:
+async def _bounded(work: Awaitable[T], bound_s: float) -> T | BaseException:
+    """`work`'s result within `bound_s` real seconds, or what stopped it."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=bound_s)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task}, timeout=ABANDON_S)
+        return TimeoutError()
+    if task.cancelled():
+        return TimeoutError()
+    exc = task.exception()
+    return exc if exc is not None else task.result()
+
+
+async def _screenshot(page: Page) -> bytes:
+    # The task's tab may be in the back (a spare tab opened after it): a tab
+    # in the back paints no frames, and a screenshot waits for one.
+    await page.bring_to_front()
+    return await page.screenshot(type="png", timeout=SCREENSHOT_S * 1000, animations="disabled")
+
+
+async def _snapshot(page: Page, log: Log) -> tuple[bytes | None, str | None]:
+    """The page's screenshot and HTML, each within its own bound."""
     shot, html = await asyncio.gather(
-        page.screenshot(type="png", timeout=CAPTURE_S * 1000, animations="disabled"),
-        page.content(),
-        return_exceptions=True,
+        _bounded(_screenshot(page), SCREENSHOT_S), _bounded(page.content(), HTML_S)
     )
+    for name, got, bound_s in (("screenshot", shot, SCREENSHOT_S), ("HTML", html, HTML_S)):
+        if isinstance(got, TimeoutError):
+            log.warning("the page did not answer within %g s: no %s", bound_s, name)
+        elif isinstance(got, BaseException):
+            log.warning(
+                "no %s of the page: %s", name, (str(got) or repr(got)).splitlines()[0][:200]
+            )
     return (
         shot if isinstance(shot, bytes) else None,
         html if isinstance(html, str) else None,
@@ -77,15 +116,7 @@ async def capture(
     shot: bytes | None = None
     html: str | None = None
     if page is not None and not page.is_closed():
-        task = asyncio.ensure_future(_snapshot(page))
-        done, _ = await asyncio.wait({task}, timeout=CAPTURE_S)
-        if done:
-            shot, html = task.result()
-        else:
-            task.cancel()
-            # Playwright gives up on a cancelled call at once; bounded anyway.
-            await asyncio.wait({task}, timeout=0.5)
-            log.warning("the page did not answer within %.0f s: no screenshot or HTML", CAPTURE_S)
+        shot, html = await _snapshot(page, log)
     if shot is not None:
         await asyncio.to_thread(save_artifact, result_dir, "screenshot.png", shot)
         saved.append("screenshot.png")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
@@ -23,11 +22,11 @@ from playwright.async_api import FilePayload, Locator, Page
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from dispatcher.clock import Clock
-from dispatcher.errors import AccountHold, AuthError, TransientError
-from dispatcher.health import parse_reset
+from dispatcher.errors import AuthError, TransientError
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
+from webrunner.gates import GateLook, GateRule, logged_out_error
 
 T = TypeVar("T")
 
@@ -65,6 +64,9 @@ MIN_POLL_S = 0.02
 # Real seconds a page gets to show either its logged-in or logged-out marker.
 PAGE_READY_S = 60.0
 STOP_CLICK_S = 2.0
+# Real seconds between two looks at a loading page for a gate that only a
+# regex over its text can spot (any marker with a selector wakes it at once).
+GATE_POLL_S = 0.25
 
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
@@ -157,15 +159,6 @@ def _navigated(exc: TransientError) -> bool:
 
 
 @dataclass(frozen=True)
-class _HoldLook:
-    """The page's account markers as one look saw them."""
-
-    challenge: bool  # the human-check marker is visible
-    limit: bool  # the usage-cap marker is visible
-    body: str | None  # the page's text, when only `limit_text` can spot a cap
-
-
-@dataclass(frozen=True)
 class _Look:
     """A generating page as one look saw it."""
 
@@ -173,9 +166,10 @@ class _Look:
     logged_out: bool
     busy: bool
     text: str | None  # the latest answer's text
-    done_text: str | None  # the text of the latest answer marked done
+    done: bool  # the `done` marker is visible
+    done_text: str | None  # the `done` marker's text
     media: int  # how many media elements the answer has so far
-    hold: _HoldLook
+    hold: GateLook
 
 
 def login_markers(page: Page, spec: WebSpec) -> Locator:
@@ -211,20 +205,31 @@ class PageDriver:
         self.submitted = False
         # Media elements on the page when the answer was seen finished.
         self.finished_media: int | None = None
+        # What the page showed before the prompt was sent: a `done` marker
+        # showing then belongs to an earlier answer, and media already there
+        # are no answer to this prompt.
+        self._done_before = False
+        self._media_before = 0
         stable_real = ctx.clock.scaled(spec.stable_ms / 1000)
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
-        self._limit_re = re.compile(spec.limit_text) if spec.limit_text else None
+        self._gates_rule = GateRule.of(spec)
 
     # -- small helpers ---------------------------------------------------
 
-    async def _call(self, aw: Awaitable[T], what: str) -> T:
+    async def call(self, aw: Awaitable[T], what: str) -> T:
+        """One page call through the run's guard, within the phase's budget."""
         return await page_step(self.ctx, aw, what=what, budget=self.budget)
 
-    def _remaining_ms(self, cap_s: float) -> float:
+    _call = call
+
+    def remaining_ms(self, cap_s: float) -> float:
+        """Milliseconds for a Playwright call: `cap_s`, or what the budget has left."""
         left = self.budget.remaining(self.ctx.clock)
         return max(1.0, min(cap_s, left) * 1000)
+
+    _remaining_ms = remaining_ms
 
     def _loc(self, selector: str) -> Locator:
         return self.page.locator(selector)
@@ -244,11 +249,7 @@ class PageDriver:
         return str(texts[0]).strip() if texts else None
 
     def _logged_out_error(self) -> AuthError:
-        return AuthError(
-            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page shows "
-            f"{self.spec.logged_out!r}); log it in with `dispatcher accounts login "
-            f"{self.ctx.account}` (or `import`), which re-enables the account"
-        )
+        return logged_out_error(self.spec, self.ctx.account)
 
     # -- the steps ---------------------------------------------------------
 
@@ -267,111 +268,124 @@ class PageDriver:
                 )
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
-        either = login_markers(self.page, spec)
-        # A page loaded (and read) ahead for this task, in a spare tab or at
-        # the browser's start, shows its markers already: one look reads the
-        # login and the account markers together, one round trip. Only a
-        # page that shows neither marker yet (still rendering, or navigating)
-        # is waited for, then looked at again.
-        try:
-            shown, logged_out, hold = await asyncio.gather(
-                self._call(either.first.is_visible(), "checking that it is logged in"),
-                self._visible(spec.logged_out, "checking for the logged-out marker"),
-                self._hold_look(),
-            )
-        except TransientError as exc:
-            if not _navigated(exc):
-                raise
-            shown = False
-        if not shown:
-            logged_out, hold = await self._wait_login_markers(either)
-        if logged_out:
-            raise self._logged_out_error()
-        await self._raise_hold(hold)
+        await self._wait_ready(login_markers(self.page, spec))
 
-    async def _wait_login_markers(self, either: Locator) -> tuple[bool, _HoldLook]:
-        """Wait for the page to show either login marker, then read the markers."""
+    def _gates(self, either: Locator) -> Locator:
+        """Whatever a loading page may show first: a login marker, or a gate
+        (a human check, a usage cap) that replaces the whole page."""
+        gates = either
+        for selector in (self.spec.challenge, self.spec.limit):
+            if selector:
+                gates = gates.or_(self._loc(selector))
+        return gates
+
+    async def _wait_ready(self, either: Locator) -> None:
+        """Until the page shows that it is logged in; a gate (logged out, a
+        human check, a usage cap, a `logged_out_text`) raises as soon as it
+        shows, whether or not a login marker is on the page.
+
+        A page loaded (and read) ahead for this task, in a spare tab or at
+        the browser's start, shows its markers already: the first look reads
+        the login and the account markers together, one round trip. A page
+        that shows none yet (still rendering, or navigating) is waited for,
+        woken by any marker; a gate only a regex can spot (`limit_text`,
+        `logged_out_text` over the page's text) is read again each
+        `GATE_POLL_S`.
+        """
         spec = self.spec
-        try:
-            await self._call(
-                either.first.wait_for(state="visible", timeout=self._remaining_ms(PAGE_READY_S)),
-                "waiting for the page to show that it is logged in",
-            )
-        except TransientError as exc:
-            if exc.kind != "timeout":
-                raise
-            raise TransientError(
-                f"{spec.url} showed neither {spec.logged_in!r} nor {spec.logged_out!r} "
-                f"(timed out after {self.budget.label})",
-                kind="page_load",
-            ) from exc
-        # The markers together: one round trip, not three (each is ~10-50 ms
-        # of a warm task's time, in series with the account's generations).
-        return await asyncio.gather(
-            self._visible(spec.logged_out, "checking for the logged-out marker"),
-            self._hold_look(),
+        clock = self.ctx.clock
+        gates = self._gates(either)
+        navigations = 0
+        while True:
+            try:
+                shown, logged_out, hold = await asyncio.gather(
+                    self._call(either.first.is_visible(), "checking that it is logged in"),
+                    self._visible(spec.logged_out, "checking for the logged-out marker"),
+                    self._hold_look(),
+                )
+            except TransientError as exc:
+                if exc.kind == "timeout":
+                    raise self._not_ready() from exc
+                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                    raise
+                navigations += 1
+                shown = False
+            else:
+                if logged_out:
+                    raise self._logged_out_error()
+                await self._raise_hold(hold)
+                if shown:
+                    return
+            if self.budget.remaining(clock) <= 0:
+                raise self._not_ready()
+            try:
+                await self._call(
+                    gates.first.wait_for(state="visible", timeout=self._remaining_ms(GATE_POLL_S)),
+                    "waiting for the page to show that it is logged in",
+                )
+            except TransientError as exc:
+                # Nothing showed yet (or the page navigated): look again.
+                if exc.kind != "timeout" and not _navigated(exc):
+                    raise
+
+    def _not_ready(self) -> TransientError:
+        spec = self.spec
+        return TransientError(
+            f"{spec.url} showed neither {spec.logged_in!r} nor {spec.logged_out!r} "
+            f"(timed out after {self.budget.label})",
+            kind="page_load",
         )
 
-    async def _hold_look(self) -> _HoldLook:
-        """What `_raise_hold` needs from the page, read in one round trip."""
-        spec = self.spec
-        # Without a cap selector the pattern is looked for in the whole page.
-        body_needed = not spec.limit and self._limit_re is not None
-        challenge, limit, body = await asyncio.gather(
-            self._visible(spec.challenge, "checking for a human check"),
-            self._visible(spec.limit, "checking for a usage cap"),
-            self._text("body" if body_needed else None, "reading the page for a usage cap"),
+    async def _hold_look(self) -> GateLook:
+        """What the gates' verdict needs from the page, read in one round trip."""
+        spec, rule = self.spec, self._gates_rule
+        banner = rule.banner
+        (
+            (challenge, challenge_text, limit, limit_text),
+            (body, banner_shown, said),
+        ) = await asyncio.gather(
+            asyncio.gather(
+                self._visible(spec.challenge, "checking for a human check"),
+                self._text(spec.challenge, "reading the human check"),
+                self._visible(spec.limit, "checking for a usage cap"),
+                self._text(spec.limit, "reading the usage cap"),
+            ),
+            asyncio.gather(
+                self._text("body" if rule.body_needed else None, "reading the page"),
+                self._visible(banner, "checking for an error banner"),
+                self._text(banner, "reading the error banner"),
+            ),
         )
-        return _HoldLook(challenge, limit, body)
+        return GateLook(
+            (challenge_text or "") if challenge else None,
+            (limit_text or "") if limit else None,
+            body,
+            said if banner_shown else None,
+        )
 
-    async def _raise_hold(self, look: _HoldLook) -> None:
-        """A human check or a usage cap on the page: the account, not the task, is held."""
-        spec = self.spec
-        if look.challenge:
-            shown = await self._text(spec.challenge, "reading the human check")
-            raise AccountHold(
-                f"{spec.url} asks account {self.ctx.account!r} for a human check "
-                f"({(shown or spec.challenge or '')[:200]}); solve it in its browser, then "
-                "re-enable the account",
-                kind="challenge",
-            )
-        if not spec.limit and self._limit_re is None:
-            return
-        if spec.limit:
-            if not look.limit:
-                return
-            text = await self._text(spec.limit, "reading the usage cap") or ""
-        else:
-            text = look.body or ""
-        reset = text
-        if self._limit_re is not None:
-            match = self._limit_re.search(text)
-            if match is None:
-                return
-            groups = match.groupdict()
-            reset = groups.get("reset") or (match.group(1) if match.re.groups else match[0])
-        raise AccountHold(
-            f"account {self.ctx.account!r} reached its usage cap: {text.strip()[:200]}",
-            kind="usage_limit",
-            until=parse_reset(reset, self.ctx.clock.now()),
-        )
+    async def _raise_hold(self, look: GateLook) -> None:
+        """A human check, a usage cap or a logout on the page: the account, not the task."""
+        error = self._gates_rule.verdict(look, self.ctx.account, self.ctx.clock.now())
+        if error is not None:
+            raise error
 
     async def _look(self) -> _Look:
         """All the markers of a generating page at once: the calls travel
         together to the browser, so a look costs one round trip, not eight."""
         spec = self.spec
-        (error, logged_out, busy, text, done_text), media, hold = await asyncio.gather(
+        (error, logged_out, busy, text, done, done_text), media, hold = await asyncio.gather(
             asyncio.gather(
                 self._visible(spec.error, "checking for an error banner"),
                 self._visible(spec.logged_out, "checking for the logged-out marker"),
                 self._visible(spec.busy, "checking whether it is generating"),
                 self._text(spec.answer, "reading the answer"),
-                self._text(spec.done, "checking the done marker"),
+                self._visible(spec.done, "checking the done marker"),
+                self._text(spec.done, "reading the done marker"),
             ),
             self._media_count(),
             self._hold_look(),
         )
-        return _Look(error, logged_out, busy, text, done_text, media, hold)
+        return _Look(error, logged_out, busy, text, done, done_text, media, hold)
 
     async def _media_count(self) -> int:
         """How many media elements the answer has: a look counts them, and
@@ -398,8 +412,10 @@ class PageDriver:
             await self.attach(images)
         box = self._loc(spec.input).first
         # Independent calls: sent together, they cost one round trip.
-        before, _ = await asyncio.gather(
+        before, self._done_before, self._media_before, _ = await asyncio.gather(
             self._text(spec.answer, "reading the previous answer"),
+            self._visible(spec.done, "checking the done marker"),
+            self._media_count(),
             self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt"),
         )
         self.ctx.check_canceled()
@@ -445,18 +461,23 @@ class PageDriver:
                 "waiting for the attachment to be ready",
             )
 
-    async def wait_answer(self, before: str | None) -> str:
-        """Wait for the generation to end; return the answer text.
+    async def wait_answer(self, before: str | None) -> str | None:
+        """Wait for the generation to end; return the answer text (None for
+        an answer of media only).
 
-        Finished means: the busy marker (if any) has gone, and either the
-        `done` marker matches the answer or its text has not changed for
-        `stable_ms`. An error banner fails the attempt with its text. While
-        the page stays busy, an answer (text and media) unchanged for
-        `stall_s` is a stalled generation: the attempt fails as `stalled`.
+        Finished means: the busy marker (if any) has gone, the answer has
+        text or new media, and either the `done` marker is visible (and is
+        this answer's: hidden at some moment since the prompt, or showing the
+        answer's own text) or the answer (text and media count) has not
+        changed for `stable_ms`. An error banner fails the attempt with its
+        text. While the page stays busy, an answer unchanged for `stall_s` is
+        a stalled generation: the attempt fails as `stalled`.
         """
         spec = self.spec
         clock = self.ctx.clock
         started = False
+        # A marker that showed before the prompt counts once seen hidden.
+        done_armed = not self._done_before
         last_text: str | None = None
         last_change = clock.monotonic()
         last_media = 0
@@ -495,8 +516,11 @@ class PageDriver:
             media = look.media
             if text != last_text or media != last_media:
                 last_text, last_media, last_change = text, media, now
-            if busy or (text is not None and text != before):
+            new_media = media > self._media_before
+            if busy or (text is not None and text != before) or new_media:
                 started = True
+            if not look.done:
+                done_armed = True
             if (busy or not started) and now - last_change >= self.stall_s:
                 # The page answers our looks, but its answer does not move.
                 raise TransientError(
@@ -505,10 +529,13 @@ class PageDriver:
                     kind="stalled",
                 )
             # The done marker must be on this answer, not on an earlier one.
-            marked = look.done_text is not None and look.done_text == text
-            if started and not busy and text and (marked or now - last_change >= self.stable_s):
+            marked = look.done and (
+                done_armed or (look.done_text is not None and look.done_text == text)
+            )
+            answered = bool(text) or new_media
+            if started and not busy and answered and (marked or now - last_change >= self.stable_s):
                 self.finished_media = media
-                return text
+                return text or None
             await self._until_next_look(look)
 
     async def _until_next_look(self, look: _Look) -> None:
@@ -523,8 +550,8 @@ class PageDriver:
         state: Literal["hidden", "visible"] = "hidden"
         if spec.busy and look.busy:
             target = self._loc(spec.busy).first
-        elif spec.done and look.done_text is None:
-            # Only while no answer is marked done: one marked earlier would
+        elif spec.done and not look.done:
+            # Only while the marker is hidden: one showing already would
             # satisfy the wait at once and turn the loop into a busy poll.
             target, state = self._loc(spec.done).first, "visible"
         if target is None:

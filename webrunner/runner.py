@@ -43,7 +43,8 @@ from dispatcher.settings import Settings
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
-from webrunner.browserrun import BrowserRun, add_close_timings, close_logged
+from webrunner.browserrun import BrowserRun, add_close_timings, close_logged, keep_evidence
+from webrunner.fields import set_fields
 from webrunner.guard import (
     BrowserPolicy,
     clear_downloads,
@@ -316,7 +317,7 @@ class WebRunner(Runner):
         await ctx.guard(lock.acquire(), alive=True)
         try:
             self.keeper.resume(account)
-            return await self._run_in_browser(ctx, account, message, images)
+            return await self._run_in_browser(ctx, account, message, images, files)
         finally:
             lock.release()
 
@@ -378,7 +379,13 @@ class WebRunner(Runner):
             # place: with allowed hosts, the task loads it itself.
             start_url=None if policy.allow_hosts else url,
         )
-        await install_guard(session, policy)
+        try:
+            await install_guard(session, policy)
+        except BaseException:
+            # Interrupted (or failed) before the keeper knows it: nobody
+            # else would ever close it.
+            await session.abort()
+            raise
         self.keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
         leftovers = session.selfcheck
@@ -407,11 +414,16 @@ class WebRunner(Runner):
         return driver
 
     async def _run_in_browser(
-        self, ctx: RunContext, account: str, message: str, images: Sequence[Prepared] = ()
+        self,
+        ctx: RunContext,
+        account: str,
+        message: str,
+        images: Sequence[Prepared],
+        inputs: LocalFiles,
     ) -> RunResult:
         run = BrowserRun(account)
         try:
-            result = await self._generate(ctx, run, message, images)
+            result = await self._generate(ctx, run, message, images, inputs)
         except TaskCanceled:
             with ctx.alive():
                 clicked = await run.driver.click_stop() if run.driver is not None else False
@@ -445,7 +457,12 @@ class WebRunner(Runner):
         return result
 
     async def _generate(
-        self, ctx: RunContext, run: BrowserRun, message: str, images: Sequence[Prepared]
+        self,
+        ctx: RunContext,
+        run: BrowserRun,
+        message: str,
+        images: Sequence[Prepared],
+        inputs: LocalFiles,
     ) -> RunResult:
         """Browser, page, prompt, answer, media: the attempt's happy path."""
         spec = ctx.profile.web
@@ -455,6 +472,9 @@ class WebRunner(Runner):
         t_ready = time.monotonic()
         ctx.check_canceled()
         driver.budget = self._generation_budget(spec)
+        if spec.fields:
+            shown = await set_fields(driver, ctx.task.params, inputs)
+            ctx.log.info("fields set: %s", ", ".join(shown) or "none (the page's defaults)")
         before = await driver.submit(message, images)
         t_submitted = time.monotonic()
         assert run.session is not None
@@ -558,23 +578,7 @@ class WebRunner(Runner):
         )
 
     async def _keep_evidence(self, ctx: RunContext, run: BrowserRun) -> None:
-        """Screenshot, HTML (and trace) of the attempt's page, bounded; see `evidence`."""
-        session, driver, tracing = run.session, run.driver, run.tracing
-        if session is None or not session.usable:
-            return
-        # Without a driver the attempt failed while opening the page (logged
-        # out, the page never became ready): its tab still shows why. (The
-        # browser may hold other tabs: a spare, a conversation being closed.)
-        pages = session.context.pages
-        page = driver.page if driver is not None else run.page or (pages[0] if pages else None)
-        await evidence.capture(
-            ctx.result_dir,
-            page,
-            session.context,
-            tracing=tracing,
-            retention=self._settings.artifacts_retention,
-            log=ctx.log,
-        )
+        await keep_evidence(run, ctx.result_dir, self._settings.artifacts_retention, ctx.log)
 
     async def _kill(self, account: str, session: BrowserSession) -> None:
         """Kill the account's browser at once (dead, broken or frozen) and stop keeping it."""

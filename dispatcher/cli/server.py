@@ -266,6 +266,7 @@ def check(
     (exit 2 on any problem or a server that cannot be reached).
     """
     from dispatcher.profiles import read_profiles
+    from dispatcher.webfields import uncarried_fingerprint_fields
 
     settings = load_settings(demo=demo or None, state_dir=options.get("state_dir"))
     where = directory if directory is not None else settings.profiles_dir
@@ -276,6 +277,12 @@ def check(
         fail(str(exc), EXIT_USAGE)
     for name, profile in sorted(found.profiles.items()):
         console.print(f"ok       {escape(name)} ({profile.kind.value}, {escape(profile.source)})")
+        for param in uncarried_fingerprint_fields(profile):
+            err.print(
+                f"warning  {escape(name)}: fingerprinted param `{escape(param)}` reaches no "
+                "control of the page (neither the prompt nor a [web.fields] entry): tasks "
+                "differing only in it are told apart, yet the page gets the same input"
+            )
     for skip in found.skipped:
         err.print(f"skipped  {escape(skip.file)}: {escape(skip.why)}")
     for problem in found.problems:

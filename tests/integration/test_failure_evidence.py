@@ -12,7 +12,7 @@ import pytest
 
 from tests.harness import running_service
 from tests.helpers import traced_demo_profile
-from webrunner.evidence import CAPTURE_S
+from webrunner.evidence import SCREENSHOT_S
 
 # 90 s stale -> 4.5 s; 15 s heartbeat -> 0.75 s (as in test_web_lanes).
 WEB_SCALE = 0.05
@@ -70,7 +70,8 @@ async def test_a_frozen_page_is_reclaimed_without_waiting_on_it_and_its_trace_ke
         # The capture gave up on the frozen page after its budget, not later.
         stale_at = next(r.created for r in caplog.records if "is stale" in r.getMessage())
         killed_at = next(r.created for r in caplog.records if "run interrupted" in r.getMessage())
-        assert killed_at - stale_at < CAPTURE_S + 2.0  # measured: 2.3 s
+        # (The screenshot's is the longer of its two bounds, the HTML's the other.)
+        assert killed_at - stale_at < SCREENSHOT_S + 2.0  # measured: 2.3 s with one 2 s bound
         # What the page did until it froze is in the trace, which the driver holds.
         answer = await h.task(task["id"])
         assert [a["kind"] for a in answer["artifacts"]["1"]] == ["trace"]
