@@ -71,7 +71,7 @@ from apirunner.comfy_protocol import (
 from apirunner.inbox import CLOSED, MISSED, Inbox
 from apirunner.polling import Rand, poll_wait
 from apirunner.templates import join_url
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, PermanentError, TaskCanceled, TransientError
 from dispatcher.fingerprint import LocalFiles, read_image
@@ -442,7 +442,7 @@ class _ComfyAttempt(AttemptBase):
     async def close_socket(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None:
-            await stop_job(reader)
+            await stop_background(reader)
         socket, self.socket = self.socket, None
         if socket is not None:
             with contextlib.suppress(Exception):

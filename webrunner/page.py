@@ -37,7 +37,7 @@ class PageContext(Protocol):
     `RunContext`, or a browser started before any task (`prewarm.py`)."""
 
     clock: Clock
-    account: str
+    owner: str  # the web account whose lane drives the page
 
     def check_canceled(self) -> None: ...
 
@@ -245,9 +245,9 @@ class PageDriver:
 
     def _logged_out_error(self) -> AuthError:
         return AuthError(
-            f"account {self.ctx.account!r} is logged out of {self.spec.url} (the page shows "
+            f"account {self.ctx.owner!r} is logged out of {self.spec.url} (the page shows "
             f"{self.spec.logged_out!r}); log it in with `dispatcher accounts login "
-            f"{self.ctx.account}` (or `import`), which re-enables the account"
+            f"{self.ctx.owner}` (or `import`), which re-enables the account"
         )
 
     # -- the steps ---------------------------------------------------------
@@ -330,7 +330,7 @@ class PageDriver:
         if look.challenge:
             shown = await self._text(spec.challenge, "reading the human check")
             raise AccountHold(
-                f"{spec.url} asks account {self.ctx.account!r} for a human check "
+                f"{spec.url} asks account {self.ctx.owner!r} for a human check "
                 f"({(shown or spec.challenge or '')[:200]}); solve it in its browser, then "
                 "re-enable the account",
                 kind="challenge",
@@ -351,7 +351,7 @@ class PageDriver:
             groups = match.groupdict()
             reset = groups.get("reset") or (match.group(1) if match.re.groups else match[0])
         raise AccountHold(
-            f"account {self.ctx.account!r} reached its usage cap: {text.strip()[:200]}",
+            f"account {self.ctx.owner!r} reached its usage cap: {text.strip()[:200]}",
             kind="usage_limit",
             until=parse_reset(reset, self.ctx.clock.now()),
         )

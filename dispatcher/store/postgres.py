@@ -279,30 +279,30 @@ class PostgresStore(PostgresHostOps):
 
     async def claim_next(
         self,
-        lane_groups: Sequence[str],
+        queues: Sequence[str],
         now: float,
         changes: Mapping[str, Any],
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
     ) -> Task | None:
-        if not lane_groups:
+        if not queues:
             return None
         columns = encode_changes({**changes, "state": State.RUNNING})
         sql = pg_marks(
             claim_sql(
-                len(lane_groups),
+                len(queues),
                 columns,
                 fenced=fence is not None,
                 quota=quota is not None,
                 lock="FOR UPDATE SKIP LOCKED",
             )
         )
-        args: list[Any] = [*columns.values(), *lane_groups, now]
+        args: list[Any] = [*columns.values(), *queues, now]
         if fence is not None:
             args += [fence.account, fence.token]
         if quota is not None:
-            args += [quota.account, quota.limit]
+            args += [quota.owner, quota.limit]
         if quota is None:
             rows = await self._write1(sql, args, marked=True)
             return row_to_task(rows[0]) if rows else None
@@ -313,7 +313,7 @@ class PostgresStore(PostgresHostOps):
             # committed before.
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{quota.account}",),
+                (f"quota:{quota.owner}",),
             )
             cur = await conn.execute(sql, args)
             row = await cur.fetchone()
@@ -373,29 +373,26 @@ class PostgresStore(PostgresHostOps):
         rows = await self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
-    async def count_ahead(self, lane_group: str, seq: int) -> int:
+    async def count_ahead(self, queue: str, seq: int) -> int:
         # From the database: tasks of every host share the queue.
         rows = await self._query(
-            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND lane_group = ? "
-            "AND seq < ?",
-            (lane_group, seq),
+            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND queue = ? AND seq < ?",
+            (queue, seq),
         )
         return int(rows[0]["n"])
 
-    async def running_owners(self, lane_group: str) -> int:
+    async def running_owners(self, queue: str) -> int:
         rows = await self._query(
-            "SELECT COUNT(DISTINCT account) AS n FROM tasks "
-            "WHERE state = 'running' AND lane_group = ?",
-            (lane_group,),
+            "SELECT COUNT(DISTINCT owner) AS n FROM tasks WHERE state = 'running' AND queue = ?",
+            (queue,),
         )
         return int(rows[0]["n"])
 
     async def queued_counts(self) -> dict[str, int]:
         rows = await self._query(
-            "SELECT lane_group, COUNT(*) AS n FROM tasks WHERE state = 'pending' "
-            "GROUP BY lane_group"
+            "SELECT queue, COUNT(*) AS n FROM tasks WHERE state = 'pending' GROUP BY queue"
         )
-        return {r["lane_group"]: int(r["n"]) for r in rows}
+        return {r["queue"]: int(r["n"]) for r in rows}
 
     async def state_counts(self) -> dict[tuple[str, str], int]:
         rows = await self._query(

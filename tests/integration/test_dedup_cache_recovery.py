@@ -86,14 +86,14 @@ async def test_store_writes_per_task_stay_within_transitions_and_heartbeats(tmp_
 async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
     base = dict(
         kind=Kind.API,
-        lane_group="api-model:demo-video",
+        queue="api-model:demo-video",
         params={"prompt": "x", "gen_s": 1},
         created_at=now - 10,
         state=State.RUNNING,
         stage=Stage.GENERATING,
         started_at=now - 10,
         heartbeat_at=now - 5,
-        account="demo",
+        owner="demo",
     )
     tasks = {
         "no-remote": Task(id="no-remote", model="demo-video", fingerprint="a", **base),  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
             id="web",
             model="demo-chat-api",
             fingerprint="d",
-            **{**base, "kind": Kind.WEB, "lane_group": "web:no-lane-here"},
+            **{**base, "kind": Kind.WEB, "queue": "web:no-lane-here"},
         ),  # type: ignore[arg-type]
     }
     await store.insert_tasks(list(tasks.values()))

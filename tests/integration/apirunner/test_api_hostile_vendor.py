@@ -147,11 +147,11 @@ class Hostile:
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
-            lane_group=profile.queue,
+            queue=profile.queue,
             params={"prompt": f"model {model}"},
             fingerprint=new_id(),
             created_at=0.0,
-            account=profile.provider,
+            owner=profile.provider,
             max_attempts=profile.max_attempts,
         )
 
@@ -168,7 +168,7 @@ class Hostile:
             task=task,
             profile=profile,
             lane=profile.queue,
-            account=profile.provider or "",
+            owner=profile.provider or "",
             clock=self.clock,
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.hostile"), {}),
