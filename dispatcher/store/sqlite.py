@@ -40,8 +40,6 @@ from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.rows import (
-    attempt_to_row,
-    encode_changes,
     row_to_account,
     row_to_attempt,
     row_to_task,
@@ -59,14 +57,13 @@ from dispatcher.store.sql import (
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
-    claim_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
-    update_sql,
 )
 from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
+from dispatcher.store.taskwrites import SQLITE, task_claim, task_update
 
 
 class SqliteStore(SqliteHostOps):
@@ -219,31 +216,24 @@ class SqliteStore(SqliteHostOps):
         ended: Attempt | None = None,
         fence: Fence | None = None,
     ) -> Task | None:
-        columns = encode_changes(changes)
-        sql = update_sql(
-            columns,
-            attempt=expect_attempt is not None,
-            unless_cancel=unless_cancel_requested,
-            fenced=fence is not None,
+        write = task_update(
+            SQLITE,
+            task_id,
+            expect_state=expect_state,
+            expect_attempt=expect_attempt,
+            changes=changes,
+            unless_cancel_requested=unless_cancel_requested,
+            ended=ended,
+            fence=fence,
         )
-        args: list[Any] = [*columns.values(), task_id, expect_state.value]
-        if expect_attempt is not None:
-            args.append(expect_attempt)
-        if fence is not None:
-            args += [fence.account, fence.token]
         with self._lock:
-            if ended is None:
-                rows = self._write1(sql, args)
+            if write.history is None:
+                rows = self._write1(write.update.sql, write.update.args)
             else:
                 with self._tx() as db:
-                    rows = db.execute(sql, args).fetchall()
+                    rows = db.execute(write.update.sql, write.update.args).fetchall()
                     if rows:
-                        history = attempt_to_row(ended)
-                        db.execute(
-                            f"INSERT INTO attempts ({', '.join(history)}) "
-                            f"VALUES ({', '.join('?' for _ in history)})",
-                            tuple(history.values()),
-                        )
+                        db.execute(write.history.sql, write.history.args)
             if not rows:
                 return None
             self.writes.add(task_id)
@@ -261,19 +251,11 @@ class SqliteStore(SqliteHostOps):
     ) -> Task | None:
         if not queues:
             return None
-        columns = encode_changes({**changes, "state": State.RUNNING})
-        sql = claim_sql(
-            len(queues), columns, fenced=fence is not None, quota=quota is not None, lock=""
-        )
-        args: list[Any] = [*columns.values(), *queues, now]
-        if fence is not None:
-            args += [fence.account, fence.token]
-        if quota is not None:
-            args += [quota.owner, quota.limit]
+        claim = task_claim(SQLITE, queues, now, changes, fence=fence, quota=quota)
         # Find and take in one statement (atomic on its own): the oldest ready
         # task across the queues, FIFO within the lane.
         with self._lock:
-            rows = self._write1(sql, args)
+            rows = self._write1(claim.sql, claim.args)
             if not rows:
                 return None
             claimed = rows[0]
