@@ -327,9 +327,7 @@ async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> N
         assert "web:extra" in lanes
         after = await h.submit("demo-chat", "after the move")
         done = await h.wait_task(after["id"])
-        assert done["state"] == "success" and done["owner"] == "extra", done["attempts"][0][
-            "error"
-        ]
+        assert done["state"] == "success" and done["owner"] == "extra", done["attempts"][0]["error"]
 
 
 async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_path: Path) -> None:
