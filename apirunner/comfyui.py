@@ -72,7 +72,7 @@ from apirunner.inbox import CLOSED, MISSED, Inbox
 from apirunner.polling import poll_wait
 from apirunner.templates import join_url
 from dispatcher.allowlist import Allowlist, origin_of, same_origin
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.errors import (
     UNREACHABLE_KIND,
     AccountHold,
@@ -535,7 +535,7 @@ class _ComfyAttempt(AttemptBase):
     async def close_socket(self) -> None:
         reader, self.reader = self.reader, None
         if reader is not None:
-            await stop_job(reader)
+            await stop_background(reader)
         socket, self.socket = self.socket, None
         if socket is not None:
             with contextlib.suppress(Exception):

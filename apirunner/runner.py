@@ -185,10 +185,10 @@ class ApiRunner(Runner):
         # The lane's provider: its base URL, its key, its pooled client. A
         # resumed task's lane is the provider that accepted its remote id.
         try:
-            api = profile.api_for(ctx.account)
+            api = profile.api_for(ctx.owner)
         except ConfigError as exc:
             raise config_error(str(exc)) from None
-        client = self.client(ctx.account)
+        client = self.client(ctx.owner)
         attempt = ProviderAttempt(
             self._scope(task, ctx, api, client),
             settings=self._settings,

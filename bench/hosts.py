@@ -142,7 +142,7 @@ async def claim_statement(url: str) -> dict[str, float]:
                 id=f"c{i:05d}",
                 model=MODEL,
                 kind=Kind.API,
-                lane_group=f"api-model:{MODEL}",
+                queue=f"api-model:{MODEL}",
                 params={"prompt": f"claim {i}"},
                 fingerprint=f"claim-{i}",
                 created_at=now,
@@ -155,7 +155,7 @@ async def claim_statement(url: str) -> dict[str, float]:
         for _ in range(CLAIMS):
             t0 = time.perf_counter()
             claimed = await store.claim_next(
-                [f"api-model:{MODEL}"], time.time(), {"account": "demo", "host": "bench"}
+                [f"api-model:{MODEL}"], time.time(), {"owner": "demo", "host": "bench"}
             )
             took.append(time.perf_counter() - t0)
             assert claimed is not None

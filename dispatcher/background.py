@@ -1,4 +1,4 @@
-"""Stopping a background job: an asyncio task the service runs beside the others.
+"""Stopping a background task: an asyncio task the service runs beside the others.
 
 A cancel can be lost. On Python 3.11 `asyncio.wait_for` returns its inner
 result, and swallows the cancel, when the inner wait completes in the same
@@ -10,7 +10,8 @@ fresh, until the service stopped: its runner had finished, but the scheduler
 waited on a heartbeat loop that had swallowed its cancel while waiting for a
 PostgreSQL connection.
 
-So a job is cancelled again, every `RECANCEL_S`, until it has ended.
+So a background task is cancelled again, every `RECANCEL_S`, until it has
+ended. ("Job" is kept for a batch of tasks.)
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from typing import Any
 RECANCEL_S = 0.05
 
 
-async def stop_job(job: asyncio.Task[Any]) -> None:
-    """Cancel `job` and return once it has ended, cancelling it again while it goes on.
+async def stop_background(work: asyncio.Task[Any]) -> None:
+    """Cancel `work` and return once it has ended, cancelling it again while it goes on.
 
-    A job that failed (rather than being cancelled) raises its exception here,
-    as `await job` would. The caller's own cancellation is never swallowed.
+    A background task that failed (rather than being cancelled) raises its
+    exception here, as `await work` would. The caller's own cancellation is
+    never swallowed.
     """
-    while not job.done():
-        job.cancel()
-        await asyncio.wait((job,), timeout=RECANCEL_S)
-    if job.cancelled():
+    while not work.done():
+        work.cancel()
+        await asyncio.wait((work,), timeout=RECANCEL_S)
+    if work.cancelled():
         return
-    error = job.exception()
+    error = work.exception()
     if error is not None:
         raise error

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.events import EventBus, TaskChanged
 from dispatcher.models import State, Task
 from dispatcher.store import Store
@@ -51,7 +51,7 @@ class RemoteTasks:
         await self.listener.aclose()
         relay, self._relay = self._relay, None
         if relay is not None:
-            await stop_job(relay)
+            await stop_background(relay)
 
     def _caught(self) -> None:
         """After a lost connection: a `None` in the queue asks for a look at

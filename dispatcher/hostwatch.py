@@ -20,7 +20,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.clock import Clock
 from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
 from dispatcher.errors import StoreError
@@ -158,14 +158,13 @@ class HostWatch:
                 "name": f"web:{account}",
                 "kind": Kind.WEB.value,
                 "owner": account,
-                "account": account,
                 "models": [],
                 "concurrency": 0,
                 "enabled": False,
                 "needs_attention": False,
                 "reason": refusal.message,
                 "invalid": refusal.message,
-                "refused": refusal.owner,
+                "refused": refusal.holder,
                 "queued": 0,
                 "running": [],
             }
@@ -243,7 +242,7 @@ class HostWatch:
 
     async def aclose(self) -> None:
         if self._loop is not None:
-            await stop_job(self._loop)
+            await stop_background(self._loop)
             self._loop = None
         for lease in list(self.leases.values()):
             # Released at a clean stop: the account may move at once.

@@ -153,7 +153,7 @@ class Intake:
             ref=spec.ref,
             model=spec.model,
             kind=profile.kind,
-            lane_group=profile.queue,
+            queue=profile.queue,
             params=params,
             fingerprint=task_fingerprint,
             created_at=now,

@@ -269,8 +269,8 @@ class Ledger(TaskReads):
         return Attempt(
             task_id=task.id,
             attempt=task.attempt,
-            lane_group=task.queue,
-            account=task.owner,
+            queue=task.queue,
+            owner=task.owner,
             outcome=new_state,
             started_at=task.started_at,
             ended_at=self.clock.now(),
@@ -297,7 +297,7 @@ class Ledger(TaskReads):
             queues,
             now,
             {
-                "account": owner,
+                "owner": owner,
                 "stage": Stage.DISPATCHED,
                 "started_at": now,
                 "heartbeat_at": now,
@@ -464,7 +464,7 @@ class Ledger(TaskReads):
         serves it; a remote id is only ever resumed where it was accepted,
         so the next lane submits afresh.
         """
-        changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "account": None}
+        changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "owner": None}
         if forget_remote:
             changes["remote_id"] = None
         return await self._write(task, State.PENDING, changes, why=why, fenced=fenced)
@@ -477,7 +477,7 @@ class Ledger(TaskReads):
             {
                 "stage": None,
                 "heartbeat_at": None,
-                "account": None,
+                "owner": None,
                 "not_before": self.clock.now() + delay_s,
             },
             why=f"model {task.model!r} is not loaded",
@@ -542,7 +542,7 @@ class Ledger(TaskReads):
                 "heartbeat_at": None,
                 "finished_at": None,
                 "cancel_requested": False,
-                "account": None,
+                "owner": None,
             },
             why="retry requested",
         )
@@ -577,6 +577,6 @@ class Ledger(TaskReads):
 def _fence(task: Task) -> Fence | None:
     """A running attempt claimed under an account lease writes only while that
     lease is still the one it ran under (see `Store.update_task`)."""
-    if task.state is not State.RUNNING or task.lease_token is None or task.account is None:
+    if task.state is not State.RUNNING or task.lease_token is None or task.owner is None:
         return None
-    return Fence(task.account, task.lease_token)
+    return Fence(task.owner, task.lease_token)

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State, Task
 
@@ -72,7 +72,7 @@ class LoopLagProbe:
 
     async def stop(self) -> None:
         if self._task is not None:
-            await stop_job(self._task)
+            await stop_background(self._task)
             self._task = None
 
     def max_lag_s(self) -> float:

@@ -63,13 +63,16 @@ class Task:
     id: str
     model: str
     kind: Kind
-    lane_group: str  # which lanes may take it: "api-model:<model>" or "web:<model>"
+    # What it waits in, which lanes may take it: "api-model:<model>" or
+    # "web:<model>" (not a lane).
+    queue: str
     params: JSON
     fingerprint: str
     created_at: float
     job_id: str | None = None
     ref: str | None = None  # the client's own name for it, unique within its job
-    account: str | None = None  # the web account or API provider that ran it
+    # The web account or API provider whose lane ran it (the last one).
+    owner: str | None = None
     state: State = State.PENDING
     stage: Stage | None = None
     attempt: int = 1
@@ -96,18 +99,6 @@ class Task:
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
-    # The stored columns keep their old names (`lane_group`, `account`); code
-    # reads the names that say what they are.
-    @property
-    def queue(self) -> str:
-        """What it waits in: "api-model:<model>" or "web:<model>" (not a lane)."""
-        return self.lane_group
-
-    @property
-    def owner(self) -> str | None:
-        """The web account or API provider whose lane ran it (the last one)."""
-        return self.account
-
     def replace(self, **changes: Any) -> Task:
         return dataclasses.replace(self, **changes)
 
@@ -118,8 +109,7 @@ class Task:
             "ref": self.ref,
             "model": self.model,
             "kind": self.kind.value,
-            "owner": self.account,
-            "account": self.account,  # deprecated alias of "owner"
+            "owner": self.owner,
             "params": self.params,
             "fingerprint": self.fingerprint,
             "state": self.state.value,
@@ -150,10 +140,10 @@ class Attempt:
 
     task_id: str
     attempt: int
-    lane_group: str
+    queue: str
     outcome: State
     ended_at: float
-    account: str | None = None
+    owner: str | None = None
     started_at: float | None = None
     error: TaskError | None = None
     stage_durations: dict[str, float] = field(default_factory=dict)
@@ -162,12 +152,11 @@ class Attempt:
         return {
             "attempt": self.attempt,
             # An API attempt ran on its provider's lane; a web one names
-            # the model's queue (its account is beside it).
-            "lane": f"api:{self.account}"
-            if self.account and self.lane_group.startswith("api")
-            else self.lane_group,
-            "owner": self.account,
-            "account": self.account,  # deprecated alias of "owner"
+            # the model's queue (its account, the owner, is beside it).
+            "lane": f"api:{self.owner}"
+            if self.owner and self.queue.startswith("api")
+            else self.queue,
+            "owner": self.owner,
             "outcome": self.outcome.value,
             "started_at": self.started_at,
             "ended_at": self.ended_at,

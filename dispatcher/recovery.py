@@ -89,7 +89,7 @@ async def recover(
         elif not await adopt(task):
             # Its provider is not served here: the job it holds there is
             # out of reach, and no other provider may poll it.
-            gone = f"{why}: its lane api:{task.account} is not served here"
+            gone = f"{why}: its lane api:{task.owner} is not served here"
             await ledger.requeue(task, gone, forget_remote=True, fenced=False)
     log.info(
         "%s: %d resumed polling, %d re-queued, %d web stale, %d expired",

@@ -93,7 +93,7 @@ class Roster:
             holder = await self._held_elsewhere(name)
             if holder is not None:
                 raise StateConflict(
-                    f"web account {name!r} is served by host {holder.owner!r}; "
+                    f"web account {name!r} is served by host {holder.holder!r}; "
                     "remove it there (or stop that host) before adding it here"
                 )
         stored = (await self._store.get_web_accounts()).get(name, ())

@@ -116,7 +116,7 @@ class RunContext:
         task: Task,
         profile: Profile,
         lane: str,
-        account: str,
+        owner: str,
         clock: Clock,
         result_dir: Path,
         log: logging.LoggerAdapter[Any],
@@ -134,14 +134,15 @@ class RunContext:
         self.history_s = history_s
         self.profile = profile
         self.lane = lane
-        self.account = account
+        # The web account or API provider whose lane runs this attempt.
+        self.owner = owner
         self.clock = clock
         self.result_dir = result_dir
         self.log = log
         self.interruption: Interruption | None = None
         # The asyncio task the whole run executes in (set by the scheduler):
         # what a reclaim or a shutdown cancels.
-        self.job: asyncio.Task[Any] | None = None
+        self.work: asyncio.Task[Any] | None = None
         self._last_beat_monotonic = clock.monotonic()
         self._alive_waits = 0  # guards whose waiting itself proves liveness
         # Tasks inside `guard` (with its nesting depth), and those we cut.
@@ -183,8 +184,8 @@ class RunContext:
             return
         first = self.interruption is None or not self.interruption.withdraws
         self.interruption = reason
-        if self.job is not None and not self.job.done():
-            self.job.cancel()
+        if self.work is not None and not self.work.done():
+            self.work.cancel()
         if first:
             asyncio.get_running_loop().call_later(RECANCEL_S, self._recancel)
 

@@ -27,7 +27,7 @@ from dispatcher.attempt import (
     disk_full_error,
     unrecorded,
 )
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -166,14 +166,14 @@ class Scheduler:
         self._wake.set()
         if self._loop_task is not None:
             await self._loop_task
-        jobs = []
+        works = []
         for running in list(self.running.values()):
-            job = running.ctx.job
-            if job is not None and not job.done():
+            work = running.ctx.work
+            if work is not None and not work.done():
                 running.ctx.interrupt(Interruption.SHUTDOWN)
-                jobs.append(job)
-        if jobs:
-            await asyncio.gather(*jobs, return_exceptions=True)
+                works.append(work)
+        if works:
+            await asyncio.gather(*works, return_exceptions=True)
 
     def lane_tasks(self, name: str) -> list[str]:
         """Ids of the tasks running in a lane (also one dropped from `lanes`)."""
@@ -341,7 +341,7 @@ class Scheduler:
             task=task,
             profile=profile,
             lane=lane.name,
-            account=lane.owner,
+            owner=lane.owner,
             clock=self.clock,
             result_dir=self.results_dir.joinpath(task.id, f"attempt-{task.attempt}"),
             log=adapter,
@@ -355,7 +355,7 @@ class Scheduler:
         )
         self.running[task.id] = running
         self._lane_running[lane.name].add(task.id)
-        ctx.job = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
+        ctx.work = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
         if task.cancel_requested:
             ctx.interrupt(Interruption.CANCELED)
 
@@ -387,7 +387,7 @@ class Scheduler:
                     # A reclaim or shutdown arriving meanwhile must not skip
                     # the outcome's write below.
                     with contextlib.suppress(asyncio.CancelledError):
-                        await stop_job(beat)
+                        await stop_background(beat)
             if outcome is not None:
                 # The outcome's write is an await (a round trip on PostgreSQL):
                 # a reclaim or shutdown cancelling us meanwhile must not lose it.
@@ -633,7 +633,6 @@ class Scheduler:
                     "name": lane.name,
                     "kind": lane.kind.value,
                     "owner": lane.owner,
-                    "account": lane.owner,  # deprecated alias of "owner"
                     "models": list(lane.models),
                     "concurrency": lane.concurrency,
                     "effective_concurrency": self.lane_concurrency(lane),

@@ -51,7 +51,7 @@ def log_rejected(
             task.attempt,
             task.state.value,
             new_state.value,
-            task.account,
+            task.owner,
             task.lease_token,
             f": {why}" if why else "",
             extra=log_fields(task, attempt=task.attempt),

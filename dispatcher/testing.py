@@ -97,7 +97,7 @@ def run_context(
         task=task,
         profile=profile,
         lane=lane,
-        account=owner,
+        owner=owner,
         clock=clock or SystemClock(),
         result_dir=result_dir,
         log=log or logging.LoggerAdapter(logging.getLogger("dispatcher.testing"), {"lane": lane}),

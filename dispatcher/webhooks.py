@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError, DispatcherError, InputError, NotFound, StateConflict
 from dispatcher.events import AccountChanged, Event, TaskChanged
@@ -242,7 +242,7 @@ class Webhooks:
 
     async def aclose(self) -> None:
         if self._builder is not None:
-            await stop_job(self._builder)
+            await stop_background(self._builder)
             self._builder = None
             # Events heard but not yet written are written now, so a restart
             # (or another host) delivers them.
@@ -254,7 +254,7 @@ class Webhooks:
                 self._drop(self._queue.qsize() * len(self.urls))
                 log.error("webhooks: %d events not written at stop", self._queue.qsize())
         if self._sender is not None:
-            await stop_job(self._sender)
+            await stop_background(self._sender)
             self._sender = None
         under_way = [t for tasks in self._in_flight.values() for t in tasks]
         if under_way:

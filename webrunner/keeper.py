@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 from dispatcher.events import AccountChanged, Event
 from dispatcher.health import AccountState
 from dispatcher.models import Kind
@@ -346,7 +346,7 @@ class BrowserKeeper:
                 tasks.append(preload.task)
         for task in tasks:
             with contextlib.suppress(PlaywrightError):
-                await stop_job(task)
+                await stop_background(task)
 
     def _close_after(self, account: str, session: BrowserSession, idle_limit_s: float) -> None:
         previous = self._closers.pop(account, None)

@@ -36,7 +36,7 @@ class PageContext(Protocol):
     `RunContext`, or a browser started before any task (`prewarm.py`)."""
 
     clock: Clock
-    account: str
+    owner: str  # the web account whose lane drives the page
 
     def check_canceled(self) -> None: ...
 
@@ -249,7 +249,7 @@ class PageDriver:
         return str(texts[0]).strip() if texts else None
 
     def _logged_out_error(self) -> AuthError:
-        return logged_out_error(self.spec, self.ctx.account)
+        return logged_out_error(self.spec, self.ctx.owner)
 
     # -- the steps ---------------------------------------------------------
 
@@ -365,7 +365,7 @@ class PageDriver:
 
     async def _raise_hold(self, look: GateLook) -> None:
         """A human check, a usage cap or a logout on the page: the account, not the task."""
-        error = self._gates_rule.verdict(look, self.ctx.account, self.ctx.clock.now())
+        error = self._gates_rule.verdict(look, self.ctx.owner, self.ctx.clock.now())
         if error is not None:
             raise error
 

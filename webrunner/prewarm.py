@@ -54,7 +54,7 @@ class PrestartContext:
     no heartbeat to write; only bounded waits."""
 
     def __init__(self, account: str, clock: Clock) -> None:
-        self.account = account
+        self.owner = account
         self.clock = clock
 
     def check_canceled(self) -> None:

@@ -289,7 +289,7 @@ class WebRunner(Runner):
         spec = ctx.profile.web
         if spec is None:
             raise PermanentError(f"model {ctx.profile.name!r} has no [web] table", kind="config")
-        account = ctx.account
+        account = ctx.owner
         if account not in self._locks or self._playwright is None:
             raise PermanentError(
                 f"web account {account!r} is not held by this runner (started: "
@@ -399,7 +399,7 @@ class WebRunner(Runner):
         assert session is not None
         preloaded = await page_step(
             ctx,
-            self.keeper.preloaded(ctx.account, spec.url),
+            self.keeper.preloaded(ctx.owner, spec.url),
             what=f"loading {spec.url}",
             budget=budget,
         )
@@ -554,7 +554,7 @@ class WebRunner(Runner):
         assert session.guard is not None
         await page_step(
             ctx,
-            session.guard.apply(self._policy(ctx.account, spec)),
+            session.guard.apply(self._policy(ctx.owner, spec)),
             what="setting the browser's limits",
             budget=Budget.after(self.clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s"),
         )

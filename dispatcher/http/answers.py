@@ -22,10 +22,6 @@ class ErrorDetail(_Answer):
     message: str = Field(description="what is wrong, for a person")
 
 
-# `account` said "web account" in one place and "API provider" in another.
-_OLD_OWNER = 'deprecated: the old name of "owner"; removed in 0.2'
-
-
 class ErrorAnswer(_Answer):
     error: ErrorDetail
 
@@ -45,7 +41,6 @@ class AttemptAnswer(_Answer):
     attempt: int
     lane: str | None
     owner: str | None = Field(description="the web account or API provider whose lane ran it")
-    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
     outcome: State
     started_at: float | None
     ended_at: float | None
@@ -59,7 +54,6 @@ class TaskAnswer(_Answer):
     model: str
     kind: Kind
     owner: str | None = Field(description="the web account or API provider whose lane ran it")
-    account: str | None = Field(deprecated=True, description=_OLD_OWNER)
     params: dict[str, Any]
     fingerprint: str
     state: State
@@ -190,7 +184,7 @@ class Outbox(_Answer):
 
 
 class Queue(_Answer):
-    queue: str = Field(description="a lane group: the queue its lanes take tasks from")
+    queue: str = Field(description="a queue: what its lanes take tasks from")
     waiting: int
 
 
@@ -205,7 +199,6 @@ class Lane(_Answer):
     name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
     kind: Kind | None = Field(description="null for a profile file that is invalid")
     owner: str = Field(description="the web account or API provider this lane belongs to")
-    account: str = Field(deprecated=True, description=_OLD_OWNER)
     models: list[str]
     concurrency: int
     effective_concurrency: int = Field(

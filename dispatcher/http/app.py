@@ -345,7 +345,6 @@ class Api:
                     "name": f"invalid:{Path(file).name}",
                     "kind": None,
                     "owner": "",
-                    "account": "",
                     "models": models,
                     "concurrency": 0,
                     "enabled": False,

@@ -193,7 +193,7 @@ class LoginRoutes:
 
         task = await self.service.ledger.get(request.path_params["id"])
         runner = self._runner()
-        session = runner.running_browser(task.account) if task.account else None
+        session = runner.running_browser(task.owner) if task.owner else None
         if task.state is not State.RUNNING or session is None:
             raise StateConflict(f"task {task.id} is not running in a browser now")
         pages = session.context.pages

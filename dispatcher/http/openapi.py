@@ -196,7 +196,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         "Retry the failed tasks only", answer=JobAnswer, errors=(409,)
     ),
     ("/v1/lanes", "get"): Op("Lanes with concurrency, queue depth and running tasks", list[Lane]),
-    ("/v1/queues", "get"): Op("Waiting tasks per queue (lane group), on every host", list[Queue]),
+    ("/v1/queues", "get"): Op("Waiting tasks per queue, on every host", list[Queue]),
     ("/v1/reload", "post"): Op(
         "Re-read the profiles (also SIGHUP); answers what changed", answer=ReloadAnswer
     ),

@@ -90,18 +90,18 @@ class Store(Protocol):
 
     async def claim_next(
         self,
-        lane_groups: Sequence[str],
+        queues: Sequence[str],
         now: float,
         changes: Mapping[str, Any],
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
     ) -> Task | None:
-        """Oldest pending task of these groups whose `not_before` has passed, moved
+        """Oldest pending task of these queues whose `not_before` has passed, moved
         to running with `changes` in the same atomic step (row-locked on PostgreSQL:
         hosts claiming at once never take the same task). With `fence`, only while
         that lease holds; with `quota`, only while fewer than `quota.limit` tasks
-        bound to `quota.account` run on all hosts together."""
+        held by `quota.owner` run on all hosts together."""
 
     async def tasks_in_state(
         self, state: State, limit: int | None = None, *, host: str | None = None
@@ -111,15 +111,15 @@ class Store(Protocol):
     async def stale_running(self, heartbeat_before: float) -> list[Task]:
         """Running tasks whose last heartbeat (or start) is older than the bound."""
 
-    async def count_ahead(self, lane_group: str, seq: int) -> int:
-        """Pending tasks of the group inserted before `seq`."""
+    async def count_ahead(self, queue: str, seq: int) -> int:
+        """Pending tasks of the queue inserted before `seq`."""
 
-    async def running_owners(self, lane_group: str) -> int:
-        """Lane owners (accounts, providers) running a task of the group now, on
+    async def running_owners(self, queue: str) -> int:
+        """Lane owners (accounts, providers) running a task of the queue now, on
         any host: the capacity serving a queue that other hosts share."""
 
     async def queued_counts(self) -> dict[str, int]:
-        """Pending tasks per lane group."""
+        """Pending tasks per queue."""
 
     async def state_counts(self) -> dict[tuple[str, str], int]:
         """Tasks per (model, state), for metrics."""

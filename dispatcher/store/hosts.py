@@ -40,13 +40,13 @@ class LeaseRefused:
     """Another live host holds the account."""
 
     account: str
-    owner: str
+    holder: str  # the host holding it
     expires_at: float
 
     @property
     def message(self) -> str:
         return (
-            f"web account {self.account!r} is served by host {self.owner!r}; "
+            f"web account {self.account!r} is served by host {self.holder!r}; "
             "stop it there (or let its lease lapse) before serving it here"
         )
 
@@ -61,7 +61,7 @@ class Fence:
 
 @dataclass(frozen=True)
 class Quota:
-    """At most `limit` running tasks bound to `account` (an API provider), all hosts together."""
+    """At most `limit` running tasks held by `owner` (an API provider), all hosts together."""
 
-    account: str
+    owner: str
     limit: int

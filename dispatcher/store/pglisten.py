@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from dispatcher.background import stop_job
+from dispatcher.background import stop_background
 
 log = logging.getLogger("dispatcher.store.listen")
 
@@ -86,17 +86,17 @@ class TaskListener:
         self.on_reconnect = on_reconnect
         self.reconnects = 0  # connections lost and made again
         self.received = 0  # notices of other hosts passed on
-        self._job: asyncio.Task[None] | None = None
+        self._work: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Listening once this returns; a first connection that fails says why."""
         conn = await self._connect()
-        self._job = asyncio.create_task(self._run(conn), name="pg-listen")
+        self._work = asyncio.create_task(self._run(conn), name="pg-listen")
 
     async def aclose(self) -> None:
-        job, self._job = self._job, None
-        if job is not None:
-            await stop_job(job)
+        work, self._work = self._work, None
+        if work is not None:
+            await stop_background(work)
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         conn = await psycopg.AsyncConnection.connect(

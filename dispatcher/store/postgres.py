@@ -30,8 +30,6 @@ from dispatcher.store.pglisten import host_option
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.rows import (
-    attempt_to_row,
-    encode_changes,
     row_to_account,
     row_to_attempt,
     row_to_task,
@@ -49,13 +47,12 @@ from dispatcher.store.sql import (
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
-    claim_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
     pg_marks,
-    update_sql,
 )
+from dispatcher.store.taskwrites import POSTGRESQL, task_claim, task_update
 
 Row = dict[str, Any]
 
@@ -247,64 +244,41 @@ class PostgresStore(PostgresHostOps):
         ended: Attempt | None = None,
         fence: Fence | None = None,
     ) -> Task | None:
-        columns = encode_changes(changes)
-        sql = pg_marks(
-            update_sql(
-                columns,
-                attempt=expect_attempt is not None,
-                unless_cancel=unless_cancel_requested,
-                fenced=fence is not None,
-            )
+        write = task_update(
+            POSTGRESQL,
+            task_id,
+            expect_state=expect_state,
+            expect_attempt=expect_attempt,
+            changes=changes,
+            unless_cancel_requested=unless_cancel_requested,
+            ended=ended,
+            fence=fence,
         )
-        args: list[Any] = [*columns.values(), task_id, expect_state.value]
-        if expect_attempt is not None:
-            args.append(expect_attempt)
-        if fence is not None:
-            args += [fence.account, fence.token]
-        if ended is None:
+        if write.history is None:
             # One statement: atomic on its own, without BEGIN/COMMIT round trips.
-            rows = await self._write1(sql, args, marked=True)
+            rows = await self._write1(write.update.sql, write.update.args, marked=True)
             return row_to_task(rows[0]) if rows else None
         async with self._conn("write") as conn, conn.transaction():
-            cur = await conn.execute(sql, args)
+            cur = await conn.execute(write.update.sql, write.update.args)
             row = await cur.fetchone()
             if row is not None:
-                history = attempt_to_row(ended)
-                await conn.execute(
-                    f"INSERT INTO attempts ({', '.join(history)}) "
-                    f"VALUES ({', '.join('%s' for _ in history)})",
-                    tuple(history.values()),
-                )
+                await conn.execute(write.history.sql, write.history.args)
         return row_to_task(row) if row is not None else None
 
     async def claim_next(
         self,
-        lane_groups: Sequence[str],
+        queues: Sequence[str],
         now: float,
         changes: Mapping[str, Any],
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
     ) -> Task | None:
-        if not lane_groups:
+        if not queues:
             return None
-        columns = encode_changes({**changes, "state": State.RUNNING})
-        sql = pg_marks(
-            claim_sql(
-                len(lane_groups),
-                columns,
-                fenced=fence is not None,
-                quota=quota is not None,
-                lock="FOR UPDATE SKIP LOCKED",
-            )
-        )
-        args: list[Any] = [*columns.values(), *lane_groups, now]
-        if fence is not None:
-            args += [fence.account, fence.token]
-        if quota is not None:
-            args += [quota.account, quota.limit]
+        claim = task_claim(POSTGRESQL, queues, now, changes, fence=fence, quota=quota)
         if quota is None:
-            rows = await self._write1(sql, args, marked=True)
+            rows = await self._write1(claim.sql, claim.args, marked=True)
             return row_to_task(rows[0]) if rows else None
         async with self._conn("claim") as conn, conn.transaction():
             # The count of running tasks and the claim must be one step across
@@ -313,9 +287,9 @@ class PostgresStore(PostgresHostOps):
             # committed before.
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{quota.account}",),
+                (f"quota:{quota.owner}",),
             )
-            cur = await conn.execute(sql, args)
+            cur = await conn.execute(claim.sql, claim.args)
             row = await cur.fetchone()
         return row_to_task(row) if row is not None else None
 
@@ -373,29 +347,26 @@ class PostgresStore(PostgresHostOps):
         rows = await self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
-    async def count_ahead(self, lane_group: str, seq: int) -> int:
+    async def count_ahead(self, queue: str, seq: int) -> int:
         # From the database: tasks of every host share the queue.
         rows = await self._query(
-            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND lane_group = ? "
-            "AND seq < ?",
-            (lane_group, seq),
+            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND queue = ? AND seq < ?",
+            (queue, seq),
         )
         return int(rows[0]["n"])
 
-    async def running_owners(self, lane_group: str) -> int:
+    async def running_owners(self, queue: str) -> int:
         rows = await self._query(
-            "SELECT COUNT(DISTINCT account) AS n FROM tasks "
-            "WHERE state = 'running' AND lane_group = ?",
-            (lane_group,),
+            "SELECT COUNT(DISTINCT owner) AS n FROM tasks WHERE state = 'running' AND queue = ?",
+            (queue,),
         )
         return int(rows[0]["n"])
 
     async def queued_counts(self) -> dict[str, int]:
         rows = await self._query(
-            "SELECT lane_group, COUNT(*) AS n FROM tasks WHERE state = 'pending' "
-            "GROUP BY lane_group"
+            "SELECT queue, COUNT(*) AS n FROM tasks WHERE state = 'pending' GROUP BY queue"
         )
-        return {r["lane_group"]: int(r["n"]) for r in rows}
+        return {r["queue"]: int(r["n"]) for r in rows}
 
     async def state_counts(self) -> dict[tuple[str, str], int]:
         rows = await self._query(

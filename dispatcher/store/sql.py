@@ -72,7 +72,7 @@ LEASES = (
     "SELECT account, host, token, expires_at FROM leases WHERE host IS NOT NULL ORDER BY account"
 )
 FENCE = " AND EXISTS (SELECT 1 FROM leases WHERE account = ? AND token = ? AND host IS NOT NULL)"
-QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.account = ?) < ?"
+QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.owner = ?) < ?"
 
 HOST_REGISTER = """INSERT INTO hosts (id, url, started_at, heartbeat_at, dead_at)
     VALUES (?, ?, ?, ?, NULL)
@@ -110,18 +110,18 @@ def pg_marks(sql: str) -> str:
 
 
 def claim_sql(
-    lane_groups: int, columns: Mapping[str, Any], *, fenced: bool, quota: bool, lock: str
+    queue_count: int, columns: Mapping[str, Any], *, fenced: bool, quota: bool, lock: str
 ) -> str:
-    """Find and take the oldest ready pending task of the groups in one statement.
+    """Find and take the oldest ready pending task of the queues in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
     """
-    marks = ", ".join("?" for _ in range(lane_groups))
+    marks = ", ".join("?" for _ in range(queue_count))
     guard = (FENCE if fenced else "") + (QUOTA if quota else "")
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
-        f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
+        f"SELECT seq FROM tasks WHERE state = 'pending' AND queue IN ({marks}) "
         f"AND not_before <= ?{guard} ORDER BY seq LIMIT 1 {lock}) RETURNING {COLUMNS}"
     )
 

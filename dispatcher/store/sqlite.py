@@ -7,7 +7,7 @@ explicit transaction, without the BEGIN/COMMIT round trips), writes of several
 statements share one transaction.
 
 Queue positions (`count_ahead`, asked for by every answer about a pending
-task) come from memory: the seqs of pending tasks per lane group, sorted,
+task) come from memory: the seqs of pending tasks per queue, sorted,
 loaded by `migrate` and kept up to date by the writes here. Counting them in
 SQL cost a scan of the queue per answer. Only this process writes the
 database while it runs (the service holds the state dir's lock), so the copy
@@ -40,8 +40,6 @@ from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.rows import (
-    attempt_to_row,
-    encode_changes,
     row_to_account,
     row_to_attempt,
     row_to_task,
@@ -59,14 +57,13 @@ from dispatcher.store.sql import (
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
-    claim_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
-    update_sql,
 )
 from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
+from dispatcher.store.taskwrites import SQLITE, task_claim, task_update
 
 
 class SqliteStore(SqliteHostOps):
@@ -156,10 +153,8 @@ class SqliteStore(SqliteHostOps):
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
         pending = PendingIndex()
-        for row in self._query(
-            "SELECT lane_group, seq FROM tasks WHERE state = 'pending' ORDER BY seq"
-        ):
-            pending.add(row["lane_group"], row["seq"])
+        for row in self._query("SELECT queue, seq FROM tasks WHERE state = 'pending' ORDER BY seq"):
+            pending.add(row["queue"], row["seq"])
         self._pending = pending
 
     async def schema_version(self) -> int:
@@ -196,7 +191,7 @@ class SqliteStore(SqliteHostOps):
             for task in stored:
                 self.writes.add(task.id)
                 if task.state is State.PENDING:
-                    self._pending.add(task.lane_group, task.seq)
+                    self._pending.add(task.queue, task.seq)
         return stored
 
     async def get_task(self, task_id: str) -> Task | None:
@@ -221,31 +216,24 @@ class SqliteStore(SqliteHostOps):
         ended: Attempt | None = None,
         fence: Fence | None = None,
     ) -> Task | None:
-        columns = encode_changes(changes)
-        sql = update_sql(
-            columns,
-            attempt=expect_attempt is not None,
-            unless_cancel=unless_cancel_requested,
-            fenced=fence is not None,
+        write = task_update(
+            SQLITE,
+            task_id,
+            expect_state=expect_state,
+            expect_attempt=expect_attempt,
+            changes=changes,
+            unless_cancel_requested=unless_cancel_requested,
+            ended=ended,
+            fence=fence,
         )
-        args: list[Any] = [*columns.values(), task_id, expect_state.value]
-        if expect_attempt is not None:
-            args.append(expect_attempt)
-        if fence is not None:
-            args += [fence.account, fence.token]
         with self._lock:
-            if ended is None:
-                rows = self._write1(sql, args)
+            if write.history is None:
+                rows = self._write1(write.update.sql, write.update.args)
             else:
                 with self._tx() as db:
-                    rows = db.execute(sql, args).fetchall()
+                    rows = db.execute(write.update.sql, write.update.args).fetchall()
                     if rows:
-                        history = attempt_to_row(ended)
-                        db.execute(
-                            f"INSERT INTO attempts ({', '.join(history)}) "
-                            f"VALUES ({', '.join('?' for _ in history)})",
-                            tuple(history.values()),
-                        )
+                        db.execute(write.history.sql, write.history.args)
             if not rows:
                 return None
             self.writes.add(task_id)
@@ -254,33 +242,25 @@ class SqliteStore(SqliteHostOps):
 
     async def claim_next(
         self,
-        lane_groups: Sequence[str],
+        queues: Sequence[str],
         now: float,
         changes: Mapping[str, Any],
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
     ) -> Task | None:
-        if not lane_groups:
+        if not queues:
             return None
-        columns = encode_changes({**changes, "state": State.RUNNING})
-        sql = claim_sql(
-            len(lane_groups), columns, fenced=fence is not None, quota=quota is not None, lock=""
-        )
-        args: list[Any] = [*columns.values(), *lane_groups, now]
-        if fence is not None:
-            args += [fence.account, fence.token]
-        if quota is not None:
-            args += [quota.account, quota.limit]
+        claim = task_claim(SQLITE, queues, now, changes, fence=fence, quota=quota)
         # Find and take in one statement (atomic on its own): the oldest ready
-        # task across the groups, FIFO within the lane.
+        # task across the queues, FIFO within the lane.
         with self._lock:
-            rows = self._write1(sql, args)
+            rows = self._write1(claim.sql, claim.args)
             if not rows:
                 return None
             claimed = rows[0]
             self.writes.add(claimed["id"])
-            self._pending.discard(claimed["lane_group"], claimed["seq"])
+            self._pending.discard(claimed["queue"], claimed["seq"])
         return row_to_task(claimed)
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
@@ -336,13 +316,13 @@ class SqliteStore(SqliteHostOps):
         rows = self._query(STALE_RUNNING, (heartbeat_before,))
         return [row_to_task(r) for r in rows]
 
-    async def count_ahead(self, lane_group: str, seq: int) -> int:
-        return self._pending.ahead(lane_group, seq)
+    async def count_ahead(self, queue: str, seq: int) -> int:
+        return self._pending.ahead(queue, seq)
 
-    async def running_owners(self, lane_group: str) -> int:
+    async def running_owners(self, queue: str) -> int:
         rows = self._query(
-            "SELECT COUNT(DISTINCT account) FROM tasks WHERE state = 'running' AND lane_group = ?",
-            (lane_group,),
+            "SELECT COUNT(DISTINCT owner) FROM tasks WHERE state = 'running' AND queue = ?",
+            (queue,),
         )
         return int(rows[0][0])
 
@@ -373,7 +353,7 @@ class SqliteStore(SqliteHostOps):
             stored = task.replace(seq=int(stored_row[0]))
             self.writes.add(stored.id)
             if stored.state is State.PENDING:
-                self._pending.add(stored.lane_group, stored.seq)
+                self._pending.add(stored.queue, stored.seq)
         return stored, True
 
     # -- jobs ----------------------------------------------------------------

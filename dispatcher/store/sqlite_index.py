@@ -51,34 +51,34 @@ class WriteCounter(Mapping[str, int]):
 
 
 class PendingIndex:
-    """Seqs of pending tasks per lane group, sorted: a queue position is a bisect."""
+    """Seqs of pending tasks per queue, sorted: a queue position is a bisect."""
 
     def __init__(self) -> None:
         self._seqs: dict[str, list[int]] = {}
 
-    def add(self, group: str, seq: int) -> None:
-        seqs = self._seqs.setdefault(group, [])
+    def add(self, queue: str, seq: int) -> None:
+        seqs = self._seqs.setdefault(queue, [])
         if not seqs or seqs[-1] < seq:
             seqs.append(seq)  # a new task: always the newest
         else:
             bisect.insort(seqs, seq)  # a retried or re-queued one keeps its place
 
-    def discard(self, group: str, seq: int) -> None:
-        seqs = self._seqs.get(group)
+    def discard(self, queue: str, seq: int) -> None:
+        seqs = self._seqs.get(queue)
         if seqs:
             at = bisect.bisect_left(seqs, seq)
             if at < len(seqs) and seqs[at] == seq:
                 del seqs[at]
 
-    def ahead(self, group: str, seq: int) -> int:
-        return bisect.bisect_left(self._seqs.get(group, ()), seq)
+    def ahead(self, queue: str, seq: int) -> int:
+        return bisect.bisect_left(self._seqs.get(queue, ()), seq)
 
     def counts(self) -> dict[str, int]:
-        return {group: len(seqs) for group, seqs in self._seqs.items() if seqs}
+        return {queue: len(seqs) for queue, seqs in self._seqs.items() if seqs}
 
     def track(self, old_state: str, row: sqlite3.Row) -> None:
         """Follow one task row that was in `old_state` before a write."""
         if old_state == _PENDING and row["state"] != _PENDING:
-            self.discard(row["lane_group"], row["seq"])
+            self.discard(row["queue"], row["seq"])
         elif old_state != _PENDING and row["state"] == _PENDING:
-            self.add(row["lane_group"], row["seq"])
+            self.add(row["queue"], row["seq"])

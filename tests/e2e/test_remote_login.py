@@ -152,7 +152,7 @@ async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
         assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
         # The task that met the logout waited, and now succeeds on the same attempt.
         done = await h.wait_task(task_id, {"success"}, timeout_s=30)
-        assert done["account"] == ACCOUNT and "hello after the login" in done["result"]["text"]
+        assert done["owner"] == ACCOUNT and "hello after the login" in done["result"]["text"]
         assert done["attempt"] == 1
         assert browser.problems == []
 
@@ -241,7 +241,7 @@ async def test_imported_cookie_files_make_the_account_usable(tmp_path: Path) -> 
         assert answer.json()["logged_in"] is True, answer.text
         assert answer.json()["requeued"] == []  # it waited, pending: nothing to retry
         done = await h.wait_task(task_id, {"success"}, timeout_s=30)
-        assert done["account"] == ACCOUNT and done["attempt"] == 1
+        assert done["owner"] == ACCOUNT and done["attempt"] == 1
 
 
 async def test_cli_imports_a_storage_state_and_reports_bad_files(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
             account = await wait_account(h, "demo-1", "needs_attention")
             assert reason in account["reason"]
             held = await h.wait_task(task["id"], {"pending"})
-            assert (held["state"], held["attempt"], held["account"]) == ("pending", 1, None)
+            assert (held["state"], held["attempt"], held["owner"]) == ("pending", 1, None)
 
             # The operator solves it and switches the account back on: the task runs.
             await set_user(h, "demo-1", {"state": "ok"})

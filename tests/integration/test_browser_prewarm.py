@@ -203,7 +203,7 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
             lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
             assert lanes["web:demo-1"]["running"] == []
             held = await h.task(task["id"])
-            assert (held["state"], held["attempt"], held["account"]) == ("pending", 1, None)
+            assert (held["state"], held["attempt"], held["owner"]) == ("pending", 1, None)
             if condition != "never logged in":
                 return
 
@@ -260,7 +260,7 @@ async def test_an_account_removed_while_its_start_finds_it_logged_out_stays_remo
 async def test_a_store_failure_marking_an_account_after_its_start_is_logged_as_the_start_s(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The start is a background job nobody awaits: a failure to mark the
+    """The start is a background task nobody awaits: a failure to mark the
     account (the database away for a moment) is the job's to log, with its
     lane, not left for asyncio to report as an exception never retrieved."""
     async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:

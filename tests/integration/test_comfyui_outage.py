@@ -59,7 +59,7 @@ async def test_an_unreachable_server_is_shown_skipped_and_cleared_when_back(
             ]
             done = await h.wait_job((await h.job("story", shots))["id"])
             assert done["counts"]["success"] == 4
-            assert {(t["account"], t["attempt"]) for t in done["tasks"]} == {("gpu-b", 1)}
+            assert {(t["owner"], t["attempt"]) for t in done["tasks"]} == {("gpu-b", 1)}
             down = await _account(h, "gpu-a")
             assert down["state"] == "unreachable" and down["since"]
             assert down["reason"].startswith("unreachable since ")
@@ -75,7 +75,7 @@ async def test_an_unreachable_server_is_shown_skipped_and_cleared_when_back(
 
             tasks = await _until(rendering, "both long renders show progress")
             assert (await _account(h, "gpu-a"))["state"] == "ok"
-            on_a = next(t for t in tasks if t["account"] == "gpu-a")
+            on_a = next(t for t in tasks if t["owner"] == "gpu-a")
 
             # Down while it renders: the task says it waits, the provider is unreachable.
             await a.go_down()

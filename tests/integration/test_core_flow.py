@@ -28,7 +28,7 @@ async def test_job_of_api_tasks_runs_to_success(tmp_path: Path) -> None:
             download = await h.http.get(f"/v1/tasks/{task['id']}/result")
             assert download.status_code == 200 and len(download.content) == file["size"]
         for task in done["tasks"]:
-            assert task["account"] == "demo" and task["attempt"] == 1
+            assert task["owner"] == "demo" and task["attempt"] == 1
             assert (
                 task["started_at"] >= task["created_at"]
                 and task["finished_at"] >= task["started_at"]

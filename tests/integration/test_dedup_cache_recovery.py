@@ -89,7 +89,7 @@ async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
         id="",
         model="demo-video",
         kind=Kind.API,
-        lane_group="api-model:demo-video",
+        queue="api-model:demo-video",
         params={"prompt": "x", "gen_s": 1},
         fingerprint="",
         created_at=now - 10,
@@ -97,7 +97,7 @@ async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
         stage=Stage.GENERATING,
         started_at=now - 10,
         heartbeat_at=now - 5,
-        account="demo",
+        owner="demo",
     )
     tasks = {
         "no-remote": replace(base, id="no-remote", fingerprint="a"),
@@ -113,7 +113,7 @@ async def _left_running(store: SqliteStore, now: float) -> dict[str, Task]:
             model="demo-chat-api",
             fingerprint="d",
             kind=Kind.WEB,
-            lane_group="web:no-lane-here",
+            queue="web:no-lane-here",
         ),
     }
     await store.insert_tasks(list(tasks.values()))

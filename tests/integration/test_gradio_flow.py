@@ -334,11 +334,11 @@ async def test_a_resumed_task_reattaches_to_an_event_the_app_still_holds(
             id=new_id(),
             model="gr-queue",
             kind=Kind.API,
-            lane_group=profile.queue,
+            queue=profile.queue,
             params={"prompt": "held", "seconds": 0.2},
             fingerprint=new_id(),
             created_at=0.0,
-            account="gr-queue-app",
+            owner="gr-queue-app",
             remote_id=event_id,
         )
         stages: list[tuple[Stage, float | None, int | None]] = []
@@ -353,7 +353,7 @@ async def test_a_resumed_task_reattaches_to_an_event_the_app_still_holds(
             task=task,
             profile=profile,
             lane="api:gr-queue-app",
-            account="gr-queue-app",
+            owner="gr-queue-app",
             clock=clock,
             result_dir=tmp_path / "results",
             log=logging.LoggerAdapter(logging.getLogger("test.gradio"), {}),

@@ -41,7 +41,7 @@ async def test_a_task_answer_carries_every_attempt_of_it(tmp_path: Path) -> None
         assert [a["outcome"] for a in attempts] == ["pending", "pending", "failed"]
         for attempt in attempts:
             assert attempt["owner"] == "demo" and attempt["lane"] == "api:demo"
-            assert attempt["account"] == "demo"  # the deprecated name, for one release
+            assert "account" not in attempt  # the old name of "owner" went in 0.2
             assert attempt["error"]["kind"] and attempt["error"]["message"]
             assert attempt["started_at"] <= attempt["ended_at"]
             assert "dispatched" in attempt["stage_durations"]
@@ -50,7 +50,7 @@ async def test_a_task_answer_carries_every_attempt_of_it(tmp_path: Path) -> None
         done = await h.wait_task(fine["id"])
         (only,) = done["attempts"]
         assert only["outcome"] == "success" and only["error"] is None
-        assert done["owner"] == done["account"] == "demo"
+        assert done["owner"] == "demo" and "account" not in done
         assert set(only["stage_durations"]) >= {"dispatched", "generating", "downloading"}
 
         canceled = await h.wait_task(long["id"])
@@ -71,7 +71,7 @@ async def test_ids_resolve_from_a_unique_prefix_and_an_ambiguous_one_lists_candi
                 id=f"abcd{n}" + "0" * 27,
                 model="demo-chat-api",
                 kind=Kind.API,
-                lane_group="api:demo",
+                queue="api:demo",
                 params={"prompt": f"twin {n}"},
                 fingerprint=f"twin-{n}",
                 created_at=1.0,

@@ -164,18 +164,18 @@ class LedgerMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         rows = self.store._query(
-            "SELECT lane_group, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY lane_group"
+            "SELECT queue, COUNT(*) FROM tasks WHERE state = 'pending' GROUP BY queue"
         )
         assert self.run(self.store.queued_counts()) == {r[0]: r[1] for r in rows}
         tasks = self.tasks_now()
 
         async def ahead() -> list[int]:
-            return [await self.store.count_ahead(t.lane_group, t.seq) for t in tasks]
+            return [await self.store.count_ahead(t.queue, t.seq) for t in tasks]
 
         for task, counted in zip(tasks, self.run(ahead()), strict=True):
             (expected,) = self.store._query(
-                "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
-                (task.lane_group, task.seq),
+                "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? AND seq < ?",
+                (task.queue, task.seq),
             )[0]
             assert counted == expected, task.id
 

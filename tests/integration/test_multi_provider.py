@@ -66,7 +66,8 @@ async def test_a_batch_spreads_over_both_providers_within_each_quota(tmp_path: P
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
         for name in ("api:vid-a", "api:vid-b"):
             assert lanes[name]["models"] == ["multi-video"]
-            assert lanes[name]["owner"] == lanes[name]["account"] == name.removeprefix("api:")
+            assert lanes[name]["owner"] == name.removeprefix("api:")
+            assert "account" not in lanes[name]  # the old name went in 0.2
             assert lanes[name]["concurrency"] == QUOTA
         shots = [
             {"model": "multi-video", "params": {"prompt": f"shot {i}", "gen_s": 5}}
@@ -75,11 +76,11 @@ async def test_a_batch_spreads_over_both_providers_within_each_quota(tmp_path: P
         job = await h.job("spread", shots)
         done = await h.wait_job(job["id"])
         assert done["counts"]["success"] == 10
-        by_provider = {t["account"] for t in done["tasks"]}
+        by_provider = {t["owner"] for t in done["tasks"]}
         assert by_provider == {"vid-a", "vid-b"}
         a, b = await _stats(h, url_a), await _stats(h, url_b)
         assert a["jobs_created"] + b["jobs_created"] == 10
-        assert a["jobs_created"] == sum(t["account"] == "vid-a" for t in done["tasks"])
+        assert a["jobs_created"] == sum(t["owner"] == "vid-a" for t in done["tasks"])
         assert 1 <= a["max_concurrent"] <= QUOTA and 1 <= b["max_concurrent"] <= QUOTA
 
 
@@ -93,7 +94,7 @@ async def test_a_disabled_providers_share_goes_to_the_other(tmp_path: Path) -> N
         job = await h.job("one side", shots)
         done = await h.wait_job(job["id"])
         assert done["counts"]["success"] == 5
-        assert {t["account"] for t in done["tasks"]} == {"vid-b"}
+        assert {t["owner"] for t in done["tasks"]} == {"vid-b"}
         assert (await _stats(h, url_a))["requests"] == 0
         assert (await _stats(h, url_b))["max_concurrent"] <= QUOTA
 
@@ -112,14 +113,14 @@ async def test_a_restart_resumes_the_job_on_the_provider_that_accepted_it(
                 if running["remote_id"]:
                     break
                 await asyncio.sleep(0.02)
-            assert running["account"] == "vid-b" and running["remote_id"]
+            assert running["owner"] == "vid-b" and running["remote_id"]
             # Both lanes are open again: only the remote id's binding decides.
             await h.http.post("/v1/accounts/vid-a/enable")
             await h.http.post("/v1/accounts/vid-b/disable", json={"reason": "now a only"})
         async with _service(tmp_path, state) as h:
             done = await h.wait_task(task["id"])
             assert done["state"] == "success" and done["attempt"] == 1
-            assert done["account"] == "vid-b" and done["remote_id"] == running["remote_id"]
+            assert done["owner"] == "vid-b" and done["remote_id"] == running["remote_id"]
             a, b = await _stats(h, url_a), await _stats(h, url_b)
             assert a["requests"] == 0  # never asked about a job it does not hold
             assert b["jobs_created"] == 1  # resumed, not submitted again
@@ -143,6 +144,9 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
     store._db.execute("ALTER TABLE jobs DROP COLUMN finish_told_at")  # 8
     store._db.execute("DROP TABLE webhook_outbox")  # 9
+    for table in ("tasks", "attempts"):  # 10
+        store._db.execute(f"ALTER TABLE {table} RENAME COLUMN queue TO lane_group")
+        store._db.execute(f"ALTER TABLE {table} RENAME COLUMN owner TO account")
     store._db.execute("DROP TABLE cache_entries")
     store._db.execute(
         "CREATE TABLE cache_entries (fingerprint TEXT PRIMARY KEY, model TEXT NOT NULL, "
@@ -153,12 +157,17 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         id="legacy0001",
         model="multi-video",
         kind=Kind.API,
-        lane_group="api:vid-a",
+        queue="api:vid-a",
         params={"prompt": "queued before the upgrade", "gen_s": 1},
         fingerprint="legacy-fp",
         created_at=1.0,
     )
-    row = {k: v for k, v in task_to_row(legacy).items() if k not in ("host", "lease_token")}
+    old_names = {"queue": "lane_group", "owner": "account"}
+    row = {
+        old_names.get(k, k): v
+        for k, v in task_to_row(legacy).items()
+        if k not in ("host", "lease_token")
+    }
     store._db.execute(
         f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
         tuple(row.values()),
@@ -166,7 +175,7 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     await store.close()
     async with _two_providers(tmp_path), _service(tmp_path, state) as h:
         done = await h.wait_task("legacy0001")
-        assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
+        assert done["state"] == "success" and done["owner"] in {"vid-a", "vid-b"}
         assert await h.service.store.schema_version() == latest_version("sqlite")
 
 
@@ -193,7 +202,7 @@ async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: 
             stats = [await h.demo_stats(server.url) for server in (a, b)]
             # Each server rendered exactly the shots recorded as run there, one at a time.
             assert [len(s["prompts"]) for s in stats] == [
-                sum(t["account"] == name for t in done["tasks"]) for name in ("gpu-a", "gpu-b")
+                sum(t["owner"] == name for t in done["tasks"]) for name in ("gpu-a", "gpu-b")
             ]
             assert all(s["prompts"] and s["max_running"] == 1 for s in stats)
     finally:
@@ -213,21 +222,21 @@ async def test_a_job_left_on_a_provider_no_longer_listed_is_submitted_afresh_els
         id="orphan0001",
         model="multi-video",
         kind=Kind.API,
-        lane_group="api-model:multi-video",
+        queue="api-model:multi-video",
         params={"prompt": "its provider was taken out", "gen_s": 1},
         fingerprint="orphan-fp",
         created_at=now - 10,
         state=State.RUNNING,
         started_at=now - 10,
         heartbeat_at=now - 5,
-        account="vid-gone",
+        owner="vid-gone",
         remote_id="video_on_gone",
     )
     await store.insert_tasks([orphan])
     await store.close()
     async with _two_providers(tmp_path) as (url_a, url_b), _service(tmp_path, state) as h:
         done = await h.wait_task("orphan0001")
-        assert done["state"] == "success" and done["account"] in {"vid-a", "vid-b"}
+        assert done["state"] == "success" and done["owner"] in {"vid-a", "vid-b"}
         assert done["remote_id"] != "video_on_gone" and done["attempt"] == 1
         stats = [await _stats(h, url) for url in (url_a, url_b)]
         # Submitted once, on one provider; nobody was asked about the foreign id.

@@ -80,7 +80,7 @@ async def test_a_revoked_key_holds_the_task_that_met_it(tmp_path: Path) -> None:
             account = await wait_account(h, "demo", "needs_attention")
             assert "401" in account["reason"]
             held = await h.task(task["id"])
-            assert (held["state"], held["attempt"], held["account"]) == ("pending", 1, None)
+            assert (held["state"], held["attempt"], held["owner"]) == ("pending", 1, None)
             queued = await h.submit("demo-chat-api", "waits behind it")
             assert (await h.task(queued["id"]))["state"] == "pending"
 

@@ -10,7 +10,7 @@ from typing import Any
 from tests.harness import running_service
 
 TASK_KEYS = {
-    "id", "job_id", "ref", "model", "kind", "owner", "account", "params", "fingerprint", "state",
+    "id", "job_id", "ref", "model", "kind", "owner", "params", "fingerprint", "state",
     "stage", "attempt", "max_attempts", "cancel_requested", "force", "remote_id", "result",
     "error", "from_cache", "created_at", "started_at", "heartbeat_at", "finished_at",
     "stage_durations",

@@ -92,7 +92,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         assert lanes["web:extra"]["models"] == ["demo-chat"]
         task = await h.submit("demo-chat", "on the new account [duration=20]")
         running = await h.wait_task(task["id"], {"running"})
-        assert running["account"] == "extra"
+        assert running["owner"] == "extra"
         # Busy: refused without drain; with drain it takes no new task.
         refused = await h.http.delete("/v1/accounts/extra")
         assert refused.status_code == 409 and "--drain" not in refused.text
@@ -104,7 +104,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         names = [lane["name"] for lane in (await h.http.get("/v1/lanes")).json()]
         assert "web:extra" not in names
         done = await h.wait_task(task["id"])
-        assert done["state"] == "success" and done["account"] == "extra"
+        assert done["state"] == "success" and done["owner"] == "extra"
         # Gone once its task ended: no row, no browser, the lock free.
         # Its browser closes gracefully first (up to 3 s before a kill): wait
         # by the clock, not by a count of looks, which a loaded machine outruns.
@@ -161,7 +161,7 @@ async def test_an_account_added_logged_out_can_be_logged_in_by_a_cookie_import(
         assert answer.json()["logged_in"] is True
         task = await h.submit("demo-chat", "on the account imported after adding it")
         done = await h.wait_task(task["id"])
-        assert done["state"] == "success" and done["account"] == "extra"
+        assert done["state"] == "success" and done["owner"] == "extra"
         unknown = await h.http.post("/v1/accounts/nobody/import", json={"text": "x"})
         assert unknown.status_code == 404 and "no web account 'nobody'" in unknown.text
 
@@ -327,9 +327,7 @@ async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> N
         assert "web:extra" in lanes
         after = await h.submit("demo-chat", "after the move")
         done = await h.wait_task(after["id"])
-        assert done["state"] == "success" and done["account"] == "extra", done["attempts"][0][
-            "error"
-        ]
+        assert done["state"] == "success" and done["owner"] == "extra", done["attempts"][0]["error"]
 
 
 async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_path: Path) -> None:
@@ -355,7 +353,7 @@ async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_pat
         assert "extra" in accounts
         task = await h.submit("demo-chat", "after the move")
         done = await h.wait_task(task["id"])
-        assert done["state"] == "success" and done["account"] == "extra", done["attempts"]
+        assert done["state"] == "success" and done["owner"] == "extra", done["attempts"]
 
 
 async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path) -> None:
@@ -376,7 +374,7 @@ async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path)
             await asyncio.sleep(0.05)
         for task in backlog:
             waiting = await h.task(task["id"])
-            assert waiting["state"] == "pending" and waiting["account"] is None, waiting
+            assert waiting["state"] == "pending" and waiting["owner"] is None, waiting
 
 
 async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) -> None:

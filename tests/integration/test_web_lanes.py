@@ -112,7 +112,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         )
         done = await h.wait_job(job["id"], timeout_s=120)
         assert done["state"] == "success", done["counts"]
-        assert {t["account"] for t in done["tasks"]} == {"demo-1"}
+        assert {t["owner"] for t in done["tasks"]} == {"demo-1"}
         runs = sorted((t["started_at"], t["finished_at"]) for t in done["tasks"])
         assert all(a[1] <= b[0] for a, b in pairwise(runs)), "overlap on one account"
         assert all(t["result"]["text"].startswith("(brief)") for t in done["tasks"])
@@ -136,7 +136,7 @@ async def test_web_job_on_one_account_and_two_accounts_in_parallel(tmp_path: Pat
         assert done["state"] == "success", done["counts"]
         by_account: dict[str, list[tuple[float, float]]] = {}
         for task in done["tasks"]:
-            by_account.setdefault(task["account"], []).append(
+            by_account.setdefault(task["owner"], []).append(
                 (task["started_at"], task["finished_at"])
             )
         assert set(by_account) == {"demo-1", "demo-2"}

@@ -54,7 +54,7 @@ def test_a_first_attempt_the_account_cut_short_lists_its_evidence(
             id=task_id,
             model="demo-chat",
             kind=Kind.WEB,
-            lane_group="web:demo-chat",
+            queue="web:demo-chat",
             params={},
             fingerprint="f",
             created_at=0.0,

@@ -20,7 +20,7 @@ def _task(**changes: object) -> Task:
         id="t1",
         model="m",
         kind=Kind.API,
-        lane_group="api:p",
+        queue="api:p",
         params={},
         fingerprint="f",
         created_at=1000.0,

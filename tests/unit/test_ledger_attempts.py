@@ -71,7 +71,7 @@ async def test_each_end_of_an_attempt_is_one_row(ledger: Ledger) -> None:
         None,
     ]
     assert rows[1].stage_durations == {"generating": 1.5}
-    assert all(r.account == "prov" and r.ended_at - r.started_at == 2.0 for r in rows)  # type: ignore[operator]
+    assert all(r.owner == "prov" and r.ended_at - r.started_at == 2.0 for r in rows)  # type: ignore[operator]
 
 
 async def test_a_canceled_pending_task_never_ran_and_has_no_row(ledger: Ledger) -> None:

@@ -12,7 +12,7 @@ def _task(kind: Kind = Kind.API, attempt: int = 1, remote_id: str | None = None)
         id="t1",
         model="m",
         kind=kind,
-        lane_group="api-model:m",
+        queue="api-model:m",
         params={},
         fingerprint="f",
         created_at=1000.0,

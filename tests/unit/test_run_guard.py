@@ -20,7 +20,7 @@ def context(tmp_path: Path, clock: FakeClock | None = None) -> RunContext:
         id="t1",
         model="m-api",
         kind=Kind.API,
-        lane_group="api-model:m-api",
+        queue="api-model:m-api",
         params={"prompt": "p"},
         fingerprint="f",
         created_at=0.0,
@@ -277,11 +277,11 @@ async def test_shutdown_and_reclaim_cancel_the_whole_run_as_an_asyncio_cancel(
         waiting.set()
         await asyncio.Event().wait()
 
-    ctx.job = asyncio.create_task(ctx.guard(forever()))
+    ctx.work = asyncio.create_task(ctx.guard(forever()))
     await waiting.wait()
     ctx.interrupt(reason)
     with pytest.raises(asyncio.CancelledError):
-        await ctx.job
+        await ctx.work
     assert ctx.interruption is reason and reason.withdraws
     ctx.interrupt(Interruption.CANCELED)  # too late: it writes no verdict either way
     assert ctx.interruption is reason and not ctx.canceled
@@ -302,13 +302,13 @@ async def test_a_shutdown_after_a_cancel_stays_a_shutdown(tmp_path: Path) -> Non
             cleaning.set()  # e.g. closing the browser, when the service stops
             await asyncio.Event().wait()
 
-    ctx.job = asyncio.create_task(run())
+    ctx.work = asyncio.create_task(run())
     await waiting.wait()
     ctx.interrupt(Interruption.CANCELED)
     await cleaning.wait()
     ctx.interrupt(Interruption.SHUTDOWN)
     with pytest.raises(asyncio.CancelledError):
-        await ctx.job
+        await ctx.work
     assert ctx.interruption is Interruption.SHUTDOWN
 
 
@@ -368,11 +368,11 @@ async def test_a_lost_cancel_ends_the_run_at_the_guard_that_lost_it(
         steps.append("polling")
         await ctx.guard(asyncio.sleep(3600))  # the next natural end
 
-    ctx.job = asyncio.create_task(run())
+    ctx.work = asyncio.create_task(run())
     await asyncio.sleep(0)
     _lose_the_cancel(ctx, inner, reason)
-    assert await _ended(ctx.job)
-    assert ctx.job.cancelled()
+    assert await _ended(ctx.work)
+    assert ctx.work.cancelled()
     assert steps == []  # the swallowed wait's result was not acted on
 
 
@@ -391,11 +391,11 @@ async def test_a_lost_cancel_outside_any_guard_ends_the_run_at_its_next_guard(
         await asyncio.wait_for(inner, timeout=3600)  # not guarded: reading references, say
         await ctx.guard(poll())
 
-    ctx.job = asyncio.create_task(run())
+    ctx.work = asyncio.create_task(run())
     await asyncio.sleep(0)
     _lose_the_cancel(ctx, inner, Interruption.SHUTDOWN)
-    assert await _ended(ctx.job)
-    assert ctx.job.cancelled()
+    assert await _ended(ctx.work)
+    assert ctx.work.cancelled()
     assert started == []  # refused before it started (and closed: no warning)
 
 
@@ -417,11 +417,11 @@ async def test_a_guarded_wait_that_lost_the_cancel_and_waits_on_is_cancelled_aga
     async def run() -> None:
         await ctx.guard(connections())
 
-    ctx.job = asyncio.create_task(run())
+    ctx.work = asyncio.create_task(run())
     await asyncio.sleep(0)
     _lose_the_cancel(ctx, first, Interruption.RECLAIMED)
-    assert await _ended(ctx.job)
-    assert ctx.job.cancelled()
+    assert await _ended(ctx.work)
+    assert ctx.work.cancelled()
     assert heard == ["connection"]  # it did lose the first cancel
     assert not second.done() or second.cancelled()
 

@@ -27,7 +27,7 @@ def _task(task_id: str, **changes: object) -> Task:
         id=task_id,
         model="m",
         kind=Kind.API,
-        lane_group="api:p",
+        queue="api:p",
         params={"prompt": f"prompt of {task_id}"},
         fingerprint="fp-" + task_id,
         created_at=1.0,
@@ -46,12 +46,12 @@ async def test_a_ref_is_unique_within_its_job_only(store: SqliteStore) -> None:
 async def test_an_attempt_row_is_written_only_with_the_transition_that_ends_it(
     store: SqliteStore,
 ) -> None:
-    await store.insert_tasks([_task("a", state=State.RUNNING, account="p", started_at=5.0)])
+    await store.insert_tasks([_task("a", state=State.RUNNING, owner="p", started_at=5.0)])
     ended = Attempt(
         task_id="a",
         attempt=1,
-        lane_group="api:p",
-        account="p",
+        queue="api:p",
+        owner="p",
         outcome=State.PENDING,
         started_at=5.0,
         ended_at=9.0,

@@ -60,7 +60,7 @@ async def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
     await store.migrate()
-    assert await store.schema_version() == latest_version("sqlite") == 9
+    assert await store.schema_version() == latest_version("sqlite") == 10
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     await store.close()
@@ -71,7 +71,7 @@ def _task(task_id: str, group: str = "api:p", **changes: object) -> Task:
         id=task_id,
         model="m",
         kind=Kind.API,
-        lane_group=group,
+        queue=group,
         params={"prompt": "x"},
         fingerprint="fp-" + task_id,
         created_at=1.0,
@@ -113,7 +113,7 @@ async def test_claim_takes_the_oldest_ready_task_of_its_groups(tmp_path: Path) -
             _task("second"),
         ]
     )
-    claimed = await store.claim_next(["api:p"], now=10.0, changes={"account": "p"})
+    claimed = await store.claim_next(["api:p"], now=10.0, changes={"owner": "p"})
     assert claimed is not None and claimed.id == "first" and claimed.state is State.RUNNING
     assert (await store.claim_next(["api:p"], now=10.0, changes={})).id == "second"  # type: ignore[union-attr]
     assert await store.claim_next(["api:p"], now=10.0, changes={}) is None
@@ -140,7 +140,7 @@ async def test_job_counts_and_accounts_persist(tmp_path: Path) -> None:
 
 def _sql_ahead(store: SqliteStore, group: str, seq: int) -> int:
     rows = store._db.execute(
-        "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND lane_group = ? AND seq < ?",
+        "SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? AND seq < ?",
         (group, seq),
     ).fetchall()
     return int(rows[0][0])
@@ -169,8 +169,8 @@ async def test_queue_positions_follow_every_write_and_survive_a_reopen(tmp_path:
         is None
     )
     for task in tasks:
-        assert await store.count_ahead(task.lane_group, task.seq) == _sql_ahead(
-            store, task.lane_group, task.seq
+        assert await store.count_ahead(task.queue, task.seq) == _sql_ahead(
+            store, task.queue, task.seq
         )
     counts = await store.queued_counts()
     await store.close()
@@ -178,8 +178,8 @@ async def test_queue_positions_follow_every_write_and_survive_a_reopen(tmp_path:
     await reopened.migrate()
     assert await reopened.queued_counts() == counts
     for task in tasks:
-        assert await reopened.count_ahead(task.lane_group, task.seq) == _sql_ahead(
-            reopened, task.lane_group, task.seq
+        assert await reopened.count_ahead(task.queue, task.seq) == _sql_ahead(
+            reopened, task.queue, task.seq
         )
     await reopened.close()
 

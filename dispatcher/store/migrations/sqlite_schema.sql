@@ -12,8 +12,8 @@ CREATE TABLE tasks (
     job_id TEXT REFERENCES jobs(id),
     model TEXT NOT NULL,
     kind TEXT NOT NULL,
-    lane_group TEXT NOT NULL,
-    account TEXT,
+    queue TEXT NOT NULL,
+    owner TEXT,
     params TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
     state TEXT NOT NULL,
@@ -38,7 +38,7 @@ CREATE TABLE tasks (
     host TEXT,
     lease_token INTEGER
 );
-CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);
+CREATE INDEX tasks_queue ON tasks (state, queue, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
 CREATE INDEX tasks_fingerprint ON tasks (fingerprint, created_at);
 CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
@@ -49,8 +49,8 @@ CREATE TABLE attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     task_id TEXT NOT NULL REFERENCES tasks(id),
     attempt INTEGER NOT NULL,
-    lane_group TEXT NOT NULL,
-    account TEXT,
+    queue TEXT NOT NULL,
+    owner TEXT,
     outcome TEXT NOT NULL,
     started_at REAL,
     ended_at REAL NOT NULL,

@@ -136,11 +136,11 @@ class Kit:
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
-            lane_group=profile.queue,
+            queue=profile.queue,
             params=params,
             fingerprint=new_id(),
             created_at=0.0,
-            account=profile.provider,
+            owner=profile.provider,
         )
         return task.replace(**changes) if changes else task
 
@@ -151,7 +151,7 @@ class Kit:
             task=task,
             profile=profile,
             lane=f"api:{profile.provider}",
-            account=profile.provider or "",
+            owner=profile.provider or "",
             clock=self.clock,
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.apirunner"), {"task": task.id}),

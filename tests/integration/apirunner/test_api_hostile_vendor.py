@@ -148,11 +148,11 @@ class Hostile:
             id=new_id(),
             model=profile.name,
             kind=Kind.API,
-            lane_group=profile.queue,
+            queue=profile.queue,
             params={"prompt": f"model {model}"},
             fingerprint=new_id(),
             created_at=0.0,
-            account=profile.provider,
+            owner=profile.provider,
             max_attempts=profile.max_attempts,
         )
 

@@ -83,11 +83,11 @@ class Comfy:
             id=new_id(),
             model="demo-comfy",
             kind=Kind.API,
-            lane_group=self.profile.queue,
+            queue=self.profile.queue,
             params={"seed": 7, **params},
             fingerprint=new_id(),
             created_at=0.0,
-            account=self.profile.provider,
+            owner=self.profile.provider,
         )
 
     def ctx(self, task: Task) -> tuple[RunContext, Recorder]:
@@ -96,7 +96,7 @@ class Comfy:
             task=task,
             profile=self.profile,
             lane=f"api:{self.profile.provider}",
-            account=self.profile.provider or "",
+            owner=self.profile.provider or "",
             clock=SystemClock(time_scale=SCALE),
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.comfyui"), {"task": task.id}),

@@ -118,11 +118,11 @@ async def _run(tmp_path: Path, url: str, shape: str) -> RunResult:
         id=new_id(),
         model=shape,
         kind=Kind.API,
-        lane_group=profile.queue,
+        queue=profile.queue,
         params={"prompt": "x"},
         fingerprint=new_id(),
         created_at=0.0,
-        account="hostile-gradio",
+        owner="hostile-gradio",
     )
 
     async def report(stage: Stage, progress: float | None, queue: int | None) -> None:
@@ -135,7 +135,7 @@ async def _run(tmp_path: Path, url: str, shape: str) -> RunResult:
         task=task,
         profile=profile,
         lane="api:hostile-gradio",
-        account="hostile-gradio",
+        owner="hostile-gradio",
         clock=clock,
         result_dir=tmp_path / "results",
         log=logging.LoggerAdapter(logging.getLogger("test.gradio"), {}),

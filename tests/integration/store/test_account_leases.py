@@ -59,7 +59,7 @@ async def test_a_second_host_is_refused_an_account_until_its_owner_lets_it_go(
                 web = await h2.submit("demo-chat", "a web answer here now [duration=2]")
                 done = await h2.wait_task(web["id"], timeout_s=60)
                 assert done["state"] == "success", done
-                assert done["account"] in ("demo-1", "demo-2")
+                assert done["owner"] in ("demo-1", "demo-2")
         finally:
             if h1 is not None:
                 await first.__aexit__(None, None, None)

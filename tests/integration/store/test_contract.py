@@ -44,7 +44,7 @@ def _task(
         id=task_id,
         model=model,
         kind=Kind.API,
-        lane_group=group,
+        queue=group,
         params={"prompt": prompt},
         fingerprint=fingerprint or f"fp-{task_id}",
         created_at=created_at,
@@ -54,7 +54,7 @@ def _task(
     )
 
 
-RUN = {"account": "prov", "host": "h1"}
+RUN = {"owner": "prov", "host": "h1"}
 
 
 async def test_migrations_reach_the_latest_version_and_rerun_as_no_ops(
@@ -140,8 +140,8 @@ async def test_update_is_a_compare_and_set_on_state_attempt_and_cancel(store: St
     ended = Attempt(
         task_id="t1",
         attempt=1,
-        lane_group="g",
-        account="prov",
+        queue="g",
+        owner="prov",
         outcome=State.SUCCESS,
         started_at=10.0,
         ended_at=12.0,
@@ -254,7 +254,7 @@ async def test_leases_grant_one_host_and_fence_old_tokens(open_stores: OpenStore
     first = await h1.acquire_lease("acct", "h1", now=0.0, ttl_s=30.0)
     assert isinstance(first, Lease) and first.host == "h1"
     refused = await h2.acquire_lease("acct", "h2", now=10.0, ttl_s=30.0)
-    assert isinstance(refused, LeaseRefused) and refused.owner == "h1"
+    assert isinstance(refused, LeaseRefused) and refused.holder == "h1"
     assert "'h1'" in refused.message
     renewed = await h1.renew_lease(first, now=20.0, ttl_s=30.0)
     assert renewed is not None and renewed.expires_at == 50.0 and renewed.token == first.token
@@ -263,7 +263,7 @@ async def test_leases_grant_one_host_and_fence_old_tokens(open_stores: OpenStore
     await h1.insert_tasks([_task("w1", group="web"), _task("w2", group="web")])
     old = Fence("acct", first.token)
     task = await h1.claim_next(
-        ["web"], 21.0, {"account": "acct", "lease_token": first.token}, fence=old
+        ["web"], 21.0, {"owner": "acct", "lease_token": first.token}, fence=old
     )
     assert task is not None and task.lease_token == first.token
     beat = await h1.update_task(
@@ -283,10 +283,8 @@ async def test_leases_grant_one_host_and_fence_old_tokens(open_stores: OpenStore
         is None
     )
     assert (await h1.get_task(task.id)).state is State.RUNNING  # type: ignore[union-attr]
-    assert await h1.claim_next(["web"], 61.0, {"account": "acct"}, fence=old) is None
-    fresh = await h2.claim_next(
-        ["web"], 61.0, {"account": "acct"}, fence=Fence("acct", taken.token)
-    )
+    assert await h1.claim_next(["web"], 61.0, {"owner": "acct"}, fence=old) is None
+    fresh = await h2.claim_next(["web"], 61.0, {"owner": "acct"}, fence=Fence("acct", taken.token))
     assert fresh is not None and fresh.id == "w2"
     assert not await h1.release_lease(renewed)  # not h1's any more
     assert await h2.release_lease(taken)
@@ -339,7 +337,7 @@ async def test_a_providers_quota_holds_across_hosts_in_the_claim(open_stores: Op
     assert await claim(stores[1]) is None
     # Another provider's quota is its own.
     other = await stores[2].claim_next(
-        ["api-model:m"], 10.0, {**RUN, "account": "prov-b"}, quota=Quota("prov-b", 1)
+        ["api-model:m"], 10.0, {**RUN, "owner": "prov-b"}, quota=Quota("prov-b", 1)
     )
     assert other is not None
     done = running[0]
@@ -435,7 +433,7 @@ async def test_queue_positions_count_every_hosts_tasks() -> None:
             await a.claim_next(["g"], 10.0, RUN)
             assert await b.count_ahead("g", mine.seq) == 1
             assert await a.count_ahead("g", first[1].seq) == 0
-            await b.claim_next(["g"], 10.0, {"account": "other", "host": "host-b"})
+            await b.claim_next(["g"], 10.0, {"owner": "other", "host": "host-b"})
             assert await a.running_owners("g") == 2 and await a.running_owners("h") == 0
         finally:
             await a.close()

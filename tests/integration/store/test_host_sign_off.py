@@ -33,7 +33,7 @@ def _task(task_id: str, now: float) -> Task:
         id=task_id,
         model="m",
         kind=Kind.API,
-        lane_group="g",
+        queue="g",
         params={"prompt": "p"},
         fingerprint=f"fp-{task_id}",
         created_at=now,
@@ -54,7 +54,7 @@ async def test_a_clean_stop_is_not_a_death_unless_it_leaves_jobs_running(
             await b.register()
             if leaves_a_job_running:
                 await b_store.insert_tasks([_task("t1", clock.now())])
-                run = {"account": "prov", "host": "b", "started_at": clock.now()}
+                run = {"owner": "prov", "host": "b", "started_at": clock.now()}
                 assert await b_store.claim_next(["g"], 10.0, run) is not None
             await b.aclose()
 

@@ -17,7 +17,7 @@ def _task(task_id: str) -> Task:
         id=task_id,
         model="m",
         kind=Kind.API,
-        lane_group="g",
+        queue="g",
         params={"prompt": task_id},
         fingerprint=f"fp-{task_id}",
         created_at=1.0,
@@ -42,7 +42,7 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
         await itself.start()
         try:
             await writer.insert_tasks([_task("t1")])
-            claimed = await writer.claim_next(["g"], 5.0, {"account": "p", "host": ODD_HOST})
+            claimed = await writer.claim_next(["g"], 5.0, {"owner": "p", "host": ODD_HOST})
             assert claimed is not None
             # A heartbeat is not announced; a cancel and an end are.
             await writer.update_task(

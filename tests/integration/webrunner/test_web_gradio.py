@@ -92,7 +92,7 @@ def _task(model: str, **params: object) -> Task:
         id=task_id,
         model=model,
         kind=Kind.WEB,
-        lane_group=f"web:{model}",
+        queue=f"web:{model}",
         params=dict(params),
         fingerprint=f"fp-{task_id}",
         created_at=0.0,

@@ -119,7 +119,7 @@ def _task() -> Task:
         id=task_id,
         model="hostile-page",
         kind=Kind.WEB,
-        lane_group="web:hostile-page",
+        queue="web:hostile-page",
         params={"prompt": "show me"},
         fingerprint=f"fp-{task_id}",
         created_at=0.0,

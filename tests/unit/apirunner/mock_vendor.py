@@ -181,11 +181,11 @@ class Bench:
             id=new_id(),
             model=self.profile.name,
             kind=Kind.API,
-            lane_group=self.profile.queue,
+            queue=self.profile.queue,
             params={"prompt": prompt},
             fingerprint=new_id(),
             created_at=self.clock.now(),
-            account="vendor",
+            owner="vendor",
         )
         return task.replace(**changes) if changes else task
 
@@ -195,7 +195,7 @@ class Bench:
             task=task,
             profile=self.profile,
             lane="api:vendor",
-            account="vendor",
+            owner="vendor",
             clock=self.clock,
             result_dir=self.result_dir / task.id,
             log=logging.LoggerAdapter(logging.getLogger("test.mock_vendor"), {"task": task.id}),

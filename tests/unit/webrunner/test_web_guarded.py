@@ -44,7 +44,7 @@ def context(tmp_path: Path) -> RunContext:
         id="t",
         model="m",
         kind=Kind.WEB,
-        lane_group="web:m",
+        queue="web:m",
         params={"prompt": "p"},
         fingerprint="f",
         created_at=0.0,
