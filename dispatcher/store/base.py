@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
@@ -96,12 +97,17 @@ class Store(Protocol):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
-        """Oldest pending task of these groups whose `not_before` has passed, moved
-        to running with `changes` in the same atomic step (row-locked on PostgreSQL:
-        hosts claiming at once never take the same task). With `fence`, only while
-        that lease holds; with `quota`, only while fewer than `quota.limit` tasks
-        bound to `quota.account` run on all hosts together."""
+        """First pending task of these groups whose `not_before` has passed, in
+        queue order (`pricing.order_key`: priority aged by `aging_step_s`, then
+        deadline, then FIFO), moved to running with `changes` in the same atomic
+        step (row-locked on PostgreSQL: hosts claiming at once never take the
+        same task). With `fence`, only while that lease holds; with `quota`,
+        only while fewer than `quota.limit` tasks bound to `quota.account` run
+        on all hosts together; with `budget`, only a task whose estimated cost
+        keeps the provider's spend since `budget.since` within its limit."""
 
     async def tasks_in_state(
         self, state: State, limit: int | None = None, *, host: str | None = None

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from dispatcher.errors import StoreError
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
@@ -40,6 +41,7 @@ from dispatcher.store.rows import (
 from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
+    AGING_POSTGRES,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
@@ -285,6 +287,8 @@ class PostgresStore(PostgresHostOps):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
         if not lane_groups:
             return None
@@ -296,6 +300,8 @@ class PostgresStore(PostgresHostOps):
                 fenced=fence is not None,
                 quota=quota is not None,
                 lock="FOR UPDATE SKIP LOCKED",
+                budget=budget is not None,
+                aging=AGING_POSTGRES,
             )
         )
         args: list[Any] = [*columns.values(), *lane_groups, now]
@@ -303,17 +309,21 @@ class PostgresStore(PostgresHostOps):
             args += [fence.account, fence.token]
         if quota is not None:
             args += [quota.account, quota.limit]
-        if quota is None:
+        if budget is not None:
+            args += [budget.provider, budget.since, budget.limit_usd]
+        args += [now, aging_step_s]
+        if quota is None and budget is None:
             rows = await self._write1(sql, args, marked=True)
             return row_to_task(rows[0]) if rows else None
+        provider = quota.account if quota is not None else budget.provider if budget else ""
         async with self._conn("claim") as conn, conn.transaction():
-            # The count of running tasks and the claim must be one step across
-            # hosts: claims under one provider's quota take turns. The claim
-            # statement starts after the lock, so it counts every claim
-            # committed before.
+            # The count of running tasks (or the day's spend) and the claim
+            # must be one step across hosts: claims under one provider's quota
+            # or budget take turns. The claim statement starts after the lock,
+            # so it counts every claim committed before: no overspend by a race.
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{quota.account}",),
+                (f"quota:{provider}",),
             )
             cur = await conn.execute(sql, args)
             row = await cur.fetchone()

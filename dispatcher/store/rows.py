@@ -62,6 +62,10 @@ TASK_COLUMNS = (
     "ref",
     "host",
     "lease_token",
+    "cost_estimate",
+    "cost",
+    "priority",
+    "deadline",
 )
 
 
@@ -120,6 +124,7 @@ UPDATABLE = frozenset(
         "not_before",
         "stage_started_at",
         "stage_durations",
+        "cost",
     }
 )
 
@@ -170,6 +175,10 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "ref": task.ref,
         "host": task.host,
         "lease_token": task.lease_token,
+        "cost_estimate": task.cost_estimate,
+        "cost": task.cost,
+        "priority": task.priority,
+        "deadline": task.deadline,
     }
 
 
@@ -231,6 +240,10 @@ def row_to_task(row: RowLike) -> Task:
         ref=row["ref"],
         host=row["host"],
         lease_token=row["lease_token"],
+        cost_estimate=row["cost_estimate"],
+        cost=row["cost"],
+        priority=row["priority"] or 0,
+        deadline=row["deadline"],
     )
 
 

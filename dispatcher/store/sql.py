@@ -73,6 +73,22 @@ LEASES = (
 )
 FENCE = " AND EXISTS (SELECT 1 FROM leases WHERE account = ? AND token = ? AND host IS NOT NULL)"
 QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.account = ?) < ?"
+# A provider's day (issue 30): what it spent since 00:00 UTC (finished tasks'
+# cost, running tasks' estimate: reserved) plus the candidate's estimate stays
+# within the budget (`pricing.fits_budget`; args: provider, since, limit).
+SPENT = """SELECT COALESCE(SUM(COALESCE(b.cost, b.cost_estimate, 0)), 0) FROM tasks AS b
+    WHERE b.account = ? AND b.started_at >= ? AND (b.state = 'running' OR b.cost IS NOT NULL)"""
+BUDGET = f" AND COALESCE(c.cost_estimate, 0) + ({SPENT}) <= ? + 1e-9"
+# The order a queue is served in (`pricing.order_key`): higher priority,
+# raised one level per aging step waited (args: now, step), then the earliest
+# deadline (none last), then FIFO.
+CLAIM_ORDER = (
+    "c.priority + {levels} DESC, CASE WHEN c.deadline IS NULL THEN 1 ELSE 0 END, c.deadline, c.seq"
+)
+# Whole aging steps waited, never negative: SQLite's CAST truncates (= floor
+# once clamped at 0), PostgreSQL's rounds, hence its FLOOR.
+AGING_SQLITE = "CAST(MAX(0, (? - c.created_at) / ?) AS INTEGER)"
+AGING_POSTGRES = "CAST(FLOOR(GREATEST(0, (? - c.created_at) / ?)) AS INTEGER)"
 
 HOST_REGISTER = """INSERT INTO hosts (id, url, started_at, heartbeat_at, dead_at)
     VALUES (?, ?, ?, ?, NULL)
@@ -110,19 +126,29 @@ def pg_marks(sql: str) -> str:
 
 
 def claim_sql(
-    lane_groups: int, columns: Mapping[str, Any], *, fenced: bool, quota: bool, lock: str
+    lane_groups: int,
+    columns: Mapping[str, Any],
+    *,
+    fenced: bool,
+    quota: bool,
+    lock: str,
+    budget: bool = False,
+    aging: str = AGING_SQLITE,
 ) -> str:
-    """Find and take the oldest ready pending task of the groups in one statement.
+    """Find and take the first ready pending task of the groups in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
+    `aging` is the dialect's whole aging steps waited (`AGING_SQLITE`, `AGING_POSTGRES`).
+    Args: values, groups, now, [fence], [quota], [budget], now, aging step.
     """
     marks = ", ".join("?" for _ in range(lane_groups))
-    guard = (FENCE if fenced else "") + (QUOTA if quota else "")
+    guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
+    order = CLAIM_ORDER.format(levels=aging)
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
-        f"SELECT seq FROM tasks WHERE state = 'pending' AND lane_group IN ({marks}) "
-        f"AND not_before <= ?{guard} ORDER BY seq LIMIT 1 {lock}) RETURNING {COLUMNS}"
+        f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND c.lane_group IN ({marks}) "
+        f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}) RETURNING {COLUMNS}"
     )
 
 

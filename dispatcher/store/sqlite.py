@@ -34,6 +34,7 @@ from dispatcher.models import (
     State,
     Task,
 )
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
@@ -50,6 +51,7 @@ from dispatcher.store.rows import (
 from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
+    AGING_SQLITE,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
@@ -260,20 +262,31 @@ class SqliteStore(SqliteHostOps):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
         if not lane_groups:
             return None
         columns = encode_changes({**changes, "state": State.RUNNING})
         sql = claim_sql(
-            len(lane_groups), columns, fenced=fence is not None, quota=quota is not None, lock=""
+            len(lane_groups),
+            columns,
+            fenced=fence is not None,
+            quota=quota is not None,
+            lock="",
+            budget=budget is not None,
+            aging=AGING_SQLITE,
         )
         args: list[Any] = [*columns.values(), *lane_groups, now]
         if fence is not None:
             args += [fence.account, fence.token]
         if quota is not None:
             args += [quota.account, quota.limit]
-        # Find and take in one statement (atomic on its own): the oldest ready
-        # task across the groups, FIFO within the lane.
+        if budget is not None:
+            args += [budget.provider, budget.since, budget.limit_usd]
+        args += [now, aging_step_s]
+        # Find and take in one statement (atomic on its own, budget check
+        # included): the first ready task across the groups, in queue order.
         with self._lock:
             rows = self._write1(sql, args)
             if not rows:

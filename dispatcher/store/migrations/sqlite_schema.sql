@@ -36,12 +36,17 @@ CREATE TABLE tasks (
     from_cache INTEGER NOT NULL DEFAULT 0,
     ref TEXT,
     host TEXT,
-    lease_token INTEGER
+    lease_token INTEGER,
+    cost_estimate REAL,
+    cost REAL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    deadline REAL
 );
 CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
 CREATE INDEX tasks_fingerprint ON tasks (fingerprint, created_at);
 CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
+CREATE INDEX tasks_spend ON tasks (account, started_at);
 
 -- One row per ended attempt (success, failure, cancel, stale reclaim, re-queue);
 -- the tasks row keeps the current attempt.

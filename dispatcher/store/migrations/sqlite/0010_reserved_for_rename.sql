@@ -1,0 +1,3 @@
+-- Placeholder on branch `plan` only: number 0010 belongs to branch `rename`
+-- (lane_group -> queue, account -> owner). Delete this file when merging
+-- that branch's 0010; migrations must be numbered 1..n.

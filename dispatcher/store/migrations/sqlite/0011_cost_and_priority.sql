@@ -1,0 +1,11 @@
+-- Issue 30. `cost_estimate`: dollars from the profile's price table at
+-- intake (what a claim under a daily budget reserves while the task runs);
+-- `cost`: what the finished task cost (the vendor's reported usage, else the
+-- estimate; 0 for a cache answer). `priority` and `deadline` order a queue:
+-- higher priority first, then the earliest deadline, then FIFO.
+ALTER TABLE tasks ADD COLUMN cost_estimate REAL;
+ALTER TABLE tasks ADD COLUMN cost REAL;
+ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN deadline REAL;
+-- A day's spend of one provider: the tasks it started since 00:00 UTC.
+CREATE INDEX tasks_spend ON tasks (account, started_at);
