@@ -32,6 +32,7 @@ from dispatcher.fingerprint import (
 )
 from dispatcher.modelcards import ModelCard, read_cards
 from dispatcher.models import JSON, State, Task, new_id
+from dispatcher.pricing import estimate_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
@@ -140,6 +141,9 @@ class Intake:
             created_at=now,
             max_attempts=profile.max_attempts,
             force=spec.force,
+            priority=spec.priority,
+            deadline=spec.deadline,
+            cost_estimate=estimate_cost_usd(profile.pricing, params),
         )
 
     async def image_hashes(self, specs: Sequence[TaskSpec], *, in_job: bool) -> list[JSON | None]:
@@ -217,6 +221,7 @@ class Intake:
             state=State.SUCCESS,
             result=stored_result(cached, self.results_dir),
             from_cache=True,
+            cost=0.0,  # an earlier result: nothing is bought
             host=self.host,
             started_at=now,
             finished_at=now,

@@ -41,6 +41,7 @@ from dispatcher.models import (
     TaskError,
     new_id,
 )
+from dispatcher.pricing import Budget
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import real_result, stored_result
 from dispatcher.store import Store
@@ -94,6 +95,16 @@ def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(remote_id, str):
         out["remote_id"] = storable_text(remote_id)
     return out
+
+
+def finished_cost(task: Task, result: JSON) -> float | None:
+    """What the finished task cost: the vendor's reported usage (the runner puts
+    it in the result's meta), else the price table's estimate."""
+    meta = result.get("meta") if isinstance(result, dict) else None
+    reported = meta.get("cost_usd") if isinstance(meta, dict) else None
+    if isinstance(reported, int | float) and not isinstance(reported, bool) and reported >= 0:
+        return float(reported)
+    return task.cost_estimate
 
 
 class Ledger(TaskReads):
@@ -289,9 +300,11 @@ class Ledger(TaskReads):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
     ) -> Task | None:
         """The lane's next task, run by this host; under the account's lease
-        (`fence`, a web account) or a provider's global `quota`, when given."""
+        (`fence`, a web account) or a provider's global `quota`, and within the
+        provider's daily `budget`, when given."""
         now = self.clock.now()
         task = await self.store.claim_next(
             queues,
@@ -309,6 +322,7 @@ class Ledger(TaskReads):
             },
             fence=fence,
             quota=quota,
+            budget=budget,
         )
         if task is not None:
             self._announce(task, State.PENDING)
@@ -356,6 +370,7 @@ class Ledger(TaskReads):
                 "stage": None,
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
+                "cost": finished_cost(task, result),
             },
             what="result",
         )

@@ -211,6 +211,7 @@ class JobSummary:
     counts: dict[State, int]
     from_cache: int = 0  # tasks answered from the result cache
     last_finished_at: float | None = None
+    cost_usd: float = 0.0  # what its finished tasks cost (issue 30)
 
 
 class JobState(StrEnum):

@@ -28,6 +28,7 @@ from dispatcher.attempt import (
     unrecorded,
 )
 from dispatcher.background import stop_job
+from dispatcher.budgets import BudgetBook
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
@@ -87,6 +88,7 @@ class Scheduler:
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
         claim_guard: ClaimGuard | None = None,
         shared_queues: bool = False,
+        budgets: BudgetBook | None = None,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -118,6 +120,8 @@ class Scheduler:
         # Other hosts serve the same queues (PostgreSQL): an ETA counts their
         # lanes busy on a queue too, as the database shows them.
         self.shared_queues = shared_queues
+        # Providers' daily budgets (issue 30): checked in the claim; said here.
+        self.budgets = budgets
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -252,8 +256,13 @@ class Scheduler:
             if slots and self.claim_guard is not None
             else (None, None)
         )
+        budget = self.budgets.guard(lane.owner, self.clock.now()) if self.budgets else None
         for _ in range(slots):
-            task = await self.ledger.claim(lane.queues, lane.owner, fence=fence, quota=quota)
+            task = await self.ledger.claim(
+                lane.queues, lane.owner, fence=fence, quota=quota, budget=budget
+            )
+            if budget is not None and self.budgets is not None:
+                await self.budgets.after_claim(lane, task, self.clock.now())
             if task is None:
                 break
             if task.model not in self.profiles:
@@ -563,6 +572,9 @@ class Scheduler:
                 ahead=ahead, concurrency=concurrency, recent_durations_s=durations
             )
             waiting = why_waiting(self._serving(task.queue), others_serving=others)
+            if waiting is None and self.budgets is not None:
+                owners = [lane.owner for lane in self.lanes.values() if task.queue in lane.queues]
+                waiting = self.budgets.waiting(owners, self.clock.now())
             if waiting is not None:
                 info["eta_s"] = None
                 info["waiting"] = waiting
@@ -620,6 +632,11 @@ class Scheduler:
                     "reason": state.reason or account.reason,
                     "queued": sum(queued.get(queue, 0) for queue in lane.queues),
                     "running": sorted(self._lane_running[lane.name]),
+                    "budget": (
+                        await self.budgets.view(lane.owner, self.clock.now())
+                        if self.budgets is not None
+                        else None
+                    ),
                 }
             )
         return view

@@ -24,6 +24,7 @@ import filelock
 
 from dispatcher.accounts import AccountBook
 from dispatcher.apikeys import check_keys
+from dispatcher.budgets import BudgetBook, budget_limits
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
@@ -311,6 +312,7 @@ class Service:
             effective_concurrency=self._effective_concurrency,
             claim_guard=self.hosts.guard,
             shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
+            budgets=BudgetBook(budget_limits(self.profiles.values(), settings.budgets), self.store),
         )
         if web is not None:
             self.prewarm = BrowserPrewarm(

@@ -20,6 +20,7 @@ from pydantic_settings import (
 
 from dispatcher.artifacts import Retention
 from dispatcher.errors import ConfigError
+from dispatcher.pricing import parse_budgets
 
 BUNDLED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -77,6 +78,9 @@ class Settings(BaseSettings):
     # skips the start; closed after `browser_keep_alive_s` without a task.
     browser_prewarm: bool = True
     concurrency: dict[str, int] = Field(default_factory=dict)  # per API provider
+    # Dollars each API provider may spend per day (00:00 to 00:00 UTC):
+    # "acme-video=50, demo=12.5" (or a JSON object); over a profile's [budget].
+    budgets: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict)
     default_concurrency: int = DEFAULT_PROVIDER_CONCURRENCY
     cache_max_bytes: int = 2 * 1024**3
     cache_ttl_s: float = 7 * 24 * 3600.0
@@ -140,6 +144,14 @@ class Settings(BaseSettings):
             if text.startswith("["):
                 return json.loads(text)
             return [part for part in text.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _parse_budgets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("{") else parse_budgets(text)
         return value
 
     @field_validator("port")

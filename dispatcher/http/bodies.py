@@ -51,6 +51,17 @@ class TaskBody(BaseModel):
         pattern=f"^{REF_PATTERN.pattern}$",
         description="the task's name in its job (unique there); names its result files",
     )
+    priority: int | None = Field(
+        default=None,
+        ge=-1000,
+        le=1000,
+        description="higher runs first within its queue (default 0, or the job's)",
+    )
+    deadline: float | str | None = Field(
+        default=None,
+        description="finish by then: epoch seconds or ISO 8601 time (2026-12-04T09:00:00Z); "
+        "among equal priorities the earliest deadline runs first",
+    )
 
 
 class JobBody(BaseModel):
@@ -60,6 +71,12 @@ class JobBody(BaseModel):
 
     name: str = Field(min_length=1, max_length=MAX_JOB_NAME_CHARS, pattern=r"\S")
     tasks: list[TaskBody] = Field(min_length=1, max_length=MAX_JOB_TASKS)
+    priority: int | None = Field(
+        default=None, ge=-1000, le=1000, description="every task's priority unless it has its own"
+    )
+    deadline: float | str | None = Field(
+        default=None, description="every task's deadline unless it has its own"
+    )
 
 
 class DisableBody(BaseModel):

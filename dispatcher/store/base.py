@@ -167,6 +167,17 @@ class Store(Protocol):
         """True for exactly one caller (of all hosts) per finish of the job,
         named by its latest task `finished_at`: `job.finished` is told once."""
 
+    # -- cost (issue 30) ------------------------------------------------------------
+    async def spent_since(self, provider: str, since: float) -> float:
+        """Dollars the provider's tasks started since then cost (finished) or
+        reserve (running, their estimate): what its daily budget counts."""
+
+    async def cheapest_ready(self, lane_groups: Sequence[str], now: float) -> float | None:
+        """The smallest estimated cost of the groups' ready pending tasks; None: none ready."""
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        """Dollars finished tasks cost, per provider (lane owner), for /metrics."""
+
     # -- accounts (web accounts and API providers) ---------------------------
     async def get_accounts(self) -> dict[str, Account]: ...
 

@@ -42,15 +42,18 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     AGING_POSTGRES,
+    COST_BY_PROVIDER,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
     SELECT_TASK,
+    SPENT,
     STALE_RUNNING,
     TWIN,
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
+    cheapest_ready_sql,
     claim_sql,
     insert_sql,
     list_jobs_sql,
@@ -461,7 +464,7 @@ class PostgresStore(PostgresHostOps):
             return summaries
         rows = await self._query(
             "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
-            "MAX(finished_at) AS finished FROM tasks WHERE job_id = ANY(?) "
+            "MAX(finished_at) AS finished, SUM(cost) AS usd FROM tasks WHERE job_id = ANY(?) "
             "GROUP BY job_id, state",
             (list(summaries),),
         )
@@ -469,12 +472,28 @@ class PostgresStore(PostgresHostOps):
             summary = summaries[r["job_id"]]
             summary.counts[State(r["state"])] = int(r["n"])
             summary.from_cache += int(r["cached"] or 0)
+            summary.cost_usd += float(r["usd"] or 0.0)
             finished = r["finished"]
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at
             ):
                 summary.last_finished_at = float(finished)
         return summaries
+
+    async def cheapest_ready(self, lane_groups: Sequence[str], now: float) -> float | None:
+        if not lane_groups:
+            return None
+        rows = await self._query(cheapest_ready_sql(len(lane_groups)), (*lane_groups, now))
+        value = next(iter(rows[0].values())) if rows else None
+        return None if value is None else float(value)
+
+    async def spent_since(self, provider: str, since: float) -> float:
+        rows = await self._query(SPENT, (provider, since))
+        return float(next(iter(rows[0].values())) or 0.0)
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        rows = await self._query(COST_BY_PROVIDER)
+        return {r["account"]: float(r["usd"] or 0.0) for r in rows}
 
     # -- accounts ------------------------------------------------------------
     async def get_accounts(self) -> dict[str, Account]:

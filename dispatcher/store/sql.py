@@ -79,6 +79,18 @@ QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.a
 SPENT = """SELECT COALESCE(SUM(COALESCE(b.cost, b.cost_estimate, 0)), 0) FROM tasks AS b
     WHERE b.account = ? AND b.started_at >= ? AND (b.state = 'running' OR b.cost IS NOT NULL)"""
 BUDGET = f" AND COALESCE(c.cost_estimate, 0) + ({SPENT}) <= ? + 1e-9"
+
+
+def cheapest_ready_sql(lane_groups: int) -> str:
+    """The smallest estimated cost among the groups' ready pending tasks (args:
+    groups, now): what a budget with less room than that stops."""
+    marks = ", ".join("?" for _ in range(lane_groups))
+    return (
+        "SELECT MIN(COALESCE(cost_estimate, 0)) FROM tasks WHERE state = 'pending' "
+        f"AND lane_group IN ({marks}) AND not_before <= ?"
+    )
+
+
 # The order a queue is served in (`pricing.order_key`): higher priority,
 # raised one level per aging step waited (args: now, step), then the earliest
 # deadline (none last), then FIFO.
@@ -237,6 +249,11 @@ def list_jobs_sql(
 
 
 # -- statements both backends run as they are -------------------------------------
+# What finished tasks cost per provider (lane owner), for /metrics.
+COST_BY_PROVIDER = (
+    "SELECT account, SUM(cost) AS usd FROM tasks WHERE cost IS NOT NULL AND account IS NOT NULL "
+    "GROUP BY account"
+)
 STALE_RUNNING = (
     f"{SELECT_TASK} WHERE state = 'running' "
     "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq"

@@ -52,15 +52,18 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     AGING_SQLITE,
+    COST_BY_PROVIDER,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     RECENT_DURATIONS,
     SELECT_TASK,
+    SPENT,
     STALE_RUNNING,
     TWIN,
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
+    cheapest_ready_sql,
     claim_sql,
     insert_sql,
     list_jobs_sql,
@@ -430,19 +433,33 @@ class SqliteStore(SqliteHostOps):
             return summaries
         marks = ", ".join("?" for _ in summaries)
         rows = self._query(
-            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at) FROM tasks "
-            f"WHERE job_id IN ({marks}) GROUP BY job_id, state",
+            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at), SUM(cost) "
+            f"FROM tasks WHERE job_id IN ({marks}) GROUP BY job_id, state",
             tuple(summaries),
         )
-        for job_id, state, count, cached, finished in rows:
+        for job_id, state, count, cached, finished, usd in rows:
             summary = summaries[job_id]
             summary.counts[State(state)] = int(count)
             summary.from_cache += int(cached or 0)
+            summary.cost_usd += float(usd or 0.0)
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at
             ):
                 summary.last_finished_at = float(finished)
         return summaries
+
+    async def cheapest_ready(self, lane_groups: Sequence[str], now: float) -> float | None:
+        if not lane_groups:
+            return None
+        value = self._query(cheapest_ready_sql(len(lane_groups)), (*lane_groups, now))[0][0]
+        return None if value is None else float(value)
+
+    async def spent_since(self, provider: str, since: float) -> float:
+        return float(self._query(SPENT, (provider, since))[0][0] or 0.0)
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        rows = self._query(COST_BY_PROVIDER)
+        return {r["account"]: float(r["usd"] or 0.0) for r in rows}
 
     # -- accounts ------------------------------------------------------------
     async def delete_account(self, name: str) -> None:
