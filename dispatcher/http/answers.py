@@ -77,6 +77,19 @@ class TaskAnswer(_Answer):
     heartbeat_at: float | None
     finished_at: float | None
     stage_durations: dict[str, float]
+    cost_estimate_usd: float | None = Field(
+        default=None, description="dollars from the profile's [pricing]; null without prices"
+    )
+    cost_usd: float | None = Field(
+        default=None,
+        description="what it cost once finished: the vendor's reported usage, else the "
+        "estimate; 0 from the cache",
+    )
+    priority: int = Field(default=0, description="higher runs first within its queue")
+    deadline: float | None = Field(default=None, description="finish by then (epoch seconds)")
+    late: bool = Field(
+        default=False, description="past its deadline (finished after it, or not finished)"
+    )
     deduped: bool = Field(description="true when an identical recent task was returned")
     ahead: int = Field(description="pending tasks before this one in its lanes")
     eta_s: float | None
@@ -125,6 +138,7 @@ class JobSummary(_Answer):
     counts: dict[str, int]
     total: int
     from_cache: int = Field(default=0, description="tasks completed from the result cache")
+    cost_usd: float = Field(default=0.0, description="what its finished tasks cost, in dollars")
     finished_at: float | None = None
     elapsed_s: float | None = None
 
@@ -196,6 +210,13 @@ class Live(_Answer):
 AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled"]
 
 
+class LaneBudget(_Answer):
+    daily_usd: float = Field(description="dollars the provider may spend per day (UTC)")
+    spent_usd: float = Field(description="spent today: finished tasks' cost, running estimates")
+    reached: bool = Field(description="true while waiting tasks do not fit what is left")
+    until: float | None = Field(description="when it is whole again: 00:00 UTC (epoch s)")
+
+
 class Lane(_Answer):
     name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
     kind: Kind | None = Field(description="null for a profile file that is invalid")
@@ -213,6 +234,9 @@ class Lane(_Answer):
     reason: str | None
     queued: int
     running: list[str]
+    budget: LaneBudget | None = Field(
+        default=None, description="the provider's daily budget, when it has one"
+    )
     invalid: str | None = Field(
         default=None,
         description="an invalid profile file: every problem (file, key, why); "

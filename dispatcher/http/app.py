@@ -129,6 +129,8 @@ class Api:
         answer = self._with_real_paths(task.to_json(), task)
         answer["host"] = task.host
         answer["deduped"] = deduped
+        # An unfinished task is late once the clock passes its deadline.
+        answer["late"] = task.late_at(self.service.clock.now())
         answer.update(await self.service.scheduler.progress(task))
         if task.state is State.PENDING:
             note = self.service.unloaded_note(task.model)
@@ -172,6 +174,7 @@ class Api:
                     "counts": {s.value: summary.counts.get(s, 0) for s in State},
                     "total": sum(summary.counts.values()),
                     "from_cache": summary.from_cache,
+                    "cost_usd": round(summary.cost_usd, 6),
                     "finished_at": finished_at,
                     "elapsed_s": max(0.0, (finished_at or now) - job.created_at),
                 }
