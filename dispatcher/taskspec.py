@@ -103,3 +103,10 @@ def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
     tasks = raw["tasks"]
     defaults = {"priority": raw.get("priority"), "deadline": raw.get("deadline")}
     return name, [_spec(task, f"tasks[{i}]", defaults) for i, task in enumerate(tasks)]
+
+
+def parse_plan(raw: Any) -> tuple[list[TaskSpec], float | None, float | None]:
+    """A plan body: its tasks, the cost limit and the deadline (epoch seconds)."""
+    _validated("PlanBody", raw, "plan")
+    specs = [_spec(task, f"tasks[{i}]") for i, task in enumerate(raw["tasks"])]
+    return specs, raw.get("max_cost_usd"), parse_deadline(raw.get("deadline"), "plan")

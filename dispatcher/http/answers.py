@@ -344,3 +344,17 @@ class DashboardCode(_Answer):
 
 
 # -- operations ---------------------------------------------------------------------
+
+
+class PlanAnswer(_Answer):
+    models: list[dict[str, Any]] = Field(
+        description="per model: tasks, duplicates, twins, cached, to_run, queued_ahead, "
+        "cost_usd, unpriced, run_s, capacity, estimate_s, lower_bound_s, bound"
+    )
+    total: dict[str, Any] = Field(
+        description="tasks, to_run, deduplicated, cached, cost_usd, unpriced, makespan_s, "
+        "lower_bound_s and the bound that sets it"
+    )
+    stops: list[str] = Field(description="budgets that would stop the batch, and when")
+    refusals: list[str] = Field(description="why the limits asked cannot be met")
+    ok: bool = Field(description="true when no limit asked is unmet")

@@ -44,6 +44,7 @@ from dispatcher.http.limits import MAX_LIST
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.params import cursor_of, is_count, limit_of, page_of, states_of, text_of
+from dispatcher.http.planview import plan_routes
 from dispatcher.http.security import (
     SESSION_COOKIE,
     SESSION_TTL_S,
@@ -596,6 +597,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
         *login_routes(service),
+        *plan_routes(service),
         Route("/v1/events", api.events, methods=["GET"]),
         Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
         Route("/v1/webhooks/outbox", api.webhook_outbox, methods=["GET"]),

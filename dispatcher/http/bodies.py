@@ -79,6 +79,21 @@ class JobBody(BaseModel):
     )
 
 
+class PlanBody(BaseModel):
+    """A batch to plan, not to run: its tasks, and the limits it must meet."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="PlanBody")
+
+    tasks: list[TaskBody] = Field(min_length=1, max_length=MAX_JOB_TASKS)
+    max_cost_usd: float | None = Field(
+        default=None, ge=0, description="refuse (ok: false) when the estimate is over it"
+    )
+    deadline: float | str | None = Field(
+        default=None,
+        description="refuse when the makespan estimate ends after it (epoch s or ISO 8601)",
+    )
+
+
 class DisableBody(BaseModel):
     """Why a lane is switched off (shown on the dashboard)."""
 
