@@ -34,15 +34,10 @@ from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
     STALE_AFTER_S,
     LaneSnapshot,
-    ServingLane,
-    eta_s,
     free_slots,
-    overdue_s,
     plan_reclaims,
-    why_waiting,
 )
 from dispatcher.errors import (
-    NotFound,
     RunError,
     StateConflict,
     TaskCanceled,
@@ -52,6 +47,7 @@ from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
+from dispatcher.laneviews import lanes_view, task_progress
 from dispatcher.ledger import Ledger
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
@@ -546,62 +542,8 @@ class Scheduler:
                     running.ctx.interrupt(Interruption.CANCELED)
 
     async def progress(self, task: Task) -> JSON:
-        """`ahead`, `eta_s` and live progress for a task answer."""
-        live = self.running.get(task.id)
-        info: JSON = {
-            "ahead": 0,
-            "eta_s": None,
-            "overdue_s": None,
-            "progress": None,
-            "queue_position": None,
-        }
-        durations = list(await self.recent_durations(task.model))
-        if task.state is State.PENDING:
-            ahead = await self.ledger.queue_depth(task)
-            concurrency = sum(
-                lane.concurrency
-                for lane in self.lanes.values()
-                if task.queue in lane.queues and self.accounts.is_open(lane.owner)
-            )
-            others = await self.ledger.running_owners(task) if self.shared_queues else 0
-            # A provider's quota is global (its lanes here already count it);
-            # web accounts of other hosts add their own slot each.
-            concurrency = max(concurrency, others)
-            info["ahead"] = ahead
-            info["eta_s"] = eta_s(
-                ahead=ahead, concurrency=concurrency, recent_durations_s=durations
-            )
-            waiting = why_waiting(self._serving(task.queue), others_serving=others)
-            if waiting is None and self.budgets is not None:
-                owners = [lane.owner for lane in self.lanes.values() if task.queue in lane.queues]
-                waiting = self.budgets.waiting(owners, self.clock.now())
-            if waiting is not None:
-                info["eta_s"] = None
-                info["waiting"] = waiting
-        elif task.state is State.RUNNING:
-            elapsed = self.clock.now() - (task.started_at or self.clock.now())
-            info["eta_s"] = eta_s(
-                ahead=0, concurrency=1, recent_durations_s=durations, running_elapsed_s=elapsed
-            )
-            info["overdue_s"] = overdue_s(recent_durations_s=durations, running_elapsed_s=elapsed)
-            if live is not None:
-                info["stage"] = live.live.stage.value
-                info["progress"] = live.live.progress
-                info["queue_position"] = live.live.queue_position
-        return info
-
-    def _serving(self, queue: str) -> list[ServingLane]:
-        serving = []
-        for lane in self.lanes.values():
-            if queue not in lane.queues:
-                continue
-            try:
-                account = self.accounts.get(lane.owner)
-            except NotFound:
-                continue  # a lane on its way out while the account is removed
-            view = self.accounts.state(lane.owner)
-            serving.append(ServingLane(lane.name, view.state, view.reason or account.reason))
-        return serving
+        """`ahead`, `eta_s` and live progress for a task answer (`laneviews`)."""
+        return await task_progress(self, task)
 
     async def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:
@@ -611,32 +553,4 @@ class Scheduler:
         return self._durations[model]
 
     async def lanes_view(self) -> list[JSON]:
-        queued = await self.ledger.queued_counts()
-        view = []
-        for lane in self.lanes.values():
-            account = self.accounts.get(lane.owner)
-            state = self.accounts.state(lane.owner)
-            view.append(
-                {
-                    "name": lane.name,
-                    "kind": lane.kind.value,
-                    "owner": lane.owner,
-                    "account": lane.owner,  # deprecated alias of "owner"
-                    "models": list(lane.models),
-                    "concurrency": lane.concurrency,
-                    "effective_concurrency": self.lane_concurrency(lane),
-                    "enabled": account.enabled,
-                    "needs_attention": account.needs_attention,
-                    "state": state.state.value,
-                    "until": state.until,
-                    "reason": state.reason or account.reason,
-                    "queued": sum(queued.get(queue, 0) for queue in lane.queues),
-                    "running": sorted(self._lane_running[lane.name]),
-                    "budget": (
-                        await self.budgets.view(lane.owner, self.clock.now())
-                        if self.budgets is not None
-                        else None
-                    ),
-                }
-            )
-        return view
+        return await lanes_view(self)
