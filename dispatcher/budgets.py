@@ -12,9 +12,10 @@ keeps is only what to *say*: which provider has reached its budget, until when.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from dispatcher.events import BudgetReached, EventBus
 from dispatcher.lanes import LaneSpec
 from dispatcher.models import Task
 from dispatcher.pricing import Budget, budget_reason, day_start, fits_budget, next_day_start
@@ -56,13 +57,14 @@ class BudgetBook:
         self,
         limits: Mapping[str, float],
         store: Store,
-        on_reached: Callable[[str, Reached], None] | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.limits = dict(limits)
         self._store = store
         self._spent = store.spent_since
         self._reached: dict[str, Reached] = {}
-        self._on_reached = on_reached
+        # Told once per provider and day (by this host): SSE and webhooks.
+        self._events = events
 
     def guard(self, owner: str, now: float) -> Budget | None:
         limit = self.limits.get(owner)
@@ -96,8 +98,12 @@ class BudgetBook:
         self._reached[owner] = reached
         if known is None or known.until != reached.until:
             log.warning("%s: budget reached until 00:00 UTC", reached.reason(owner))
-            if self._on_reached is not None:
-                self._on_reached(owner, reached)
+            if self._events is not None:
+                self._events.publish(
+                    BudgetReached(
+                        owner, reached.spent_usd, limit, reached.until, reached.reason(owner)
+                    )
+                )
 
     def reached(self, owner: str, now: float) -> Reached | None:
         found = self._reached.get(owner)

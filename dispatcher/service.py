@@ -312,7 +312,11 @@ class Service:
             effective_concurrency=self._effective_concurrency,
             claim_guard=self.hosts.guard,
             shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
-            budgets=BudgetBook(budget_limits(self.profiles.values(), settings.budgets), self.store),
+            budgets=BudgetBook(
+                budget_limits(self.profiles.values(), settings.budgets),
+                self.store,
+                events=self.events,
+            ),
         )
         if web is not None:
             self.prewarm = BrowserPrewarm(

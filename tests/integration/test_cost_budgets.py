@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness import Harness, host_service, running_service
+from tests.integration.test_webhooks import SECRET, receiver
 from tests.pgdb import fresh_database
 
 PRICE_USD = 0.01  # demo-chat-api's [pricing] per_request
@@ -51,9 +52,16 @@ async def _budget_reached(h: Harness) -> dict[str, Any] | None:
 async def test_costs_are_recorded_and_a_budget_stops_what_would_cross_it(
     tmp_path: Path,
 ) -> None:
-    async with running_service(
-        tmp_path, profiles=("demo-chat-api",), budgets={"demo": 5 * PRICE_USD}
-    ) as h:
+    async with (
+        receiver() as hook,
+        running_service(
+            tmp_path,
+            profiles=("demo-chat-api",),
+            budgets={"demo": 5 * PRICE_USD},
+            webhook_urls=[hook.url],
+            webhook_secret=SECRET,
+        ) as h,
+    ):
         job = await h.job("priced", _chats(8, "a cat"))
         assert job["tasks"][0]["cost_estimate_usd"] == PRICE_USD
         light = await _until(lambda: _settled(h, job["id"], 5), "5 tasks ran")
@@ -69,6 +77,12 @@ async def test_costs_are_recorded_and_a_budget_stops_what_would_cross_it(
         assert 'dispatcher_budget_usd{provider="demo"} 0.05' in metrics
         finished = [await h.task(t["id"]) for t in job["tasks"]]
         assert sorted(t["cost_usd"] or 0 for t in finished) == [0] * 3 + [PRICE_USD] * 5
+        # A webhook says so, once, however many rounds find the budget reached.
+        await hook.wait_for(1, "budget.reached")
+        await h.service.scheduler.round()
+        told = hook.events("budget.reached")
+        assert len(told) == 1 and told[0]["budget"]["provider"] == "demo"
+        assert told[0]["budget"]["reason"] == "budget demo/day: $0.05 of $0.05 spent"
 
 
 async def test_a_budget_holds_exactly_under_three_hosts_on_one_postgresql(
