@@ -145,6 +145,7 @@ class Intake:
             force=spec.force,
             priority=spec.priority,
             deadline=spec.deadline,
+            deadline_action=spec.deadline_action,
             cost_estimate=estimate_cost_usd(profile.pricing, params),
         )
 

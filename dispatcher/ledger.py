@@ -463,9 +463,14 @@ class Ledger(TaskReads):
         return {"finished_at": self.clock.now(), "stage": None}
 
     async def mark_canceled(
-        self, task: Task, stage_durations: Mapping[str, float] | None = None
+        self,
+        task: Task,
+        stage_durations: Mapping[str, float] | None = None,
+        error: TaskError | None = None,  # why, when nobody asked (a missed deadline)
     ) -> Task | None:
         changes: dict[str, Any] = {"finished_at": self.clock.now()}
+        if error is not None:
+            changes["error"] = error
         if stage_durations is not None:
             changes["stage_durations"] = dict(stage_durations)
         return await self._write(task, State.CANCELED, changes)

@@ -97,6 +97,7 @@ class Task:
     cost: float | None = None
     priority: int = 0
     deadline: float | None = None
+    deadline_action: str = "run"  # "cancel": canceled when its turn comes too late
 
     @property
     def is_terminal(self) -> bool:
@@ -147,6 +148,7 @@ class Task:
             "cost_usd": self.cost,
             "priority": self.priority,
             "deadline": self.deadline,
+            "deadline_action": self.deadline_action,
             # Unfinished tasks past their deadline are flagged where the clock
             # is known (`late_at`, the task's live info).
             "late": self.late_at(self.finished_at) if self.finished_at is not None else False,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -49,7 +50,8 @@ from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
 from dispatcher.laneviews import lanes_view, task_progress
 from dispatcher.ledger import Ledger
-from dispatcher.models import JSON, Kind, Stage, State, Task
+from dispatcher.models import JSON, Kind, Stage, State, Task, TaskError
+from dispatcher.pricing import is_late
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption, RunContext, Runner, RunResult
 from dispatcher.store.hosts import Fence, Quota
@@ -261,12 +263,27 @@ class Scheduler:
                 await self.budgets.after_claim(lane, task, self.clock.now())
             if task is None:
                 break
+            if await self._too_late(task):
+                continue
             if task.model not in self.profiles:
                 # A provider's lane outlived one of its models (removed by a
                 # reload): the task waits a while, without holding up the rest.
                 await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
                 continue
             self._start(task, lane)
+
+    async def _too_late(self, task: Task) -> bool:
+        """A task asked to be canceled rather than run late, whose turn came
+        too late to finish by its deadline (at its usual run time): canceled."""
+        if task.deadline is None or task.deadline_action != "cancel":
+            return False
+        durations = await self.recent_durations(task.model)
+        typical_s = statistics.median(durations) if durations else 0.0
+        if not is_late(deadline=task.deadline, now=self.clock.now(), expected_run_s=typical_s):
+            return False
+        why = f"its turn came too late to finish by its deadline (runs take ~{typical_s:.0f} s)"
+        await self.ledger.mark_canceled(task, error=TaskError(kind="deadline", message=why))
+        return True
 
     async def _reclaim_stale(self) -> None:
         now = self.clock.now()

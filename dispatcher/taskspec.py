@@ -28,6 +28,7 @@ class TaskSpec:
     ref: str | None = None
     priority: int = 0
     deadline: float | None = None  # epoch seconds
+    deadline_action: str = "run"  # or "cancel"
 
 
 # A ref names the task's result files (`dispatcher results`): no leading dot,
@@ -80,6 +81,7 @@ def _spec(raw: dict[str, Any], where: str, defaults: dict[str, Any] | None = Non
         deadline=parse_deadline(
             deadline if deadline is not None else defaults.get("deadline"), where
         ),
+        deadline_action=raw.get("deadline_action") or defaults.get("deadline_action") or "run",
     )
 
 
@@ -101,7 +103,7 @@ def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
     if not name:  # str.strip() knows a few more spaces than the schema's \S
         raise InputError("job.name must be a non-empty string")
     tasks = raw["tasks"]
-    defaults = {"priority": raw.get("priority"), "deadline": raw.get("deadline")}
+    defaults = {key: raw.get(key) for key in ("priority", "deadline", "deadline_action")}
     return name, [_spec(task, f"tasks[{i}]", defaults) for i, task in enumerate(tasks)]
 
 

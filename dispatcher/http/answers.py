@@ -87,6 +87,9 @@ class TaskAnswer(_Answer):
     )
     priority: int = Field(default=0, description="higher runs first within its queue")
     deadline: float | None = Field(default=None, description="finish by then (epoch seconds)")
+    deadline_action: str = Field(
+        default="run", description='"run" it late, or "cancel" it when its turn comes too late'
+    )
     late: bool = Field(
         default=False, description="past its deadline (finished after it, or not finished)"
     )

@@ -62,6 +62,11 @@ class TaskBody(BaseModel):
         description="finish by then: epoch seconds or ISO 8601 time (2026-12-04T09:00:00Z); "
         "among equal priorities the earliest deadline runs first",
     )
+    deadline_action: Literal["run", "cancel"] | None = Field(
+        default=None,
+        description='"cancel": cancel it when its turn comes too late to meet the deadline; '
+        '"run" (default): run it anyway, flagged late',
+    )
 
 
 class JobBody(BaseModel):
@@ -76,6 +81,9 @@ class JobBody(BaseModel):
     )
     deadline: float | str | None = Field(
         default=None, description="every task's deadline unless it has its own"
+    )
+    deadline_action: Literal["run", "cancel"] | None = Field(
+        default=None, description="every task's deadline_action unless it has its own"
     )
 
 

@@ -65,6 +65,7 @@ TASK_COLUMNS = (
     "cost_estimate",
     "cost",
     "priority",
+    "deadline_action",
     "deadline",
 )
 
@@ -178,6 +179,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "cost_estimate": task.cost_estimate,
         "cost": task.cost,
         "priority": task.priority,
+        "deadline_action": task.deadline_action,
         "deadline": task.deadline,
     }
 
@@ -243,6 +245,7 @@ def row_to_task(row: RowLike) -> Task:
         cost_estimate=row["cost_estimate"],
         cost=row["cost"],
         priority=row["priority"] or 0,
+        deadline_action=row["deadline_action"] or "run",
         deadline=row["deadline"],
     )
 

@@ -40,6 +40,7 @@ CREATE TABLE tasks (
     cost_estimate REAL,
     cost REAL,
     priority INTEGER NOT NULL DEFAULT 0,
+    deadline_action TEXT NOT NULL DEFAULT 'run',
     deadline REAL
 );
 CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);

@@ -6,6 +6,9 @@
 ALTER TABLE tasks ADD COLUMN cost_estimate DOUBLE PRECISION;
 ALTER TABLE tasks ADD COLUMN cost DOUBLE PRECISION;
 ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+-- `deadline_action`: "cancel" cancels a task that can no longer meet its
+-- deadline when its turn comes; "run" runs it, flagged late.
+ALTER TABLE tasks ADD COLUMN deadline_action TEXT NOT NULL DEFAULT 'run';
 ALTER TABLE tasks ADD COLUMN deadline DOUBLE PRECISION;
 -- A day's spend of one provider: the tasks it started since 00:00 UTC.
 CREATE INDEX tasks_spend ON tasks (account, started_at);
