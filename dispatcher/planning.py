@@ -208,8 +208,7 @@ def _budget_stops(
         if cost <= left.left_usd + 1e-9:
             continue
         tasks = sum(load.to_run / max(1, len(load.owners)) for load in served)
-        each = cost / tasks if tasks else cost
-        fits = int(left.left_usd // each) if each > 0 else 0
+        fits = _tasks_that_fit(served, left.left_usd)
         when = ""
         timing = next((t for t in times if served and served[0].model in t["models"]), None)
         if timing and timing["estimate_s"] and tasks:
@@ -220,3 +219,16 @@ def _budget_stops(
             f"(${cost:,.2f} wanted){when}"
         )
     return stops
+
+
+def _tasks_that_fit(served: Sequence[ModelLoad], left_usd: float) -> int:
+    """How many tasks the money left pays for, cheapest model first (the claim
+    takes a task that fits even when a dearer one ahead of it does not)."""
+    fits = 0
+    for load in sorted(served, key=lambda m: (m.cost_usd or 0.0) / max(1, m.to_run)):
+        share = load.to_run / max(1, len(load.owners))
+        each = (load.cost_usd or 0.0) / max(1, load.to_run)
+        taken = share if each <= 0 else min(share, left_usd // each)
+        fits += int(taken)
+        left_usd -= taken * each
+    return fits

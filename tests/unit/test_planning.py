@@ -66,3 +66,12 @@ def test_limits_refuse_a_batch_and_a_budget_says_when_it_stops_it() -> None:
     assert not plan.to_json()["ok"]
     fine = plan_batch([video], {"acme": BudgetLeft("acme", 50.0, 0.0)}, now=0.0, max_cost_usd=10)
     assert fine.to_json()["ok"]
+
+
+def test_a_budget_pays_for_the_cheapest_tasks_first() -> None:
+    chat = ModelLoad("chat", tasks=3, cost_usd=0.03, run_s=1.0, owners=("demo",), capacity=3)
+    video = ModelLoad("video", tasks=4, cost_usd=0.88, run_s=9.0, owners=("demo",), capacity=3)
+    plan = plan_batch([video, chat], {"demo": BudgetLeft("demo", 0.10, 0.0)}, now=0.0)
+    assert plan.stops[0].startswith(
+        "budget demo/day: $0.00 of $0.10 spent; $0.10 left covers about 3 of 7 tasks"
+    )
