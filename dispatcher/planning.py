@@ -163,7 +163,7 @@ def plan_batch(
         "bound": (
             f"{', '.join(slowest['models'])}: {slowest['bound']}"
             if slowest and whole
-            else "; ".join(t["bound"] for t in times if t["estimate_s"] is None)
+            else _unknown(times)
         ),
     }
     plan.stops = _budget_stops(loads, budgets, times)
@@ -180,6 +180,23 @@ def plan_batch(
             )
     plan.refusals += [f"stopped by a budget: {stop}" for stop in plan.stops]
     return plan
+
+
+def _unknown(times: list[dict[str, Any]]) -> str:
+    """Why the makespan is unknown: the models without run history, then the rest."""
+    missing = sorted(
+        model
+        for t in times
+        if t["estimate_s"] is None and t["bound"].startswith("no run history")
+        for model in t["bound"].removeprefix("no run history: ").split(", ")
+    )
+    other = [
+        t["bound"]
+        for t in times
+        if t["estimate_s"] is None and not t["bound"].startswith("no run history")
+    ]
+    said = [f"no run history: {', '.join(missing)}"] if missing else []
+    return "; ".join(said + other)
 
 
 def _shared_capacity(members: Sequence[ModelLoad]) -> int:

@@ -107,7 +107,13 @@ def show_plan(plan: dict[str, Any]) -> None:
         f"lower bound {fmt_seconds(total['lower_bound_s'])}",
     )
     console.print(table)
-    console.print(f"makespan set by {escape(total['bound'])}")
+    if total["makespan_s"] is None:
+        console.print(f"makespan unknown: {escape(total['bound'])} (run a few of its tasks first)")
+    else:
+        console.print(
+            f"makespan ~{fmt_seconds(total['makespan_s'])}, lower bound "
+            f"{fmt_seconds(total['lower_bound_s'])} set by {escape(total['bound'])}"
+        )
     for stop in plan["stops"]:
         console.print(f"[yellow]{escape(stop)}[/]")
     for refusal in plan["refusals"]:
