@@ -41,7 +41,7 @@ from dispatcher.models import (
     TaskError,
     new_id,
 )
-from dispatcher.pricing import Budget
+from dispatcher.pricing import AGING_STEP_S, Budget, finished_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import real_result, stored_result
 from dispatcher.store import Store
@@ -95,16 +95,6 @@ def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(remote_id, str):
         out["remote_id"] = storable_text(remote_id)
     return out
-
-
-def finished_cost(task: Task, result: JSON) -> float | None:
-    """What the finished task cost: the vendor's reported usage (the runner puts
-    it in the result's meta), else the price table's estimate."""
-    meta = result.get("meta") if isinstance(result, dict) else None
-    reported = meta.get("cost_usd") if isinstance(meta, dict) else None
-    if isinstance(reported, int | float) and not isinstance(reported, bool) and reported >= 0:
-        return float(reported)
-    return task.cost_estimate
 
 
 class Ledger(TaskReads):
@@ -323,6 +313,7 @@ class Ledger(TaskReads):
             fence=fence,
             quota=quota,
             budget=budget,
+            aging_step_s=self.clock.scaled(AGING_STEP_S),
         )
         if task is not None:
             self._announce(task, State.PENDING)
@@ -370,7 +361,7 @@ class Ledger(TaskReads):
                 "stage": None,
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
-                "cost": finished_cost(task, result),
+                "cost": finished_cost_usd(task.cost_estimate, result),
             },
             what="result",
         )

@@ -106,6 +106,14 @@ def reported_cost_usd(pricing: Pricing | None, answer: Any) -> float | None:
     return None if number is None else min(number, MAX_TASK_COST_USD)
 
 
+def finished_cost_usd(cost_estimate_usd: float | None, result: Any) -> float | None:
+    """What a finished task cost: the vendor's reported usage (the API runner
+    puts it in the result's meta as `cost_usd`), else the estimate."""
+    meta = result.get("meta") if isinstance(result, dict) else None
+    reported = _number(meta.get("cost_usd")) if isinstance(meta, dict) else None
+    return min(reported, MAX_TASK_COST_USD) if reported is not None else cost_estimate_usd
+
+
 # -- budgets -------------------------------------------------------------------
 
 

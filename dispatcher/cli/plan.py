@@ -80,6 +80,11 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
+def _cost(row: dict[str, Any]) -> str:
+    unpriced = f" (+{row['unpriced']} unpriced)" if row["unpriced"] else ""
+    return _usd(row["cost_usd"]) + unpriced
+
+
 def show_plan(plan: dict[str, Any]) -> None:
     table = Table(show_edge=False, pad_edge=False)
     for column in ("model", "tasks", "dedup", "cached", "to run", "cost", "estimate", "bound"):
@@ -91,7 +96,7 @@ def show_plan(plan: dict[str, Any]) -> None:
             str(row["duplicates"] + row["twins"]),
             str(row["cached"]),
             str(row["to_run"]),
-            _usd(row["cost_usd"]) + (f" (+{row['unpriced']} unpriced)" if row["unpriced"] else ""),
+            _cost(row),
             fmt_seconds(row.get("estimate_s")),
             escape(row.get("bound") or ""),
         )
@@ -102,7 +107,8 @@ def show_plan(plan: dict[str, Any]) -> None:
         str(total["deduplicated"]),
         str(total["cached"]),
         str(total["to_run"]),
-        _usd(total["cost_usd"]),
+        _usd(total["cost_usd"])
+        + (f" (+{total['unpriced']} unpriced)" if total["unpriced"] else ""),
         fmt_seconds(total["makespan_s"]),
         f"lower bound {fmt_seconds(total['lower_bound_s'])}",
     )

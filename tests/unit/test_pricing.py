@@ -18,6 +18,7 @@ from dispatcher.pricing import (
     day_start,
     effective_priority,
     estimate_cost_usd,
+    finished_cost_usd,
     fits_budget,
     is_late,
     next_day_start,
@@ -51,6 +52,10 @@ def test_untrusted_params_and_answers_cannot_make_a_cost_negative_or_endless() -
     assert reported_cost_usd(usage, {"usage": {"cost_usd": -1}}) is None
     assert reported_cost_usd(usage, {"usage": []}) is None
     assert reported_cost_usd(Pricing(), {"usage": {"cost_usd": 1}}) is None
+    # A finished task: the usage its runner found, else the estimate.
+    assert finished_cost_usd(0.5, {"text": "hi", "meta": {"cost_usd": 0.42}}) == 0.42
+    assert finished_cost_usd(0.5, {"text": "hi", "meta": {"cost_usd": True}}) == 0.5
+    assert finished_cost_usd(None, {"text": "hi"}) is None
 
 
 def test_budgets_setting_and_the_day_they_count() -> None:
