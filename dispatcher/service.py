@@ -520,6 +520,10 @@ class Service:
             self.profiles.update(plan.profiles)
             self.profile_problems = found.problems
             self.ledger.invalid_models = {**plan.invalid, **plan.refused}
+            if self.scheduler.budgets is not None:  # [budget] tables and DISPATCHER_BUDGETS
+                self.scheduler.budgets.limits = budget_limits(
+                    plan.profiles.values(), self.settings.budgets
+                )
             await self._relane()
             await self.check_api_keys()
         for problem in found.problems:

@@ -83,6 +83,12 @@ async def test_costs_are_recorded_and_a_budget_stops_what_would_cross_it(
         told = hook.events("budget.reached")
         assert len(told) == 1 and told[0]["budget"]["provider"] == "demo"
         assert told[0]["budget"]["reason"] == "budget demo/day: $0.05 of $0.05 spent"
+        # A reload that drops the budget (it came from no file: the setting is
+        # read again) lets the waiting tasks run at once.
+        answer = (await h.http.post("/v1/reload")).json()
+        assert answer["settings"] == {"budgets": {}}
+        h.service.scheduler.wake()
+        assert (await h.wait_job(job["id"]))["counts"]["success"] == 8
 
 
 async def test_a_budget_holds_exactly_under_three_hosts_on_one_postgresql(
