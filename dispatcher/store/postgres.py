@@ -59,6 +59,7 @@ from dispatcher.store.sql import (
     list_jobs_sql,
     list_tasks_where,
     pg_marks,
+    ranked_sql,
     update_sql,
 )
 
@@ -296,6 +297,9 @@ class PostgresStore(PostgresHostOps):
         if not lane_groups:
             return None
         columns = encode_changes({**changes, "state": State.RUNNING})
+        # Plain FIFO (the queue index's order) unless a pending task of the
+        # groups has a priority or a deadline: a sort of the whole queue then.
+        ranked = bool(await self._query(ranked_sql(len(lane_groups)), lane_groups))
         sql = pg_marks(
             claim_sql(
                 len(lane_groups),
@@ -305,6 +309,7 @@ class PostgresStore(PostgresHostOps):
                 lock="FOR UPDATE SKIP LOCKED",
                 budget=budget is not None,
                 aging=AGING_POSTGRES,
+                ranked=ranked,
             )
         )
         args: list[Any] = [*columns.values(), *lane_groups, now]
@@ -314,7 +319,8 @@ class PostgresStore(PostgresHostOps):
             args += [quota.account, quota.limit]
         if budget is not None:
             args += [budget.provider, budget.since, budget.limit_usd]
-        args += [now, aging_step_s]
+        if ranked:
+            args += [now, aging_step_s]
         if quota is None and budget is None:
             rows = await self._write1(sql, args, marked=True)
             return row_to_task(rows[0]) if rows else None

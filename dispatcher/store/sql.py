@@ -91,6 +91,18 @@ def cheapest_ready_sql(lane_groups: int) -> str:
     )
 
 
+def ranked_sql(lane_groups: int, *, hint: str = "") -> str:
+    """Whether a pending task of the groups has a priority or a deadline (args:
+    groups); the partial index `tasks_ranked` answers it without a scan.
+    SQLite, without statistics, prefers the queue index and scans the whole
+    queue: `hint` is its "INDEXED BY tasks_ranked"."""
+    marks = ", ".join("?" for _ in range(lane_groups))
+    return (
+        f"SELECT 1 FROM tasks {hint} WHERE state = 'pending' "
+        f"AND (priority <> 0 OR deadline IS NOT NULL) AND lane_group IN ({marks}) LIMIT 1"
+    )
+
+
 # The order a queue is served in (`pricing.order_key`): higher priority,
 # raised one level per aging step waited (args: now, step), then the earliest
 # deadline (none last), then FIFO.
@@ -146,17 +158,21 @@ def claim_sql(
     lock: str,
     budget: bool = False,
     aging: str = AGING_SQLITE,
+    ranked: bool = True,
 ) -> str:
     """Find and take the first ready pending task of the groups in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
     `aging` is the dialect's whole aging steps waited (`AGING_SQLITE`, `AGING_POSTGRES`).
-    Args: values, groups, now, [fence], [quota], [budget], now, aging step.
+    Args: values, groups, now, [fence], [quota], [budget], [now, aging step].
+    Without `ranked` (no pending task of the groups has a priority or a
+    deadline: `ranked_sql`) the order is plain FIFO, which the queue index
+    serves without sorting the whole queue.
     """
     marks = ", ".join("?" for _ in range(lane_groups))
     guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
-    order = CLAIM_ORDER.format(levels=aging)
+    order = CLAIM_ORDER.format(levels=aging) if ranked else "c.seq"
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
         f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND c.lane_group IN ({marks}) "

@@ -68,6 +68,7 @@ from dispatcher.store.sql import (
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
+    ranked_sql,
     update_sql,
 )
 from dispatcher.store.sqlite_hosts import SqliteHostOps
@@ -271,15 +272,6 @@ class SqliteStore(SqliteHostOps):
         if not lane_groups:
             return None
         columns = encode_changes({**changes, "state": State.RUNNING})
-        sql = claim_sql(
-            len(lane_groups),
-            columns,
-            fenced=fence is not None,
-            quota=quota is not None,
-            lock="",
-            budget=budget is not None,
-            aging=AGING_SQLITE,
-        )
         args: list[Any] = [*columns.values(), *lane_groups, now]
         if fence is not None:
             args += [fence.account, fence.token]
@@ -287,11 +279,22 @@ class SqliteStore(SqliteHostOps):
             args += [quota.account, quota.limit]
         if budget is not None:
             args += [budget.provider, budget.since, budget.limit_usd]
-        args += [now, aging_step_s]
         # Find and take in one statement (atomic on its own, budget check
         # included): the first ready task across the groups, in queue order.
         with self._lock:
-            rows = self._write1(sql, args)
+            ranked_query = ranked_sql(len(lane_groups), hint="INDEXED BY tasks_ranked")
+            ranked = bool(self._query(ranked_query, lane_groups))
+            sql = claim_sql(
+                len(lane_groups),
+                columns,
+                fenced=fence is not None,
+                quota=quota is not None,
+                lock="",
+                budget=budget is not None,
+                aging=AGING_SQLITE,
+                ranked=ranked,
+            )
+            rows = self._write1(sql, [*args, now, aging_step_s] if ranked else args)
             if not rows:
                 return None
             claimed = rows[0]

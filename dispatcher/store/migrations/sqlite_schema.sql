@@ -48,6 +48,8 @@ CREATE INDEX tasks_job ON tasks (job_id);
 CREATE INDEX tasks_fingerprint ON tasks (fingerprint, created_at);
 CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
 CREATE INDEX tasks_spend ON tasks (account, started_at);
+CREATE INDEX tasks_ranked ON tasks (lane_group, seq)
+    WHERE state = 'pending' AND (priority <> 0 OR deadline IS NOT NULL);
 
 -- One row per ended attempt (success, failure, cancel, stale reclaim, re-queue);
 -- the tasks row keeps the current attempt.

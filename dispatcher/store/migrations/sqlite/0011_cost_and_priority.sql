@@ -12,3 +12,7 @@ ALTER TABLE tasks ADD COLUMN deadline_action TEXT NOT NULL DEFAULT 'run';
 ALTER TABLE tasks ADD COLUMN deadline REAL;
 -- A day's spend of one provider: the tasks it started since 00:00 UTC.
 CREATE INDEX tasks_spend ON tasks (account, started_at);
+-- Whether a queue holds a task with a priority or a deadline (the claim sorts
+-- the queue only then; plain FIFO follows the queue index).
+CREATE INDEX tasks_ranked ON tasks (lane_group, seq)
+    WHERE state = 'pending' AND (priority <> 0 OR deadline IS NOT NULL);
