@@ -142,6 +142,10 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
     store._db.execute("ALTER TABLE jobs DROP COLUMN finish_told_at")  # 8
     store._db.execute("DROP TABLE webhook_outbox")  # 9
+    store._db.execute("DROP INDEX tasks_spend")  # 11
+    store._db.execute("DROP INDEX tasks_ranked")
+    for column in ("cost_estimate", "cost", "priority", "deadline_action", "deadline"):
+        store._db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
     store._db.execute("DROP TABLE cache_entries")
     store._db.execute(
         "CREATE TABLE cache_entries (fingerprint TEXT PRIMARY KEY, model TEXT NOT NULL, "
@@ -157,7 +161,8 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         fingerprint="legacy-fp",
         created_at=1.0,
     )
-    row = {k: v for k, v in task_to_row(legacy).items() if k not in ("host", "lease_token")}
+    later = ("host", "lease_token", "cost_estimate", "cost", "priority", "deadline_action")
+    row = {k: v for k, v in task_to_row(legacy).items() if k not in (*later, "deadline")}
     store._db.execute(
         f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
         tuple(row.values()),
