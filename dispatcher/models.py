@@ -214,6 +214,7 @@ class JobSummary:
     from_cache: int = 0  # tasks answered from the result cache
     last_finished_at: float | None = None
     cost_usd: float = 0.0  # what its finished tasks cost (issue 30)
+    late: int = 0  # tasks past their deadline
 
 
 class JobState(StrEnum):

@@ -142,6 +142,9 @@ class JobSummary(_Answer):
     total: int
     from_cache: int = Field(default=0, description="tasks completed from the result cache")
     cost_usd: float = Field(default=0.0, description="what its finished tasks cost, in dollars")
+    late: int = Field(
+        default=0, description="its tasks past their deadline (finished after it, or not yet)"
+    )
     finished_at: float | None = None
     elapsed_s: float | None = None
 

@@ -176,6 +176,7 @@ class Api:
                     "total": sum(summary.counts.values()),
                     "from_cache": summary.from_cache,
                     "cost_usd": round(summary.cost_usd, 6),
+                    "late": summary.late,
                     "finished_at": finished_at,
                     "elapsed_s": max(0.0, (finished_at or now) - job.created_at),
                 }

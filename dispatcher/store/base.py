@@ -160,8 +160,12 @@ class Store(Protocol):
     ) -> list[Job]:
         """Newest first; `text` is found in the name; paged like `list_tasks`."""
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
-        """Counts per state, cache answers and the last finish, for each job."""
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
+        """Counts per state, cache answers, the last finish, the cost and the late
+        tasks (finished after their deadline; with `now`, also unfinished past it)
+        for each job."""
 
     async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
         """True for exactly one caller (of all hosts) per finish of the job,

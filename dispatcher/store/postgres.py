@@ -45,6 +45,7 @@ from dispatcher.store.sql import (
     COST_BY_PROVIDER,
     ID_TABLES,
     JOB_MODEL_COUNTS,
+    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
     SPENT,
@@ -464,21 +465,24 @@ class PostgresStore(PostgresHostOps):
         )
         return [_job(r) for r in await self._query(sql, (*args, limit))]
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
         summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
         if not summaries:
             return summaries
         rows = await self._query(
             "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
-            "MAX(finished_at) AS finished, SUM(cost) AS usd FROM tasks WHERE job_id = ANY(?) "
-            "GROUP BY job_id, state",
-            (list(summaries),),
+            f"MAX(finished_at) AS finished, SUM(cost) AS usd, {LATE_SQL} AS late "
+            "FROM tasks WHERE job_id = ANY(?) GROUP BY job_id, state",
+            (-1.0 if now is None else now, list(summaries)),
         )
         for r in rows:
             summary = summaries[r["job_id"]]
             summary.counts[State(r["state"])] = int(r["n"])
             summary.from_cache += int(r["cached"] or 0)
             summary.cost_usd += float(r["usd"] or 0.0)
+            summary.late += int(r["late"] or 0)
             finished = r["finished"]
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at

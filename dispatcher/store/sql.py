@@ -235,6 +235,10 @@ def list_tasks_where(
     return (f" WHERE {' AND '.join(where)}" if where else ""), args
 
 
+# A task late for its deadline (args: now; a huge now counts only the finished ones).
+LATE_SQL = """SUM(CASE WHEN deadline IS NOT NULL AND state NOT IN ('failed', 'canceled')
+    AND COALESCE(finished_at, ?) > deadline THEN 1 ELSE 0 END)"""
+
 # A job's tasks per model and state: what a job's light view sums up.
 JOB_MODEL_COUNTS = (
     "SELECT model, state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY model, state"

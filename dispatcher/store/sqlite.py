@@ -55,6 +55,7 @@ from dispatcher.store.sql import (
     COST_BY_PROVIDER,
     ID_TABLES,
     JOB_MODEL_COUNTS,
+    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
     SPENT,
@@ -430,21 +431,24 @@ class SqliteStore(SqliteHostOps):
         rows = self._query(sql, (*args, limit))
         return [Job(id=r[0], name=r[1], created_at=r[2], seq=r[3]) for r in rows]
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
         summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
         if not summaries:
             return summaries
         marks = ", ".join("?" for _ in summaries)
         rows = self._query(
-            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at), SUM(cost) "
-            f"FROM tasks WHERE job_id IN ({marks}) GROUP BY job_id, state",
-            tuple(summaries),
+            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at), SUM(cost), "
+            f"{LATE_SQL} FROM tasks WHERE job_id IN ({marks}) GROUP BY job_id, state",
+            (-1.0 if now is None else now, *summaries),
         )
-        for job_id, state, count, cached, finished, usd in rows:
+        for job_id, state, count, cached, finished, usd, late in rows:
             summary = summaries[job_id]
             summary.counts[State(state)] = int(count)
             summary.from_cache += int(cached or 0)
             summary.cost_usd += float(usd or 0.0)
+            summary.late += int(late or 0)
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at
             ):

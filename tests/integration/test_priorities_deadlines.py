@@ -50,7 +50,9 @@ async def test_priority_then_deadline_order_a_queue_and_late_tasks_are_flagged(
         # deadline first, overtakes the three routine tasks still waiting.
         assert prompts[1:3] == ["urgent, due 2100", "urgent, no deadline"], prompts
         assert urgent_job["tasks"][0]["priority"] == 5
-        ran, canceled = (await h.wait_job(late["id"]))["tasks"]
+        late_job = await h.wait_job(late["id"])
+        assert late_job["late"] == 1 and urgent_job["late"] == 0
+        ran, canceled = late_job["tasks"]
         assert ran["state"] == "success" and ran["late"] is True
         assert canceled["state"] == "canceled" and canceled["late"] is False
         assert canceled["error"]["kind"] == "deadline"
