@@ -3,7 +3,7 @@
 JSONL: one task per line, either the API's shape
 ``{"model": "demo-video", "params": {"prompt": "...", "gen_s": 2}, "force": false}``
 or flat, where every key but ``model``, ``ref``, ``force``, ``priority``, ``deadline``
-and ``deadline_action`` is a parameter:
+and ``deadline_action``, ``models`` is a parameter:
 ``{"model": "demo-video", "ref": "shot-01", "prompt": "...", "gen_s": 2}``.
 Blank lines and lines starting with ``#`` are skipped.
 
@@ -34,7 +34,7 @@ from dispatcher.inputfiles import read_regular_file, size_text
 from dispatcher.taskspec import parse_spec
 
 # Scheduling fields of a task (issue 30), beside `force` and `ref` in JSONL.
-_SCHEDULING = ("priority", "deadline", "deadline_action")
+_SCHEDULING = ("priority", "deadline", "deadline_action", "models")
 _TOP = ("model", "params", "force", "ref", *_SCHEDULING)
 _CSV_TOP = {"model", "force", "ref"}
 _TRUE = {"1", "true", "yes", "y"}

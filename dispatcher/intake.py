@@ -146,6 +146,7 @@ class Intake:
             priority=spec.priority,
             deadline=spec.deadline,
             deadline_action=spec.deadline_action,
+            alt_queues=tuple(self.profile(model).queue for model in spec.fallbacks),
             cost_estimate=estimate_cost_usd(profile.pricing, params),
         )
 

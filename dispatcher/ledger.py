@@ -319,6 +319,14 @@ class Ledger(TaskReads):
             self._announce(task, State.PENDING)
         return task
 
+    async def take_as(self, task: Task, profile: Profile, fingerprint: str) -> Task | None:
+        """A fallback taken by a lane of one of its equivalent models: it is now
+        that model's task (its cache entry follows the model that runs it)."""
+        changes = {"model": profile.name, "kind": profile.kind, "lane_group": profile.queue}
+        return await self._write(
+            task, State.RUNNING, {**changes, "fingerprint": fingerprint}, why="fallback"
+        )
+
     async def record_remote_id(self, task: Task, remote_id: str) -> Task:
         updated = await self._write(task, State.RUNNING, {"remote_id": remote_id})
         if updated is None:

@@ -98,6 +98,9 @@ class Task:
     priority: int = 0
     deadline: float | None = None
     deadline_action: str = "run"  # "cancel": canceled when its turn comes too late
+    # Fallbacks: the queues of the equivalent models it also waits in; the
+    # lane that takes it first makes it its model's task.
+    alt_queues: tuple[str, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -149,6 +152,7 @@ class Task:
             "priority": self.priority,
             "deadline": self.deadline,
             "deadline_action": self.deadline_action,
+            "fallbacks": [queue.split(":", 1)[1] for queue in self.alt_queues],
             # Unfinished tasks past their deadline are flagged where the clock
             # is known (`late_at`, the task's live info).
             "late": self.late_at(self.finished_at) if self.finished_at is not None else False,

@@ -45,6 +45,7 @@ from dispatcher.errors import (
     TransientError,
 )
 from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.fingerprint import fingerprint
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
@@ -263,6 +264,10 @@ class Scheduler:
                 await self.budgets.after_claim(lane, task, self.clock.now())
             if task is None:
                 break
+            if task.queue not in lane.queues:
+                task = await self._fallback(task, lane)
+                if task is None:
+                    continue
             if await self._too_late(task):
                 continue
             if task.model not in self.profiles:
@@ -271,6 +276,17 @@ class Scheduler:
                 await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
                 continue
             self._start(task, lane)
+
+    async def _fallback(self, task: Task, lane: LaneSpec) -> Task | None:
+        """A task this lane took from its fallback queues: now the task of the
+        lane's model it named (fingerprint recomputed for that model)."""
+        model = next(q.split(":", 1)[1] for q in task.alt_queues if q in lane.queues)
+        profile = self.profiles.get(model)
+        if profile is None:
+            await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+            return None
+        fields = profile.fingerprint_fields
+        return await self.ledger.take_as(task, profile, fingerprint(model, task.params, fields))
 
     async def _too_late(self, task: Task) -> bool:
         """A task asked to be canceled rather than run late, whose turn came

@@ -29,6 +29,7 @@ class TaskSpec:
     priority: int = 0
     deadline: float | None = None  # epoch seconds
     deadline_action: str = "run"  # or "cancel"
+    fallbacks: tuple[str, ...] = ()  # equivalent models, in the order preferred
 
 
 # A ref names the task's result files (`dispatcher results`): no leading dot,
@@ -82,6 +83,7 @@ def _spec(raw: dict[str, Any], where: str, defaults: dict[str, Any] | None = Non
             deadline if deadline is not None else defaults.get("deadline"), where
         ),
         deadline_action=raw.get("deadline_action") or defaults.get("deadline_action") or "run",
+        fallbacks=tuple(m for m in dict.fromkeys(raw.get("models") or ()) if m != raw["model"]),
     )
 
 

@@ -93,6 +93,11 @@ class TaskAnswer(_Answer):
     late: bool = Field(
         default=False, description="past its deadline (finished after it, or not finished)"
     )
+    fallbacks: list[str] = Field(
+        default_factory=list,
+        description="equivalent models it also waits for (`models`); once one of their "
+        "lanes takes it, `model` is the one that runs it",
+    )
     deduped: bool = Field(description="true when an identical recent task was returned")
     ahead: int = Field(description="pending tasks before this one in its lanes")
     eta_s: float | None

@@ -51,6 +51,12 @@ class TaskBody(BaseModel):
         pattern=f"^{REF_PATTERN.pattern}$",
         description="the task's name in its job (unique there); names its result files",
     )
+    models: list[Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]] | None = Field(
+        default=None,
+        max_length=5,
+        description="equivalent models to fall back on: the task waits in their queues "
+        "too and runs once, on whichever lane frees first, as that model's task",
+    )
     priority: int | None = Field(
         default=None,
         ge=-1000,

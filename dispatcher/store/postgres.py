@@ -43,6 +43,7 @@ from dispatcher.store.sql import (
     ACCOUNTS,
     AGING_POSTGRES,
     COST_BY_PROVIDER,
+    FALLBACKS_WAITING,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     LATE_SQL,
@@ -57,6 +58,7 @@ from dispatcher.store.sql import (
     cheapest_ready_sql,
     claim_sql,
     insert_sql,
+    like_pattern,
     list_jobs_sql,
     list_tasks_where,
     pg_marks,
@@ -301,6 +303,8 @@ class PostgresStore(PostgresHostOps):
         # Plain FIFO (the queue index's order) unless a pending task of the
         # groups has a priority or a deadline: a sort of the whole queue then.
         ranked = bool(await self._query(ranked_sql(len(lane_groups)), lane_groups))
+        fallbacks = bool(await self._query(FALLBACKS_WAITING.format(hint="")))
+        alts = [like_pattern(f"|{group}|") for group in lane_groups] if fallbacks else []
         sql = pg_marks(
             claim_sql(
                 len(lane_groups),
@@ -311,9 +315,10 @@ class PostgresStore(PostgresHostOps):
                 budget=budget is not None,
                 aging=AGING_POSTGRES,
                 ranked=ranked,
+                fallbacks=fallbacks,
             )
         )
-        args: list[Any] = [*columns.values(), *lane_groups, now]
+        args: list[Any] = [*columns.values(), *lane_groups, *alts, now]
         if fence is not None:
             args += [fence.account, fence.token]
         if quota is not None:

@@ -67,6 +67,7 @@ TASK_COLUMNS = (
     "priority",
     "deadline_action",
     "deadline",
+    "alt_queues",
 )
 
 
@@ -104,6 +105,7 @@ _ENCODERS: dict[str, Any] = {
     "cancel_requested": int,
     "force": int,
     "from_cache": int,
+    "kind": lambda v: Kind(v).value,
 }
 UPDATABLE = frozenset(
     {
@@ -126,6 +128,11 @@ UPDATABLE = frozenset(
         "stage_started_at",
         "stage_durations",
         "cost",
+        # A fallback taken by another model's lane becomes that model's task.
+        "model",
+        "kind",
+        "lane_group",
+        "fingerprint",
     }
 )
 
@@ -181,6 +188,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "priority": task.priority,
         "deadline_action": task.deadline_action,
         "deadline": task.deadline,
+        "alt_queues": "|" + "|".join(task.alt_queues) + "|" if task.alt_queues else None,
     }
 
 
@@ -247,6 +255,7 @@ def row_to_task(row: RowLike) -> Task:
         priority=row["priority"] or 0,
         deadline_action=row["deadline_action"] or "run",
         deadline=row["deadline"],
+        alt_queues=tuple(q for q in (row["alt_queues"] or "").split("|") if q),
     )
 
 

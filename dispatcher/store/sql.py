@@ -91,6 +91,12 @@ def cheapest_ready_sql(lane_groups: int) -> str:
     )
 
 
+# Whether any task waits with fallback queues (the partial index `tasks_fallback`).
+FALLBACKS_WAITING = (
+    "SELECT 1 FROM tasks {hint} WHERE state = 'pending' AND alt_queues IS NOT NULL LIMIT 1"
+)
+
+
 def ranked_sql(lane_groups: int, *, hint: str = "") -> str:
     """Whether a pending task of the groups has a priority or a deadline (args:
     groups); the partial index `tasks_ranked` answers it without a scan.
@@ -159,6 +165,7 @@ def claim_sql(
     budget: bool = False,
     aging: str = AGING_SQLITE,
     ranked: bool = True,
+    fallbacks: bool = False,
 ) -> str:
     """Find and take the first ready pending task of the groups in one statement.
 
@@ -173,9 +180,15 @@ def claim_sql(
     marks = ", ".join("?" for _ in range(lane_groups))
     guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
     order = CLAIM_ORDER.format(levels=aging) if ranked else "c.seq"
+    groups = f"c.lane_group IN ({marks})"
+    if fallbacks:
+        # Also the tasks waiting in these groups as a fallback (args: one
+        # `like_pattern("|group|")` per group, after the groups).
+        alts = " OR ".join("c.alt_queues LIKE ? ESCAPE '\\'" for _ in range(lane_groups))
+        groups = f"({groups} OR (c.alt_queues IS NOT NULL AND ({alts})))"
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
-        f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND c.lane_group IN ({marks}) "
+        f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND {groups} "
         f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}) RETURNING {COLUMNS}"
     )
 

@@ -53,6 +53,7 @@ from dispatcher.store.sql import (
     ACCOUNTS,
     AGING_SQLITE,
     COST_BY_PROVIDER,
+    FALLBACKS_WAITING,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     LATE_SQL,
@@ -67,6 +68,7 @@ from dispatcher.store.sql import (
     cheapest_ready_sql,
     claim_sql,
     insert_sql,
+    like_pattern,
     list_jobs_sql,
     list_tasks_where,
     ranked_sql,
@@ -74,6 +76,9 @@ from dispatcher.store.sql import (
 )
 from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
+
+# SQLite without statistics would scan the tasks rather than use the partial index.
+_FALLBACKS = FALLBACKS_WAITING.format(hint="INDEXED BY tasks_fallback")
 
 
 class SqliteStore(SqliteHostOps):
@@ -273,7 +278,12 @@ class SqliteStore(SqliteHostOps):
         if not lane_groups:
             return None
         columns = encode_changes({**changes, "state": State.RUNNING})
-        args: list[Any] = [*columns.values(), *lane_groups, now]
+        with self._lock:
+            fallbacks = bool(
+                self._query(FALLBACKS_WAITING.format(hint="INDEXED BY tasks_fallback"))
+            )
+        alts = [like_pattern(f"|{group}|") for group in lane_groups] if fallbacks else []
+        args: list[Any] = [*columns.values(), *lane_groups, *alts, now]
         if fence is not None:
             args += [fence.account, fence.token]
         if quota is not None:
@@ -294,6 +304,7 @@ class SqliteStore(SqliteHostOps):
                 budget=budget is not None,
                 aging=AGING_SQLITE,
                 ranked=ranked,
+                fallbacks=fallbacks,
             )
             rows = self._write1(sql, [*args, now, aging_step_s] if ranked else args)
             if not rows:

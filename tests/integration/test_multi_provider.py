@@ -144,7 +144,9 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("DROP TABLE webhook_outbox")  # 9
     store._db.execute("DROP INDEX tasks_spend")  # 11
     store._db.execute("DROP INDEX tasks_ranked")
-    for column in ("cost_estimate", "cost", "priority", "deadline_action", "deadline"):
+    store._db.execute("DROP INDEX tasks_fallback")
+    columns = ("cost_estimate", "cost", "priority", "deadline_action", "deadline", "alt_queues")
+    for column in columns:
         store._db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
     store._db.execute("DROP TABLE cache_entries")
     store._db.execute(
@@ -162,7 +164,7 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         created_at=1.0,
     )
     later = ("host", "lease_token", "cost_estimate", "cost", "priority", "deadline_action")
-    row = {k: v for k, v in task_to_row(legacy).items() if k not in (*later, "deadline")}
+    row = {k: v for k, v in task_to_row(legacy).items() if k not in (*later, *columns)}
     store._db.execute(
         f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
         tuple(row.values()),

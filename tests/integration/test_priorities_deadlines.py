@@ -57,3 +57,34 @@ async def test_priority_then_deadline_order_a_queue_and_late_tasks_are_flagged(
         assert canceled["state"] == "canceled" and canceled["late"] is False
         assert canceled["error"]["kind"] == "deadline"
         assert "too late to finish by its deadline" in canceled["error"]["message"]
+
+
+async def test_a_fallback_runs_once_on_the_equivalent_model_whose_lane_is_free(
+    tmp_path: Path,
+) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api", "demo-queue")) as h:
+        # The first choice's provider is off: the task waits in both queues and
+        # runs on the other model, as that model's task.
+        off = await h.http.post("/v1/accounts/demo/disable", json={"reason": "quota gone"})
+        assert off.status_code == 200, off.text
+        task = await h.submit("demo-chat-api", "either will do")
+        assert task["fallbacks"] == []
+        response = await h.http.post(
+            "/v1/tasks",
+            json={
+                "model": "demo-chat-api",
+                "models": ["demo-chat-api", "demo-queue"],
+                "params": {"prompt": "a lighthouse, either way", "gen_s": 1},
+            },
+        )
+        assert response.status_code == 201, response.text
+        fallback = response.json()
+        assert fallback["fallbacks"] == ["demo-queue"]
+        done = await h.wait_task(fallback["id"])
+        assert done["state"] == "success" and done["model"] == "demo-queue"
+        assert done["owner"] == "demo-queue" and done["attempt"] == 1
+        assert done["fingerprint"] != fallback["fingerprint"]
+        # The plain task stays for its own model.
+        assert (await h.task(task["id"]))["state"] == "pending"
+        attempts = (await h.task(fallback["id"]))["attempts"]
+        assert [a["outcome"] for a in attempts] == ["success"]

@@ -41,7 +41,8 @@ CREATE TABLE tasks (
     cost REAL,
     priority INTEGER NOT NULL DEFAULT 0,
     deadline_action TEXT NOT NULL DEFAULT 'run',
-    deadline REAL
+    deadline REAL,
+    alt_queues TEXT
 );
 CREATE INDEX tasks_queue ON tasks (state, lane_group, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
@@ -50,6 +51,7 @@ CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
 CREATE INDEX tasks_spend ON tasks (account, started_at);
 CREATE INDEX tasks_ranked ON tasks (lane_group, seq)
     WHERE state = 'pending' AND (priority <> 0 OR deadline IS NOT NULL);
+CREATE INDEX tasks_fallback ON tasks (seq) WHERE state = 'pending' AND alt_queues IS NOT NULL;
 
 -- One row per ended attempt (success, failure, cancel, stale reclaim, re-queue);
 -- the tasks row keeps the current attempt.

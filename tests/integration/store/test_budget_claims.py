@@ -144,3 +144,28 @@ async def test_a_job_sums_what_its_tasks_cost(store: Store) -> None:
     assert abs(summary.cost_usd - 0.8) < 1e-9
     fetched = await store.get_task("c2")
     assert fetched is not None and fetched.cost == 0.3 and fetched.cost_estimate == 0.25
+
+
+async def test_a_fallback_waits_in_several_queues_and_is_claimed_once(
+    open_stores: OpenStore,
+) -> None:
+    stores = [await open_stores(f"h{i}") for i in range(3)]
+    both = _task("both", alt_queues=("web:w", "api-model:x_y"))
+    await stores[0].insert_tasks([both, _task("plain")])
+    stored = await stores[0].get_task("both")
+    assert stored is not None and stored.alt_queues == ("web:w", "api-model:x_y")
+
+    async def claim(store: Store, queue: str) -> Task | None:
+        return await store.claim_next([queue], 10.0, RUN)
+
+    # Every host's lanes of all three queues claim at once: one of them wins it.
+    got = await asyncio.gather(
+        *(claim(s, q) for s in stores for q in ("api-model:m", "web:w", "api-model:x_y"))
+    )
+    taken = [t.id for t in got if t is not None]
+    assert sorted(taken) == ["both", "plain"]
+    # `_` in a queue name is no wildcard: "api-model:xzy" is another queue.
+    await stores[0].insert_tasks([_task("only-x_y", alt_queues=("api-model:x_y",))])
+    assert await claim(stores[1], "api-model:xzy") is None
+    other = await claim(stores[1], "api-model:x_y")
+    assert other is not None and other.id == "only-x_y"

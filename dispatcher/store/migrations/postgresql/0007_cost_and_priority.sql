@@ -16,3 +16,7 @@ CREATE INDEX tasks_spend ON tasks (account, started_at);
 -- the queue only then; plain FIFO follows the queue index).
 CREATE INDEX tasks_ranked ON tasks (lane_group, seq)
     WHERE state = 'pending' AND (priority <> 0 OR deadline IS NOT NULL);
+-- Fallbacks: the other queues a task also waits in ("|q1|q2|"), for models
+-- named equivalent; NULL for most tasks. One row: one claim wins, once.
+ALTER TABLE tasks ADD COLUMN alt_queues TEXT;
+CREATE INDEX tasks_fallback ON tasks (seq) WHERE state = 'pending' AND alt_queues IS NOT NULL;
