@@ -88,3 +88,22 @@ async def test_a_fallback_runs_once_on_the_equivalent_model_whose_lane_is_free(
         assert (await h.task(task["id"]))["state"] == "pending"
         attempts = (await h.task(fallback["id"]))["attempts"]
         assert [a["outcome"] for a in attempts] == ["success"]
+
+
+async def test_a_fallback_runs_once_across_kinds_api_to_web(tmp_path: Path) -> None:
+    async with running_service(tmp_path, profiles=("demo-chat-api", "demo-chat")) as h:
+        off = await h.http.post("/v1/accounts/demo/disable", json={"reason": "quota gone"})
+        assert off.status_code == 200, off.text
+        response = await h.http.post(
+            "/v1/tasks",
+            json={
+                "model": "demo-chat-api",
+                "models": ["demo-chat-api", "demo-chat"],
+                "params": {"prompt": "say hi from either side"},
+            },
+        )
+        assert response.status_code == 201, response.text
+        done = await h.wait_task(response.json()["id"], timeout_s=60)
+        assert done["state"] == "success", done
+        assert done["model"] == "demo-chat" and done["kind"] == "web"
+        assert done["owner"] in ("demo-1", "demo-2") and done["attempt"] == 1
