@@ -37,9 +37,16 @@ async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
         concurrency = max(concurrency, others)
         info["ahead"] = ahead
         info["eta_s"] = eta_s(ahead=ahead, concurrency=concurrency, recent_durations_s=durations)
-        waiting = why_waiting(_serving(scheduler, task.queue), others_serving=others)
+        # A fallback can run on any lane of its equivalent models' queues too.
+        queues = (task.queue, *task.alt_queues)
+        serving = [lane for queue in queues for lane in _serving(scheduler, queue)]
+        waiting = why_waiting(serving, others_serving=others)
         if waiting is None and scheduler.budgets is not None:
-            owners = [lane.owner for lane in scheduler.lanes.values() if task.queue in lane.queues]
+            owners = [
+                lane.owner
+                for lane in scheduler.lanes.values()
+                if any(queue in lane.queues for queue in queues)
+            ]
             waiting = scheduler.budgets.waiting(owners, scheduler.clock.now())
         if waiting is not None:
             info["eta_s"] = None

@@ -84,8 +84,10 @@ async def test_a_fallback_runs_once_on_the_equivalent_model_whose_lane_is_free(
         assert done["state"] == "success" and done["model"] == "demo-queue"
         assert done["owner"] == "demo-queue" and done["attempt"] == 1
         assert done["fingerprint"] != fallback["fingerprint"]
-        # The plain task stays for its own model.
-        assert (await h.task(task["id"]))["state"] == "pending"
+        # The plain task stays for its own model, saying why.
+        plain = await h.task(task["id"])
+        assert plain["state"] == "pending"
+        assert plain["waiting"] == "cannot run: lane api:demo is disabled (quota gone)"
         attempts = (await h.task(fallback["id"]))["attempts"]
         assert [a["outcome"] for a in attempts] == ["success"]
 
