@@ -55,6 +55,7 @@ from dispatcher.errors import (
 )
 from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
+from dispatcher.pricing import reported_cost_usd
 from dispatcher.refimages import PreparedImages, UploadCache
 from dispatcher.runner import ResultFile, RunResult
 from dispatcher.settings import Settings
@@ -223,6 +224,10 @@ class ProviderAttempt(AttemptBase):
             meta["polls"] = self.polls
         if status is not None:
             meta["remote_state"] = status.raw_state
+        # The vendor's own account of the cost beats the price table (issue 30).
+        reported = reported_cost_usd(self.ctx.profile.pricing, self.last_answer)
+        if reported is not None:
+            meta["cost_usd"] = reported
         return meta
 
     def submit_call(

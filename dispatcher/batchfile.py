@@ -2,7 +2,8 @@
 
 JSONL: one task per line, either the API's shape
 ``{"model": "demo-video", "params": {"prompt": "...", "gen_s": 2}, "force": false}``
-or flat, where every key but ``model``, ``ref`` and ``force`` is a parameter:
+or flat, where every key but ``model``, ``ref``, ``force``, ``priority``, ``deadline``
+and ``deadline_action``, ``models`` is a parameter:
 ``{"model": "demo-video", "ref": "shot-01", "prompt": "...", "gen_s": 2}``.
 Blank lines and lines starting with ``#`` are skipped.
 
@@ -32,7 +33,9 @@ from dispatcher.http.limits import MAX_JOB_BODY_BYTES, MAX_JOB_TASKS
 from dispatcher.inputfiles import read_regular_file, size_text
 from dispatcher.taskspec import parse_spec
 
-_TOP = ("model", "params", "force", "ref")
+# Scheduling fields of a task (issue 30), beside `force` and `ref` in JSONL.
+_SCHEDULING = ("priority", "deadline", "deadline_action", "models")
+_TOP = ("model", "params", "force", "ref", *_SCHEDULING)
 _CSV_TOP = {"model", "force", "ref"}
 _TRUE = {"1", "true", "yes", "y"}
 _FALSE = {"", "0", "false", "no", "n"}
@@ -123,9 +126,9 @@ def _jsonl_task(where: str, line: str) -> dict[str, Any]:
         return item
     task = {
         "model": item.get("model"),
-        "params": {k: v for k, v in item.items() if k not in _CSV_TOP},
+        "params": {k: v for k, v in item.items() if k not in _CSV_TOP and k not in _SCHEDULING},
     }
-    for key in ("force", "ref"):
+    for key in ("force", "ref", *_SCHEDULING):
         if key in item:
             task[key] = item[key]
     return task

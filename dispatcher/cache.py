@@ -229,6 +229,15 @@ class ResultCache:
             self.hits += 1
             return result
 
+    def has(self, fingerprint: str) -> bool:
+        """Whether `lookup` would likely answer (an unexpired entry), without
+        counting it or touching any file: what a plan counts as cached."""
+        if _FINGERPRINT.fullmatch(fingerprint) is None:
+            return False
+        with self._lock:
+            entry = self.store.cache_get(fingerprint)
+        return entry is not None and not is_expired(entry, self.clock.now(), self.ttl_s)
+
     def miss_here(self, fingerprint: str) -> bool:
         """True (and counted) when `lookup` would find nothing: answered on the
         caller's thread, without the hop to a worker thread `lookup` needs.

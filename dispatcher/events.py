@@ -62,7 +62,28 @@ class ProfilesReloaded:
         return {"type": "reload", **self.answer}
 
 
-Event = TaskChanged | AccountChanged | ProfilesReloaded
+@dataclass(frozen=True, slots=True)
+class BudgetReached:
+    """A provider's daily budget leaves no room for its waiting tasks (issue 30)."""
+
+    provider: str
+    spent_usd: float
+    limit_usd: float
+    until: float  # 00:00 UTC, when it is whole again
+    reason: str
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "budget",
+            "provider": self.provider,
+            "spent_usd": self.spent_usd,
+            "daily_usd": self.limit_usd,
+            "until": self.until,
+            "reason": self.reason,
+        }
+
+
+Event = TaskChanged | AccountChanged | ProfilesReloaded | BudgetReached
 
 # A subscriber that falls this far behind is dropped rather than let it
 # hold memory without bound; its client reconnects and re-reads state.

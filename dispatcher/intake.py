@@ -33,6 +33,7 @@ from dispatcher.fingerprint import (
 from dispatcher.flows import check_task_params
 from dispatcher.modelcards import ModelCard, read_cards
 from dispatcher.models import JSON, State, Task, new_id
+from dispatcher.pricing import estimate_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import stored_result
 from dispatcher.store import Store
@@ -49,6 +50,8 @@ class ResultStore(Protocol):
     def store_result(self, fingerprint: str, model: str, result: JSON) -> None: ...
 
     def miss_here(self, fingerprint: str) -> bool: ...
+
+    def has(self, fingerprint: str) -> bool: ...
 
     def store_text_here(self, fingerprint: str, model: str, result: JSON) -> bool: ...
 
@@ -159,6 +162,11 @@ class Intake:
             created_at=now,
             max_attempts=profile.max_attempts,
             force=spec.force,
+            priority=spec.priority,
+            deadline=spec.deadline,
+            deadline_action=spec.deadline_action,
+            alt_queues=tuple(self.profile(model).queue for model in spec.fallbacks),
+            cost_estimate=estimate_cost_usd(profile.pricing, params),
         )
 
     async def image_hashes(self, specs: Sequence[TaskSpec], *, in_job: bool) -> list[JSON | None]:
@@ -236,6 +244,7 @@ class Intake:
             state=State.SUCCESS,
             result=stored_result(cached, self.results_dir),
             from_cache=True,
+            cost=0.0,  # an earlier result: nothing is bought
             host=self.host,
             started_at=now,
             finished_at=now,

@@ -41,6 +41,7 @@ from dispatcher.models import (
     TaskError,
     new_id,
 )
+from dispatcher.pricing import AGING_STEP_S, Budget, finished_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.resultpaths import real_result, stored_result
 from dispatcher.store import Store
@@ -289,9 +290,11 @@ class Ledger(TaskReads):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
     ) -> Task | None:
         """The lane's next task, run by this host; under the account's lease
-        (`fence`, a web account) or a provider's global `quota`, when given."""
+        (`fence`, a web account) or a provider's global `quota`, and within the
+        provider's daily `budget`, when given."""
         now = self.clock.now()
         task = await self.store.claim_next(
             queues,
@@ -309,10 +312,20 @@ class Ledger(TaskReads):
             },
             fence=fence,
             quota=quota,
+            budget=budget,
+            aging_step_s=self.clock.scaled(AGING_STEP_S),
         )
         if task is not None:
             self._announce(task, State.PENDING)
         return task
+
+    async def take_as(self, task: Task, profile: Profile, fingerprint: str) -> Task | None:
+        """A fallback taken by a lane of one of its equivalent models: it is now
+        that model's task (its cache entry follows the model that runs it)."""
+        changes = {"model": profile.name, "kind": profile.kind, "queue": profile.queue}
+        return await self._write(
+            task, State.RUNNING, {**changes, "fingerprint": fingerprint}, why="fallback"
+        )
 
     async def record_remote_id(self, task: Task, remote_id: str) -> Task:
         updated = await self._write(task, State.RUNNING, {"remote_id": remote_id})
@@ -356,6 +369,7 @@ class Ledger(TaskReads):
                 "stage": None,
                 "finished_at": self.clock.now(),
                 "stage_durations": dict(stage_durations),
+                "cost": finished_cost_usd(task.cost_estimate, result),
             },
             what="result",
         )
@@ -448,9 +462,14 @@ class Ledger(TaskReads):
         return {"finished_at": self.clock.now(), "stage": None}
 
     async def mark_canceled(
-        self, task: Task, stage_durations: Mapping[str, float] | None = None
+        self,
+        task: Task,
+        stage_durations: Mapping[str, float] | None = None,
+        error: TaskError | None = None,  # why, when nobody asked (a missed deadline)
     ) -> Task | None:
         changes: dict[str, Any] = {"finished_at": self.clock.now()}
+        if error is not None:
+            changes["error"] = error
         if stage_durations is not None:
             changes["stage_durations"] = dict(stage_durations)
         return await self._write(task, State.CANCELED, changes)

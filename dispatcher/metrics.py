@@ -137,6 +137,32 @@ class _LiveCollector(Collector):
                 account_state.add_metric(
                     [account["name"], state], 1 if account["state"] == state else 0
                 )
+        cost = CounterMetricFamily(
+            "dispatcher_cost_usd",
+            "Dollars finished tasks cost, per API provider or web account",
+            labels=["provider"],
+        )
+        for provider, usd in sorted(snap.get("cost_by_provider", {}).items()):
+            cost.add_metric([provider], usd)
+        yield cost
+        budget = GaugeMetricFamily(
+            "dispatcher_budget_usd", "A provider's daily budget (dollars)", labels=["provider"]
+        )
+        spent = GaugeMetricFamily(
+            "dispatcher_budget_spent_usd",
+            "Dollars a provider with a budget spent (or holds for running tasks) today",
+            labels=["provider"],
+        )
+        told: set[str] = set()
+        for lane in snap["lanes"]:
+            view = lane.get("budget")
+            if view is None or lane["owner"] in told:
+                continue
+            told.add(lane["owner"])
+            budget.add_metric([lane["owner"]], view["daily_usd"])
+            spent.add_metric([lane["owner"]], view["spent_usd"])
+        yield budget
+        yield spent
         yield queued
         yield running
         yield enabled
@@ -281,6 +307,7 @@ async def live_numbers(
             counters[key] = counters.get(key, 0) + value
     return {
         "state_counts": await store.state_counts(),
+        "cost_by_provider": await store.cost_by_provider(),
         "lanes": await scheduler.lanes_view(),
         "accounts": accounts.views(),
         "counters": counters,

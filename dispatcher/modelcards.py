@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dispatcher.models import Kind
+from dispatcher.pricing import Pricing
 from dispatcher.profiles import Profile
 
 MAX_CARD_CHARS = 4096  # a card is a few short fields; anything longer is not ours
@@ -27,6 +28,7 @@ class ModelCard:
     max_attempts: int
     fingerprint_fields: tuple[str, ...]
     hosts: tuple[str, ...] = ()
+    pricing: Pricing | None = None  # a task's estimated cost is the same on every host
 
 
 def publishable(profiles: Mapping[str, Profile], models: Iterable[str]) -> dict[str, str]:
@@ -42,6 +44,7 @@ def publishable(profiles: Mapping[str, Profile], models: Iterable[str]) -> dict[
                 "queue": profile.queue,
                 "max_attempts": profile.max_attempts,
                 "fingerprint_fields": list(profile.fingerprint_fields),
+                "pricing": profile.pricing.model_dump() if profile.pricing else None,
             }
         )
     return cards
@@ -58,7 +61,13 @@ def read_cards(rows: Iterable[tuple[str, str, str]]) -> dict[str, ModelCard]:
         known = found.get(model)
         hosts = (*known.hosts, host) if known is not None else (host,)
         found[model] = ModelCard(
-            card.name, card.kind, card.queue, card.max_attempts, card.fingerprint_fields, hosts
+            card.name,
+            card.kind,
+            card.queue,
+            card.max_attempts,
+            card.fingerprint_fields,
+            hosts,
+            card.pricing,
         )
     return found
 
@@ -75,6 +84,7 @@ def _card(model: str, text: str) -> ModelCard | None:
             queue=raw["queue"],
             max_attempts=raw["max_attempts"],
             fingerprint_fields=tuple(fields),
+            pricing=Pricing.model_validate(raw["pricing"]) if raw.get("pricing") else None,
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -94,6 +94,17 @@ class Task:
     # under (see `Store.acquire_lease`); None on a task no host has claimed.
     host: str | None = None
     lease_token: int | None = None
+    # Issue 30: dollars from the price table at intake (what a budget
+    # reserves while it runs) and what it cost once finished; its place in
+    # the queue (higher priority first, then the earliest deadline).
+    cost_estimate: float | None = None
+    cost: float | None = None
+    priority: int = 0
+    deadline: float | None = None
+    deadline_action: str = "run"  # "cancel": canceled when its turn comes too late
+    # Fallbacks: the queues of the equivalent models it also waits in; the
+    # lane that takes it first makes it its model's task.
+    alt_queues: tuple[str, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -127,7 +138,23 @@ class Task:
             "heartbeat_at": self.heartbeat_at,
             "finished_at": self.finished_at,
             "stage_durations": self.stage_durations,
+            "cost_estimate_usd": self.cost_estimate,
+            "cost_usd": self.cost,
+            "priority": self.priority,
+            "deadline": self.deadline,
+            "deadline_action": self.deadline_action,
+            "fallbacks": [queue.split(":", 1)[1] for queue in self.alt_queues],
+            # Unfinished tasks past their deadline are flagged where the clock
+            # is known (`late_at`, the task's live info).
+            "late": self.late_at(self.finished_at) if self.finished_at is not None else False,
         }
+
+    def late_at(self, now: float) -> bool:
+        """Past its deadline at `now` (its finish, once finished); never when it has none."""
+        if self.deadline is None or self.state in (State.FAILED, State.CANCELED):
+            return False
+        end = self.finished_at if self.finished_at is not None else now
+        return end > self.deadline
 
 
 @dataclass
@@ -180,6 +207,8 @@ class JobSummary:
     counts: dict[State, int]
     from_cache: int = 0  # tasks answered from the result cache
     last_finished_at: float | None = None
+    cost_usd: float = 0.0  # what its finished tasks cost (issue 30)
+    late: int = 0  # tasks past their deadline
 
 
 class JobState(StrEnum):

@@ -31,6 +31,7 @@ from pydantic import (
 from dispatcher.errors import ConfigError
 from dispatcher.flows import WORKFLOW_PARAM, Flow, build_flows
 from dispatcher.models import Kind
+from dispatcher.pricing import Pricing
 from dispatcher.workflow import Graph, WorkflowError, load_workflow
 
 log = logging.getLogger("dispatcher.profiles")
@@ -361,6 +362,12 @@ class ApiSpec(_Strict):
         return self
 
 
+class BudgetSpec(_Strict):
+    """`[budget]`: dollars each of the profile's providers may spend per day (UTC)."""
+
+    daily_usd: float = Field(ge=0)
+
+
 class Profile(_Strict):
     name: str
     kind: Kind
@@ -373,6 +380,10 @@ class Profile(_Strict):
     max_attempts: int = Field(default=3, ge=1, le=10)
     web: WebSpec | None = None
     api: ApiSpec | None = None
+    # Prices (issue 30): a task's estimated cost, and the day's budget of
+    # each of its providers (DISPATCHER_BUDGETS overrides it).
+    pricing: Pricing | None = None
+    budget: BudgetSpec | None = None
     source: str = ""  # the file it came from (filled in by the loader)
 
     @model_validator(mode="after")

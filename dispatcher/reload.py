@@ -27,6 +27,7 @@ LIVE_SETTINGS = (
     "browser_keep_alive_s",
     "cache_max_bytes",
     "cache_ttl_s",
+    "budgets",
 )
 # Pinned to the running values when the settings are read again.
 PINNED_SETTINGS = (

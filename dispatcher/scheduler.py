@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,31 +29,30 @@ from dispatcher.attempt import (
     unrecorded,
 )
 from dispatcher.background import stop_background
+from dispatcher.budgets import BudgetBook
 from dispatcher.clock import Clock
 from dispatcher.decisions import (
     HEARTBEAT_INTERVAL_S,
     STALE_AFTER_S,
     LaneSnapshot,
-    ServingLane,
-    eta_s,
     free_slots,
-    overdue_s,
     plan_reclaims,
-    why_waiting,
 )
 from dispatcher.errors import (
-    NotFound,
     RunError,
     StateConflict,
     TaskCanceled,
     TransientError,
 )
 from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.fingerprint import fingerprint
 from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION
 from dispatcher.history import RunHistory
 from dispatcher.lanes import LaneSpec
+from dispatcher.laneviews import lanes_view, task_progress
 from dispatcher.ledger import Ledger
-from dispatcher.models import JSON, Kind, Stage, State, Task
+from dispatcher.models import JSON, Kind, Stage, State, Task, TaskError
+from dispatcher.pricing import is_late
 from dispatcher.profiles import Profile
 from dispatcher.runner import Interruption, RunContext, Runner, RunResult
 from dispatcher.store.hosts import Fence, Quota
@@ -87,6 +87,7 @@ class Scheduler:
         effective_concurrency: Callable[[LaneSpec], int] | None = None,
         claim_guard: ClaimGuard | None = None,
         shared_queues: bool = False,
+        budgets: BudgetBook | None = None,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -118,6 +119,8 @@ class Scheduler:
         # Other hosts serve the same queues (PostgreSQL): an ETA counts their
         # lanes busy on a queue too, as the database shows them.
         self.shared_queues = shared_queues
+        # Providers' daily budgets (issue 30): checked in the claim; said here.
+        self.budgets = budgets
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -252,16 +255,51 @@ class Scheduler:
             if slots and self.claim_guard is not None
             else (None, None)
         )
+        budget = self.budgets.guard(lane.owner, self.clock.now()) if self.budgets else None
         for _ in range(slots):
-            task = await self.ledger.claim(lane.queues, lane.owner, fence=fence, quota=quota)
+            task = await self.ledger.claim(
+                lane.queues, lane.owner, fence=fence, quota=quota, budget=budget
+            )
+            if budget is not None and self.budgets is not None:
+                await self.budgets.after_claim(lane, task, self.clock.now())
             if task is None:
                 break
+            if task.queue not in lane.queues:
+                task = await self._fallback(task, lane)
+                if task is None:
+                    continue
+            if await self._too_late(task):
+                continue
             if task.model not in self.profiles:
                 # A provider's lane outlived one of its models (removed by a
                 # reload): the task waits a while, without holding up the rest.
                 await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
                 continue
             self._start(task, lane)
+
+    async def _fallback(self, task: Task, lane: LaneSpec) -> Task | None:
+        """A task this lane took from its fallback queues: now the task of the
+        lane's model it named (fingerprint recomputed for that model)."""
+        model = next(q.split(":", 1)[1] for q in task.alt_queues if q in lane.queues)
+        profile = self.profiles.get(model)
+        if profile is None:
+            await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+            return None
+        fields = profile.fingerprint_fields
+        return await self.ledger.take_as(task, profile, fingerprint(model, task.params, fields))
+
+    async def _too_late(self, task: Task) -> bool:
+        """A task asked to be canceled rather than run late, whose turn came
+        too late to finish by its deadline (at its usual run time): canceled."""
+        if task.deadline is None or task.deadline_action != "cancel":
+            return False
+        durations = await self.recent_durations(task.model)
+        typical_s = statistics.median(durations) if durations else 0.0
+        if not is_late(deadline=task.deadline, now=self.clock.now(), expected_run_s=typical_s):
+            return False
+        why = f"its turn came too late to finish by its deadline (runs take ~{typical_s:.0f} s)"
+        await self.ledger.mark_canceled(task, error=TaskError(kind="deadline", message=why))
+        return True
 
     async def _reclaim_stale(self) -> None:
         now = self.clock.now()
@@ -546,74 +584,8 @@ class Scheduler:
                     running.ctx.interrupt(Interruption.CANCELED)
 
     async def progress(self, task: Task) -> JSON:
-        """`ahead`, `eta_s` and live progress for a task answer."""
-        live = self.running.get(task.id)
-        info: JSON = {
-            "ahead": 0,
-            "eta_s": None,
-            "overdue_s": None,
-            "progress": None,
-            "queue_position": None,
-        }
-        durations = list(await self.recent_durations(task.model))
-        if task.state is State.PENDING:
-            ahead = await self.ledger.queue_depth(task)
-            concurrency = sum(
-                lane.concurrency
-                for lane in self.lanes.values()
-                if task.queue in lane.queues and self.accounts.is_open(lane.owner)
-            )
-            others = await self.ledger.running_owners(task) if self.shared_queues else 0
-            # A provider's quota is global (its lanes here already count it);
-            # web accounts of other hosts add their own slot each.
-            concurrency = max(concurrency, others)
-            info["ahead"] = ahead
-            info["eta_s"] = eta_s(
-                ahead=ahead, concurrency=concurrency, recent_durations_s=durations
-            )
-            waiting = why_waiting(self._serving(task.queue), others_serving=others)
-            if waiting is not None:
-                info["eta_s"] = None
-                info["waiting"] = waiting
-        elif task.state is State.RUNNING:
-            elapsed = self.clock.now() - (task.started_at or self.clock.now())
-            progress = live.live.progress if live is not None else None
-            since = live.live.progress_since if live is not None else None
-            info["eta_s"] = eta_s(
-                ahead=0,
-                concurrency=1,
-                recent_durations_s=durations,
-                running_elapsed_s=elapsed if since is None else self.clock.now() - since,
-                progress_pct=progress,
-            )
-            info["overdue_s"] = overdue_s(
-                recent_durations_s=durations, running_elapsed_s=elapsed, progress_pct=progress
-            )
-            if live is not None:
-                info["stage"] = live.live.stage.value
-                info["progress"] = progress
-                info["queue_position"] = live.live.queue_position
-                info["stage_detail"] = live.ctx.stage_detail
-                remote_eta_s = live.ctx.remote_eta_s()
-                # The server's own estimate knows its queue better; once it
-                # ran out (a slow run), ours stands again, overdue included.
-                if remote_eta_s:
-                    info["eta_s"] = remote_eta_s
-                    info["overdue_s"] = None
-        return info
-
-    def _serving(self, queue: str) -> list[ServingLane]:
-        serving = []
-        for lane in self.lanes.values():
-            if queue not in lane.queues:
-                continue
-            try:
-                account = self.accounts.get(lane.owner)
-            except NotFound:
-                continue  # a lane on its way out while the account is removed
-            view = self.accounts.state(lane.owner)
-            serving.append(ServingLane(lane.name, view.state, view.reason or account.reason))
-        return serving
+        """`ahead`, `eta_s` and live progress for a task answer (`laneviews`)."""
+        return await task_progress(self, task)
 
     async def recent_durations(self, model: str) -> deque[float]:
         if model not in self._durations:
@@ -623,27 +595,4 @@ class Scheduler:
         return self._durations[model]
 
     async def lanes_view(self) -> list[JSON]:
-        queued = await self.ledger.queued_counts()
-        view = []
-        for lane in self.lanes.values():
-            account = self.accounts.get(lane.owner)
-            state = self.accounts.state(lane.owner)
-            view.append(
-                {
-                    "name": lane.name,
-                    "kind": lane.kind.value,
-                    "owner": lane.owner,
-                    "models": list(lane.models),
-                    "concurrency": lane.concurrency,
-                    "effective_concurrency": self.lane_concurrency(lane),
-                    "enabled": account.enabled,
-                    "needs_attention": account.needs_attention,
-                    "state": state.state.value,
-                    "until": state.until,
-                    "since": state.since,
-                    "reason": state.reason or account.reason,
-                    "queued": sum(queued.get(queue, 0) for queue in lane.queues),
-                    "running": sorted(self._lane_running[lane.name]),
-                }
-            )
-        return view
+        return await lanes_view(self)

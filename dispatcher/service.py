@@ -24,6 +24,7 @@ import filelock
 
 from dispatcher.accounts import AccountBook
 from dispatcher.apikeys import check_keys
+from dispatcher.budgets import BudgetBook, budget_limits
 from dispatcher.cache import ResultCache
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.crosshost import RemoteTasks
@@ -305,6 +306,11 @@ class Service:
             effective_concurrency=self._effective_concurrency,
             claim_guard=self.hosts.guard,
             shared_queues=dialect_of(settings.resolved_database_url) == "postgresql",
+            budgets=BudgetBook(
+                budget_limits(self.profiles.values(), settings.budgets),
+                self.store,
+                events=self.events,
+            ),
         )
         if web is not None:
             self.prewarm = BrowserPrewarm(
@@ -506,6 +512,10 @@ class Service:
             self.profiles.update(plan.profiles)
             self.profile_problems = found.problems
             self.ledger.invalid_models = {**plan.invalid, **plan.refused}
+            if self.scheduler.budgets is not None:  # [budget] tables and DISPATCHER_BUDGETS
+                self.scheduler.budgets.limits = budget_limits(
+                    plan.profiles.values(), self.settings.budgets
+                )
             await self._relane()
             await self.check_api_keys()
         for problem in found.problems:

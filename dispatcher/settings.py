@@ -20,6 +20,7 @@ from pydantic_settings import (
 
 from dispatcher.artifacts import Retention
 from dispatcher.errors import ConfigError
+from dispatcher.pricing import parse_budgets
 
 BUNDLED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -123,6 +124,12 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='per API provider quota as JSON, e.g. `{"openai": 3}`; each 1..5',
         json_schema_extra={"shown_default": "`{}`"},
+    )
+    budgets: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict,
+        description="dollars each API provider may spend per day (00:00 to 00:00 UTC), "
+        "`acme-video=50, demo=12.5` or a JSON object; over a profile's `[budget]`",
+        json_schema_extra={"shown_default": "`{}` (none)"},
     )
     default_concurrency: int = Field(
         default=DEFAULT_PROVIDER_CONCURRENCY,
@@ -241,6 +248,14 @@ class Settings(BaseSettings):
             if text.startswith("["):
                 return json.loads(text)
             return [part for part in text.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _parse_budgets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("{") else parse_budgets(text)
         return value
 
     @field_validator("port")

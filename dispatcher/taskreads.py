@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dispatcher.clock import Clock
 from dispatcher.errors import AmbiguousId, NotFound
 from dispatcher.models import Attempt, Job, JobSummary, State, Task
 from dispatcher.store import Store
@@ -18,6 +19,7 @@ MAX_CANDIDATES = 10
 
 class TaskReads:
     store: Store
+    clock: Clock
     host: str | None  # this host, whose stale tasks are its own to reclaim
     # Several hosts on one database: see `stale_running`.
     shared: bool
@@ -58,7 +60,7 @@ class TaskReads:
         return await self.store.job_model_counts(job.id)
 
     async def job_summaries(self, jobs: Sequence[Job]) -> dict[str, JobSummary]:
-        return await self.store.job_summaries([job.id for job in jobs])
+        return await self.store.job_summaries([job.id for job in jobs], self.clock.now())
 
     async def current(self, task_id: str) -> Task | None:
         """The task as stored now (exact id), or None once it is gone."""

@@ -9,8 +9,10 @@ no batch file never pays for pydantic.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from dispatcher.errors import InputError
@@ -24,6 +26,10 @@ class TaskSpec:
     params: JSON = field(default_factory=dict)
     force: bool = False
     ref: str | None = None
+    priority: int = 0
+    deadline: float | None = None  # epoch seconds
+    deadline_action: str = "run"  # or "cancel"
+    fallbacks: tuple[str, ...] = ()  # equivalent models, in the order preferred
 
 
 # A ref names the task's result files (`dispatcher results`): no leading dot,
@@ -37,12 +43,47 @@ def _validated(model_name: str, raw: Any, where: str) -> None:
     bodies.validate(getattr(bodies, model_name), raw, where)
 
 
-def _spec(raw: dict[str, Any], where: str) -> TaskSpec:
+def parse_deadline(value: Any, where: str) -> float | None:
+    """A deadline as epoch seconds: a number, or an ISO 8601 time (UTC unless
+    it names its offset)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"{where}.deadline must be a time after 1970")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise InputError(
+                f"{where}.deadline {value[:40]!r} is not an ISO 8601 time "
+                "(e.g. 2026-12-04T09:00:00Z) nor epoch seconds"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    raise InputError(f"{where}.deadline must be epoch seconds or an ISO 8601 time")
+
+
+def _spec(raw: dict[str, Any], where: str, defaults: dict[str, Any] | None = None) -> TaskSpec:
     # The client's own values, not the model's copies: params keep every key.
     params = raw.get("params", {})
     check_value(params, f"{where}.params")
+    defaults = defaults or {}
+    priority = raw.get("priority")
+    deadline = raw.get("deadline")
     return TaskSpec(
-        model=raw["model"], params=params, force=raw.get("force", False), ref=raw.get("ref")
+        model=raw["model"],
+        params=params,
+        force=raw.get("force", False),
+        ref=raw.get("ref"),
+        priority=priority if priority is not None else defaults.get("priority") or 0,
+        deadline=parse_deadline(
+            deadline if deadline is not None else defaults.get("deadline"), where
+        ),
+        deadline_action=raw.get("deadline_action") or defaults.get("deadline_action") or "run",
+        fallbacks=tuple(m for m in dict.fromkeys(raw.get("models") or ()) if m != raw["model"]),
     )
 
 
@@ -64,4 +105,12 @@ def parse_job(raw: Any) -> tuple[str, list[TaskSpec]]:
     if not name:  # str.strip() knows a few more spaces than the schema's \S
         raise InputError("job.name must be a non-empty string")
     tasks = raw["tasks"]
-    return name, [_spec(task, f"tasks[{i}]") for i, task in enumerate(tasks)]
+    defaults = {key: raw.get(key) for key in ("priority", "deadline", "deadline_action")}
+    return name, [_spec(task, f"tasks[{i}]", defaults) for i, task in enumerate(tasks)]
+
+
+def parse_plan(raw: Any) -> tuple[list[TaskSpec], float | None, float | None]:
+    """A plan body: its tasks, the cost limit and the deadline (epoch seconds)."""
+    _validated("PlanBody", raw, "plan")
+    specs = [_spec(task, f"tasks[{i}]") for i, task in enumerate(raw["tasks"])]
+    return specs, raw.get("max_cost_usd"), parse_deadline(raw.get("deadline"), "plan")

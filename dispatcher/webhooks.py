@@ -5,7 +5,7 @@ notification goes (no redirects followed): the operator's allowlist for
 this. Every POST carries the raw JSON body signed with
 `DISPATCHER_WEBHOOK_SECRET`:
 
-    X-Dispatcher-Event:     job.finished | account.state_changed
+    X-Dispatcher-Event:     job.finished | account.state_changed | budget.reached
     X-Dispatcher-Delivery:  the event's id (the same on every retry)
     X-Dispatcher-Timestamp: epoch seconds, also in the body as `timestamp`
     X-Dispatcher-Signature: sha256=<hex HMAC-SHA256 of the raw body>
@@ -38,7 +38,7 @@ import httpx
 from dispatcher.background import stop_background
 from dispatcher.clock import Clock
 from dispatcher.errors import ConfigError, DispatcherError, InputError, NotFound, StateConflict
-from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.events import AccountChanged, BudgetReached, Event, TaskChanged
 from dispatcher.models import JSON, Job, JobState, JobSummary, State, Task, new_id
 from dispatcher.states import job_state
 from dispatcher.store import Store
@@ -54,6 +54,7 @@ log = logging.getLogger("dispatcher.webhooks")
 
 JOB_FINISHED = "job.finished"
 ACCOUNT_STATE_CHANGED = "account.state_changed"
+BUDGET_REACHED = "budget.reached"  # once per provider and day, per host
 MAX_ATTEMPTS = 5
 FIRST_RETRY_DELAY_S = 2.0  # then 4, 8, 16 (scaled by the clock)
 # Real seconds for one whole attempt (connect, send, headers, answer).
@@ -198,6 +199,8 @@ class Webhooks:
                 self._account_states[name] = new
                 if old != new:
                     self._put((ACCOUNT_STATE_CHANGED, {**view, "old_state": old, "new_state": new}))
+            case BudgetReached():
+                self._put((BUDGET_REACHED, event.to_json()))
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:
@@ -235,7 +238,7 @@ class Webhooks:
         self._builder = asyncio.create_task(self._build_all(), name="webhooks: build")
         self._sender = asyncio.create_task(self._send_all(), name="webhooks: send")
         log.info(
-            "webhooks: job.finished and account.state_changed are posted to %s%s",
+            "webhooks: job.finished, account.state_changed and budget.reached are posted to %s%s",
             ", ".join(self._receivers),
             f" ({released} deliveries taken up again)" if released else "",
         )
@@ -301,6 +304,9 @@ class Webhooks:
     async def _build(self, kind: str, subject: Any) -> tuple[str, str, str] | None:
         if kind == JOB_FINISHED:
             return await self._job_finished(str(subject))
+        if kind == BUDGET_REACHED:
+            fields = {k: v for k, v in subject.items() if k != "type"}
+            return self._envelope(BUDGET_REACHED, {"budget": fields})
         account = subject
         return self._envelope(
             ACCOUNT_STATE_CHANGED,

@@ -148,7 +148,12 @@ async def running_service(
 
 
 def host_service(
-    tmp_path: Path, host_id: str, profiles: Iterable[str], database_url: str, time_scale: float
+    tmp_path: Path,
+    host_id: str,
+    profiles: Iterable[str],
+    database_url: str,
+    time_scale: float,
+    **overrides: Any,
 ) -> AbstractAsyncContextManager[Harness]:
     """One of several hosts on a shared database: its own dir under `tmp_path`."""
     (tmp_path / host_id).mkdir(exist_ok=True)
@@ -158,6 +163,7 @@ def host_service(
         time_scale=time_scale,
         database_url=database_url,
         host_id=host_id,
+        **overrides,
     )
 
 

@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 from typer.exceptions import TyperException
 
-from dispatcher.cli import accounts, history, profiletry, results, server, tasks, webhooks
+from dispatcher.cli import (
+    accounts,
+    history,
+    plan,
+    profiletry,
+    results,
+    server,
+    tasks,
+    webhooks,
+)
 from dispatcher.cli.plumbing import EXIT_INTERRUPTED, EXIT_USAGE, options, report
 from dispatcher.cli.server import DemoFlag, LogFormat, LogLevel, PortOption
 
@@ -54,6 +63,7 @@ def main_callback(
 app.command()(server.serve)
 app.command()(server.migrate)
 app.command()(tasks.submit)
+app.command()(plan.plan)
 app.command()(tasks.batch)
 app.command()(tasks.status)
 app.command()(history.jobs)

@@ -58,6 +58,7 @@ JOB_COLUMNS = (
     ("success", 2),
     ("failed", 0),
     ("canceled", 2),
+    ("cost", 1),
     ("created", 1),
     ("elapsed", 1),
 )
@@ -136,6 +137,7 @@ def jobs(
             "success": f"{counts['success']}{cached}",
             "failed": str(counts["failed"]),
             "canceled": str(counts["canceled"]),
+            "cost": f"${job.get('cost_usd') or 0:,.2f}",
             "created": when(job["created_at"]),
             "elapsed": fmt_seconds(job.get("elapsed_s")),
         }

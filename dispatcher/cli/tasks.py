@@ -25,6 +25,7 @@ from dispatcher.cli.output import (
     result_text,
     styled,
 )
+from dispatcher.cli.plan import Deadline, MaxCost, check_limits, deadline_of
 from dispatcher.cli.plumbing import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -112,19 +113,30 @@ def batch(
         bool,
         typer.Option("--force", help="Run every task anew: bypass de-duplication and the cache."),
     ] = False,
+    max_cost: MaxCost = None,
+    deadline: Deadline = None,
+    ignore_limits: Annotated[
+        bool,
+        typer.Option("--ignore-limits", help="Submit even when --max-cost/--deadline are unmet."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit a JSONL/CSV batch as one job; watch it.
 
     Shows live progress per lane and overall (counts, ETA, failures as they
     happen), then a summary; the exit code is 1 if any task failed or was canceled.
+    With --max-cost or --deadline the batch is planned first (`dispatcher plan`)
+    and refused, with the reason, when it cannot meet them.
     """
     with handled(as_json):
         lines = read_batch_lines(file)
+        when = deadline_of(deadline)
     if force:
         lines = [BatchLine(line.line, {**line.task, "force": True}) for line in lines]
     with service_client(as_json) as client:
-        job = create_job(client, name or file.stem, file, lines)
+        if (max_cost is not None or when is not None) and not ignore_limits:
+            check_limits(client, file, lines, max_cost, when, as_json=as_json)
+        job = create_job(client, name or file.stem, file, lines, deadline=when)
         if detach:
             if as_json:
                 print_json(job)
@@ -155,12 +167,20 @@ def batch(
 JOB_TIMEOUT_S_PER_TASK = 0.01
 
 
-def create_job(client: Client, name: str, file: Path, lines: list[BatchLine]) -> dict[str, Any]:
+def create_job(
+    client: Client,
+    name: str,
+    file: Path,
+    lines: list[BatchLine],
+    *,
+    deadline: float | None = None,
+) -> dict[str, Any]:
     client.timeout_s = max(client.timeout_s, 30.0 + JOB_TIMEOUT_S_PER_TASK * len(lines))
+    body: dict[str, Any] = {"name": name, "tasks": [line.task for line in lines]}
+    if deadline is not None:
+        body["deadline"] = deadline  # its tasks run earliest-deadline-first among equals
     try:
-        job: dict[str, Any] = client.post(
-            "/v1/jobs", {"name": name, "tasks": [line.task for line in lines]}
-        )
+        job: dict[str, Any] = client.post("/v1/jobs", body)
     except ApiError as exc:
         if exc.status == 400:
             raise InputError(locate(str(exc), file, lines)) from exc

@@ -71,6 +71,27 @@ class TaskAnswer(_Answer):
     heartbeat_at: float | None
     finished_at: float | None
     stage_durations: dict[str, float]
+    cost_estimate_usd: float | None = Field(
+        default=None, description="dollars from the profile's [pricing]; null without prices"
+    )
+    cost_usd: float | None = Field(
+        default=None,
+        description="what it cost once finished: the vendor's reported usage, else the "
+        "estimate; 0 from the cache",
+    )
+    priority: int = Field(default=0, description="higher runs first within its queue")
+    deadline: float | None = Field(default=None, description="finish by then (epoch seconds)")
+    deadline_action: str = Field(
+        default="run", description='"run" it late, or "cancel" it when its turn comes too late'
+    )
+    late: bool = Field(
+        default=False, description="past its deadline (finished after it, or not finished)"
+    )
+    fallbacks: list[str] = Field(
+        default_factory=list,
+        description="equivalent models it also waits for (`models`); once one of their "
+        "lanes takes it, `model` is the one that runs it",
+    )
     deduped: bool = Field(description="true when an identical recent task was returned")
     ahead: int = Field(description="pending tasks before this one in its lanes")
     eta_s: float | None
@@ -124,6 +145,10 @@ class JobSummary(_Answer):
     counts: dict[str, int]
     total: int
     from_cache: int = Field(default=0, description="tasks completed from the result cache")
+    cost_usd: float = Field(default=0.0, description="what its finished tasks cost, in dollars")
+    late: int = Field(
+        default=0, description="its tasks past their deadline (finished after it, or not yet)"
+    )
     finished_at: float | None = None
     elapsed_s: float | None = None
 
@@ -195,6 +220,13 @@ class Live(_Answer):
 AccountStateName = Literal["ok", "cooldown", "needs_attention", "disabled", "unreachable"]
 
 
+class LaneBudget(_Answer):
+    daily_usd: float = Field(description="dollars the provider may spend per day (UTC)")
+    spent_usd: float = Field(description="spent today: finished tasks' cost, running estimates")
+    reached: bool = Field(description="true while waiting tasks do not fit what is left")
+    until: float | None = Field(description="when it is whole again: 00:00 UTC (epoch s)")
+
+
 class Lane(_Answer):
     name: str = Field(description='"web:<account>", "api:<provider>", or "invalid:<file>"')
     kind: Kind | None = Field(description="null for a profile file that is invalid")
@@ -212,6 +244,9 @@ class Lane(_Answer):
     reason: str | None
     queued: int
     running: list[str]
+    budget: LaneBudget | None = Field(
+        default=None, description="the provider's daily budget, when it has one"
+    )
     invalid: str | None = Field(
         default=None,
         description="an invalid profile file: every problem (file, key, why); "
@@ -326,3 +361,17 @@ class DashboardCode(_Answer):
 
 
 # -- operations ---------------------------------------------------------------------
+
+
+class PlanAnswer(_Answer):
+    models: list[dict[str, Any]] = Field(
+        description="per model: tasks, duplicates, twins, cached, to_run, queued_ahead, "
+        "cost_usd, unpriced, run_s, capacity, estimate_s, lower_bound_s, bound"
+    )
+    total: dict[str, Any] = Field(
+        description="tasks, to_run, deduplicated, cached, cost_usd, unpriced, makespan_s, "
+        "lower_bound_s and the bound that sets it"
+    )
+    stops: list[str] = Field(description="budgets that would stop the batch, and when")
+    refusals: list[str] = Field(description="why the limits asked cannot be met")
+    ok: bool = Field(description="true when no limit asked is unmet")

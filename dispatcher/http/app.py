@@ -44,6 +44,7 @@ from dispatcher.http.limits import MAX_LIST
 from dispatcher.http.login import login_routes
 from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.params import cursor_of, is_count, limit_of, page_of, states_of, text_of
+from dispatcher.http.planview import plan_routes
 from dispatcher.http.security import (
     SESSION_COOKIE,
     SESSION_TTL_S,
@@ -129,6 +130,8 @@ class Api:
         answer = self._with_real_paths(task.to_json(), task)
         answer["host"] = task.host
         answer["deduped"] = deduped
+        # An unfinished task is late once the clock passes its deadline.
+        answer["late"] = task.late_at(self.service.clock.now())
         answer.update(await self.service.scheduler.progress(task))
         if task.state is State.PENDING:
             note = self.service.unloaded_note(task.model)
@@ -172,6 +175,8 @@ class Api:
                     "counts": {s.value: summary.counts.get(s, 0) for s in State},
                     "total": sum(summary.counts.values()),
                     "from_cache": summary.from_cache,
+                    "cost_usd": round(summary.cost_usd, 6),
+                    "late": summary.late,
                     "finished_at": finished_at,
                     "elapsed_s": max(0.0, (finished_at or now) - job.created_at),
                 }
@@ -592,6 +597,7 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/accounts/{name}/disable", api.disable_account, methods=["POST"]),
         Route("/v1/accounts/{name}/enable", api.enable_account, methods=["POST"]),
         *login_routes(service),
+        *plan_routes(service),
         Route("/v1/events", api.events, methods=["GET"]),
         Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
         Route("/v1/webhooks/outbox", api.webhook_outbox, methods=["GET"]),

@@ -51,6 +51,28 @@ class TaskBody(BaseModel):
         pattern=f"^{REF_PATTERN.pattern}$",
         description="the task's name in its job (unique there); names its result files",
     )
+    models: list[Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]] | None = Field(
+        default=None,
+        max_length=5,
+        description="equivalent models to fall back on: the task waits in their queues "
+        "too and runs once, on whichever lane frees first, as that model's task",
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=-1000,
+        le=1000,
+        description="higher runs first within its queue (default 0, or the job's)",
+    )
+    deadline: float | str | None = Field(
+        default=None,
+        description="finish by then: epoch seconds or ISO 8601 time (2026-12-04T09:00:00Z); "
+        "among equal priorities the earliest deadline runs first",
+    )
+    deadline_action: Literal["run", "cancel"] | None = Field(
+        default=None,
+        description='"cancel": cancel it when its turn comes too late to meet the deadline; '
+        '"run" (default): run it anyway, flagged late',
+    )
 
 
 class JobBody(BaseModel):
@@ -60,6 +82,30 @@ class JobBody(BaseModel):
 
     name: str = Field(min_length=1, max_length=MAX_JOB_NAME_CHARS, pattern=r"\S")
     tasks: list[TaskBody] = Field(min_length=1, max_length=MAX_JOB_TASKS)
+    priority: int | None = Field(
+        default=None, ge=-1000, le=1000, description="every task's priority unless it has its own"
+    )
+    deadline: float | str | None = Field(
+        default=None, description="every task's deadline unless it has its own"
+    )
+    deadline_action: Literal["run", "cancel"] | None = Field(
+        default=None, description="every task's deadline_action unless it has its own"
+    )
+
+
+class PlanBody(BaseModel):
+    """A batch to plan, not to run: its tasks, and the limits it must meet."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="PlanBody")
+
+    tasks: list[TaskBody] = Field(min_length=1, max_length=MAX_JOB_TASKS)
+    max_cost_usd: float | None = Field(
+        default=None, ge=0, description="refuse (ok: false) when the estimate is over it"
+    )
+    deadline: float | str | None = Field(
+        default=None,
+        description="refuse when the makespan estimate ends after it (epoch s or ISO 8601)",
+    )
 
 
 class DisableBody(BaseModel):

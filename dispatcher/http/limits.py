@@ -14,5 +14,6 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_JOB_BODY_BYTES = 16 * 1024 * 1024
 MAX_JOB_TASKS = 10_000
 JOBS_PATH = "/v1/jobs"
+PLAN_PATH = "/v1/plan"  # a plan carries a job's tasks: the same bound
 # The longest page of a list (and the largest job whose answer carries its tasks).
 MAX_LIST = 500

@@ -50,6 +50,7 @@ from dispatcher.http.answers import (
     Ok,
     Outbox,
     OutboxItem,
+    PlanAnswer,
     Queue,
     ReloadAnswer,
     RemovedAccount,
@@ -63,6 +64,7 @@ from dispatcher.http.bodies import (
     ImportBody,
     JobBody,
     LoginInputBody,
+    PlanBody,
     TaskBody,
 )
 from dispatcher.http.limits import MAX_BODY_BYTES, MAX_JOB_BODY_BYTES, MAX_LIST
@@ -160,6 +162,13 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         answer=JobAnswer,
         body=JobBody,
         ok=201,
+    ),
+    ("/v1/plan", "post"): Op(
+        "Plan a batch without submitting it: per model and in total, the tasks, "
+        "de-duplicated and cached ones, estimated cost and makespan (lower bound named), "
+        "which budget would stop it; ok is false when max_cost_usd or deadline cannot be met",
+        answer=PlanAnswer,
+        body=PlanBody,
     ),
     ("/v1/jobs", "get"): Op(
         "Jobs with their counts, newest first, filtered and paged",
@@ -346,7 +355,7 @@ def _operation(path: str, op: Op, models: dict[str, dict[str, Any]]) -> dict[str
         responses["404"] = _error("no such id")
     if 409 in op.errors:
         responses["409"] = _error("not possible in the current state, or an ambiguous id prefix")
-    limit = MAX_JOB_BODY_BYTES if op.body is JobBody else MAX_BODY_BYTES
+    limit = MAX_JOB_BODY_BYTES if op.body in (JobBody, PlanBody) else MAX_BODY_BYTES
     responses["413"] = _error(f"request body over {size_text(limit)}")
     doc: dict[str, Any] = {"summary": op.summary, "responses": dict(sorted(responses.items()))}
     parameters = [

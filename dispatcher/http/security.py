@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispatcher.http.limits import JOBS_PATH, MAX_BODY_BYTES, MAX_JOB_BODY_BYTES
+from dispatcher.http.limits import JOBS_PATH, MAX_BODY_BYTES, MAX_JOB_BODY_BYTES, PLAN_PATH
 from dispatcher.inputfiles import size_text
 from dispatcher.invocation import cli_command
 from dispatcher.logs import forget, redact
@@ -145,7 +145,7 @@ async def _reject(send: Send, status: int, kind: str, message: str) -> None:
 
 def body_limit(scope: Scope) -> int:
     """The most bytes a request may carry: a job of 10,000 tasks needs more than 1 MiB."""
-    if scope["path"] == JOBS_PATH and scope.get("method") == "POST":
+    if scope["path"] in (JOBS_PATH, PLAN_PATH) and scope.get("method") == "POST":
         return MAX_JOB_BODY_BYTES
     return MAX_BODY_BYTES
 

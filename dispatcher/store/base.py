@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
@@ -96,12 +97,17 @@ class Store(Protocol):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
-        """Oldest pending task of these queues whose `not_before` has passed, moved
-        to running with `changes` in the same atomic step (row-locked on PostgreSQL:
-        hosts claiming at once never take the same task). With `fence`, only while
-        that lease holds; with `quota`, only while fewer than `quota.limit` tasks
-        held by `quota.owner` run on all hosts together."""
+        """First pending task of these queues whose `not_before` has passed, in
+        queue order (`pricing.order_key`: priority aged by `aging_step_s`, then
+        deadline, then FIFO), moved to running with `changes` in the same atomic
+        step (row-locked on PostgreSQL: hosts claiming at once never take the
+        same task). With `fence`, only while that lease holds; with `quota`,
+        only while fewer than `quota.limit` tasks bound to `quota.owner` run
+        on all hosts together; with `budget`, only a task whose estimated cost
+        keeps the provider's spend since `budget.since` within its limit."""
 
     async def tasks_in_state(
         self, state: State, limit: int | None = None, *, host: str | None = None
@@ -154,12 +160,27 @@ class Store(Protocol):
     ) -> list[Job]:
         """Newest first; `text` is found in the name; paged like `list_tasks`."""
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
-        """Counts per state, cache answers and the last finish, for each job."""
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
+        """Counts per state, cache answers, the last finish, the cost and the late
+        tasks (finished after their deadline; with `now`, also unfinished past it)
+        for each job."""
 
     async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
         """True for exactly one caller (of all hosts) per finish of the job,
         named by its latest task `finished_at`: `job.finished` is told once."""
+
+    # -- cost (issue 30) ------------------------------------------------------------
+    async def spent_since(self, provider: str, since: float) -> float:
+        """Dollars the provider's tasks started since then cost (finished) or
+        reserve (running, their estimate): what its daily budget counts."""
+
+    async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
+        """The smallest estimated cost of the groups' ready pending tasks; None: none ready."""
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        """Dollars finished tasks cost, per provider (lane owner), for /metrics."""
 
     # -- accounts (web accounts and API providers) ---------------------------
     async def get_accounts(self) -> dict[str, Account]: ...

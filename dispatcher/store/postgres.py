@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from dispatcher.errors import StoreError
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
@@ -38,21 +39,31 @@ from dispatcher.store.rows import (
 from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
+    COST_BY_PROVIDER,
     ID_TABLES,
     JOB_MODEL_COUNTS,
+    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
+    SPENT,
     STALE_RUNNING,
     TWIN,
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
+    cheapest_ready_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
     pg_marks,
 )
-from dispatcher.store.taskwrites import POSTGRESQL, task_claim, task_update
+from dispatcher.store.taskwrites import (
+    POSTGRESQL,
+    fallbacks_query,
+    ranked_query,
+    task_claim,
+    task_update,
+)
 
 Row = dict[str, Any]
 
@@ -273,21 +284,41 @@ class PostgresStore(PostgresHostOps):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
         if not queues:
             return None
-        claim = task_claim(POSTGRESQL, queues, now, changes, fence=fence, quota=quota)
-        if quota is None:
+        # Plain FIFO (the queue index's order) unless a pending task of the
+        # queues has a priority or a deadline: a sort of the whole queue then.
+        ranked_q = ranked_query(POSTGRESQL, queues)
+        ranked = bool(await self._query(ranked_q.sql, ranked_q.args, marked=True))
+        fallbacks_q = fallbacks_query(POSTGRESQL)
+        fallbacks = bool(await self._query(fallbacks_q.sql, marked=True))
+        claim = task_claim(
+            POSTGRESQL,
+            queues,
+            now,
+            changes,
+            fence=fence,
+            quota=quota,
+            budget=budget,
+            ranked=ranked,
+            fallbacks=fallbacks,
+            aging_step_s=aging_step_s,
+        )
+        if quota is None and budget is None:
             rows = await self._write1(claim.sql, claim.args, marked=True)
             return row_to_task(rows[0]) if rows else None
+        provider = quota.owner if quota is not None else budget.provider if budget else ""
         async with self._conn("claim") as conn, conn.transaction():
-            # The count of running tasks and the claim must be one step across
-            # hosts: claims under one provider's quota take turns. The claim
-            # statement starts after the lock, so it counts every claim
-            # committed before.
+            # The count of running tasks (or the day's spend) and the claim
+            # must be one step across hosts: claims under one provider's quota
+            # or budget take turns. The claim statement starts after the lock,
+            # so it counts every claim committed before: no overspend by a race.
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{quota.owner}",),
+                (f"quota:{provider}",),
             )
             cur = await conn.execute(claim.sql, claim.args)
             row = await cur.fetchone()
@@ -416,26 +447,45 @@ class PostgresStore(PostgresHostOps):
         )
         return [_job(r) for r in await self._query(sql, (*args, limit))]
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
         summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
         if not summaries:
             return summaries
         rows = await self._query(
             "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
-            "MAX(finished_at) AS finished FROM tasks WHERE job_id = ANY(?) "
-            "GROUP BY job_id, state",
-            (list(summaries),),
+            f"MAX(finished_at) AS finished, SUM(cost) AS usd, {LATE_SQL} AS late "
+            "FROM tasks WHERE job_id = ANY(?) GROUP BY job_id, state",
+            (-1.0 if now is None else now, list(summaries)),
         )
         for r in rows:
             summary = summaries[r["job_id"]]
             summary.counts[State(r["state"])] = int(r["n"])
             summary.from_cache += int(r["cached"] or 0)
+            summary.cost_usd += float(r["usd"] or 0.0)
+            summary.late += int(r["late"] or 0)
             finished = r["finished"]
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at
             ):
                 summary.last_finished_at = float(finished)
         return summaries
+
+    async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
+        if not queues:
+            return None
+        rows = await self._query(cheapest_ready_sql(len(queues)), (*queues, now))
+        value = next(iter(rows[0].values())) if rows else None
+        return None if value is None else float(value)
+
+    async def spent_since(self, provider: str, since: float) -> float:
+        rows = await self._query(SPENT, (provider, since))
+        return float(next(iter(rows[0].values())) or 0.0)
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        rows = await self._query(COST_BY_PROVIDER)
+        return {r["owner"]: float(r["usd"] or 0.0) for r in rows}
 
     # -- accounts ------------------------------------------------------------
     async def get_accounts(self) -> dict[str, Account]:

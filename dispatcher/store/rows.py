@@ -62,6 +62,12 @@ TASK_COLUMNS = (
     "ref",
     "host",
     "lease_token",
+    "cost_estimate",
+    "cost",
+    "priority",
+    "deadline_action",
+    "deadline",
+    "alt_queues",
 )
 
 
@@ -99,6 +105,7 @@ _ENCODERS: dict[str, Any] = {
     "cancel_requested": int,
     "force": int,
     "from_cache": int,
+    "kind": lambda v: Kind(v).value,
 }
 UPDATABLE = frozenset(
     {
@@ -120,6 +127,12 @@ UPDATABLE = frozenset(
         "not_before",
         "stage_started_at",
         "stage_durations",
+        "cost",
+        # A fallback taken by another model's lane becomes that model's task.
+        "model",
+        "kind",
+        "queue",
+        "fingerprint",
     }
 )
 
@@ -170,6 +183,12 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "ref": task.ref,
         "host": task.host,
         "lease_token": task.lease_token,
+        "cost_estimate": task.cost_estimate,
+        "cost": task.cost,
+        "priority": task.priority,
+        "deadline_action": task.deadline_action,
+        "deadline": task.deadline,
+        "alt_queues": "|" + "|".join(task.alt_queues) + "|" if task.alt_queues else None,
     }
 
 
@@ -231,6 +250,12 @@ def row_to_task(row: RowLike) -> Task:
         ref=row["ref"],
         host=row["host"],
         lease_token=row["lease_token"],
+        cost_estimate=row["cost_estimate"],
+        cost=row["cost"],
+        priority=row["priority"] or 0,
+        deadline_action=row["deadline_action"] or "run",
+        deadline=row["deadline"],
+        alt_queues=tuple(q for q in (row["alt_queues"] or "").split("|") if q),
     )
 
 

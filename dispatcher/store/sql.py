@@ -73,6 +73,52 @@ LEASES = (
 )
 FENCE = " AND EXISTS (SELECT 1 FROM leases WHERE account = ? AND token = ? AND host IS NOT NULL)"
 QUOTA = " AND (SELECT COUNT(*) FROM tasks AS r WHERE r.state = 'running' AND r.owner = ?) < ?"
+# A provider's day (issue 30): what it spent since 00:00 UTC (finished tasks'
+# cost, running tasks' estimate: reserved) plus the candidate's estimate stays
+# within the budget (`pricing.fits_budget`; args: provider, since, limit).
+SPENT = """SELECT COALESCE(SUM(COALESCE(b.cost, b.cost_estimate, 0)), 0) FROM tasks AS b
+    WHERE b.owner = ? AND b.started_at >= ? AND (b.state = 'running' OR b.cost IS NOT NULL)"""
+BUDGET = f" AND COALESCE(c.cost_estimate, 0) + ({SPENT}) <= ? + 1e-9"
+
+
+def cheapest_ready_sql(queue_count: int) -> str:
+    """The smallest estimated cost among the queues' ready pending tasks (args:
+    queues, now): what a budget with less room than that stops."""
+    marks = ", ".join("?" for _ in range(queue_count))
+    return (
+        "SELECT MIN(COALESCE(cost_estimate, 0)) FROM tasks WHERE state = 'pending' "
+        f"AND queue IN ({marks}) AND not_before <= ?"
+    )
+
+
+# Whether any task waits with fallback queues (the partial index `tasks_fallback`).
+FALLBACKS_WAITING = (
+    "SELECT 1 FROM tasks {hint} WHERE state = 'pending' AND alt_queues IS NOT NULL LIMIT 1"
+)
+
+
+def ranked_sql(queue_count: int, *, hint: str = "") -> str:
+    """Whether a pending task of the queues has a priority or a deadline (args:
+    queues); the partial index `tasks_ranked` answers it without a scan.
+    SQLite, without statistics, prefers the queue index and scans the whole
+    queue: `hint` is its "INDEXED BY tasks_ranked"."""
+    marks = ", ".join("?" for _ in range(queue_count))
+    return (
+        f"SELECT 1 FROM tasks {hint} WHERE state = 'pending' "
+        f"AND (priority <> 0 OR deadline IS NOT NULL) AND queue IN ({marks}) LIMIT 1"
+    )
+
+
+# The order a queue is served in (`pricing.order_key`): higher priority,
+# raised one level per aging step waited (args: now, step), then the earliest
+# deadline (none last), then FIFO.
+CLAIM_ORDER = (
+    "c.priority + {levels} DESC, CASE WHEN c.deadline IS NULL THEN 1 ELSE 0 END, c.deadline, c.seq"
+)
+# Whole aging steps waited, never negative: SQLite's CAST truncates (= floor
+# once clamped at 0), PostgreSQL's rounds, hence its FLOOR.
+AGING_SQLITE = "CAST(MAX(0, (? - c.created_at) / ?) AS INTEGER)"
+AGING_POSTGRES = "CAST(FLOOR(GREATEST(0, (? - c.created_at) / ?)) AS INTEGER)"
 
 HOST_REGISTER = """INSERT INTO hosts (id, url, started_at, heartbeat_at, dead_at)
     VALUES (?, ?, ?, ?, NULL)
@@ -110,19 +156,40 @@ def pg_marks(sql: str) -> str:
 
 
 def claim_sql(
-    queue_count: int, columns: Mapping[str, Any], *, fenced: bool, quota: bool, lock: str
+    queue_count: int,
+    columns: Mapping[str, Any],
+    *,
+    fenced: bool,
+    quota: bool,
+    lock: str,
+    budget: bool = False,
+    aging: str = AGING_SQLITE,
+    ranked: bool = True,
+    fallbacks: bool = False,
 ) -> str:
-    """Find and take the oldest ready pending task of the queues in one statement.
+    """Find and take the first ready pending task of the queues in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
+    `aging` is the dialect's whole aging steps waited (`AGING_SQLITE`, `AGING_POSTGRES`).
+    Args: values, queues, [fallback patterns], now, [fence], [quota], [budget], [now, aging step].
+    Without `ranked` (no pending task of the queues has a priority or a
+    deadline: `ranked_sql`) the order is plain FIFO, which the queue index
+    serves without sorting the whole queue.
     """
     marks = ", ".join("?" for _ in range(queue_count))
-    guard = (FENCE if fenced else "") + (QUOTA if quota else "")
+    guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
+    order = CLAIM_ORDER.format(levels=aging) if ranked else "c.seq"
+    where = f"c.queue IN ({marks})"
+    if fallbacks:
+        # Also the tasks waiting in these queues as a fallback (args: one
+        # `like_pattern("|queue|")` per queue, after the queues).
+        alts = " OR ".join("c.alt_queues LIKE ? ESCAPE '\\'" for _ in range(queue_count))
+        where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts})))"
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
-        f"SELECT seq FROM tasks WHERE state = 'pending' AND queue IN ({marks}) "
-        f"AND not_before <= ?{guard} ORDER BY seq LIMIT 1 {lock}) RETURNING {COLUMNS}"
+        f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND {where} "
+        f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}) RETURNING {COLUMNS}"
     )
 
 
@@ -181,6 +248,10 @@ def list_tasks_where(
     return (f" WHERE {' AND '.join(where)}" if where else ""), args
 
 
+# A task late for its deadline (args: now; a huge now counts only the finished ones).
+LATE_SQL = """SUM(CASE WHEN deadline IS NOT NULL AND state NOT IN ('failed', 'canceled')
+    AND COALESCE(finished_at, ?) > deadline THEN 1 ELSE 0 END)"""
+
 # A job's tasks per model and state: what a job's light view sums up.
 JOB_MODEL_COUNTS = (
     "SELECT model, state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY model, state"
@@ -211,6 +282,11 @@ def list_jobs_sql(
 
 
 # -- statements both backends run as they are -------------------------------------
+# What finished tasks cost per provider (lane owner), for /metrics.
+COST_BY_PROVIDER = (
+    "SELECT owner, SUM(cost) AS usd FROM tasks WHERE cost IS NOT NULL AND owner IS NOT NULL "
+    "GROUP BY owner"
+)
 STALE_RUNNING = (
     f"{SELECT_TASK} WHERE state = 'running' "
     "AND COALESCE(heartbeat_at, started_at, created_at) < ? ORDER BY seq"

@@ -34,6 +34,7 @@ from dispatcher.models import (
     State,
     Task,
 )
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
@@ -48,22 +49,36 @@ from dispatcher.store.rows import (
 from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
+    COST_BY_PROVIDER,
+    FALLBACKS_WAITING,
     ID_TABLES,
     JOB_MODEL_COUNTS,
+    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
+    SPENT,
     STALE_RUNNING,
     TWIN,
     WEB_ACCOUNT_PUT,
     WEB_ACCOUNTS,
     account_args,
+    cheapest_ready_sql,
     insert_sql,
     list_jobs_sql,
     list_tasks_where,
 )
 from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
-from dispatcher.store.taskwrites import SQLITE, task_claim, task_update
+from dispatcher.store.taskwrites import (
+    SQLITE,
+    fallbacks_query,
+    ranked_query,
+    task_claim,
+    task_update,
+)
+
+# SQLite without statistics would scan the tasks rather than use the partial index.
+_FALLBACKS = FALLBACKS_WAITING.format(hint="INDEXED BY tasks_fallback")
 
 
 class SqliteStore(SqliteHostOps):
@@ -248,13 +263,30 @@ class SqliteStore(SqliteHostOps):
         *,
         fence: Fence | None = None,
         quota: Quota | None = None,
+        budget: Budget | None = None,
+        aging_step_s: float = AGING_STEP_S,
     ) -> Task | None:
         if not queues:
             return None
-        claim = task_claim(SQLITE, queues, now, changes, fence=fence, quota=quota)
-        # Find and take in one statement (atomic on its own): the oldest ready
-        # task across the queues, FIFO within the lane.
         with self._lock:
+            fallbacks_q = fallbacks_query(SQLITE)
+            fallbacks = bool(self._query(fallbacks_q.sql, fallbacks_q.args))
+            ranked_q = ranked_query(SQLITE, queues)
+            ranked = bool(self._query(ranked_q.sql, ranked_q.args))
+            claim = task_claim(
+                SQLITE,
+                queues,
+                now,
+                changes,
+                fence=fence,
+                quota=quota,
+                budget=budget,
+                ranked=ranked,
+                fallbacks=fallbacks,
+                aging_step_s=aging_step_s,
+            )
+            # Find and take in one statement (atomic on its own, budget check
+            # included): the first ready task across the queues, in queue order.
             rows = self._write1(claim.sql, claim.args)
             if not rows:
                 return None
@@ -391,25 +423,42 @@ class SqliteStore(SqliteHostOps):
         rows = self._query(sql, (*args, limit))
         return [Job(id=r[0], name=r[1], created_at=r[2], seq=r[3]) for r in rows]
 
-    async def job_summaries(self, job_ids: Sequence[str]) -> dict[str, JobSummary]:
+    async def job_summaries(
+        self, job_ids: Sequence[str], now: float | None = None
+    ) -> dict[str, JobSummary]:
         summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
         if not summaries:
             return summaries
         marks = ", ".join("?" for _ in summaries)
         rows = self._query(
-            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at) FROM tasks "
-            f"WHERE job_id IN ({marks}) GROUP BY job_id, state",
-            tuple(summaries),
+            "SELECT job_id, state, COUNT(*), SUM(from_cache), MAX(finished_at), SUM(cost), "
+            f"{LATE_SQL} FROM tasks WHERE job_id IN ({marks}) GROUP BY job_id, state",
+            (-1.0 if now is None else now, *summaries),
         )
-        for job_id, state, count, cached, finished in rows:
+        for job_id, state, count, cached, finished, usd, late in rows:
             summary = summaries[job_id]
             summary.counts[State(state)] = int(count)
             summary.from_cache += int(cached or 0)
+            summary.cost_usd += float(usd or 0.0)
+            summary.late += int(late or 0)
             if finished is not None and (
                 summary.last_finished_at is None or finished > summary.last_finished_at
             ):
                 summary.last_finished_at = float(finished)
         return summaries
+
+    async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
+        if not queues:
+            return None
+        value = self._query(cheapest_ready_sql(len(queues)), (*queues, now))[0][0]
+        return None if value is None else float(value)
+
+    async def spent_since(self, provider: str, since: float) -> float:
+        return float(self._query(SPENT, (provider, since))[0][0] or 0.0)
+
+    async def cost_by_provider(self) -> dict[str, float]:
+        rows = self._query(COST_BY_PROVIDER)
+        return {r["owner"]: float(r["usd"] or 0.0) for r in rows}
 
     # -- accounts ------------------------------------------------------------
     async def delete_account(self, name: str) -> None:

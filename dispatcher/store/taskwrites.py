@@ -15,9 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.models import Attempt, State
+from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.rows import attempt_to_row, encode_changes
-from dispatcher.store.sql import claim_sql, pg_marks, update_sql
+from dispatcher.store.sql import (
+    AGING_POSTGRES,
+    AGING_SQLITE,
+    FALLBACKS_WAITING,
+    claim_sql,
+    like_pattern,
+    pg_marks,
+    ranked_sql,
+    update_sql,
+)
 
 
 @dataclass(frozen=True)
@@ -27,11 +37,18 @@ class Dialect:
     marks: Callable[[str], str]
     # How a claim's inner SELECT locks the row it picks.
     claim_lock: str
+    # Whole aging steps a task waited, in this dialect's SQL (the claim's order).
+    aging: str
+    # How a query names the partial index it must use: SQLite, without
+    # statistics, would scan the whole queue; PostgreSQL's planner picks it.
+    use_index: Callable[[str], str]
 
 
-SQLITE = Dialect("sqlite", lambda sql: sql, "")
+SQLITE = Dialect("sqlite", lambda sql: sql, "", AGING_SQLITE, lambda index: f"INDEXED BY {index}")
 # Hosts claiming at once pass over each other's rows, never take the same one.
-POSTGRESQL = Dialect("postgresql", pg_marks, "FOR UPDATE SKIP LOCKED")
+POSTGRESQL = Dialect(
+    "postgresql", pg_marks, "FOR UPDATE SKIP LOCKED", AGING_POSTGRES, lambda index: ""
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,19 @@ def task_update(
     return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), history)
 
 
+def ranked_query(dialect: Dialect, queues: Sequence[str]) -> Statement:
+    """Whether a pending task of `queues` has a priority or a deadline (then the
+    claim sorts the queue; else it is served FIFO from the queue index)."""
+    sql = ranked_sql(len(queues), hint=dialect.use_index("tasks_ranked"))
+    return Statement(dialect.marks(sql), tuple(queues))
+
+
+def fallbacks_query(dialect: Dialect) -> Statement:
+    """Whether any pending task waits with fallback queues."""
+    sql = FALLBACKS_WAITING.format(hint=dialect.use_index("tasks_fallback"))
+    return Statement(dialect.marks(sql), ())
+
+
 def task_claim(
     dialect: Dialect,
     queues: Sequence[str],
@@ -93,8 +123,14 @@ def task_claim(
     *,
     fence: Fence | None,
     quota: Quota | None,
+    budget: Budget | None = None,
+    ranked: bool = False,
+    fallbacks: bool = False,
+    aging_step_s: float = AGING_STEP_S,
 ) -> Statement:
-    """The claim of the oldest ready pending task of `queues` (not empty)."""
+    """The claim of the first ready pending task of `queues` (not empty), in
+    queue order (`ranked`: priority aged, deadline, FIFO; else FIFO), also
+    among tasks waiting there as a fallback when `fallbacks`."""
     columns = encode_changes({**changes, "state": State.RUNNING})
     sql = claim_sql(
         len(queues),
@@ -102,10 +138,19 @@ def task_claim(
         fenced=fence is not None,
         quota=quota is not None,
         lock=dialect.claim_lock,
+        budget=budget is not None,
+        aging=dialect.aging,
+        ranked=ranked,
+        fallbacks=fallbacks,
     )
-    args: list[Any] = [*columns.values(), *queues, now]
+    alts = [like_pattern(f"|{queue}|") for queue in queues] if fallbacks else []
+    args: list[Any] = [*columns.values(), *queues, *alts, now]
     if fence is not None:
         args += [fence.account, fence.token]
     if quota is not None:
         args += [quota.owner, quota.limit]
+    if budget is not None:
+        args += [budget.provider, budget.since, budget.limit_usd]
+    if ranked:
+        args += [now, aging_step_s]
     return Statement(dialect.marks(sql), tuple(args))

@@ -58,7 +58,7 @@ async def test_without_a_session_the_page_shows_no_data(tmp_path: Path, browser:
 async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
     tmp_path: Path, browser: Browser
 ) -> None:
-    async with running_service(tmp_path, concurrency={"demo": 1}) as h:
+    async with running_service(tmp_path, concurrency={"demo": 1}, budgets={"demo": 1}) as h:
         page = browser.page
         await sign_in(h, page)
         await page.evaluate("window.__no_reload = 42")
@@ -90,15 +90,18 @@ async def test_running_job_moves_live_and_the_token_stays_out_of_reach(
         await expect(row.get_by_test_id("job-success")).to_have_text("5")
         assert await page.evaluate("window.__no_reload") == 42
 
-        # The lanes and the accounts are on the page too.
+        # The lanes and the accounts are on the page too; cost and budget with them.
         lane = page.locator('[data-testid=lane-row][data-lane="api:demo"]')
         await expect(lane).to_contain_text("demo-chat-api")
+        await expect(lane.get_by_test_id("lane-budget")).to_have_text("$0.05 of $1.00 today")
+        await expect(row.get_by_test_id("job-cost")).to_have_text("$0.05")
         account = page.locator('[data-testid=account-row][data-account="demo"]')
         await expect(account).to_have_attribute("data-enabled", "yes")
 
         # The job's page: its tasks, with state and attempt.
         await row.get_by_test_id("job-select").click()
         await expect(page.get_by_test_id("job-title")).to_contain_text("story shots")
+        await expect(page.get_by_test_id("job-fact-cost")).to_have_text("$0.05")
         await expect(page.locator("[data-testid=task-row][data-state=success]")).to_have_count(5)
         assert await page.evaluate("window.__no_reload") == 42  # a page of the same app
         # Its times carry their day (a bare clock time read days later misleads).

@@ -144,6 +144,12 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
     store._db.execute("ALTER TABLE jobs DROP COLUMN finish_told_at")  # 8
     store._db.execute("DROP TABLE webhook_outbox")  # 9
+    store._db.execute("DROP INDEX tasks_spend")  # 11
+    store._db.execute("DROP INDEX tasks_ranked")
+    store._db.execute("DROP INDEX tasks_fallback")
+    columns = ("cost_estimate", "cost", "priority", "deadline_action", "deadline", "alt_queues")
+    for column in columns:
+        store._db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
     for table in ("tasks", "attempts"):  # 10
         store._db.execute(f"ALTER TABLE {table} RENAME COLUMN queue TO lane_group")
         store._db.execute(f"ALTER TABLE {table} RENAME COLUMN owner TO account")
@@ -162,11 +168,12 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
         fingerprint="legacy-fp",
         created_at=1.0,
     )
+    later = ("host", "lease_token", "cost_estimate", "cost", "priority", "deadline_action")
     old_names = {"queue": "lane_group", "owner": "account"}
     row = {
         old_names.get(k, k): v
         for k, v in task_to_row(legacy).items()
-        if k not in ("host", "lease_token")
+        if k not in (*later, *columns)
     }
     store._db.execute(
         f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",

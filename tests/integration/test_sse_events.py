@@ -13,7 +13,8 @@ TASK_KEYS = {
     "id", "job_id", "ref", "model", "kind", "owner", "params", "fingerprint", "state",
     "stage", "attempt", "max_attempts", "cancel_requested", "force", "remote_id", "result",
     "error", "from_cache", "created_at", "started_at", "heartbeat_at", "finished_at",
-    "stage_durations",
+    "stage_durations", "cost_estimate_usd", "cost_usd", "priority", "deadline", "deadline_action",
+    "fallbacks", "late",
 }  # fmt: skip
 ACCOUNT_KEYS = {
     "name", "kind", "enabled", "reason", "needs_attention", "updated_at", "state", "until",

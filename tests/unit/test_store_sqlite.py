@@ -60,7 +60,7 @@ async def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
     await store.migrate()
-    assert await store.schema_version() == latest_version("sqlite") == 10
+    assert await store.schema_version() == latest_version("sqlite") == 11
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     await store.close()
@@ -210,4 +210,27 @@ async def test_cas_can_require_that_nobody_asked_to_cancel(tmp_path: Path) -> No
         is None
     )
     assert await store.update_task("a", expect_state=State.RUNNING, changes=done) is not None
+    await store.close()
+
+
+async def test_a_plain_queue_is_claimed_in_index_order_without_sorting_it(tmp_path: Path) -> None:
+    """Issue 30: the claim sorts a queue by priority and deadline only when one
+    of its pending tasks has either, known from a partial index, not a scan."""
+    from dispatcher.store.sql import claim_sql, ranked_sql
+
+    store = SqliteStore(tmp_path / "d.db")
+    await store.migrate()
+    db = store._db
+    ranked = " ".join(
+        str(row[3])
+        for row in db.execute(
+            "EXPLAIN QUERY PLAN " + ranked_sql(1, hint="INDEXED BY tasks_ranked"), ["g"]
+        )
+    )
+    assert "tasks_ranked" in ranked
+    plain = claim_sql(1, {"state": "running"}, fenced=False, quota=False, lock="", ranked=False)
+    steps = " ".join(
+        str(row[3]) for row in db.execute("EXPLAIN QUERY PLAN " + plain, ["r", "g", 1])
+    )
+    assert "tasks_queue" in steps and "TEMP B-TREE" not in steps
     await store.close()

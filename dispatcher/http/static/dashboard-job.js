@@ -146,7 +146,7 @@
           ...D.jobActions(job)),
         el("dl", { class: "facts" },
           ...[["created", when(job.created_at)], ["tasks", job.total],
-            [open ? "running for" : "took", duration(job.elapsed_s)],
+            [open ? "running for" : "took", duration(job.elapsed_s)], ["cost", D.usd(job.cost_usd)],
             ["ETA", job.waiting || (job.eta_s === null || job.eta_s === undefined ? "–" : duration(job.eta_s))]]
             .map(([label, value]) => el("div", { class: "fact" }, el("dt", { text: label }),
               el("dd", { "data-testid": `job-fact-${label.replace(/ /g, "-")}`, text: value })))),

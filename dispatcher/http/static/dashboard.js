@@ -581,6 +581,7 @@
       el("td", { class: "wide" }, progressBar(c, job.total, "job-progress")),
       ...STATES.map((name) => el("td", { class: `num ${name}`, "data-testid": `job-${name}`,
         text: c[name] })),
+      el("td", { class: "num", "data-testid": "job-cost", text: usd(job.cost_usd) }),
       el("td", { class: "actions" }, ...jobActions(job)));
   }
 
@@ -610,8 +611,23 @@
           open ? "yes" : el("span", { class: "bad", text: lane.invalid ? "invalid profile" : stateText(lane) }),
           !open && lane.reason ? el("div", { class: "muted", text: lane.reason }) : null),
         el("td", {}, ...spaced),
-        el("td", { class: "num", "data-testid": "lane-queued", text: lane.queued }));
+        el("td", { class: "num", "data-testid": "lane-queued", text: lane.queued }),
+        el("td", { "data-testid": "lane-budget", "data-reached": lane.budget?.reached ? "yes" : "no" },
+          budgetText(lane.budget)));
     }));
+  }
+
+  // Dollars, and a provider's daily budget as the lanes table shows it (issue 30).
+  function usd(value) {
+    return value === null || value === undefined ? "–" : `$${Number(value).toFixed(2)}`;
+  }
+
+  function budgetText(budget) {
+    if (!budget) return el("span", { class: "muted", text: "–" });
+    const spent = `${usd(budget.spent_usd)} of ${usd(budget.daily_usd)} today`;
+    return budget.reached
+      ? el("span", { class: "bad", text: `${spent}: reached until 00:00 UTC` })
+      : el("span", { text: spent });
   }
 
   // What dashboard-login.js adds (loaded after this file).
@@ -701,7 +717,7 @@
 
   // -- for dashboard-pages.js ---------------------------------------------------------------------
   window.dispatcherDashboard = {
-    $, el, short, duration, when, bytes, errorText, etaText, elapsed, itemsOf, toast,
+    $, el, short, duration, when, bytes, errorText, etaText, elapsed, itemsOf, toast, usd,
     api, SignedOut, act, badge, progressBar, laneOf, stageText, taskRow, taskLink, jobRow, jobActions,
     cancelTask, retryTask, view, pages, scheduleRefresh, STATES, TERMINAL,
   };

@@ -36,12 +36,22 @@ CREATE TABLE tasks (
     from_cache INTEGER NOT NULL DEFAULT 0,
     ref TEXT,
     host TEXT,
-    lease_token INTEGER
+    lease_token INTEGER,
+    cost_estimate REAL,
+    cost REAL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    deadline_action TEXT NOT NULL DEFAULT 'run',
+    deadline REAL,
+    alt_queues TEXT
 );
 CREATE INDEX tasks_queue ON tasks (state, queue, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
 CREATE INDEX tasks_fingerprint ON tasks (fingerprint, created_at);
 CREATE UNIQUE INDEX tasks_job_ref ON tasks (job_id, ref);
+CREATE INDEX tasks_spend ON tasks (owner, started_at);
+CREATE INDEX tasks_ranked ON tasks (queue, seq)
+    WHERE state = 'pending' AND (priority <> 0 OR deadline IS NOT NULL);
+CREATE INDEX tasks_fallback ON tasks (seq) WHERE state = 'pending' AND alt_queues IS NOT NULL;
 
 -- One row per ended attempt (success, failure, cancel, stale reclaim, re-queue);
 -- the tasks row keeps the current attempt.

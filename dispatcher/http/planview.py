@@ -1,0 +1,114 @@
+"""`POST /v1/plan`: what a batch would cost and take, without submitting it.
+
+Reads what `planning.plan_batch` needs: each task built as intake would
+build it (fingerprint, estimated cost), the batch's own duplicates, recent
+twins and cache hits, the models' run history, the open lanes' slots, the
+queues' pending tasks and the providers' spend today.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dispatcher import strictjson
+from dispatcher.errors import InputError
+from dispatcher.models import JSON, Task
+from dispatcher.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.pricing import day_start
+from dispatcher.taskspec import parse_plan
+
+if TYPE_CHECKING:
+    from dispatcher.service import Service
+
+
+async def plan_answer(service: Service, raw: object) -> JSON:
+    specs, max_cost_usd, deadline = parse_plan(raw)
+    intake = service.ledger.intake
+    await intake.learn(specs)
+    hashes = await intake.image_hashes(specs, in_job=True)
+    by_model: dict[str, list[Task]] = defaultdict(list)
+    for index, (spec, images) in enumerate(zip(specs, hashes, strict=True)):
+        try:
+            by_model[spec.model].append(intake.new_task(spec, None, images))
+        except InputError as exc:
+            raise InputError(f"tasks[{index}]: {exc}") from exc
+    queued = await service.ledger.queued_counts()
+    scheduler = service.scheduler
+    loads = []
+    for model, tasks in by_model.items():
+        loads.append(await _load(service, model, tasks, queued))
+    now = service.clock.now()
+    budgets = {}
+    if scheduler.budgets is not None:
+        for provider, limit in scheduler.budgets.limits.items():
+            spent = await service.store.spent_since(provider, day_start(now))
+            budgets[provider] = BudgetLeft(provider, limit, spent)
+    plan = plan_batch(loads, budgets, now=now, max_cost_usd=max_cost_usd, deadline=deadline)
+    return plan.to_json()
+
+
+async def _load(
+    service: Service, model: str, tasks: list[Task], queued: dict[str, int]
+) -> ModelLoad:
+    intake = service.ledger.intake
+    scheduler = service.scheduler
+    seen: set[str] = set()
+    duplicates = twins = cached = unpriced = 0
+    cost = 0.0
+    for task in tasks:
+        if not task.force and task.fingerprint in seen:
+            duplicates += 1
+            continue
+        seen.add(task.fingerprint)
+        if not task.force and await intake.twin(task) is not None:
+            twins += 1
+            continue
+        cache = intake.cache
+        if (
+            not task.force
+            and cache is not None
+            and await asyncio.to_thread(cache.has, task.fingerprint)
+        ):
+            cached += 1
+            continue
+        if task.cost_estimate is None:
+            unpriced += 1
+        else:
+            cost += task.cost_estimate
+    queue = tasks[0].queue
+    lanes = [
+        lane
+        for lane in scheduler.lanes.values()
+        if queue in lane.queues and scheduler.accounts.is_open(lane.owner)
+    ]
+    durations = list(await scheduler.recent_durations(model))
+    return ModelLoad(
+        model=model,
+        tasks=len(tasks),
+        duplicates=duplicates,
+        twins=twins,
+        cached=cached,
+        cost_usd=cost,
+        unpriced=unpriced,
+        run_s=statistics.median(durations) if durations else None,
+        owners=tuple(sorted({lane.owner for lane in lanes})),
+        capacity=sum(scheduler.lane_concurrency(lane) for lane in lanes),
+        queued_ahead=queued.get(queue, 0),
+    )
+
+
+def plan_routes(service: Service) -> list[Route]:
+    async def plan(request: Request) -> Response:
+        raw = await request.body()
+        if not raw:
+            raise InputError("request body is empty; send JSON")
+        return JSONResponse(await plan_answer(service, strictjson.loads(raw)))
+
+    return [Route("/v1/plan", plan, methods=["POST"])]

@@ -1,0 +1,251 @@
+"""Plan a batch before it runs (issue 30): tasks, cost, makespan, what stops it.
+
+A pure decision: the caller (`http.planview`) reads what the plan needs (the
+batch's tasks as intake would build them, twins and cache hits, run history,
+lane capacities, the providers' spend today) and this module decides.
+
+The makespan model: models that share a lane owner (a provider's quota, a web
+account) share that capacity, so they form one group; groups run side by
+side. A group of N tasks (its queue's pending ones included) averaging t
+seconds over C slots takes ceil(N / C) waves of t; no schedule beats the
+lower bound max(N x t / C, the longest single run), which the plan names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """One model's share of the batch, as read by the caller."""
+
+    model: str
+    tasks: int  # lines of the batch naming it
+    duplicates: int = 0  # the same request twice in the batch: runs once
+    twins: int = 0  # an identical task submitted recently: answered by it
+    cached: int = 0  # a cached result answers it at once
+    cost_usd: float | None = 0.0  # estimated, for the tasks that would run
+    unpriced: int = 0  # tasks to run without a price table
+    run_s: float | None = None  # typical run time (median of recent runs); None: no history
+    owners: tuple[str, ...] = ()  # lane owners serving it (providers, web accounts)
+    capacity: int = 0  # slots of its open lanes
+    queued_ahead: int = 0  # pending tasks already in its queue
+
+    @property
+    def to_run(self) -> int:
+        return max(0, self.tasks - self.duplicates - self.twins - self.cached)
+
+
+@dataclass(frozen=True)
+class BudgetLeft:
+    provider: str
+    limit_usd: float
+    spent_usd: float
+
+    @property
+    def left_usd(self) -> float:
+        return max(0.0, self.limit_usd - self.spent_usd)
+
+
+@dataclass
+class Plan:
+    models: list[dict[str, Any]] = field(default_factory=list)
+    total: dict[str, Any] = field(default_factory=dict)
+    stops: list[str] = field(default_factory=list)  # budgets that would stop it, and when
+    refusals: list[str] = field(default_factory=list)  # --max-cost / --deadline unmet
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "models": self.models,
+            "total": self.total,
+            "stops": self.stops,
+            "refusals": self.refusals,
+            "ok": not self.refusals,
+        }
+
+
+def _groups(loads: Sequence[ModelLoad]) -> list[list[ModelLoad]]:
+    """Models sharing any lane owner, together (they share its slots)."""
+    groups: list[tuple[set[str], list[ModelLoad]]] = []
+    for load in loads:
+        owners = set(load.owners) or {f"model:{load.model}"}
+        joined = [g for g in groups if g[0] & owners]
+        merged: tuple[set[str], list[ModelLoad]] = (owners, [load])
+        for group in joined:
+            merged[0].update(group[0])
+            merged[1].extend(group[1])
+            groups.remove(group)
+        groups.append(merged)
+    return [members for _, members in groups]
+
+
+def _group_time(members: Sequence[ModelLoad], capacity: int) -> dict[str, Any]:
+    count = sum(m.to_run + m.queued_ahead for m in members)
+    timed = [m for m in members if m.to_run + m.queued_ahead > 0]
+    unknown = [m.model for m in timed if m.run_s is None]
+    if count == 0:
+        return {"estimate_s": 0.0, "lower_bound_s": 0.0, "bound": "nothing to run"}
+    if unknown:
+        return {
+            "estimate_s": None,
+            "lower_bound_s": None,
+            "bound": f"no run history: {', '.join(unknown)}",
+        }
+    if capacity <= 0:
+        return {"estimate_s": None, "lower_bound_s": None, "bound": "no open lane serves it"}
+    work_s = sum((m.to_run + m.queued_ahead) * (m.run_s or 0.0) for m in timed)
+    mean_s = work_s / count
+    longest_s = max(m.run_s or 0.0 for m in timed)
+    estimate_s = max(math.ceil(count / capacity) * mean_s, longest_s)
+    by_lanes = work_s / capacity
+    if by_lanes >= longest_s:
+        bound = f"lane capacity: {count} tasks x {mean_s:.1f} s over {capacity} slots"
+    else:
+        bound = f"longest single run: {longest_s:.1f} s"
+    return {
+        "estimate_s": round(estimate_s, 3),
+        "lower_bound_s": round(max(by_lanes, longest_s), 3),
+        "bound": bound,
+    }
+
+
+def plan_batch(
+    loads: Sequence[ModelLoad],
+    budgets: Mapping[str, BudgetLeft],
+    *,
+    now: float,
+    max_cost_usd: float | None = None,
+    deadline: float | None = None,
+) -> Plan:
+    plan = Plan()
+    for load in loads:
+        plan.models.append(
+            {
+                "model": load.model,
+                "tasks": load.tasks,
+                "duplicates": load.duplicates,
+                "twins": load.twins,
+                "cached": load.cached,
+                "to_run": load.to_run,
+                "queued_ahead": load.queued_ahead,
+                "cost_usd": None if load.cost_usd is None else round(load.cost_usd, 6),
+                "unpriced": load.unpriced,
+                "run_s": load.run_s,
+                "capacity": load.capacity,
+            }
+        )
+    times: list[dict[str, Any]] = []
+    for members in _groups(loads):
+        capacity = _shared_capacity(members)
+        timing = _group_time(members, capacity)
+        timing["models"] = sorted(m.model for m in members)
+        times.append(timing)
+        for row in plan.models:
+            if row["model"] in timing["models"]:
+                row.update({k: timing[k] for k in ("estimate_s", "lower_bound_s", "bound")})
+    known = [t for t in times if t["estimate_s"] is not None]
+    slowest = max(known, key=lambda t: t["estimate_s"], default=None)
+    whole = len(known) == len(times)
+    cost = sum(load.cost_usd or 0.0 for load in loads)
+    plan.total = {
+        "tasks": sum(load.tasks for load in loads),
+        "to_run": sum(load.to_run for load in loads),
+        "deduplicated": sum(load.duplicates + load.twins for load in loads),
+        "cached": sum(load.cached for load in loads),
+        "cost_usd": round(cost, 6),
+        "unpriced": sum(load.unpriced for load in loads),
+        "makespan_s": slowest["estimate_s"] if slowest and whole else None,
+        "lower_bound_s": (max(t["lower_bound_s"] for t in known) if known and whole else None),
+        "bound": (
+            f"{', '.join(slowest['models'])}: {slowest['bound']}"
+            if slowest and whole
+            else _unknown(times)
+        ),
+    }
+    plan.stops = _budget_stops(loads, budgets, times)
+    if max_cost_usd is not None and cost > max_cost_usd + 1e-9:
+        plan.refusals.append(f"estimated cost ${cost:,.2f} is over --max-cost ${max_cost_usd:,.2f}")
+    if deadline is not None:
+        makespan = plan.total["makespan_s"]
+        if makespan is None:
+            plan.refusals.append(f"cannot promise the deadline: {plan.total['bound']}")
+        elif now + makespan > deadline:
+            plan.refusals.append(
+                f"estimated makespan {makespan:,.0f} s ends {now + makespan - deadline:,.0f} s "
+                "after the deadline"
+            )
+    plan.refusals += [f"stopped by a budget: {stop}" for stop in plan.stops]
+    return plan
+
+
+def _unknown(times: list[dict[str, Any]]) -> str:
+    """Why the makespan is unknown: the models without run history, then the rest."""
+    missing = sorted(
+        model
+        for t in times
+        if t["estimate_s"] is None and t["bound"].startswith("no run history")
+        for model in t["bound"].removeprefix("no run history: ").split(", ")
+    )
+    other = [
+        t["bound"]
+        for t in times
+        if t["estimate_s"] is None and not t["bound"].startswith("no run history")
+    ]
+    said = [f"no run history: {', '.join(missing)}"] if missing else []
+    return "; ".join(said + other)
+
+
+def _shared_capacity(members: Sequence[ModelLoad]) -> int:
+    """Slots of the group's lanes: a lane owner serving two models counts once
+    (its largest capacity share among them)."""
+    if len(members) == 1:
+        return members[0].capacity
+    per_owner: dict[str, float] = {}
+    for member in members:
+        owners = member.owners or (f"model:{member.model}",)
+        for owner in owners:
+            share = member.capacity / len(owners)
+            per_owner[owner] = max(per_owner.get(owner, 0.0), share)
+    return max(1, round(sum(per_owner.values()))) if per_owner else 0
+
+
+def _budget_stops(
+    loads: Sequence[ModelLoad], budgets: Mapping[str, BudgetLeft], times: list[dict[str, Any]]
+) -> list[str]:
+    """Which provider's budget runs out before the batch is done, and when."""
+    stops = []
+    for provider, left in sorted(budgets.items()):
+        served = [load for load in loads if provider in load.owners and load.to_run > 0]
+        # A model served by several providers spreads over them by slot.
+        cost = sum((load.cost_usd or 0.0) / max(1, len(load.owners)) for load in served)
+        if cost <= left.left_usd + 1e-9:
+            continue
+        tasks = sum(load.to_run / max(1, len(load.owners)) for load in served)
+        fits = _tasks_that_fit(served, left.left_usd)
+        when = ""
+        timing = next((t for t in times if served and served[0].model in t["models"]), None)
+        if timing and timing["estimate_s"] and tasks:
+            when = f", about {timing['estimate_s'] * fits / tasks:,.0f} s in"
+        stops.append(
+            f"budget {provider}/day: ${left.spent_usd:,.2f} of ${left.limit_usd:,.2f} spent; "
+            f"${left.left_usd:,.2f} left covers about {fits} of {tasks:.0f} tasks "
+            f"(${cost:,.2f} wanted){when}"
+        )
+    return stops
+
+
+def _tasks_that_fit(served: Sequence[ModelLoad], left_usd: float) -> int:
+    """How many tasks the money left pays for, cheapest model first (the claim
+    takes a task that fits even when a dearer one ahead of it does not)."""
+    fits = 0
+    for load in sorted(served, key=lambda m: (m.cost_usd or 0.0) / max(1, m.to_run)):
+        share = load.to_run / max(1, len(load.owners))
+        each = (load.cost_usd or 0.0) / max(1, load.to_run)
+        taken = share if each <= 0 else min(share, left_usd // each)
+        fits += int(taken)
+        left_usd -= taken * each
+    return fits

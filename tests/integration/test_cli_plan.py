@@ -1,0 +1,90 @@
+"""`dispatcher plan` and `dispatcher batch --max-cost --deadline` as a user runs
+them (issue 30): real CLI processes against a real service with a budget."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.servicecli import ServiceProcess, start_service
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    root = tmp_path_factory.mktemp("plan")
+    proc = start_service(root, env={"DISPATCHER_BUDGETS": "demo=0.05"})
+    try:
+        # Two runs give the chat model a run history to plan with.
+        with proc.http() as client:
+            ids = [
+                client.post(
+                    "/v1/tasks",
+                    json={"model": "demo-chat-api", "params": {"prompt": f"warm {i}", "gen_s": 1}},
+                ).json()["id"]
+                for i in range(2)
+            ]
+            deadline = time.monotonic() + 60
+            while any(client.get(f"/v1/tasks/{i}").json()["state"] != "success" for i in ids):
+                assert time.monotonic() < deadline, "the warm-up tasks never finished"
+                time.sleep(0.05)
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.log()[-3000:]
+
+
+def _batch(tmp_path: Path, prompts: list[str]) -> Path:
+    path = tmp_path / "batch.jsonl"
+    lines = [json.dumps({"model": "demo-chat-api", "prompt": p, "gen_s": 1}) for p in prompts]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _jobs(service: ServiceProcess) -> int:
+    with service.http() as client:
+        return len(client.get("/v1/jobs").json()["items"])
+
+
+def test_plan_prints_cost_and_makespan_without_submitting(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    # "warm 0" ran already (its result is cached); "a" twice runs once.
+    batch = _batch(tmp_path, ["a", "a", "b", "c", "warm 0"])
+    before = _jobs(service)
+    done = service.cli("plan", str(batch))
+    assert done.returncode == 0, done.stderr
+    assert "$0.03" in done.stdout and "lower bound" in done.stdout
+    assert "set by demo-chat-api: " in done.stdout
+    answer = json.loads(service.cli("plan", str(batch), "--json").stdout)
+    total = answer["total"]
+    assert total["tasks"] == 5 and total["to_run"] == 3
+    assert total["deduplicated"] == 1 and total["cached"] == 1
+    assert total["cost_usd"] == 0.03 and total["makespan_s"] > 0
+    assert answer["stops"] == [] and answer["ok"]
+    assert _jobs(service) == before  # nothing was submitted
+
+
+def test_a_batch_over_its_limits_is_refused_with_the_reason_unless_told(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    batch = _batch(tmp_path, [f"limit {i}" for i in range(8)])
+    before = _jobs(service)
+    refused = service.cli("batch", str(batch), "--max-cost", "0.05", "--deadline", "2000-01-01")
+    assert refused.returncode == 1
+    assert "batch refused, nothing submitted: estimated cost $0.08 is over --max-cost $0.05" in (
+        refused.stderr
+    )
+    assert "after the deadline" in refused.stderr
+    # The provider's budget ($0.05 a day, $0.02 spent) would stop it too, and says when.
+    assert "stopped by a budget: budget demo/day: $0.02 of $0.05 spent" in refused.stderr
+    assert _jobs(service) == before
+    bad = service.cli("batch", str(batch), "--deadline", "tomorrow-ish")
+    assert bad.returncode == 2 and "--deadline 'tomorrow-ish' is neither HH:MM" in bad.stderr
+    taken = service.cli("batch", str(batch), "--max-cost", "0.05", "--ignore-limits", "--detach")
+    assert taken.returncode == 0, taken.stderr
+    assert _jobs(service) == before + 1

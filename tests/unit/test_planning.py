@@ -1,0 +1,77 @@
+"""`planning.plan_batch`: the cost, the makespan and its named lower bound, and
+what stops a batch, decided from what the caller read (issue 30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.planning import BudgetLeft, ModelLoad, plan_batch
+
+
+def test_models_on_separate_lanes_run_side_by_side_and_the_slowest_sets_the_makespan() -> None:
+    chat = ModelLoad(
+        "chat",
+        tasks=10,
+        duplicates=1,
+        twins=1,
+        cached=2,
+        cost_usd=0.06,
+        run_s=10.0,
+        owners=("demo",),
+        capacity=3,
+    )
+    video = ModelLoad("video", tasks=4, cost_usd=4.0, run_s=60.0, owners=("acme",), capacity=2)
+    plan = plan_batch([chat, video], {}, now=0.0).to_json()
+    rows = {row["model"]: row for row in plan["models"]}
+    assert rows["chat"]["to_run"] == 6
+    assert rows["chat"]["estimate_s"] == 20.0  # 6 tasks over 3 slots: 2 waves of 10 s
+    assert rows["video"]["estimate_s"] == 120.0
+    total = plan["total"]
+    assert total["makespan_s"] == 120.0 and total["lower_bound_s"] == 120.0
+    assert total["bound"] == "video: lane capacity: 4 tasks x 60.0 s over 2 slots"
+    assert total["cost_usd"] == pytest.approx(4.06)
+    assert total["deduplicated"] == 2 and total["cached"] == 2
+    assert plan["ok"] and plan["stops"] == []
+
+
+def test_models_sharing_a_provider_share_its_slots_and_waiting_work_counts() -> None:
+    a = ModelLoad("a", tasks=3, run_s=10.0, owners=("demo",), capacity=3, queued_ahead=3)
+    b = ModelLoad("b", tasks=3, run_s=10.0, owners=("demo",), capacity=3)
+    plan = plan_batch([a, b], {}, now=0.0).to_json()
+    # 9 tasks through the provider's 3 slots: 3 waves, not 2 side by side.
+    assert plan["total"]["makespan_s"] == 30.0
+
+
+def test_a_single_long_run_is_named_as_the_bound_and_unknown_history_says_so() -> None:
+    one = ModelLoad("slow", tasks=1, run_s=300.0, owners=("x",), capacity=5)
+    assert plan_batch([one], {}, now=0.0).total["bound"] == "slow: longest single run: 300.0 s"
+    new = ModelLoad("new", tasks=2, owners=("y",), capacity=1)
+    plan = plan_batch([one, new], {}, now=0.0, deadline=1000.0)
+    assert plan.total["makespan_s"] is None
+    assert plan.total["bound"] == "no run history: new"
+    assert plan.refusals == ["cannot promise the deadline: no run history: new"]
+
+
+def test_limits_refuse_a_batch_and_a_budget_says_when_it_stops_it() -> None:
+    video = ModelLoad("video", tasks=10, cost_usd=10.0, run_s=60.0, owners=("acme",), capacity=2)
+    budgets = {"acme": BudgetLeft("acme", 50.0, 46.0)}
+    plan = plan_batch([video], budgets, now=1000.0, max_cost_usd=5.0, deadline=1200.0)
+    assert plan.stops == [
+        "budget acme/day: $46.00 of $50.00 spent; $4.00 left covers about 4 of 10 tasks "
+        "($10.00 wanted), about 120 s in"
+    ]
+    assert plan.refusals[0] == "estimated cost $10.00 is over --max-cost $5.00"
+    assert plan.refusals[1] == "estimated makespan 300 s ends 100 s after the deadline"
+    assert plan.refusals[2].startswith("stopped by a budget: budget acme/day")
+    assert not plan.to_json()["ok"]
+    fine = plan_batch([video], {"acme": BudgetLeft("acme", 50.0, 0.0)}, now=0.0, max_cost_usd=10)
+    assert fine.to_json()["ok"]
+
+
+def test_a_budget_pays_for_the_cheapest_tasks_first() -> None:
+    chat = ModelLoad("chat", tasks=3, cost_usd=0.03, run_s=1.0, owners=("demo",), capacity=3)
+    video = ModelLoad("video", tasks=4, cost_usd=0.88, run_s=9.0, owners=("demo",), capacity=3)
+    plan = plan_batch([video, chat], {"demo": BudgetLeft("demo", 0.10, 0.0)}, now=0.0)
+    assert plan.stops[0].startswith(
+        "budget demo/day: $0.00 of $0.10 spent; $0.10 left covers about 3 of 7 tasks"
+    )
