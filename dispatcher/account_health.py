@@ -86,6 +86,8 @@ class AccountHealth:
             await self.accounts.needs_attention(owner, f"logged out: {error}")
         elif kind is Kind.API and error.kind in ("http_401", "http_403"):
             await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
+        elif kind is Kind.API and error.kind == "quota":  # a profile's `[api.errors] quota`
+            await self.accounts.needs_attention(owner, f"the key's quota is spent: {error}")
         else:
             return False
         self._streaks.pop(owner, None)

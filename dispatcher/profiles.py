@@ -30,6 +30,7 @@ from pydantic import (
 
 from dispatcher.errors import ConfigError
 from dispatcher.models import Kind
+from dispatcher.profile_extras import AuthFields, ErrorWords, RateLimitSpec
 from dispatcher.workflow import Graph, WorkflowError, check_mapping, load_workflow
 
 log = logging.getLogger("dispatcher.profiles")
@@ -121,6 +122,10 @@ class HttpCall(_Strict):
     url: str | None = None  # dotted path into the submit answer holding a full URL
     body: dict[str, Any] | None = None
     id: str | None = None  # dotted path of the remote id in the answer
+    # The id is the value's last "/" segment (an operation name
+    # "models/m/operations/abc" gives "abc"), for a `path` with "{id}".
+    id_last_segment: bool = False
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with this call only
 
 
 class StatusSpec(_Strict):
@@ -130,6 +135,10 @@ class StatusSpec(_Strict):
     progress: str | None = None
     queue_position: str | None = None
     error: str | None = None
+    # A dotted path whose presence (not null, not empty) means the job failed
+    # even when `state` says finished (an operation with `done: true` and an
+    # `error` object); its text is the failure's reason.
+    failed_if: str | None = None
     map: dict[str, Literal["pending", "running", "success", "failed", "canceled"]] = Field(
         default_factory=dict
     )
@@ -139,6 +148,18 @@ class ResultSpec(_Strict):
     path: str | None = None  # download this (relative to base_url)
     url: str | None = None  # a URL found at this dotted path (status or submit answer)
     text: str | None = None  # text found at this dotted path
+    base64: str | None = None  # a file sent inline as base64 at this dotted path
+    # One more call before the result: GET this path (relative to base_url,
+    # "{id}", task parameters and the `fetch_values` below as placeholders);
+    # `url`/`text`/`base64` are then read in its answer first.
+    fetch: str | None = None
+    fetch_values: dict[str, str] = Field(default_factory=dict)  # placeholder -> dotted path
+
+    @model_validator(mode="after")
+    def _fetch_values_need_fetch(self) -> ResultSpec:
+        if self.fetch_values and not self.fetch:
+            raise ValueError("`fetch_values` needs `fetch` (the path of the extra call)")
+        return self
 
 
 # -- reference images (issue 15): how a vendor wants them -------------------
@@ -213,7 +234,7 @@ class ProviderSpec(_Strict):
     auth_prefix: str | None = None
 
 
-class ApiSpec(_Strict):
+class ApiSpec(AuthFields):
     base_url: str
     auth_header: str = "Authorization"
     auth_env: str | None = None
@@ -221,6 +242,10 @@ class ApiSpec(_Strict):
     style: Literal["chat", "async-job", "comfyui"] = "chat"
     timeout_s: float = 600.0
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # Sent with every call to base_url's origin (a version header).
+    headers: dict[str, str] = Field(default_factory=dict)
+    errors: ErrorWords = ErrorWords()
+    rate_limit: RateLimitSpec | None = None
     submit: HttpCall = _COMFYUI_SUBMIT
     status: StatusSpec | None = None
     result: ResultSpec | None = None
@@ -260,8 +285,14 @@ class ApiSpec(_Strict):
         _check_image_forms(self.submit.body, self.upload is not None)
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
-        if self.style == "chat" and (self.result is None or not self.result.text):
-            raise ValueError("style 'chat' needs [api.result] text = '<path of the answer>'")
+        if self.style == "chat" and (
+            self.result is None or not (self.result.text or self.result.base64)
+        ):
+            raise ValueError(
+                "style 'chat' needs [api.result] text (or base64) = '<path of the answer>'"
+            )
+        if self.auth_scheme == "jwt-hs256" and not (self.auth_env and self.auth_secret_env):
+            raise ValueError("auth_scheme 'jwt-hs256' needs `auth_env` and `auth_secret_env`")
         return self
 
     def _load_workflow(self, info: ValidationInfo) -> ApiSpec:
