@@ -194,10 +194,12 @@ def interpret_status(spec: StatusSpec, answer: Any) -> RemoteStatus:
         progress = min(100.0, max(0.0, progress))
     position = _number(lookup(answer, spec.queue_position)) if spec.queue_position else None
     error = _text(lookup(answer, spec.error)) if spec.error else None
-    if spec.failed_if and state == "success":
-        failure = lookup(answer, spec.failed_if)
-        if failure not in (MISSING, None, "", [], {}):
-            state, error = "failed", error or _text(failure)
+    if state == "success":
+        for path in spec.failed_if:
+            failure = lookup(answer, path)
+            if failure not in (MISSING, None, "", [], {}, 0):
+                state, error = "failed", error or _text(failure)
+                break
     return RemoteStatus(
         state=state,
         raw_state=raw_state,

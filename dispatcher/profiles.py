@@ -25,6 +25,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -46,7 +47,9 @@ DEFAULT_FINGERPRINT_FIELDS = (
     "style_preset",
 )
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``${NAME}``, or ``${NAME:-default}`` (used when NAME is set nowhere: the
+# vendor catalog's real base URLs, which a test or a stand-in replaces).
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _HOST_ENTRY = re.compile(r"(\*\.)?[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")
 
 
@@ -135,13 +138,19 @@ class StatusSpec(_Strict):
     progress: str | None = None
     queue_position: str | None = None
     error: str | None = None
-    # A dotted path whose presence (not null, not empty) means the job failed
-    # even when `state` says finished (an operation with `done: true` and an
-    # `error` object); its text is the failure's reason.
-    failed_if: str | None = None
+    # Dotted paths (one, or a list) whose presence (not null, not empty) means
+    # the job failed even when `state` says finished (an operation with
+    # `done: true` and an `error` object); the value's text is the reason.
+    failed_if: tuple[str, ...] = ()
     map: dict[str, Literal["pending", "running", "success", "failed", "canceled"]] = Field(
         default_factory=dict
     )
+
+
+    @field_validator("failed_if", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
 
 
 class ResultSpec(_Strict):
@@ -242,6 +251,9 @@ class ApiSpec(AuthFields):
     style: Literal["chat", "async-job", "comfyui"] = "chat"
     timeout_s: float = 600.0
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # The lane's concurrency when the operator names none for this provider
+    # (DISPATCHER_CONCURRENCY wins): the vendor's documented default quota.
+    quota: int | None = Field(default=None, ge=1, le=5)
     # Sent with every call to base_url's origin (a version header).
     headers: dict[str, str] = Field(default_factory=dict)
     errors: ErrorWords = ErrorWords()
@@ -391,6 +403,8 @@ def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
                 return variables[name]
             if name in os.environ:
                 return os.environ[name]
+            if match.group(2) is not None:
+                return match.group(2)
             missing.add(name)
             return match.group(0)
 
