@@ -273,18 +273,19 @@ class ProviderAttempt(AttemptBase):
 
     # -- chat ------------------------------------------------------------------
     async def chat(self) -> RunResult:
-        assert self.api.result is not None and self.api.result.text  # the profile validator
+        result = self.api.result
+        assert result is not None and (result.text or result.base64)  # the profile validator
         # The answer *is* the generation: the read timeout is the model's
         # generation timeout, never shorter than a plain HTTP read.
         read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
         await self.ctx.set_stage(Stage.GENERATING)
         answer = await self.send_submit(read_s)
-        if self.api.result.base64:  # an image API answering the file inline
+        if result.base64:  # an image API answering the file inline
             return RunResult(
-                files=[await self.inline_file([answer.data], self.api.result.base64)],
-                meta=self.meta(),
+                files=[await self.inline_file([answer.data], result.base64)], meta=self.meta()
             )
-        value = await self.resolve([answer.data], self.api.result.text, "chat answer")
+        assert result.text is not None
+        value = await self.resolve([answer.data], result.text, "chat answer")
         return RunResult(
             text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
         )
