@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -226,3 +228,72 @@ async def test_restart_resumes_without_a_second_submit(world: World, profile: st
         world.state.hold = True
     assert done["state"] == "success", done
     assert world.state.submits(vendor) == jobs + 1
+
+
+# ../shared/vendor-specs beside the checkout (a worktree sits one level deeper).
+_SPEC_NAME = Path("shared", "vendor-specs", "openai-openapi.yaml")
+OPENAI_SPEC = next(
+    (p for p in (REPO.parent / _SPEC_NAME, REPO.parent.parent / _SPEC_NAME) if p.exists()),
+    REPO.parent / _SPEC_NAME,
+)
+
+
+def openai_document() -> Any:
+    """OpenAI's published OpenAPI document, loaded once (it is large)."""
+    import yaml
+    from openapi_core import Config, OpenAPI
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with OPENAI_SPEC.open(encoding="utf-8") as f:
+        spec = yaml.load(f, Loader=loader)  # a safe loader (C when built)
+    # The document repeats some `required` names, which the spec check refuses;
+    # the request and answer schemas themselves are what we validate against.
+    return OpenAPI.from_dict(spec, config=Config(spec_validator_cls=None))
+
+
+async def test_openai_requests_and_answers_match_the_openapi_document(world: World) -> None:
+    if not OPENAI_SPEC.exists():
+        pytest.skip(f"{OPENAI_SPEC} is not here")
+    from openapi_core.testing import MockRequest, MockResponse
+
+    mark = len(world.state.seen)
+    ids = []
+    for profile in ("openai-sora-2", "openai-sora-2-pro", "openai-gpt-image-1"):
+        _, params = PROFILES[profile]
+        task = await world.h.submit(profile, f"checked against the document: {profile}", **params)
+        ids.append(task["id"])
+    for task_id in ids:
+        assert (await world.h.wait_task(task_id))["state"] == "success"
+    document = await asyncio.to_thread(openai_document)
+    checked = 0
+    async with httpx.AsyncClient() as client:
+        for request in sent(world, "openai", mark):
+            mock = MockRequest(
+                "https://api.openai.com",
+                request.method.lower(),
+                request.path,
+                args=dict(parse_qsl(request.query)),
+                data=request.body or None,
+                headers=request.headers,
+                content_type=request.headers.get("content-type", "application/json"),
+            )
+            document.validate_request(mock)  # raises, naming the field, when we drift
+            # And the stand-in's answer to the same call against the document's schema.
+            if request.path.endswith("/content"):
+                continue
+            again = await client.request(
+                request.method,
+                f"{world.server.url}/openai{request.path}",
+                content=request.body,
+                headers={k: v for k, v in request.headers.items() if k != "content-length"},
+            )
+            document.validate_response(
+                mock,
+                MockResponse(
+                    again.content,
+                    status_code=again.status_code,
+                    content_type=again.headers["content-type"],
+                ),
+            )
+            checked += 1
+    assert checked >= 5
