@@ -54,6 +54,25 @@ class OpenAI(Vendor):
         )
         return response
 
+    def quota_spent(self) -> Response:
+        return _openai_error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        )
+
+    def headers(self) -> dict[str, str]:
+        window = self.state.window.get(self.name)
+        if window is None:
+            return self.limit_headers
+        remaining, reset = window
+        return {
+            **self.limit_headers,
+            "x-ratelimit-remaining-requests": remaining,
+            "x-ratelimit-reset-requests": reset,
+        }
+
     def refused(self) -> Response:
         return _openai_error(
             400,
@@ -87,7 +106,7 @@ class OpenAI(Vendor):
         if self.wants_refusal_now(self.prompt_of(body)):
             return self.refused()
         job = self.new_job(body, "video_")
-        return JSONResponse(self.video(job, "queued"), headers=self.limit_headers)
+        return JSONResponse(self.video(job, "queued"), headers=self.headers())
 
     async def get_video(self, request: Request) -> Response:
         await self.record(request)
@@ -96,7 +115,7 @@ class OpenAI(Vendor):
         job = self.job(request.path_params["id"])
         if job is None:
             return _openai_error(404, "Video not found", "invalid_request_error", None)
-        return JSONResponse(self.video(job, self.phase(job)), headers=self.limit_headers)
+        return JSONResponse(self.video(job, self.phase(job)), headers=self.headers())
 
     async def content(self, request: Request) -> Response:
         await self.record(request)
@@ -126,7 +145,7 @@ class OpenAI(Vendor):
                 "total_tokens": 284,
             },
         }
-        return JSONResponse(answer, headers=self.limit_headers)
+        return JSONResponse(answer, headers=self.headers())
 
 
 def _google_error(status: int, message: str, code: str) -> JSONResponse:

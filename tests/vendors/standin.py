@@ -60,6 +60,9 @@ class Seen:
 class StandInState:
     hold: bool = True
     throttle: dict[str, int] = field(default_factory=dict)
+    spent: set[str] = field(default_factory=set)  # vendors whose key's quota is spent
+    # Rate-limit headers a vendor sends instead of its usual ones (remaining, reset).
+    window: dict[str, tuple[str, str]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Job]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -107,6 +110,9 @@ class Vendor:
     def refused(self) -> Response:
         return JSONResponse({"error": "refused by moderation"}, status_code=400)
 
+    def quota_spent(self) -> Response:
+        return JSONResponse({"error": "insufficient credits"}, status_code=402)
+
     # -- shared -----------------------------------------------------------------
     def base(self, request: Request) -> str:
         return f"{request.url.scheme}://{request.url.netloc}/{self.name}"
@@ -141,6 +147,8 @@ class Vendor:
         """Auth and throttling, before any job: None when the request may go on."""
         if not self.authorized(request):
             return self.unauthorized()
+        if self.name in self.state.spent:
+            return self.quota_spent()
         if self.state.throttle.get(self.name, 0) > 0:
             self.state.throttle[self.name] -= 1
             return self.throttled()

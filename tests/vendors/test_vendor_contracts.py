@@ -230,6 +230,39 @@ async def test_restart_resumes_without_a_second_submit(world: World, profile: st
     assert world.state.submits(vendor) == jobs + 1
 
 
+async def test_an_exhausted_rate_limit_window_holds_the_lane_until_it_resets(
+    world: World,
+) -> None:
+    """x-ratelimit-remaining-requests: 0 on a success: no request before the reset."""
+    mark = len(world.state.seen)
+    world.state.window["openai"] = ("0", "1s")
+    try:
+        task = await world.h.submit("openai-sora-2", "a window spent", seconds="4")
+        await world.h.wait_remote_id(task["id"])
+    finally:
+        world.state.window.pop("openai")
+    done = await world.h.wait_task(task["id"])
+    assert done["state"] == "success", done
+    submit, first_poll = sent(world, "openai", mark)[:2]
+    assert first_poll.at - submit.at >= 1.0
+
+
+async def test_a_spent_quota_fails_the_task_and_holds_the_lane(world: World) -> None:
+    world.state.spent.add("openai")
+    try:
+        task = await world.h.submit("openai-gpt-image-1", "no credit left")
+        done = await world.h.wait_task(task["id"], states={"failed", "pending"})
+        accounts = (await world.h.http.get("/v1/accounts")).json()
+    finally:
+        world.state.spent.discard("openai")
+    lane = next(a for a in accounts if a["name"] == "openai")
+    assert lane["needs_attention"], lane
+    assert "quota" in lane["reason"], lane
+    (await world.h.http.post("/v1/accounts/openai/enable")).raise_for_status()
+    done = await world.h.wait_task(task["id"])
+    assert done["state"] == "success", done
+
+
 # ../shared/vendor-specs beside the checkout (a worktree sits one level deeper).
 _SPEC_NAME = Path("shared", "vendor-specs", "openai-openapi.yaml")
 OPENAI_SPEC = next(
