@@ -146,7 +146,6 @@ class StatusSpec(_Strict):
         default_factory=dict
     )
 
-
     @field_validator("failed_if", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
@@ -414,6 +413,15 @@ def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
     if isinstance(value, list):
         return [_expand(v, variables, missing) for v in value]
     return value
+
+
+def referenced_variables(path: Path) -> set[str]:
+    """The `${NAME}` variables a profile file mentions (set or not, with a default or not)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {match.group(1) for match in _VAR.finditer(text)}
 
 
 def _errors(exc: ValidationError) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from typer.exceptions import TyperException
 
-from dispatcher.cli import accounts, history, results, server, tasks, webhooks
+from dispatcher.cli import accounts, history, profiles_catalog, results, server, tasks, webhooks
 from dispatcher.cli.plumbing import EXIT_INTERRUPTED, EXIT_USAGE, options, report
 from dispatcher.cli.server import DemoFlag, LogFormat, LogLevel, PortOption
 
@@ -29,6 +29,7 @@ app = typer.Typer(
 )
 app.add_typer(accounts.accounts_app, name="accounts")
 app.add_typer(webhooks.webhooks_app, name="webhooks")
+app.add_typer(profiles_catalog.profiles_app, name="profiles")
 
 
 @app.callback(invoke_without_command=True)

@@ -199,7 +199,9 @@ def route(path: str, handler: Handler, method: str = "GET") -> Route:
     return Route(path, handler, methods=[method])
 
 
-async def start_standin(vendor_classes: list[type[Vendor]]) -> tuple[RunningServer, StandInState]:
+async def start_standin(
+    vendor_classes: list[type[Vendor]], port: int | None = None
+) -> tuple[RunningServer, StandInState]:
     state = StandInState()
     vendors = [cls(state) for cls in vendor_classes]
-    return await start_server(build_app(vendors)), state
+    return await start_server(build_app(vendors), port), state
