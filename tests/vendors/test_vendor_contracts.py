@@ -7,6 +7,7 @@ remote job without a second submit. One service for the module."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -261,6 +262,24 @@ async def test_a_spent_quota_fails_the_task_and_holds_the_lane(world: World) -> 
     (await world.h.http.post("/v1/accounts/openai/enable")).raise_for_status()
     done = await world.h.wait_task(task["id"])
     assert done["state"] == "success", done
+
+
+async def test_a_missing_secret_shows_on_the_provider_by_its_variable(world: World) -> None:
+    """A signed-token profile needs its secret too: without it the lane needs attention."""
+
+    async def kling() -> dict[str, Any]:
+        accounts = (await world.h.http.get("/v1/accounts")).json()
+        return dict(next(a for a in accounts if a["name"] == "kling"))
+
+    secret = os.environ.pop("KLING_SECRET_KEY")
+    try:
+        await world.h.service.check_api_keys()
+        lane = await kling()
+    finally:
+        os.environ["KLING_SECRET_KEY"] = secret
+    assert lane["needs_attention"] and "KLING_SECRET_KEY" in lane["reason"], lane
+    await world.h.service.check_api_keys()
+    assert not (await kling())["needs_attention"]
 
 
 # ../shared/vendor-specs beside the checkout (a worktree sits one level deeper).
