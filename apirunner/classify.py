@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 
 from apirunner.polling import Rand, retry_wait
+from apirunner.templates import MISSING, lookup
 from dispatcher.errors import PermanentError, RunError, TransientError
 from dispatcher.profile_extras import ErrorWords
 
@@ -124,6 +126,20 @@ def classify_status(
     if 400 <= status <= 499 and status not in (401, 403) and _refused(detail):
         return Failure(False, "refused", message, status, retry_after_s)
     return Failure(False, f"http_{status}", message, status, retry_after_s)
+
+
+def answer_error(words: ErrorWords, data: Any) -> Failure | None:
+    """A 2xx answer whose own status code (`[api.errors] code`) says it failed."""
+    if words.code is None:
+        return None
+    code = lookup(data, words.code)
+    if code is MISSING or code is None or isinstance(code, dict | list) or str(code) in words.ok:
+        return None
+    detail = lookup(data, words.message) if words.message else MISSING
+    text = f"{code}: {detail}" if isinstance(detail, str) else str(code)
+    message = f"the vendor answered error {text}"[:_MAX_MESSAGE]
+    by_words = _by_words(words, text, message, None, None)
+    return by_words or Failure(False, "vendor_error", message)
 
 
 def classify_exception(exc: Exception) -> Failure:

@@ -26,6 +26,7 @@ from apirunner.allowlist import Allowlist
 from apirunner.auth import KeyRing
 from apirunner.classify import (
     Failure,
+    answer_error,
     bad_answer,
     classify_exception,
     classify_status,
@@ -296,6 +297,9 @@ class ProviderClient:
             raise CallFailed(
                 bad_answer(f"HTTP {response.status_code} answer: {exc}", retryable=True)
             ) from exc
+        failure = answer_error(call.errors, data)
+        if failure is not None:  # an error sent with HTTP 200
+            raise CallFailed(failure, body[:_MAX_ERROR_BODY].decode("utf-8", "replace"))
         return Answer(data, response.status_code, response.http_version)
 
     async def download(

@@ -35,6 +35,13 @@ class ErrorWords(_Strict):
     refused: tuple[str, ...] = ()
     quota: tuple[str, ...] = ()
     capacity: tuple[str, ...] = ()
+    # Vendors that answer errors with HTTP 200: the dotted path of the
+    # answer's status code, the codes that mean success, and the message.
+    # Any other code is a failure, classified by the words above (read in
+    # "<code>: <message>"), else permanent.
+    code: str | None = None
+    ok: tuple[str, ...] = ("0",)
+    message: str | None = None
 
     _low = field_validator("refused", "quota", "capacity")(_lowered)
 

@@ -231,6 +231,17 @@ async def test_restart_resumes_without_a_second_submit(world: World, profile: st
     assert world.state.submits(vendor) == jobs + 1
 
 
+async def test_an_error_sent_with_http_200_is_classified_by_its_code(world: World) -> None:
+    """MiniMax's rate limit is a 200 with base_resp.status_code 1002: retried in place."""
+    jobs = world.state.submits("minimax")
+    world.state.throttle["minimax"] = 1
+    task = await world.h.submit("minimax-hailuo-02", "a 200 that is a 429", duration=6)
+    done = await world.h.wait_task(task["id"])
+    assert done["state"] == "success", done
+    assert done["attempt"] == 1
+    assert world.state.submits("minimax") == jobs + 1
+
+
 async def test_an_exhausted_rate_limit_window_holds_the_lane_until_it_resets(
     world: World,
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from apirunner.auth import RESIGN_SHARE, KeyRing, sign_hs256
-from apirunner.classify import classify_remote_failure, classify_status
+from apirunner.classify import answer_error, classify_remote_failure, classify_status
 from apirunner.inline import decode, sniff
 from apirunner.ratelimits import limit_wait, parse_reset
 from apirunner.remote import interpret_status, ref_from_submit
@@ -99,6 +99,24 @@ def test_profile_words_classify_failed_jobs() -> None:
     assert not classify_remote_failure("SAFETY: moderation_blocked", WORDS).retryable
     with pytest.raises(ValueError, match="empty word"):
         ErrorWords(refused=[" "])
+
+
+def test_an_answer_code_other_than_ok_is_a_failure() -> None:
+    words = ErrorWords(
+        code="base_resp.status_code",
+        message="base_resp.status_msg",
+        refused=["1026:"],
+        capacity=["1002:"],
+    )
+    ok = {"task_id": "1026", "base_resp": {"status_code": 0, "status_msg": "success"}}
+    assert answer_error(words, ok) is None
+    assert answer_error(ErrorWords(), {"base_resp": {"status_code": 1}}) is None
+    busy = answer_error(words, {"base_resp": {"status_code": 1002, "status_msg": "rate limit"}})
+    assert busy is not None and (busy.retryable, busy.kind) == (True, "capacity")
+    refused = answer_error(words, {"base_resp": {"status_code": 1026, "status_msg": "sensitive"}})
+    assert refused is not None and (refused.retryable, refused.kind) == (False, "refused")
+    other = answer_error(words, {"base_resp": {"status_code": 2013, "status_msg": "not found"}})
+    assert other is not None and (other.retryable, other.kind) == (False, "vendor_error")
 
 
 # -- rate-limit headers ------------------------------------------------------------
