@@ -38,6 +38,7 @@ class OpenAI(Vendor):
             route("/v1/videos/{id}", self.get_video),
             route("/v1/videos/{id}/content", self.content),
             route("/v1/images/generations", self.images, "POST"),
+            route("/v1/chat/completions", self.chat, "POST"),
         ]
 
     def unauthorized(self) -> Response:
@@ -144,6 +145,36 @@ class OpenAI(Vendor):
                 "output_tokens": 272,
                 "total_tokens": 284,
             },
+        }
+        return JSONResponse(answer, headers=self.headers())
+
+    async def chat(self, request: Request) -> Response:
+        body = await self.read_json(request)
+        if (refusal := await self.gate(request)) is not None:
+            return refusal
+        job = self.new_job(body, "chatcmpl-")
+        prompt = str(body["messages"][-1]["content"])
+        answer = {
+            "id": job.id,
+            "object": "chat.completion",
+            "created": job.created,
+            "model": "gpt-4.1-mini-2025-04-14",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": f"An answer to: {prompt}",
+                        "refusal": None,
+                        "annotations": [],
+                    },
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21},
+            "service_tier": "default",
+            "system_fingerprint": "fp_standin",
         }
         return JSONResponse(answer, headers=self.headers())
 

@@ -64,6 +64,7 @@ def _ids(created: Any) -> dict[str, str]:
 
 async def test_openai_video_and_image_answers(standin: Any) -> None:
     from openai.types import ImagesResponse, Video
+    from openai.types.chat import ChatCompletion
 
     client, _ = standin
     created, statuses = await lifecycle(
@@ -81,6 +82,13 @@ async def test_openai_video_and_image_answers(standin: Any) -> None:
     )
     images = ImagesResponse.model_validate(image.json())
     assert images.data and images.data[0].b64_json
+    chat = await client.post(
+        "/openai/v1/chat/completions",
+        json={"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]},
+        headers=BEARER,
+    )
+    completion = ChatCompletion.model_validate(chat.json())
+    assert completion.choices[0].message.content == "An answer to: hi"
 
 
 async def test_gemini_veo_operation(standin: Any) -> None:
