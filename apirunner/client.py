@@ -16,7 +16,7 @@ import logging
 import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -235,6 +235,17 @@ class ProviderClient:
             # No Retry-After: the profile's reset header says when it lifts.
             retry_after = limit_wait(call.rate_limit, response.headers, now, refused=True)
         failure = classify_status(response.status_code, body, retry_after, call.errors)
+        if failure.kind in ("http_401", "http_403") and (
+            fetch.origin_of(response.request.url) != call.credentials_origin
+        ):
+            # A host that never saw the key (a CDN's signed URL, expired) says
+            # nothing about the key: not a reason to hold the provider's lane.
+            failure = replace(
+                failure,
+                kind="url_refused",
+                message=f"{failure.message} (from {response.request.url.host}, "
+                "which the key is never sent to: an expired or foreign URL)",
+            )
         if retry_after is not None and failure.retryable:
             self.gate.defer(retry_after)
         return CallFailed(failure, body[:_MAX_ERROR_BODY])
