@@ -29,7 +29,7 @@ from dispatcher.models import Kind
 # The setting `account_failures_for_attention` overrides it.
 BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
 # Error kinds that name the task, not the account: they never count.
-_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
+_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale", "url_refused"})
 
 
 class AccountHealth:
