@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from apirunner.client import (
     CallFailed,
     with_retries,
 )
+from apirunner.inline import save_inline
 from apirunner.polling import PollEvidence, ProgressTrack, next_poll_wait
 from apirunner.refsend import ReferenceSender, SubmitImages, fetch_image, upload_image
 from apirunner.remote import (
@@ -45,6 +46,7 @@ from apirunner.templates import (
     render_body,
     split_path,
     walk,
+    with_query,
 )
 from dispatcher.allowlist import origin_of
 from dispatcher.errors import (
@@ -118,25 +120,32 @@ class ProviderAttempt(AttemptBase):
         *,
         idempotency_key: str | None = None,
         read_timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Call:
-        headers = {"Accept": "application/json"}
+        sent = {"Accept": "application/json"}
         if idempotency_key:
-            headers["Idempotency-Key"] = idempotency_key
+            sent["Idempotency-Key"] = idempotency_key
         # The key goes only to the profile's own host, on every hop: never to
         # a URL the provider handed back that points elsewhere (a CDN, another
-        # tenant), nor across a redirect that leaves the host.
-        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
-        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
+        # tenant), nor across a redirect that leaves the host. The profile's
+        # fixed headers go the same way: they are the vendor's business only.
+        own = origin_of(self.api.base_url)
+        creds = self.client.keys.credentials(self.api, self.clock.now())
+        credentials = {**self.api.headers, **(headers or {}), **creds.headers}
+        if creds.query and origin_of(url) == own:
+            url = with_query(url, creds.query)
         return Call(
             method,
             url,
-            headers,
+            sent,
             body,
             read_timeout_s,
             credentials=credentials,
-            credentials_origin=origin_of(self.api.base_url),
+            credentials_origin=own,
             deadline_s=self.deadline_s,
             deadline_label=self.deadline_label,
+            errors=self.api.errors,
+            rate_limit=self.api.rate_limit,
         )
 
     def url_for(
@@ -244,7 +253,12 @@ class ProviderAttempt(AttemptBase):
         # that replays answers by key does not replay the refusal.
         key = f"{self.task.id}-{self.task.attempt}" + ("-reupload" if again else "")
         call = self.call(
-            submit.method.upper(), url, body, idempotency_key=key, read_timeout_s=read_timeout_s
+            submit.method.upper(),
+            url,
+            body,
+            idempotency_key=key,
+            read_timeout_s=read_timeout_s,
+            headers=submit.headers,
         )
         if not images.files:
             return call  # a multipart profile's task without an image: plain JSON
@@ -264,16 +278,48 @@ class ProviderAttempt(AttemptBase):
 
     # -- chat ------------------------------------------------------------------
     async def chat(self) -> RunResult:
-        assert self.api.result is not None and self.api.result.text  # the profile validator
+        result = self.api.result
+        assert result is not None and (result.text or result.base64)  # the profile validator
         # The answer *is* the generation: the read timeout is the model's
         # generation timeout, never shorter than a plain HTTP read.
         read_s = max(self.http_timeout_s, self.clock.scaled(self.api.timeout_s))
         await self.ctx.set_stage(Stage.GENERATING)
         answer = await self.send_submit(read_s)
-        value = await self.resolve([answer.data], self.api.result.text, "chat answer")
+        if result.base64:  # an image API answering the file inline
+            return RunResult(
+                files=[await self.inline_file([answer.data], result.base64)], meta=self.meta()
+            )
+        assert result.text is not None
+        value = await self.resolve([answer.data], result.text, "chat answer")
         return RunResult(
             text=value if isinstance(value, str) else json.dumps(value), meta=self.meta()
         )
+
+    async def inline_file(self, docs: list[Any], path: str) -> ResultFile:
+        found = await self.resolve(docs, path, "[api.result] base64")
+        if not isinstance(found, str):
+            raise CallFailed(
+                bad_answer(f"[api.result] base64 {path!r} is not a string", retryable=False)
+            )
+        return await save_inline(found, self.ctx.result_dir, self.task.id, self.max_download_bytes)
+
+    async def extra_fetch(self, ref: RemoteRef, status_data: Any) -> Any:
+        """`[api.result] fetch`: one more call (a file id -> its download URL)."""
+        spec = self.api.result
+        assert spec is not None and spec.fetch is not None
+        values: dict[str, Any] = {**self.params, "id": ref.id}
+        for name, path in spec.fetch_values.items():
+            found = lookup(status_data, path)
+            if found is MISSING or found is None or isinstance(found, dict | list):
+                raise CallFailed(
+                    bad_answer(
+                        f"[api.result] fetch_values: no {path!r} in the answer", retryable=False
+                    )
+                )
+            values[name] = found
+        url = join_url(self.api.base_url, format_path(spec.fetch, values))
+        answer = await self.retrying(self.call("GET", url))
+        return answer.data
 
     # -- async jobs --------------------------------------------------------------
     async def job(self) -> RunResult:
@@ -293,7 +339,7 @@ class ProviderAttempt(AttemptBase):
             status, status_data = await self.poll(ref, first_wait=not resumed)
             finished = True
             if status.state == "failed":
-                raise classify_remote_failure(status.error).to_error()
+                raise classify_remote_failure(status.error, self.api.errors).to_error()
             if status.state == "canceled":
                 self.ctx.check_canceled()
                 raise PermanentError(
@@ -387,11 +433,16 @@ class ProviderAttempt(AttemptBase):
         if spec is None:
             return RunResult(meta={**self.meta(ref, status), "status": status_data})
         docs = [status_data, ref.submit or {}]
+        if spec.fetch:
+            docs.insert(0, await self.extra_fetch(ref, status_data))
         if spec.text:
             value = await self.resolve(docs, spec.text, "[api.result] text")
             text = value if isinstance(value, str) else json.dumps(value)
             return RunResult(text=text, meta=self.meta(ref, status))
         await self.ctx.set_stage(Stage.DOWNLOADING)
+        if spec.base64:
+            inline = await self.inline_file(docs, spec.base64)
+            return RunResult(files=[inline], meta=self.meta(ref, status))
         if spec.url:
             found = await self.resolve(docs, spec.url, "[api.result] url")
             if not is_url(found):
@@ -420,7 +471,7 @@ class ProviderAttempt(AttemptBase):
         try:
             url = self.url_for(spec.path, spec.url, ref, "[api.cancel]")
             body = render_body(spec.body, self.params) if spec.body is not None else None
-            call = self.call(spec.method.upper(), url, body)
+            call = self.call(spec.method.upper(), url, body, headers=spec.headers)
             # Not guarded: we are the ones canceling.
             await asyncio.wait_for(self.client.json(call), timeout=CANCEL_BUDGET_S)
             self.ctx.log.info("remote job %s canceled at the provider", ref.id)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from apirunner.polling import Rand, retry_wait
+from apirunner.templates import MISSING, lookup
 from dispatcher.errors import PermanentError, RunError, TransientError
+from dispatcher.profile_extras import ErrorWords
+
+NO_WORDS = ErrorWords()
 
 # 408 timeout, 425 too early, 429 rate limited: the same request later may work.
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
@@ -36,6 +41,7 @@ _REFUSAL_WORDS = (
 _INPUT_WORDS = ("invalid", "validation", "unsupported", "malformed", "bad request")
 
 _MAX_MESSAGE = 300
+_MAX_SCAN = 64 * 1024  # how much of an error body the profile's words are looked for in
 
 
 @dataclass(frozen=True)
@@ -78,16 +84,59 @@ def _refused(text: str) -> bool:
     return any(word in lowered for word in _REFUSAL_WORDS)
 
 
-def classify_status(status: int, body: str, retry_after_s: float | None = None) -> Failure:
-    """An HTTP answer that was not a success."""
+def profile_words(words: ErrorWords, text: str) -> str | None:
+    """Which of the profile's classes (`[api.errors]`) `text` falls in, if any.
+
+    Refusal first: a refused prompt is never worth a retry, whatever else
+    the answer says."""
+    lowered = text.lower()
+    for kind in ("refused", "quota", "capacity"):
+        if any(word in lowered for word in getattr(words, kind)):
+            return kind
+    return None
+
+
+def _by_words(
+    words: ErrorWords, text: str, message: str, status: int | None, retry_after_s: float | None
+) -> Failure | None:
+    kind = profile_words(words, text)
+    if kind is None:
+        return None
+    # Capacity is retried (the vendor is busy); a refusal or a spent quota is not.
+    return Failure(kind == "capacity", kind, message, status, retry_after_s)
+
+
+def classify_status(
+    status: int, body: str, retry_after_s: float | None = None, words: ErrorWords = NO_WORDS
+) -> Failure:
+    """An HTTP answer that was not a success; the profile's words are read first."""
     detail = error_message(body)
     message = f"HTTP {status}" + (f": {detail}" if detail else "")
+    # The whole body, not only the message: vendors put the telling code
+    # (`moderation_blocked`, `insufficient_quota`) beside the message.
+    by_words = _by_words(words, body[:_MAX_SCAN], message, status, retry_after_s)
+    if by_words is not None:
+        return by_words
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
         return Failure(True, f"http_{status}", message, status, retry_after_s)
     # 401/403 keep their own kind: the scheduler reads them as a bad key.
     if 400 <= status <= 499 and status not in (401, 403) and _refused(detail):
         return Failure(False, "refused", message, status, retry_after_s)
     return Failure(False, f"http_{status}", message, status, retry_after_s)
+
+
+def answer_error(words: ErrorWords, data: Any) -> Failure | None:
+    """A 2xx answer whose own status code (`[api.errors] code`) says it failed."""
+    if words.code is None:
+        return None
+    code = lookup(data, words.code)
+    if code is MISSING or code is None or isinstance(code, dict | list) or str(code) in words.ok:
+        return None
+    detail = lookup(data, words.message) if words.message else MISSING
+    text = f"{code}: {detail}" if isinstance(detail, str) else str(code)
+    message = f"the vendor answered error {text}"[:_MAX_MESSAGE]
+    by_words = _by_words(words, text, message, None, None)
+    return by_words or Failure(False, "vendor_error", message)
 
 
 def classify_exception(exc: Exception) -> Failure:
@@ -120,11 +169,15 @@ def bad_answer(what: str, *, retryable: bool) -> Failure:
     return Failure(retryable, "bad_answer", what)
 
 
-def classify_remote_failure(reason: str | None) -> Failure:
-    """A remote job that ended `failed`: permanent when the reason blames the
-    input (refusal, validation), retryable otherwise (worker crash, overload)."""
+def classify_remote_failure(reason: str | None, words: ErrorWords = NO_WORDS) -> Failure:
+    """A remote job that ended `failed`: the profile's words first; else
+    permanent when the reason blames the input (refusal, validation),
+    retryable otherwise (worker crash, overload)."""
     text = (reason or "").strip() or "the provider gave no reason"
     message = f"remote job failed: {text}"[: _MAX_MESSAGE + 20]
+    kind = profile_words(words, text[:_MAX_SCAN])
+    if kind is not None:
+        return Failure(kind == "capacity", kind, message)
     lowered = text.lower()
     permanent = _refused(text) or any(word in lowered for word in _INPUT_WORDS)
     return Failure(not permanent, "remote_failed", message)

@@ -17,14 +17,16 @@ import logging
 import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from apirunner.auth import KeyRing
 from apirunner.classify import (
     Failure,
+    answer_error,
     bad_answer,
     classify_exception,
     classify_status,
@@ -32,6 +34,7 @@ from apirunner.classify import (
 )
 from apirunner.gate import RetryGate
 from apirunner.polling import Rand, parse_retry_after
+from apirunner.ratelimits import limit_wait
 from apirunner.wire import head_holding_transport
 from dispatcher import fetch
 from dispatcher.allowlist import Allowlist
@@ -40,6 +43,7 @@ from dispatcher.errors import TransientError
 from dispatcher.fetch import Origin, OriginJars, result_file_name
 from dispatcher.health import Throttle, after_call
 from dispatcher.models import Task
+from dispatcher.profile_extras import ErrorWords, RateLimitSpec
 from dispatcher.profiles import ApiSpec
 from dispatcher.runner import ResultFile, RunContext
 
@@ -87,6 +91,9 @@ class Call:
     # Real seconds for the whole request (every hop, the whole body); None: unbounded.
     deadline_s: float | None = None
     deadline_label: str = "its deadline"
+    # The profile's words for its failures and its rate-limit headers.
+    errors: ErrorWords = field(default_factory=ErrorWords)
+    rate_limit: RateLimitSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ class ProviderClient:
         self._log = log
         self._max_json_bytes = max_json_bytes
         self._jars = OriginJars()
+        self.keys = KeyRing()  # the lane's key, or its signed JWT kept until near expiry
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -221,12 +229,33 @@ class ProviderClient:
                 extra={"lane": f"api:{self.provider}"},
             )
 
-    def _failed(self, response: httpx.Response, body: str) -> CallFailed:
-        retry_after = parse_retry_after(response.headers, self._clock.now())
-        failure = classify_status(response.status_code, body, retry_after)
+    def _failed(self, response: httpx.Response, body: str, call: Call) -> CallFailed:
+        now = self._clock.now()
+        retry_after = parse_retry_after(response.headers, now)
+        if retry_after is None and response.status_code == 429:
+            # No Retry-After: the profile's reset header says when it lifts.
+            retry_after = limit_wait(call.rate_limit, response.headers, now, refused=True)
+        failure = classify_status(response.status_code, body, retry_after, call.errors)
+        if failure.kind in ("http_401", "http_403") and (
+            fetch.origin_of(response.request.url) != call.credentials_origin
+        ):
+            # A host that never saw the key (a CDN's signed URL, expired) says
+            # nothing about the key: not a reason to hold the provider's lane.
+            failure = replace(
+                failure,
+                kind="url_refused",
+                message=f"{failure.message} (from {response.request.url.host}, "
+                "which the key is never sent to: an expired or foreign URL)",
+            )
         if retry_after is not None and failure.retryable:
             self.gate.defer(retry_after)
         return CallFailed(failure, body[:_MAX_ERROR_BODY])
+
+    def _note_limits(self, response: httpx.Response, call: Call) -> None:
+        """A success that used the last request of the window holds the lane until it resets."""
+        wait = limit_wait(call.rate_limit, response.headers, self._clock.now(), refused=False)
+        if wait is not None and wait > 0:
+            self.gate.defer(wait)
 
     def _outbound(self, call: Call) -> fetch.Outbound:
         return fetch.Outbound(
@@ -269,7 +298,8 @@ class ProviderClient:
             ) as response,
         ):
             if response.status_code >= 300:
-                raise self._failed(response, await fetch.read_error_text(response))
+                raise self._failed(response, await fetch.read_error_text(response), call)
+            self._note_limits(response, call)
             body = await fetch.read_capped(response, self._max_json_bytes, what)
         if not body:
             return Answer(None, response.status_code, response.http_version)
@@ -279,6 +309,9 @@ class ProviderClient:
             raise CallFailed(
                 bad_answer(f"HTTP {response.status_code} answer: {exc}", retryable=True)
             ) from exc
+        failure = answer_error(call.errors, data)
+        if failure is not None:  # an error sent with HTTP 200
+            raise CallFailed(failure, body[:_MAX_ERROR_BODY].decode("utf-8", "replace"))
         return Answer(data, response.status_code, response.http_version)
 
     @contextlib.asynccontextmanager
@@ -292,7 +325,7 @@ class ProviderClient:
                 self._http, self._allowlist, self._outbound(call), jars=self._jars
             ) as response:
                 if response.status_code >= 300:
-                    raise self._failed(response, await fetch.read_error_text(response))
+                    raise self._failed(response, await fetch.read_error_text(response), call)
                 yield response
         except httpx.HTTPError as exc:
             self.requests["error"] += 1
@@ -318,7 +351,8 @@ class ProviderClient:
             ) as response,
         ):
             if response.status_code >= 300:
-                raise self._failed(response, await fetch.read_error_text(response))
+                raise self._failed(response, await fetch.read_error_text(response), call)
+            self._note_limits(response, call)
             return await fetch.save_stream(response, dest_dir, stem=stem, max_bytes=max_bytes)
 
 

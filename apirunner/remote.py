@@ -125,7 +125,10 @@ def ref_from_submit(api: ApiSpec, answer: Any) -> RemoteRef | None:
         value = lookup(answer, api.submit.id)
         if value is MISSING or value is None or isinstance(value, dict | list) or value == "":
             return None
-        return RemoteRef(check_remote_id(str(value)), keep)
+        text = str(value)
+        if api.submit.id_last_segment:
+            text = text.rstrip("/").rpartition("/")[2]
+        return RemoteRef(check_remote_id(text), keep)
     if keep is None:
         return None
     # No id field but URLs to follow: the status URL itself identifies the job.
@@ -169,6 +172,12 @@ def _text(value: Any) -> str | None:
     return json.dumps(value)
 
 
+def _state_word(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def interpret_status(spec: StatusSpec, answer: Any) -> RemoteStatus:
     """Read one status answer through the profile's paths and state map.
 
@@ -177,13 +186,20 @@ def interpret_status(spec: StatusSpec, answer: Any) -> RemoteStatus:
     of a provider that added a new intermediate state.
     """
     raw = lookup(answer, spec.state)
-    raw_state = "" if raw is MISSING or raw is None else str(raw)
+    # A boolean state (`done: true`) reads as "true"/"false", as a map's keys say it.
+    raw_state = "" if raw is MISSING or raw is None else _state_word(raw)
     state: RemoteState = spec.map.get(raw_state) or _COMMON_STATES.get(raw_state.lower(), "running")
     progress = _number(lookup(answer, spec.progress)) if spec.progress else None
     if progress is not None:
         progress = min(100.0, max(0.0, progress))
     position = _number(lookup(answer, spec.queue_position)) if spec.queue_position else None
     error = _text(lookup(answer, spec.error)) if spec.error else None
+    if state == "success":
+        for path in spec.failed_if:
+            failure = lookup(answer, path)
+            if failure not in (MISSING, None, "", [], {}, 0):
+                state, error = "failed", error or _text(failure)
+                break
     return RemoteStatus(
         state=state,
         raw_state=raw_state,

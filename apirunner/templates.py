@@ -13,7 +13,7 @@ value the caller prepared under ``"reference_image:data_url"`` (the runner
 turns images into data URLs, base64 or upload ids before rendering; see
 `placeholders` for finding which forms a template needs).
 
-Dotted paths (``choices.0.message.content``) walk dicts by key and lists by
+Dotted paths (``choices.0.message.content``, or ``choices[0]...``) walk dicts by key and lists by
 integer index. `walk` stops early at a URL string when segments remain, so the
 caller can fetch that URL and carry on inside its answer (fal's
 ``response_url.images.0.url``).
@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 
 class _Missing:
@@ -158,6 +158,13 @@ def join_url(base_url: str, path: str) -> str:
     return base_url.rstrip("/") + "/" + path.lstrip("/")
 
 
+def with_query(url: str, extra: Mapping[str, str]) -> str:
+    """`url` with `extra` query parameters set (replacing any of the same name)."""
+    parts = urlsplit(url)
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in extra]
+    return urlunsplit(parts._replace(query=urlencode([*kept, *extra.items()])))
+
+
 def is_url(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(("http://", "https://"))
 
@@ -168,8 +175,12 @@ class Walk:
     rest: tuple[str, ...] = ()  # segments left after stopping at a URL string
 
 
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
 def split_path(path: str) -> tuple[str, ...]:
-    return tuple(part for part in path.split(".") if part)
+    """``output[0].url`` and ``output.0.url`` are the same path."""
+    return tuple(part for part in _INDEX.sub(r".\1", path).split(".") if part)
 
 
 def walk(doc: Any, segments: Sequence[str]) -> Walk:

@@ -29,7 +29,7 @@ from dispatcher.models import Kind
 # The setting `account_failures_for_attention` overrides it.
 BROWSER_START_KIND = "browser_start"  # the kind of the web runner's launch failures
 # Error kinds that name the task, not the account: they never count.
-_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale"})
+_TASK_FAULTS = frozenset({"canceled", "template", "refused", "disk_full", "stale", "url_refused"})
 
 
 class AccountHealth:
@@ -91,6 +91,8 @@ class AccountHealth:
             await self.accounts.needs_attention(owner, f"logged out: {error}")
         elif kind is Kind.API and error.kind in ("http_401", "http_403"):
             await self.accounts.needs_attention(owner, f"the provider refused the key: {error}")
+        elif kind is Kind.API and error.kind == "quota":  # a profile's `[api.errors] quota`
+            await self.accounts.needs_attention(owner, f"the key's quota is spent: {error}")
         else:
             return False
         self._streaks.pop(owner, None)

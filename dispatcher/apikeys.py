@@ -66,20 +66,26 @@ async def check_keys(profiles: Iterable[Profile], accounts: AccountBook) -> None
     """Keys read again (`.env` too). A provider whose key variable is unset
     cannot run a task: it needs attention and its tasks wait instead of
     failing; once the key is there it clears itself."""
+    # A key, and for a signed token its secret too (`auth_secret_env`).
     keyed = {
-        profile.provider: profile.api.auth_env
+        profile.provider: tuple(
+            name for name in (profile.api.auth_env, profile.api.auth_secret_env) if name
+        )
         for profile in profiles
         if profile.api is not None and profile.api.auth_env and profile.provider
     }
-    await asyncio.to_thread(reread_keys, keyed.values())
-    for provider, auth_env in keyed.items():
-        reason = missing_key_reason(auth_env)
+    await asyncio.to_thread(reread_keys, [name for names in keyed.values() for name in names])
+    for provider, names in keyed.items():
+        missing = [name for name in names if not os.environ.get(name)]
         try:
             account = accounts.get(provider)
         except NotFound:  # no lane for it here (another host's, or refused)
             continue
-        if os.environ.get(auth_env):
-            if account.enabled and account.needs_attention and account.reason == reason:
+        if not missing:
+            ours = {missing_key_reason(name) for name in names}
+            if account.enabled and account.needs_attention and account.reason in ours:
                 await accounts.enable(provider)
-        elif account.enabled and not (account.needs_attention and account.reason == reason):
+            continue
+        reason = missing_key_reason(missing[0])
+        if account.enabled and not (account.needs_attention and account.reason == reason):
             await accounts.needs_attention(provider, reason)

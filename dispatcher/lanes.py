@@ -57,10 +57,16 @@ def build_lanes(profiles: Mapping[str, Profile], settings: Settings) -> dict[str
             queues=queues_of(models),
             models=tuple(sorted(m.name for m in models)),
             concurrency=settings.provider_concurrency(
-                provider, COMFYUI_CONCURRENCY if comfyui_only else None
+                provider, COMFYUI_CONCURRENCY if comfyui_only else profile_quota(models)
             ),
         )
     return lanes
+
+
+def profile_quota(models: list[Profile]) -> int | None:
+    """The smallest `[api] quota` the provider's profiles name, if any."""
+    quotas = [m.api.quota for m in models if m.api is not None and m.api.quota is not None]
+    return min(quotas) if quotas else None
 
 
 def web_models_by_account(profiles: Mapping[str, Profile]) -> dict[str, list[Profile]]:

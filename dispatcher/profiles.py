@@ -25,6 +25,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -32,6 +33,7 @@ from dispatcher.errors import ConfigError
 from dispatcher.flows import WORKFLOW_PARAM, Flow, build_flows
 from dispatcher.models import Kind
 from dispatcher.pricing import Pricing
+from dispatcher.profile_extras import AuthFields, ErrorWords, RateLimitSpec
 from dispatcher.workflow import Graph, WorkflowError, load_workflow
 
 log = logging.getLogger("dispatcher.profiles")
@@ -47,7 +49,9 @@ DEFAULT_FINGERPRINT_FIELDS = (
     "style_preset",
 )
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``${NAME}``, or ``${NAME:-default}`` (used when NAME is set nowhere: the
+# vendor catalog's real base URLs, which a test or a stand-in replaces).
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _HOST_ENTRY = re.compile(r"(\*\.)?[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")
 
 
@@ -141,6 +145,10 @@ class HttpCall(_Strict):
     url: str | None = None  # dotted path into the submit answer holding a full URL
     body: dict[str, Any] | None = None
     id: str | None = None  # dotted path of the remote id in the answer
+    # The id is the value's last "/" segment (an operation name
+    # "models/m/operations/abc" gives "abc"), for a `path` with "{id}".
+    id_last_segment: bool = False
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with this call only
 
 
 class StatusSpec(_Strict):
@@ -150,15 +158,36 @@ class StatusSpec(_Strict):
     progress: str | None = None
     queue_position: str | None = None
     error: str | None = None
+    # Dotted paths (one, or a list) whose presence (not null, not empty) means
+    # the job failed even when `state` says finished (an operation with
+    # `done: true` and an `error` object); the value's text is the reason.
+    failed_if: tuple[str, ...] = ()
     map: dict[str, Literal["pending", "running", "success", "failed", "canceled"]] = Field(
         default_factory=dict
     )
+
+    @field_validator("failed_if", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
 
 
 class ResultSpec(_Strict):
     path: str | None = None  # download this (relative to base_url)
     url: str | None = None  # a URL found at this dotted path (status or submit answer)
     text: str | None = None  # text found at this dotted path
+    base64: str | None = None  # a file sent inline as base64 at this dotted path
+    # One more call before the result: GET this path (relative to base_url,
+    # "{id}", task parameters and the `fetch_values` below as placeholders);
+    # `url`/`text`/`base64` are then read in its answer first.
+    fetch: str | None = None
+    fetch_values: dict[str, str] = Field(default_factory=dict)  # placeholder -> dotted path
+
+    @model_validator(mode="after")
+    def _fetch_values_need_fetch(self) -> ResultSpec:
+        if self.fetch_values and not self.fetch:
+            raise ValueError("`fetch_values` needs `fetch` (the path of the extra call)")
+        return self
 
 
 # -- reference images (issue 15): how a vendor wants them -------------------
@@ -236,7 +265,7 @@ class ProviderSpec(_Strict):
     auth_prefix: str | None = None
 
 
-class ApiSpec(_Strict):
+class ApiSpec(AuthFields):
     base_url: str
     auth_header: str = "Authorization"
     auth_env: str | None = None
@@ -244,6 +273,13 @@ class ApiSpec(_Strict):
     style: Literal["chat", "async-job", "comfyui", "gradio"] = "chat"
     timeout_s: float = 600.0
     max_download_bytes: int | None = Field(default=None, gt=0)  # default: the setting
+    # The lane's concurrency when the operator names none for this provider
+    # (DISPATCHER_CONCURRENCY wins): the vendor's documented default quota.
+    quota: int | None = Field(default=None, ge=1, le=5)
+    # Sent with every call to base_url's origin (a version header).
+    headers: dict[str, str] = Field(default_factory=dict)
+    errors: ErrorWords = ErrorWords()
+    rate_limit: RateLimitSpec | None = None
     submit: HttpCall = _COMFYUI_SUBMIT
     status: StatusSpec | None = None
     result: ResultSpec | None = None
@@ -306,8 +342,14 @@ class ApiSpec(_Strict):
         _check_image_forms(self.submit.body, self.upload is not None)
         if self.style == "async-job" and self.status is None:
             raise ValueError("style 'async-job' needs an [api.status] table")
-        if self.style == "chat" and (self.result is None or not self.result.text):
-            raise ValueError("style 'chat' needs [api.result] text = '<path of the answer>'")
+        if self.style == "chat" and (
+            self.result is None or not (self.result.text or self.result.base64)
+        ):
+            raise ValueError(
+                "style 'chat' needs [api.result] text (or base64) = '<path of the answer>'"
+            )
+        if self.auth_scheme == "jwt-hs256" and not (self.auth_env and self.auth_secret_env):
+            raise ValueError("auth_scheme 'jwt-hs256' needs `auth_env` and `auth_secret_env`")
         return self
 
     def _gradio_needs(self) -> ApiSpec:
@@ -451,6 +493,8 @@ def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
                 return variables[name]
             if name in os.environ:
                 return os.environ[name]
+            if match.group(2) is not None:
+                return match.group(2)
             missing.add(name)
             return match.group(0)
 
@@ -460,6 +504,15 @@ def _expand(value: Any, variables: Mapping[str, str], missing: set[str]) -> Any:
     if isinstance(value, list):
         return [_expand(v, variables, missing) for v in value]
     return value
+
+
+def referenced_variables(path: Path) -> set[str]:
+    """The `${NAME}` variables a profile file mentions (set or not, with a default or not)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {match.group(1) for match in _VAR.finditer(text)}
 
 
 def _errors(exc: ValidationError) -> list[tuple[str, str]]:

@@ -222,9 +222,10 @@ class Service:
             raise ConfigError(f"no usable profiles in {settings.profiles_dir} ({why})")
         for profile in self.profiles.values():
             for provider in profile.provider_names:
-                auth_env = profile.api_for(provider).auth_env
-                if auth_env:
-                    redact(os.environ.get(auth_env))
+                spec = profile.api_for(provider)
+                for name in (spec.auth_env, spec.auth_secret_env):
+                    if name:
+                        redact(os.environ.get(name))
         lanes = build_lanes(self.profiles, settings)
         database = sqlite_files(settings.resolved_database_url)
         refuse_symlinks(database, "database file")

@@ -16,6 +16,7 @@ from dispatcher.cli import (
     accounts,
     history,
     plan,
+    profiles_catalog,
     profiletry,
     results,
     server,
@@ -38,7 +39,8 @@ app = typer.Typer(
 )
 app.add_typer(accounts.accounts_app, name="accounts")
 app.add_typer(webhooks.webhooks_app, name="webhooks")
-app.add_typer(profiletry.profiles_app, name="profiles")
+app.add_typer(profiles_catalog.profiles_app, name="profiles")
+profiles_catalog.profiles_app.command("try")(profiletry.profiles_try)
 
 
 @app.callback(invoke_without_command=True)

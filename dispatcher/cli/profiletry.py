@@ -18,10 +18,8 @@ from dispatcher.cli.output import console
 from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, handled, options
 from dispatcher.cli.plumbing import load_settings as _load_settings
 
-profiles_app = typer.Typer(help="Work on model profiles: try one on its site.")
 
-
-@profiles_app.command("try")
+# Registered as `dispatcher profiles try` beside the catalog (cli/commands.py).
 def profiles_try(
     model: Annotated[str, typer.Argument(help="A web model (a profile in the profiles dir).")],
     prompt: Annotated[str, typer.Argument(help="The prompt to send.")],

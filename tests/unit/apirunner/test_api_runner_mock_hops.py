@@ -93,3 +93,16 @@ async def test_a_redirect_loop_ends_after_the_hop_limit(mock: Bench) -> None:
     assert caught.value.kind == "redirects"
     hops = [s for s in mock.vendor.sent if s.url in (content_url("video_1"), f"{CDN}/a")]
     assert len(hops) == MAX_HOPS + 1  # one download, not retried: a loop stays a loop
+
+
+async def test_a_refusal_from_a_host_that_never_saw_the_key_is_not_about_the_key(
+    mock: Bench,
+) -> None:
+    """An expired signed URL on a CDN answers 403: the task fails, the lane is not held."""
+    job_done(mock)
+    mock.vendor.on("GET", content_url("video_1"), redirect(f"{CDN}/files/expired.mp4"))
+    mock.vendor.on("GET", f"{CDN}/files/expired.mp4", answer(403, {"error": "Request expired"}))
+    with pytest.raises(PermanentError) as failed:
+        await mock.run()
+    assert failed.value.kind == "url_refused"
+    assert "expired or foreign URL" in failed.value.message
