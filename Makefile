@@ -12,7 +12,7 @@ PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 .PHONY: venv demo test unit lint typecheck bench clean
 
 venv: $(STAMP)
-	@$(BIN)/python -m dispatcher.browser_setup
+	@$(BIN)/python -m dispatcher.accounts.browser_setup
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

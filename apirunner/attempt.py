@@ -55,12 +55,12 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
-from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
 from dispatcher.pricing import reported_cost_usd
 from dispatcher.refimages import PreparedImages, UploadCache
-from dispatcher.runner import ResultFile, RunResult
+from dispatcher.scheduling.protocol import ResultFile, RunResult
 from dispatcher.settings import Settings
+from dispatcher.tasks.fingerprint import LocalFiles
 
 log = logging.getLogger("apirunner")
 

@@ -37,15 +37,15 @@ from apirunner.polling import Rand, parse_retry_after
 from apirunner.ratelimits import limit_wait
 from apirunner.wire import head_holding_transport
 from dispatcher import fetch
+from dispatcher.accounts.health import Throttle, after_call
 from dispatcher.allowlist import Allowlist
 from dispatcher.clock import Clock
 from dispatcher.errors import TransientError
 from dispatcher.fetch import Origin, OriginJars, result_file_name
-from dispatcher.health import Throttle, after_call
 from dispatcher.models import Task
 from dispatcher.profile_extras import ErrorWords, RateLimitSpec
 from dispatcher.profiles import ApiSpec
-from dispatcher.runner import ResultFile, RunContext
+from dispatcher.scheduling.protocol import ResultFile, RunContext
 
 __all__ = [
     "Answer",

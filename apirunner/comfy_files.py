@@ -9,7 +9,7 @@ from pathlib import Path
 from apirunner.client import Call, ProviderClient, with_retries
 from apirunner.polling import Rand
 from dispatcher.clock import Clock
-from dispatcher.runner import ResultFile
+from dispatcher.scheduling.protocol import ResultFile
 
 
 def image_suffix(data: bytes) -> str:

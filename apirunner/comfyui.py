@@ -81,10 +81,10 @@ from dispatcher.errors import (
     TaskCanceled,
     TransientError,
 )
-from dispatcher.fingerprint import LocalFiles, read_image
 from dispatcher.flows import Flow, choose
 from dispatcher.models import Stage
-from dispatcher.runner import ResultFile, RunResult
+from dispatcher.scheduling.protocol import ResultFile, RunResult
+from dispatcher.tasks.fingerprint import LocalFiles, read_image
 from dispatcher.workflow import Graph, fill
 
 # A message larger than this closes the socket (the prompt is then followed

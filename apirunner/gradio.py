@@ -54,10 +54,10 @@ from apirunner.gradio_events import (
 from apirunner.templates import join_url
 from dispatcher.allowlist import origin_of, same_origin
 from dispatcher.errors import DispatcherError, InputError, PermanentError, TransientError
-from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Stage
 from dispatcher.refimages import PreparedImages, UploadCache
-from dispatcher.runner import ResultFile, RunResult
+from dispatcher.scheduling.protocol import ResultFile, RunResult
+from dispatcher.tasks.fingerprint import LocalFiles
 
 PREFIX = "/gradio_api"
 # gradio sends a heartbeat every 15 s on a quiet stream: four missed is a dead app.

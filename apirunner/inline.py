@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dispatcher.errors import PermanentError
 from dispatcher.fetch import claim_name, too_large
-from dispatcher.runner import ResultFile
+from dispatcher.scheduling.protocol import ResultFile
 
 # The first bytes of the formats vendors send, and what to call the file.
 _MAGIC: tuple[tuple[bytes, int, str, str], ...] = (

@@ -28,10 +28,10 @@ from apirunner.classify import bad_answer
 from apirunner.client import Answer, Call, CallFailed
 from apirunner.templates import format_path, is_url, join_url, lookup, placeholders
 from dispatcher.errors import InputError, PermanentError
-from dispatcher.fingerprint import IMAGE_PARAMS, REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles
 from dispatcher.profiles import ApiSpec
 from dispatcher.refimages import Prepared, PreparedImages, UploadCache
-from dispatcher.runner import ResultFile
+from dispatcher.scheduling.protocol import ResultFile
+from dispatcher.tasks.fingerprint import IMAGE_PARAMS, REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles
 
 FORMS = ("data_url", "base64", "url", "upload")
 

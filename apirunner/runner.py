@@ -44,7 +44,6 @@ from apirunner.templates import (
     TemplateError,
 )
 from dispatcher.allowlist import Allowlist
-from dispatcher.artifacts import keep_answer
 from dispatcher.clock import Clock
 from dispatcher.errors import (
     ConfigError,
@@ -53,12 +52,13 @@ from dispatcher.errors import (
     RunError,
     TaskCanceled,
 )
-from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Task
 from dispatcher.profiles import ApiSpec, Profile
 from dispatcher.refimages import PreparedImages, UploadCache
-from dispatcher.runner import RunContext, Runner, RunnerStats, RunResult
+from dispatcher.scheduling.protocol import RunContext, Runner, RunnerStats, RunResult
 from dispatcher.settings import Settings
+from dispatcher.tasks.artifacts import keep_answer
+from dispatcher.tasks.fingerprint import LocalFiles
 
 log = logging.getLogger("apirunner")
 

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import psutil
 
-from dispatcher.client import wait_until_serving
+from dispatcher.cli.service_client import wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

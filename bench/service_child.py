@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from demo.bootstrap import Demo
-from dispatcher import eventloop
 from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
-from dispatcher.service import Service
+from dispatcher.service import eventloop
+from dispatcher.service.core import Service
 from dispatcher.settings import Settings
 
 STATS_FILE = "bench-stats.json"

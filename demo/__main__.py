@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from dispatcher import eventloop
+from dispatcher.service import eventloop
 
 
 async def _serve(kind: str, port: int | None, time_scale: float, quota: int) -> None:

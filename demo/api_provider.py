@@ -53,7 +53,7 @@ from demo.api_protocol import (
     nominal_duration,
     parse_seconds,
 )
-from dispatcher.serving import RunningServer, start_server
+from dispatcher.service.serving import RunningServer, start_server
 
 __all__ = ["DemoProvider", "create_app", "png_bytes", "start_demo_api", "video_bytes"]
 

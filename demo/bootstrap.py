@@ -1,7 +1,7 @@
 """What `--demo` adds to a starting service: the three demo servers, a demo
 API key, the sample batch's reference images and the demo accounts' logins.
 
-The CLI hands them to the service as `Demo` (`dispatcher.demostartup.DemoStartup`),
+The CLI hands them to the service as `Demo` (`dispatcher.service.demostartup.DemoStartup`),
 so the service keeps nothing demo-specific of its own and never imports this
 package; the bundled profiles read the URLs written here (see
 `dispatcher/cli/server.py`).
@@ -24,7 +24,7 @@ from demo.api_provider import start_demo_api
 from demo.comfyui import start_demo_comfy
 from demo.web_model import login_demo_accounts, start_demo_web
 from dispatcher.logs import redact
-from dispatcher.serving import RunningServer
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
 
 if TYPE_CHECKING:

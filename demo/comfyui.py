@@ -53,7 +53,7 @@ from demo.comfy_nodes import (
     object_info,
     validate,
 )
-from dispatcher.serving import RunningServer, bind_loopback, start_server
+from dispatcher.service.serving import RunningServer, bind_loopback, start_server
 
 MAX_BODY_BYTES = 20 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._ -]+$")

@@ -46,7 +46,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from demo.api_media import png_bytes
-from dispatcher.serving import RunningServer, start_server
+from dispatcher.service.serving import RunningServer, start_server
 
 __all__ = ["SESSION_COOKIE", "SHAPES", "create_app", "start_hostile"]
 

@@ -57,7 +57,7 @@ from starlette.routing import Route
 from demo.web_attach import ATTACH_HTML, ATTACH_JS, image_hashes
 from demo.web_users import DemoUsers
 from dispatcher.errors import AuthError
-from dispatcher.serving import RunningServer, start_server
+from dispatcher.service.serving import RunningServer, start_server
 from webrunner.browser import start_browser
 from webrunner.runner import WebRunner
 

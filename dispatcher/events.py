@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from dispatcher.health import AccountState
+from dispatcher.accounts.health import AccountState
 from dispatcher.models import JSON, Kind, Task
 
 
@@ -25,7 +25,7 @@ class TaskChanged:
     # serialising it when a subscriber reads the event shows the row as written.
     task: Task
     # The other host whose write this was (heard through the database; see
-    # `dispatcher.crosshost`); None for this host's own. Counters and
+    # `dispatcher.hosts.crosshost`); None for this host's own. Counters and
     # webhooks count only their own host's writes, so that several hosts
     # never count or announce one change twice.
     origin: str | None = None

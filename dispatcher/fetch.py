@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import httpx
 
 from dispatcher.errors import PermanentError, TransientError
-from dispatcher.runner import ResultFile
+from dispatcher.scheduling.protocol import ResultFile
 
 MAX_HOPS = 5
 CHUNK = 64 * 1024

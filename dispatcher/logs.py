@@ -1,6 +1,6 @@
 """Log set-up: one line per event, lane prefix in the message, optional JSON.
 
-Secrets never reach a log line, nor a stored task (`dispatcher.ledger` scrubs
+Secrets never reach a log line, nor a stored task (`dispatcher.tasks.ledger` scrubs
 every error and result meta it writes). The service registers every secret it knows
 (the local token, API keys from the environment, dashboard sessions) with
 `redact`, and a filter on the handler masks them in whatever is logged,
@@ -136,7 +136,7 @@ class RedactingFilter(logging.Filter):
 
 
 # The structured fields a line carries when its log call passes them as
-# `extra` (see `dispatcher.ledger`, `dispatcher.attempt.TaskLog`): the message
+# `extra` (see `dispatcher.tasks.ledger`, `dispatcher.scheduling.running.TaskLog`): the message
 # stays for people, these are for `jq`.
 TASK_FIELDS = ("lane", "task_id", "attempt", "max_attempts", "from_state", "state", "stage")
 

@@ -17,11 +17,11 @@ from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State, Task
 
 if TYPE_CHECKING:
-    from dispatcher.accounts import AccountBook
-    from dispatcher.ledger import Ledger
-    from dispatcher.runner import Runner
-    from dispatcher.scheduler import Scheduler
+    from dispatcher.accounts.switches import AccountBook
+    from dispatcher.scheduling.protocol import Runner
+    from dispatcher.scheduling.scheduler import Scheduler
     from dispatcher.store import Store
+    from dispatcher.tasks.ledger import Ledger
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)

@@ -25,10 +25,10 @@ from typing import Any, Generic, TypeVar
 from PIL import Image, UnidentifiedImageError
 
 from dispatcher.clock import Clock
-from dispatcher.decodebudget import GATE, decode_cost, in_decode_thread
 from dispatcher.errors import InputError
-from dispatcher.fingerprint import MAX_IMAGE_PIXELS, LocalFiles, read_image
 from dispatcher.profiles import ReferenceSpec
+from dispatcher.tasks.decodebudget import GATE, decode_cost, in_decode_thread
+from dispatcher.tasks.fingerprint import MAX_IMAGE_PIXELS, LocalFiles, read_image
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -18,9 +18,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from dispatcher.artifacts import Retention
 from dispatcher.errors import ConfigError
 from dispatcher.pricing import parse_budgets
+from dispatcher.tasks.artifacts import Retention
 
 BUNDLED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from dispatcher.reload import LIVE_SETTINGS
+from dispatcher.service.reload import LIVE_SETTINGS
 from dispatcher.settings import Settings
 
 REGENERATE = "python -m dispatcher.settings_doc > docs/settings.md"

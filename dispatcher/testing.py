@@ -24,7 +24,7 @@ from typing import Any
 from dispatcher.clock import Clock, SystemClock
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import Profile
-from dispatcher.runner import HostList, RunContext, Runner, RunnerStats, RunResult
+from dispatcher.scheduling.protocol import HostList, RunContext, Runner, RunnerStats, RunResult
 
 
 class EveryHost:

@@ -1,12 +1,6 @@
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-# Tests import shared builders as `tests.helpers`.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # `make test` runs the files on two workers (pytest-xdist, `--dist loadfile
 # --no-loadscope-reorder`): a file goes to whichever worker is free, in the

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dispatcher.decodebudget import in_decode_thread
 from dispatcher.errors import InputError, PermanentError
-from dispatcher.fingerprint import REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles, read_image
 from dispatcher.profiles import ReferenceSpec
 from dispatcher.refimages import Prepared, prepare
+from dispatcher.tasks.decodebudget import in_decode_thread
+from dispatcher.tasks.fingerprint import REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles, read_image
 
 
 def _refs(params: Mapping[str, Any]) -> list[tuple[str, Any]]:

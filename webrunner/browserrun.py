@@ -7,8 +7,8 @@ from pathlib import Path
 
 from playwright.async_api import Page
 
-from dispatcher.artifacts import Retention
-from dispatcher.runner import RunResult
+from dispatcher.scheduling.protocol import RunResult
+from dispatcher.tasks.artifacts import Retention
 from webrunner import evidence
 from webrunner.browser import BrowserSession, Log
 from webrunner.page import PageDriver

@@ -18,7 +18,7 @@ from typing import TypeVar
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
 
-from dispatcher.artifacts import (
+from dispatcher.tasks.artifacts import (
     MAX_HTML_BYTES,
     Retention,
     artifacts_dir,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.errors import PermanentError
-from dispatcher.fingerprint import LocalFiles
+from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner.page import PageDriver
 
 # What kind of control a selector found: how it is set and read back.

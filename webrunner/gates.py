@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dispatcher.accounts.health import parse_reset
 from dispatcher.errors import AccountHold, AuthError, RunError
-from dispatcher.health import parse_reset
 from dispatcher.profiles import WebSpec
 
 

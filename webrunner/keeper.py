@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
 
+from dispatcher.accounts.health import AccountState
 from dispatcher.background import stop_background
 from dispatcher.events import AccountChanged, Event
-from dispatcher.health import AccountState
 from dispatcher.models import Kind
 from webrunner.browser import BrowserSession, Log
 from webrunner.guard import own_page

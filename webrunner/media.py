@@ -22,7 +22,7 @@ from dispatcher import fetch
 from dispatcher.errors import PermanentError, TransientError
 from dispatcher.fetch import HostCheck
 from dispatcher.models import Stage
-from dispatcher.runner import ResultFile
+from dispatcher.scheduling.protocol import ResultFile
 from webrunner.page import Budget, PageDriver, first_line, page_step
 
 T = TypeVar("T")

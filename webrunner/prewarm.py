@@ -31,12 +31,12 @@ from typing import TypeVar
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
-from dispatcher.attempt import TaskLog
 from dispatcher.clock import Clock
 from dispatcher.errors import AccountHold, AuthError
 from dispatcher.models import Stage
 from dispatcher.profiles import WebSpec
-from dispatcher.runner import timed_out
+from dispatcher.scheduling.protocol import timed_out
+from dispatcher.scheduling.running import TaskLog
 from webrunner.browser import BrowserSession
 from webrunner.keeper import PRIME_TIMEOUT_S
 from webrunner.page import PAGE_READY_S, Budget, PageDriver, prime, started_on

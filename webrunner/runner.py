@@ -33,13 +33,13 @@ from dispatcher.errors import (
     TransientError,
 )
 from dispatcher.events import Event
-from dispatcher.fingerprint import LocalFiles
-from dispatcher.lanes import web_models_by_account
 from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.refimages import Prepared
-from dispatcher.runner import Interruption, RunContext, Runner, RunnerStats, RunResult
+from dispatcher.scheduling.lanes import web_models_by_account
+from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunnerStats, RunResult
 from dispatcher.settings import Settings
+from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser

@@ -24,10 +24,10 @@ from playwright.async_api import Page
 
 from dispatcher.clock import Clock
 from dispatcher.errors import DispatcherError
-from dispatcher.fingerprint import LocalFiles
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import RunContext
+from dispatcher.scheduling.protocol import RunContext
+from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner.browserrun import close_logged
 from webrunner.fields import set_fields
 from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message

@@ -10,6 +10,9 @@ refused the request; 2 bad input (arguments, batch file, settings, an unknown
 model, id or account, an ambiguous id prefix); 3 the service is not running
 or refused the token; 130 interrupted. With ``--json``, stdout carries one
 JSON object whatever happens; errors are ``{"error": {"kind", "message"}}``.
+
+May import: anything in `dispatcher`; the CLI is the top of the stack (the
+demo's start-up step is handed to the service from here).
 """
 
 from dispatcher.cli.commands import app, main

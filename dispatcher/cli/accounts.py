@@ -204,7 +204,7 @@ def _read_session_file(file: Path, as_json: bool) -> str:
 
     from dispatcher.http.bodies import MAX_SESSION_FILE_CHARS
     from dispatcher.http.limits import MAX_BODY_BYTES
-    from dispatcher.inputfiles import read_regular_file
+    from dispatcher.tasks.inputfiles import read_regular_file
 
     with handled(as_json):
         raw = read_regular_file(file, MAX_SESSION_FILE_CHARS, "a session file")

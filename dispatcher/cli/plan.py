@@ -12,12 +12,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher.batchfile import BatchLine, locate, read_batch_lines
 from dispatcher.cli.output import JsonFlag, console, fmt_seconds, print_json
 from dispatcher.cli.plumbing import EXIT_FAILED, fail, handled, service_client
-from dispatcher.client import ApiError, Client
+from dispatcher.cli.service_client import ApiError, Client
 from dispatcher.errors import InputError
-from dispatcher.taskspec import parse_deadline
+from dispatcher.tasks.batchfile import BatchLine, locate, read_batch_lines
+from dispatcher.tasks.spec import parse_deadline
 
 _CLOCK = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)$")
 

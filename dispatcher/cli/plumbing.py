@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from dispatcher.cli.output import err, print_json
-from dispatcher.client import ApiError, Client, ServiceUnavailable, StaleToken
+from dispatcher.cli.service_client import ApiError, Client, ServiceUnavailable, StaleToken
 from dispatcher.errors import ConfigError, DispatcherError, InputError
 
 if TYPE_CHECKING:

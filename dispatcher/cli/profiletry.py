@@ -49,8 +49,8 @@ def profiles_try(
     from dispatcher.cli.tasks import _params
     from dispatcher.clock import SystemClock
     from dispatcher.errors import LockHeld
-    from dispatcher.fingerprint import LocalFiles
     from dispatcher.profiles import load_profiles
+    from dispatcher.tasks.fingerprint import LocalFiles
     from webrunner.runner import WebRunner
     from webrunner.trial import try_profile
 

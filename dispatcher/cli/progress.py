@@ -22,7 +22,7 @@ from dispatcher.cli.output import (
     styled,
 )
 from dispatcher.cli.plumbing import EXIT_INTERRUPTED
-from dispatcher.client import Client
+from dispatcher.cli.service_client import Client
 from dispatcher.invocation import cli_command
 
 # A light view's failures printed one by one at most; a job of 10,000

@@ -25,7 +25,7 @@ from rich.markup import escape
 from dispatcher.cli.output import JsonFlag, console, err, error_text, print_json
 from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, service_client
 from dispatcher.cli.progress import job_task_pages
-from dispatcher.client import ApiError, Client
+from dispatcher.cli.service_client import ApiError, Client
 
 MANIFEST = "manifest.csv"
 MANIFEST_COLUMNS = ("ref", "task_id", "model", "state", "attempt", "files", "sha256", "error")

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from dispatcher.batchfile import read_batch_lines
 from dispatcher.cli.output import console, err
 from dispatcher.cli.plumbing import (
     EXIT_FAILED,
@@ -24,14 +23,15 @@ from dispatcher.cli.plumbing import (
     service_client,
 )
 from dispatcher.cli.progress import summary, watch_job
+from dispatcher.cli.service_client import Client
 from dispatcher.cli.tasks import create_job
-from dispatcher.client import Client
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.invocation import cli_command
+from dispatcher.tasks.batchfile import read_batch_lines
 
 if TYPE_CHECKING:
     from dispatcher.profiles import Profile
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
     from dispatcher.settings import Settings
 
 # What `--demo` provides to the bundled profiles (see demo/bootstrap.py start_demos).
@@ -83,7 +83,7 @@ def migrate(
 def make_service(settings: Settings) -> Service:
     """The service, handed the demo's start-up step when the settings ask for
     the demo (the service itself never imports the demo)."""
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
 
     if not settings.demo:
         return Service(settings)
@@ -118,7 +118,7 @@ def serve(
         setup_logging(settings.log_level, settings.log_format)
     except ValueError as exc:
         fail(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
-    from dispatcher import eventloop
+    from dispatcher.service import eventloop
 
     try:
         eventloop.run(make_service(settings).serve_forever(), settings.event_loop)
@@ -159,8 +159,8 @@ def demo_run(
     """
     import asyncio
 
-    from dispatcher import eventloop
     from dispatcher.logs import setup_logging
+    from dispatcher.service import eventloop
 
     settings = load_settings(demo=True, state_dir=options.get("state_dir"))
     setup_logging("WARNING", settings.log_format)
@@ -266,7 +266,7 @@ def check(
     (exit 2 on any problem or a server that cannot be reached).
     """
     from dispatcher.profiles import read_profiles
-    from dispatcher.webfields import uncarried_fingerprint_fields
+    from dispatcher.tasks.webfields import uncarried_fingerprint_fields
 
     settings = load_settings(demo=demo or None, state_dir=options.get("state_dir"))
     where = directory if directory is not None else settings.profiles_dir

@@ -13,7 +13,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher.batchfile import BatchLine, locate, read_batch_lines
 from dispatcher.cli.output import (
     STATES,
     JsonFlag,
@@ -43,9 +42,10 @@ from dispatcher.cli.progress import (
     wait_task,
     watch_job,
 )
-from dispatcher.client import ApiError, Client
+from dispatcher.cli.service_client import ApiError, Client
 from dispatcher.errors import InputError
 from dispatcher.invocation import cli_command
+from dispatcher.tasks.batchfile import BatchLine, locate, read_batch_lines
 
 
 def _params(prompt: str, items: list[str]) -> dict[str, Any]:

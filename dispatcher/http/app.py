@@ -27,7 +27,6 @@ from starlette.routing import Match, Route
 from starlette.types import Scope
 
 from dispatcher import strictjson
-from dispatcher.artifacts import artifact_file, task_artifacts
 from dispatcher.errors import (
     AmbiguousId,
     DispatcherError,
@@ -37,7 +36,7 @@ from dispatcher.errors import (
     StateConflict,
 )
 from dispatcher.events import TaskChanged
-from dispatcher.hostsview import hosts_view
+from dispatcher.hosts.view import hosts_view
 from dispatcher.http import bodies
 from dispatcher.http.jobview import job_progress
 from dispatcher.http.limits import MAX_LIST
@@ -55,12 +54,13 @@ from dispatcher.http.security import (
 from dispatcher.invocation import cli_command
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.profiles import ProfileProblem
-from dispatcher.resultpaths import real_path, real_result
-from dispatcher.states import job_state
-from dispatcher.taskspec import parse_job, parse_spec
+from dispatcher.tasks.artifacts import artifact_file, task_artifacts
+from dispatcher.tasks.resultpaths import real_path, real_result
+from dispatcher.tasks.spec import parse_job, parse_spec
+from dispatcher.tasks.states import job_state
 
 if TYPE_CHECKING:
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
 
 log = logging.getLogger("dispatcher.http")
 

@@ -1,6 +1,6 @@
 """Request bodies of the local API as pydantic models: one source of truth.
 
-They validate every task and job body (through `dispatcher.taskspec`, which
+They validate every task and job body (through `dispatcher.tasks.spec`, which
 the CLI's batch-file check shares) and their JSON schemas are the request
 schemas of /openapi.json, so the document states exactly the bounds the
 server enforces.
@@ -15,11 +15,11 @@ from typing_extensions import TypedDict
 
 from dispatcher.errors import InputError
 from dispatcher.http.limits import MAX_JOB_TASKS
-from dispatcher.taskspec import REF_PATTERN
+from dispatcher.tasks.spec import REF_PATTERN
 
 MAX_MODEL_CHARS = 200
 MAX_JOB_NAME_CHARS = 500
-# AccountBook.disable's bound; dispatcher.accounts itself is too heavy to
+# AccountBook.disable's bound; dispatcher.accounts.switches itself is too heavy to
 # import here (a unit test keeps the two equal).
 MAX_REASON_CHARS = 500
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dispatcher.models import JSON, Job, State
 
 if TYPE_CHECKING:
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
 
 ENDED = (State.SUCCESS, State.FAILED, State.CANCELED)
 # The running tasks whose estimates make the job's: more run at once only

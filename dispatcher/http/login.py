@@ -25,7 +25,7 @@ from webrunner.cookies import CookieFileError, parse_session_file, site_cookies,
 
 if TYPE_CHECKING:
     from dispatcher.events import EventBus
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
     from webrunner.login import Frame, LiveView, LoginDesk
     from webrunner.runner import WebRunner
 

@@ -68,8 +68,8 @@ from dispatcher.http.bodies import (
     TaskBody,
 )
 from dispatcher.http.limits import MAX_BODY_BYTES, MAX_JOB_BODY_BYTES, MAX_LIST
-from dispatcher.inputfiles import size_text
 from dispatcher.models import JobState, State
+from dispatcher.tasks.inputfiles import size_text
 
 UNDOCUMENTED = frozenset({("/", "get"), ("/static/{name}", "get")})
 

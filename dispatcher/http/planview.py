@@ -20,12 +20,12 @@ from starlette.routing import Route
 from dispatcher import strictjson
 from dispatcher.errors import InputError
 from dispatcher.models import JSON, Task
-from dispatcher.planning import BudgetLeft, ModelLoad, plan_batch
 from dispatcher.pricing import day_start
-from dispatcher.taskspec import parse_plan
+from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.tasks.spec import parse_plan
 
 if TYPE_CHECKING:
-    from dispatcher.service import Service
+    from dispatcher.service.core import Service
 
 
 async def plan_answer(service: Service, raw: object) -> JSON:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispatcher.http.limits import JOBS_PATH, MAX_BODY_BYTES, MAX_JOB_BODY_BYTES, PLAN_PATH
-from dispatcher.inputfiles import size_text
 from dispatcher.invocation import cli_command
 from dispatcher.logs import forget, redact
+from dispatcher.tasks.inputfiles import size_text
 
 SESSION_COOKIE = "dispatcher_session"
 ONE_TIME_CODE_TTL_S = 120.0

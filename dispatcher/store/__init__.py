@@ -1,4 +1,12 @@
-"""Persistence behind one narrow interface (`Store`); SQLite by default."""
+"""Persistence behind one narrow interface (`Store`); SQLite by default.
+
+Owns the `Store` protocol (`base`), its SQLite and PostgreSQL backends
+(`sqlite*`, `postgres*`), the SQL both share (`sql`, `rows`, `rowmaps`,
+`cachesql`), the cache index, the webhook outbox, host rows and leases, and
+the migrations of each dialect.
+
+May import: the shared top-level modules only; everything else imports it.
+"""
 
 from __future__ import annotations
 

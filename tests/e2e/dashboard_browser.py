@@ -7,8 +7,8 @@ from pathlib import Path
 
 from playwright.async_api import Locator, Page, expect
 
-from tests.harness import Harness
-from tests.helpers import REPO
+from tests.support.harness import Harness
+from tests.support.helpers import REPO
 
 # Screenshots of each page, for a person to review after the run (ignored by git).
 SCREENSHOTS_DIR = REPO / "tests" / "artifacts" / "dashboard"

@@ -36,7 +36,7 @@ from schemathesis.checks import (
 from schemathesis.core.result import Err, Ok
 
 from dispatcher.http.openapi import OPENAPI
-from tests.procs import start_service, stop_proc, vendor_and_env
+from tests.support.procs import start_service, stop_proc, vendor_and_env
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from playwright.async_api import Dialog, expect
 
 from tests.e2e.dashboard_browser import Browser, job_row, sign_in, task_row
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 # One browser for the module (starting Chromium is the slow part); a fresh
 # context, so fresh cookies and storage, for every test (tests/e2e/conftest.py).

@@ -12,7 +12,7 @@ from playwright.async_api import expect
 
 from demo.comfyui import ComfyServer
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 pytestmark = [
     pytest.mark.browser,

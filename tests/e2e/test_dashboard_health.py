@@ -11,7 +11,7 @@ import pytest
 from playwright.async_api import expect
 
 from tests.e2e.dashboard_browser import Browser, sign_in
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 pytestmark = [
     pytest.mark.browser,

@@ -13,8 +13,8 @@ import pytest
 from playwright.async_api import expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
-from tests.harness import host_service
-from tests.pgdb import fresh_database
+from tests.support.harness import host_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = [
     pytest.mark.browser,

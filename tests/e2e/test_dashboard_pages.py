@@ -17,8 +17,8 @@ import pytest
 from playwright.async_api import Dialog, Page, Route, expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in, task_row
-from tests.harness import Harness, running_service
-from tests.helpers import traced_demo_profile
+from tests.support.harness import Harness, running_service
+from tests.support.helpers import traced_demo_profile
 
 pytestmark = [
     pytest.mark.browser,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
-from dispatcher.taskspec import parse_job
+from dispatcher.tasks.spec import parse_job
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in, task_row
-from tests.harness import Harness, running_service
+from tests.support.harness import Harness, running_service
 
 pytestmark = [
     pytest.mark.browser,

@@ -29,11 +29,11 @@ import psycopg
 import pytest
 
 from demo.web_model import demo_login
-from dispatcher.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
+from dispatcher.scheduling.decisions import HEARTBEAT_INTERVAL_S, STALE_AFTER_S
 from dispatcher.settings import find_browser
-from tests.helpers import REPO
-from tests.pgdb import fresh_database
-from tests.procs import Proc, demo_stats, service_client, start_service, stop_proc
+from tests.support.helpers import REPO
+from tests.support.pgdb import fresh_database
+from tests.support.procs import Proc, demo_stats, service_client, start_service, stop_proc
 from webrunner.profiledirs import user_data_dir_for
 
 # The waits below end on a lack of progress, not on a total: the timeout is

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
+from tests.support.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
 
 TIME_SCALE = 0.1
 KILLS = 5

@@ -22,9 +22,9 @@ from playwright.async_api import Page, expect
 
 from dispatcher.models import Kind
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
-from tests.harness import Harness, running_service
-from tests.helpers import REPO
-from tests.servicecli import clean_env, run_cli
+from tests.support.harness import Harness, running_service
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli
 from webrunner.browser import start_browser
 from webrunner.runner import WebRunner
 

@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.models import State
 from dispatcher.store.sqlite import SqliteStore
-from tests.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
+from tests.support.procs import demo_stats, service_client, start_service, stop_proc, vendor_and_env
 
 TIME_SCALE = 0.05
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from dispatcher.models import Kind
-from dispatcher.runner import RunContext
-from tests.harness import Harness, running_service
+from dispatcher.scheduling.protocol import RunContext
+from tests.support.harness import Harness, running_service
 from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]

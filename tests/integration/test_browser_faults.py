@@ -11,11 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dispatcher.accounts.health import (
+    DEFAULT_FAILURES_FOR_ATTENTION as BROWSER_START_FAILURES_FOR_ATTENTION,
+)
 from dispatcher.errors import ConfigError
-from dispatcher.health import DEFAULT_FAILURES_FOR_ATTENTION as BROWSER_START_FAILURES_FOR_ATTENTION
 from dispatcher.settings import find_browser
-from tests.harness import Harness, running_service
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
+from tests.support.harness import Harness, running_service
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

@@ -17,14 +17,14 @@ import httpx
 import pytest
 
 from demo.web_model import demo_login, start_demo_web
+from dispatcher.accounts.warmup import BrowserPrewarm
 from dispatcher.errors import StoreError
 from dispatcher.models import Kind
-from dispatcher.prewarm import BrowserPrewarm
 from dispatcher.settings import Settings, find_browser
-from tests.harness import Harness, running_service, serving
-from tests.helpers import REPO
 from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
+from tests.support.harness import Harness, running_service, serving
+from tests.support.helpers import REPO
 from webrunner.browser import BrowserSession
 from webrunner.profiledirs import user_data_dir_for
 from webrunner.runner import WebRunner
@@ -288,7 +288,7 @@ async def test_a_store_failure_marking_an_account_after_its_start_is_logged_as_t
         failed = [
             r
             for r in caplog.records
-            if r.name == "dispatcher.prewarm" and r.levelno >= logging.ERROR
+            if r.name == "dispatcher.accounts.warmup" and r.levelno >= logging.ERROR
         ]
         assert failed and "web:extra" in failed[0].getMessage(), caplog.text
         assert account_browsers(h.state_dir, "extra") == []

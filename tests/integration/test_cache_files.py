@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from dispatcher.cache import CacheIndex, ResultCache
 from dispatcher.clock import FakeClock
 from dispatcher.store.sqlite import SqliteStore
+from dispatcher.tasks.cache import CacheIndex, ResultCache
 
 DAY = 24 * 3600.0
 TTL = 7 * DAY

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import dispatcher.cache as cache_module
-from dispatcher.decisions import DEDUP_WINDOW_S
-from tests.harness import running_service
+import dispatcher.tasks.cache as cache_module
+from dispatcher.scheduling.decisions import DEDUP_WINDOW_S
+from tests.support.harness import running_service
 
 
 async def test_cache_file_copies_run_off_the_event_loop(

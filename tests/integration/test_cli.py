@@ -18,9 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dispatcher import client as cli_client
-from dispatcher import statedir
-from tests.servicecli import DEMO_API_KEY, ServiceProcess, clean_env, run_many, start_service
+from dispatcher.cli import service_client as cli_client
+from dispatcher.service import statedir
+from tests.support.servicecli import (
+    DEMO_API_KEY,
+    ServiceProcess,
+    clean_env,
+    run_many,
+    start_service,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

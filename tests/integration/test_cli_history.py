@@ -1,6 +1,6 @@
 """After the run, from the CLI: jobs, tasks, results, prefixes, exit codes, JSON errors.
 
-The CLI and the service are real processes (`tests/servicecli.py`), as an
+The CLI and the service are real processes (`tests/support/servicecli.py`), as an
 operator would run them.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servicecli import ServiceProcess, clean_env, run_cli, start_service
+from tests.support.servicecli import ServiceProcess, clean_env, run_cli, start_service
 
 pytestmark = pytest.mark.timeout(300)
 

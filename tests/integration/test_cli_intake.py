@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from dispatcher.http.limits import MAX_JOB_BODY_BYTES, MAX_JOB_TASKS
-from tests.helpers import REPO
-from tests.servicecli import ServiceProcess, clean_env, run_cli, start_service
+from tests.support.helpers import REPO
+from tests.support.servicecli import ServiceProcess, clean_env, run_cli, start_service
 
 pytestmark = pytest.mark.timeout(300)
 

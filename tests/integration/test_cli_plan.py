@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servicecli import ServiceProcess, start_service
+from tests.support.servicecli import ServiceProcess, start_service
 
 pytestmark = pytest.mark.timeout(300)
 

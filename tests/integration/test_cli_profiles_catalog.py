@@ -7,8 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.helpers import REPO
-from tests.servicecli import clean_env, run_cli
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

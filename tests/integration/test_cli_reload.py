@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from tests.servicecli import clean_env, run_cli, start_service
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli, start_service
 
 pytestmark = pytest.mark.timeout(120)
 

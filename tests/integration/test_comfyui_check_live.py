@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from demo.comfyui import start_demo_comfy
-from tests.helpers import REPO
-from tests.servicecli import clean_env, run_cli
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli
 
 
 def _profile(target: Path, name: str, url: str, workflow: dict[str, object], inputs: str) -> None:

@@ -15,11 +15,11 @@ from PIL import Image
 
 from demo.bootstrap import Demo
 from demo.comfyui import start_demo_comfy
-from dispatcher.decisions import DEDUP_WINDOW_S
-from dispatcher.service import Service
+from dispatcher.scheduling.decisions import DEDUP_WINDOW_S
+from dispatcher.service.core import Service
 from dispatcher.settings import Settings
-from dispatcher.taskspec import parse_spec
-from tests.harness import Harness, profiles_dir, running_service
+from dispatcher.tasks.spec import parse_spec
+from tests.support.harness import Harness, profiles_dir, running_service
 
 PROFILES = ("demo-comfy",)
 TIME_SCALE = 0.02  # running_service's default

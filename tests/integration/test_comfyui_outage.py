@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from demo.comfyui import start_demo_comfy
-from tests.harness import Harness, running_service
-from tests.helpers import REPO
+from tests.support.harness import Harness, running_service
+from tests.support.helpers import REPO
 
 SCALE = 0.02
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 
 async def test_job_of_api_tasks_runs_to_success(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from tests.harness import Harness, host_service, running_service
 from tests.integration.test_webhooks import SECRET, receiver
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, host_service, running_service
+from tests.support.pgdb import fresh_database
 
 PRICE_USD = 0.01  # demo-chat-api's [pricing] per_request
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 
-from dispatcher.decodebudget import GATE, MAX_DECODE_BYTES
-from tests.harness import running_service
+from dispatcher.tasks.decodebudget import GATE, MAX_DECODE_BYTES
+from tests.support.harness import running_service
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:

@@ -7,10 +7,10 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from dispatcher.decisions import HEARTBEAT_INTERVAL_S
 from dispatcher.models import Kind, Stage, State, Task
+from dispatcher.scheduling.decisions import HEARTBEAT_INTERVAL_S
 from dispatcher.store.sqlite import SqliteStore
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 TIME_SCALE = 0.02
 DEDUP_WINDOW_REAL_S = 30 * TIME_SCALE

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from demo.api_provider import video_bytes
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 SCALE = 0.02
 

@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from dispatcher.serving import start_server
-from dispatcher.webhooks import sign
-from tests.harness import running_service
+from dispatcher.notify.webhooks import sign
+from dispatcher.service.serving import start_server
+from tests.support.harness import running_service
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 SECRET = "whsec-docs-0123456789abcdef"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 LAG = "dispatcher_event_loop_lag_seconds"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from tests.procs import service_client, start_service, stop_proc, vendor_and_env
+from tests.support.helpers import REPO
+from tests.support.procs import service_client, start_service, stop_proc, vendor_and_env
 
 
 @pytest.mark.slow

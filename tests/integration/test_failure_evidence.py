@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import running_service
-from tests.helpers import traced_demo_profile
+from tests.support.harness import running_service
+from tests.support.helpers import traced_demo_profile
 from webrunner.evidence import SCREENSHOT_S
 
 # 90 s stale -> 4.5 s; 15 s heartbeat -> 0.75 s (as in test_web_lanes).

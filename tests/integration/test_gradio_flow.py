@@ -23,11 +23,11 @@ from apirunner.runner import ApiRunner
 from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import load_profiles
-from dispatcher.runner import RunContext
+from dispatcher.scheduling.protocol import RunContext
 from dispatcher.settings import Settings
-from tests.harness import serving
-from tests.helpers import REPO
-from tests.servicecli import clean_env, run_cli
+from tests.support.harness import serving
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli
 
 TOKEN = "gradio-test-token"
 TIME_SCALE = 0.02

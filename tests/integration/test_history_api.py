@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from dispatcher.models import Kind, State, Task
-from tests.harness import Harness, running_service
+from tests.support.harness import Harness, running_service
 
 
 async def _pages(h: Harness, path: str, limit: int) -> list[list[dict[str, Any]]]:

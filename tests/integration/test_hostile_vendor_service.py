@@ -25,10 +25,10 @@ from demo.api_media import png_bytes
 from demo.bootstrap import Demo
 from demo.hostile import start_hostile
 from dispatcher.logs import JsonFormatter, RedactingFilter
-from dispatcher.service import Service
-from dispatcher.serving import RunningServer
+from dispatcher.service.core import Service
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 KEY = "sk-hostile-" + "7" * 32
 SCALE = 0.02

@@ -18,9 +18,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from dispatcher.serving import HTTP_PARSERS, start_server
-from tests.harness import running_service
-from tests.servicecli import start_service
+from dispatcher.service.serving import HTTP_PARSERS, start_server
+from tests.support.harness import running_service
+from tests.support.servicecli import start_service
 
 pytestmark = pytest.mark.timeout(240)
 

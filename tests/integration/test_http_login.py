@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import pytest
 
 from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, LockHeld
-from dispatcher.service import Service
+from dispatcher.service.core import Service
 from dispatcher.settings import Settings
-from tests.harness import profiles_dir, running_service
+from tests.support.harness import profiles_dir, running_service
 
 
 async def test_token_required_and_compared(tmp_path: Path) -> None:

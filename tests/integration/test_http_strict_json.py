@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Harness, running_service
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, running_service
+from tests.support.pgdb import fresh_database
 
 
 def strict(text: str) -> Any:

@@ -13,9 +13,9 @@ from rich.console import Console
 
 from dispatcher import strictjson
 from dispatcher.cli.progress import watch_job
-from dispatcher.client import Client
-from dispatcher.taskspec import parse_job
-from tests.harness import Harness, running_service
+from dispatcher.cli.service_client import Client
+from dispatcher.tasks.spec import parse_job
+from tests.support.harness import Harness, running_service
 
 BIG_JOB = 10_000
 

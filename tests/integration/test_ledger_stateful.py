@@ -16,11 +16,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dispatcher.clock import FakeClock
 from dispatcher.errors import PermanentError, StateConflict, TransientError
 from dispatcher.events import EventBus
-from dispatcher.ledger import Ledger
 from dispatcher.models import State, Task
 from dispatcher.store.sqlite import SqliteStore
-from dispatcher.taskspec import TaskSpec
-from tests.helpers import api_profile
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.spec import TaskSpec
+from tests.support.helpers import api_profile
 
 T = TypeVar("T")
 

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.logs import MAX_MESSAGE_CHARS, JsonFormatter, RedactingFilter, redact, scrub
-from tests.harness import running_service
-from tests.servicecli import DEMO_API_KEY, clean_env, run_cli, start_service
+from tests.support.harness import running_service
+from tests.support.servicecli import DEMO_API_KEY, clean_env, run_cli, start_service
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

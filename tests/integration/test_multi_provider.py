@@ -18,8 +18,8 @@ from dispatcher.models import Kind, State, Task
 from dispatcher.store.migrations import latest_version
 from dispatcher.store.rows import task_to_row
 from dispatcher.store.sqlite import SqliteStore
-from tests.harness import Harness, running_service
-from tests.helpers import REPO
+from tests.support.harness import Harness, running_service
+from tests.support.helpers import REPO
 
 QUOTA = 2  # each demo provider's own quota, and our concurrency for it
 

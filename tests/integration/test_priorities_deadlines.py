@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 
 def _chat(prompt: str, **fields: object) -> dict[str, object]:

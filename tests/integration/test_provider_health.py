@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dispatcher import apikeys
-from tests.harness import Harness, running_service
-from tests.helpers import REPO
+from dispatcher.accounts import apikeys
+from tests.support.harness import Harness, running_service
+from tests.support.helpers import REPO
 
 UNSET_KEY_ENV = "DISPATCHER_TEST_KEY_NEVER_SET"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-import dispatcher.fingerprint as fingerprint_module
-from tests.harness import running_service
+import dispatcher.tasks.fingerprint as fingerprint_module
+from tests.support.harness import running_service
 
 
 def _png(colour: str) -> bytes:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import running_service
-from tests.helpers import REPO
+from tests.support.harness import running_service
+from tests.support.helpers import REPO
 
 BROKEN = (
     'name = "demo-broken"\nkind = "api"\nprovider = "demo"\nmax_attempts = 0\n'

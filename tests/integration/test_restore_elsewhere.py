@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servicecli import start_service
+from tests.support.servicecli import start_service
 
 pytestmark = pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs the sqlite3 CLI")
 

@@ -26,12 +26,12 @@ import pytest
 import demo.bootstrap
 from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError, DispatcherError, LockHeld, StoreError
-from dispatcher.scheduler import Scheduler
-from dispatcher.service import Phase, Service
+from dispatcher.notify.webhooks import Webhooks
+from dispatcher.scheduling.scheduler import Scheduler
+from dispatcher.service.core import Phase, Service
+from dispatcher.service.statedir import LOCK_FILE, PORT_FILE
 from dispatcher.settings import Settings
-from dispatcher.statedir import LOCK_FILE, PORT_FILE
-from dispatcher.webhooks import Webhooks
-from tests.harness import API_PROFILES, WEB_PROFILES, profiles_dir
+from tests.support.harness import API_PROFILES, WEB_PROFILES, profiles_dir
 
 TIME_SCALE = 0.02
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 TASK_KEYS = {
     "id", "job_id", "ref", "model", "kind", "owner", "params", "fingerprint", "state",

@@ -14,9 +14,9 @@ import pytest
 
 from demo.bootstrap import Demo
 from dispatcher.errors import ConfigError
-from dispatcher.service import Service
+from dispatcher.service.core import Service
 from dispatcher.settings import Settings
-from tests.harness import profiles_dir, running_service
+from tests.support.harness import profiles_dir, running_service
 
 
 def _mode(path: Path) -> int:

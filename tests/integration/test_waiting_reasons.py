@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 
 async def test_a_task_whose_lane_is_disabled_has_a_reason_not_an_eta(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from dispatcher.errors import LockHeld
 from dispatcher.models import Account, Kind
 from dispatcher.store import Store
 from dispatcher.store.hosts import LeaseRefused
-from tests.harness import Harness, running_service
 from tests.integration.test_web_lanes import account_browsers
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, running_service
+from tests.support.pgdb import fresh_database
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
 

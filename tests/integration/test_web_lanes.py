@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from dispatcher.models import Kind
-from tests.harness import Harness, running_service
+from tests.support.harness import Harness, running_service
 from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_webhooks import SECRET, Receiver, receiver
-from tests.servicecli import ServiceProcess, start_service
+from tests.support.servicecli import ServiceProcess, start_service
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness import running_service
 from tests.integration.test_webhooks import SECRET, _deliveries, receiver
+from tests.support.harness import running_service
 
 # Loopback socket buffers take a few MB before a writer blocks; the old
 # reader took gigabytes.
 SENT_BOUND_BYTES = 32 * 1024**2
 DRIP_EVERY_S = 0.3  # well inside any per-read timeout
 DEADLINE_S = 1.0
-SLOTS_PER_RECEIVER = 2  # dispatcher.webhooks.SLOTS_PER_RECEIVER
+SLOTS_PER_RECEIVER = 2  # dispatcher.notify.webhooks.SLOTS_PER_RECEIVER
 
 
 @dataclass

@@ -19,10 +19,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dispatcher.errors import ConfigError
-from dispatcher.serving import bind_loopback, start_server
+from dispatcher.notify.webhooks import MAX_ATTEMPTS, check_urls, display_url
+from dispatcher.service.serving import bind_loopback, start_server
 from dispatcher.settings import Settings
-from dispatcher.webhooks import MAX_ATTEMPTS, check_urls, display_url
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 SECRET = "whsec-test-0123456789abcdef"
 

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.artifacts import (
+from dispatcher.errors import InputError, NotFound
+from dispatcher.logs import redact
+from dispatcher.models import Kind, State, Task
+from dispatcher.tasks.artifacts import (
     KeptArtifacts,
     Retention,
     artifact_file,
@@ -19,9 +22,6 @@ from dispatcher.artifacts import (
     save_artifact,
     task_artifacts,
 )
-from dispatcher.errors import InputError, NotFound
-from dispatcher.logs import redact
-from dispatcher.models import Kind, State, Task
 
 
 def _attempt(results: Path, task: str, n: int) -> Path:

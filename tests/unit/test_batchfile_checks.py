@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.batchfile import MAX_LISTED_PROBLEMS, read_batch_lines
 from dispatcher.errors import InputError
 from dispatcher.http.limits import MAX_JOB_BODY_BYTES
+from dispatcher.tasks.batchfile import MAX_LISTED_PROBLEMS, read_batch_lines
 
 
 def test_a_quoted_cell_over_several_lines_is_still_one_prompt(tmp_path: Path) -> None:

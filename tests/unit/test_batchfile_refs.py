@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.batchfile import read_batch_lines
 from dispatcher.errors import InputError
+from dispatcher.tasks.batchfile import read_batch_lines
 
 
 def test_refs_in_flat_and_nested_jsonl_and_in_csv(tmp_path: Path) -> None:

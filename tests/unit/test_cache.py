@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.cache import EvictionPlan, is_expired, plan_eviction
 from dispatcher.models import CacheEntry
+from dispatcher.tasks.cache import EvictionPlan, is_expired, plan_eviction
 
 NOW = 1_700_000_000.0
 DAY = 24 * 3600.0

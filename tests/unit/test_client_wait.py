@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher.client import PORT_FILE, TOKEN_FILE, wait_until_serving
+from dispatcher.cli.service_client import PORT_FILE, TOKEN_FILE, wait_until_serving
 
 
 def test_a_process_that_exited_ends_the_wait_at_once(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from dispatcher.decisions import (
+from dispatcher.accounts.health import AccountState
+from dispatcher.models import Kind, State, Task
+from dispatcher.scheduling.decisions import (
     LaneSnapshot,
     RecoveryAction,
     ServingLane,
@@ -11,8 +13,6 @@ from dispatcher.decisions import (
     plan_recovery,
     why_waiting,
 )
-from dispatcher.health import AccountState
-from dispatcher.models import Kind, State, Task
 
 
 def _task(**changes: object) -> Task:

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from dispatcher.decodebudget import DecodeGate
 from dispatcher.errors import InputError
+from dispatcher.tasks.decodebudget import DecodeGate
 
 WAIT_S = 30.0  # generous: only a broken gate ever waits this long
 

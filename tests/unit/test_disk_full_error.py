@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from dispatcher.attempt import disk_full_error
 from dispatcher.errors import PermanentError, TransientError
+from dispatcher.scheduling.running import disk_full_error
 
 WHERE = Path("/state/results/t1/attempt-1")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 
 def _task_lines(name: str) -> int:

@@ -3,8 +3,8 @@ clients read these shapes, so a change here is a change they see."""
 
 from __future__ import annotations
 
+from dispatcher.accounts.health import AccountState
 from dispatcher.events import AccountChanged, EventBus, ProfilesReloaded, TaskChanged
-from dispatcher.health import AccountState
 from dispatcher.models import Kind, Stage, State, Task, TaskError
 
 
@@ -54,6 +54,13 @@ def test_task_changed_is_type_task_with_the_task_answer() -> None:
             "heartbeat_at": None,
             "finished_at": None,
             "stage_durations": {"dispatched": 0.5},
+            "cost_estimate_usd": None,
+            "cost_usd": None,
+            "priority": 0,
+            "deadline": None,
+            "deadline_action": "run",
+            "fallbacks": [],
+            "late": False,
         },
     }
 

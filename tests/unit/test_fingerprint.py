@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from PIL import Image, PngImagePlugin
 
-import dispatcher.fingerprint as fingerprint_module
+import dispatcher.tasks.fingerprint as fingerprint_module
 from dispatcher.errors import InputError
-from dispatcher.fingerprint import (
+from dispatcher.profiles import DEFAULT_FINGERPRINT_FIELDS
+from dispatcher.tasks.fingerprint import (
     LocalFiles,
     canonical_json,
     fingerprint,
@@ -25,7 +26,6 @@ from dispatcher.fingerprint import (
     normalize_prompt,
     read_image,
 )
-from dispatcher.profiles import DEFAULT_FINGERPRINT_FIELDS
 
 FIELDS = DEFAULT_FINGERPRINT_FIELDS
 # Pure and cheap, but the strategies are rich: 50 examples each keep the file

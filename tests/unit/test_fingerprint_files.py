@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from dispatcher.errors import InputError
-from dispatcher.fingerprint import LocalFiles, image_hash
+from dispatcher.tasks.fingerprint import LocalFiles, image_hash
 
 
 def _png() -> bytes:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.health import (
+from dispatcher.accounts.health import (
     SUCCESSES_TO_GROW,
     THROTTLES_TO_SHRINK,
     AccountState,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.history import MAX_VALUE_CHARS, RunHistory, shape_key
+from dispatcher.scheduling.runtimes import MAX_VALUE_CHARS, RunHistory, shape_key
 
 
 def test_the_prompt_does_not_change_the_shape_but_the_duration_does() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dispatcher.hostwatch import claim_guard, dead_hosts
-from dispatcher.lanes import LaneSpec
+from dispatcher.hosts.watch import claim_guard, dead_hosts
 from dispatcher.models import Kind
+from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.store.hosts import Fence, Host, Lease, Quota
 
 WEB = LaneSpec("web:acct", Kind.WEB, "acct", ("web:chat",), ("chat",), 1)

@@ -7,13 +7,13 @@ from typing import Any, cast
 import pytest
 from starlette.routing import Route
 
-from dispatcher import accounts
+from dispatcher.accounts import switches as accounts
 from dispatcher.errors import InputError
 from dispatcher.http import bodies, limits
 from dispatcher.http.app import create_app
 from dispatcher.http.openapi import OPENAPI, OPERATIONS, UNDOCUMENTED, build_document
 from dispatcher.http.security import Credentials
-from dispatcher.taskspec import parse_job, parse_spec
+from dispatcher.tasks.spec import parse_job, parse_spec
 
 
 def _routes() -> set[tuple[str, str]]:

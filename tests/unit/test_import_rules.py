@@ -3,7 +3,7 @@
 - `webrunner` and `apirunner` never import each other: what they share
   (fetch, the allowlist, reference images) lives in `dispatcher`.
 - `dispatcher` never imports `demo`, but for its CLI, which hands the demo's
-  start-up step to the service (`dispatcher.demostartup`).
+  start-up step to the service (`dispatcher.service.demostartup`).
 - `dispatcher` never asks which runner it holds (`isinstance(r, WebRunner)`):
   it calls the `Runner` protocol.
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from dispatcher.clock import FakeClock
-from dispatcher.decisions import Reclaim
 from dispatcher.errors import AmbiguousId, NotFound, PermanentError, TransientError
 from dispatcher.events import EventBus
-from dispatcher.ledger import Ledger
 from dispatcher.models import Stage, State, Task
+from dispatcher.scheduling.decisions import Reclaim
 from dispatcher.store.sqlite import SqliteStore
-from dispatcher.taskspec import TaskSpec
-from tests.helpers import api_profile
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.spec import TaskSpec
+from tests.support.helpers import api_profile
 
 
 @pytest.fixture

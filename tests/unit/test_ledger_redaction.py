@@ -10,12 +10,12 @@ import pytest
 from dispatcher.clock import FakeClock
 from dispatcher.errors import PermanentError
 from dispatcher.events import EventBus
-from dispatcher.ledger import Ledger
 from dispatcher.logs import redact
 from dispatcher.models import Task
 from dispatcher.store.sqlite import SqliteStore
-from dispatcher.taskspec import TaskSpec
-from tests.helpers import api_profile
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.spec import TaskSpec
+from tests.support.helpers import api_profile
 
 SECRET = "sk-ledger-test-" + "9" * 24
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from dispatcher.modelcards import MAX_CARD_CHARS, publishable, read_cards
+from dispatcher.hosts.modelcards import MAX_CARD_CHARS, publishable, read_cards
 from dispatcher.models import Kind
-from tests.helpers import api_profile
+from tests.support.helpers import api_profile
 
 
 def test_a_published_card_reads_back_with_every_host_that_runs_the_model() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
 
 
 def test_models_on_separate_lanes_run_side_by_side_and_the_slowest_sets_the_makespan() -> None:

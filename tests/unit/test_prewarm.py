@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from dispatcher.accounts.health import AccountState
+from dispatcher.accounts.warmup import accounts_to_prewarm, came_into_service, prewarm_spec
 from dispatcher.events import AccountChanged
-from dispatcher.health import AccountState
 from dispatcher.models import Kind
-from dispatcher.prewarm import accounts_to_prewarm, came_into_service, prewarm_spec
-from tests.helpers import api_profile, web_profile
+from tests.support.helpers import api_profile, web_profile
 
 OK = AccountState.OK
 ALL = {

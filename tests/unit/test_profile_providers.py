@@ -8,10 +8,10 @@ import pytest
 
 from dispatcher.allowlist import Allowlist
 from dispatcher.errors import ConfigError
-from dispatcher.lanes import build_lanes
 from dispatcher.profiles import parse_profile
+from dispatcher.scheduling.lanes import build_lanes
 from dispatcher.settings import Settings
-from tests.helpers import api_profile
+from tests.support.helpers import api_profile
 
 HEAD = """
 name = "m"

@@ -9,8 +9,8 @@ import pytest
 
 from dispatcher.errors import ConfigError
 from dispatcher.profiles import Profile, load_profiles, read_profiles
-from dispatcher.reload import plan_reload
-from tests.helpers import REPO
+from dispatcher.service.reload import plan_reload
+from tests.support.helpers import REPO
 
 URLS = {"DEMO_API_URL": "http://127.0.0.1:9", "DEMO_WEB_URL": "http://127.0.0.1:9"}
 

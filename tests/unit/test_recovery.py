@@ -1,10 +1,10 @@
-"""Start-up recovery's per-task decision (dispatcher/recovery.py)."""
+"""Start-up recovery's per-task decision (dispatcher/hosts/recovery.py)."""
 
 from __future__ import annotations
 
-from dispatcher.decisions import RecoveryAction
+from dispatcher.hosts.recovery import decide
 from dispatcher.models import Kind, State, Task
-from dispatcher.recovery import decide
+from dispatcher.scheduling.decisions import RecoveryAction
 
 
 def _task(kind: Kind = Kind.API, attempt: int = 1, remote_id: str | None = None) -> Task:

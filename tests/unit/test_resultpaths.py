@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher.resultpaths import real_path, real_result, stored_result
+from dispatcher.tasks.resultpaths import real_path, real_result, stored_result
 
 TASK = "3f2a9c1e" * 4
 

@@ -10,9 +10,9 @@ import pytest
 from dispatcher.clock import FakeClock
 from dispatcher.errors import TaskCanceled, TransientError
 from dispatcher.models import Kind, Task
-from dispatcher.runner import Interruption, RunContext
+from dispatcher.scheduling.protocol import Interruption, RunContext
 from dispatcher.testing import run_context
-from tests.helpers import api_profile
+from tests.support.helpers import api_profile
 
 
 def context(tmp_path: Path, clock: FakeClock | None = None) -> RunContext:

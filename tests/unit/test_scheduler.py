@@ -16,19 +16,19 @@ from typing import Any
 
 import pytest
 
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts.switches import AccountBook
 from dispatcher.clock import FakeClock
 from dispatcher.errors import StateConflict
 from dispatcher.events import Event, EventBus, TaskChanged
-from dispatcher.lanes import LaneSpec
-from dispatcher.ledger import Ledger
 from dispatcher.models import Kind, Stage, State, Task
-from dispatcher.runner import RunContext, RunResult
-from dispatcher.scheduler import Scheduler
+from dispatcher.scheduling.lanes import LaneSpec
+from dispatcher.scheduling.protocol import RunContext, RunResult
+from dispatcher.scheduling.scheduler import Scheduler
 from dispatcher.store.sqlite import SqliteStore
-from dispatcher.taskspec import TaskSpec
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.spec import TaskSpec
 from dispatcher.testing import FakeRunner
-from tests.helpers import api_profile
+from tests.support.helpers import api_profile
 
 
 @dataclass

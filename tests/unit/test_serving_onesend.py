@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dispatcher.serving import _OneSendTransport
+from dispatcher.service.serving import _OneSendTransport
 
 HEAD = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n"
 

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from dispatcher import settings_doc
 from dispatcher.settings import Settings
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 
 def test_the_committed_settings_doc_is_the_generated_one() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from dispatcher.settings import Settings
 from dispatcher.settings_sources import load
-from tests.servicecli import clean_env, run_cli
+from tests.support.servicecli import clean_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "dispatcher.env.example"

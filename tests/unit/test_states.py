@@ -4,7 +4,7 @@ import pytest
 
 from dispatcher.errors import StateConflict
 from dispatcher.models import JobState, State
-from dispatcher.states import (
+from dispatcher.tasks.states import (
     after_failure,
     check_cancel,
     check_retry,

@@ -10,8 +10,8 @@ import pytest
 
 from dispatcher.errors import StoreError
 from dispatcher.models import Attempt, Job, JobState, Kind, State, Task, TaskError
-from dispatcher.states import job_state
 from dispatcher.store.sqlite import SqliteStore
+from dispatcher.tasks.states import job_state
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher import strictjson
-from dispatcher.batchfile import read_batch_lines
 from dispatcher.errors import InputError
-from dispatcher.taskspec import parse_spec
+from dispatcher.tasks.batchfile import read_batch_lines
+from dispatcher.tasks.spec import parse_spec
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ import pytest
 
 from dispatcher.clock import SystemClock
 from dispatcher.errors import InputError
-from dispatcher.intake import Intake
 from dispatcher.profiles import Profile
-from dispatcher.taskspec import TaskSpec
-from dispatcher.webfields import check_web_params, uncarried_fingerprint_fields
-from tests.servicecli import clean_env, run_cli
+from dispatcher.tasks.intake import Intake
+from dispatcher.tasks.spec import TaskSpec
+from dispatcher.tasks.webfields import check_web_params, uncarried_fingerprint_fields
+from tests.support.servicecli import clean_env, run_cli
 
 
 def _profile(**top: Any) -> Profile:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dispatcher.errors import ConfigError, InputError
-from dispatcher.lanes import build_lanes
 from dispatcher.profiles import load_profiles, parse_profile
+from dispatcher.scheduling.lanes import build_lanes
 from dispatcher.settings import Settings
 from dispatcher.workflow import check_params, fill, with_seed
 

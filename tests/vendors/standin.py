@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from demo.api_media import png_bytes
-from dispatcher.serving import RunningServer, start_server
+from dispatcher.service.serving import RunningServer, start_server
 
 # The first bytes of an MP4 (an ftyp box), and enough after them to be a file.
 MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 512

@@ -19,10 +19,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from dispatcher.serving import RunningServer
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
-from tests.harness import Harness, serving
-from tests.helpers import REPO
+from tests.support.harness import Harness, serving
+from tests.support.helpers import REPO
 from tests.vendors.catalog_a import VENDORS_A
 from tests.vendors.catalog_b import KLING_SECRET, VENDORS_B, verify_hs256
 from tests.vendors.standin import KEY, MP4, PNG, StandInState, start_standin

@@ -420,7 +420,7 @@
       accountOpen(account) ? "good" : "warn");
   }
 
-  // One visible state per account or provider (dispatcher/health.py).
+  // One visible state per account or provider (dispatcher/accounts/health.py).
   function accountOpen(account) {
     return account.state ? account.state === "ok" : account.enabled && !account.needs_attention;
   }

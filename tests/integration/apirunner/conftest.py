@@ -19,8 +19,8 @@ from demo.api_provider import start_demo_api
 from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile, load_profiles
-from dispatcher.runner import RunContext, RunResult
-from dispatcher.serving import RunningServer
+from dispatcher.scheduling.protocol import RunContext, RunResult
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
 
 SCALE = 0.02

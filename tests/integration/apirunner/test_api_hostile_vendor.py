@@ -24,11 +24,11 @@ from dispatcher.clock import SystemClock
 from dispatcher.errors import RunError
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile, load_profiles
-from dispatcher.runner import RunContext, RunResult
-from dispatcher.serving import RunningServer
+from dispatcher.scheduling.protocol import RunContext, RunResult
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
 from dispatcher.testing import run_context
-from tests.helpers import result_files
+from tests.support.helpers import result_files
 
 SCALE = 0.02
 KEY = "hk-" + "k" * 40

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from demo.api_provider import png_bytes, video_bytes
-from dispatcher.serving import start_server
-from tests.harness import Harness, running_service
+from dispatcher.service.serving import start_server
+from tests.support.harness import Harness, running_service
 
 # Nominal seconds x 0.02: a 100 s generation takes 2 s, retry delays 0.1 s.
 SCALE = 0.02

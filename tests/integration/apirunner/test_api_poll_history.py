@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from apirunner.polling import JITTER, MAX_POLL_WAIT_S
-from tests.harness import running_service
+from tests.support.harness import running_service
 
 pytestmark = pytest.mark.slow
 

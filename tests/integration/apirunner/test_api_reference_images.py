@@ -15,7 +15,7 @@ from dispatcher.errors import PermanentError
 from dispatcher.models import Stage, Task
 from dispatcher.profiles import Profile
 from dispatcher.refimages import prepare
-from dispatcher.runner import RunResult
+from dispatcher.scheduling.protocol import RunResult
 from tests.integration.apirunner.conftest import Kit, Recorder
 
 

@@ -13,7 +13,7 @@ from apirunner.runner import ApiRunner
 from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled
 from dispatcher.models import Kind, Stage
-from dispatcher.runner import Interruption, RunResult
+from dispatcher.scheduling.protocol import Interruption, RunResult
 from dispatcher.settings import Settings
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from dispatcher.models import Task
-from dispatcher.runner import RunResult
+from dispatcher.scheduling.protocol import RunResult
 
 if TYPE_CHECKING:
     from tests.integration.apirunner.conftest import Kit

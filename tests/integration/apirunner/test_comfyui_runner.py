@@ -24,7 +24,7 @@ from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError, TaskCanceled
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile, load_profiles
-from dispatcher.runner import Interruption, RunContext, RunResult
+from dispatcher.scheduling.protocol import Interruption, RunContext, RunResult
 from dispatcher.settings import Settings
 
 SCALE = 0.02

@@ -23,8 +23,8 @@ from dispatcher.clock import SystemClock
 from dispatcher.errors import PermanentError
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile, load_profiles
-from dispatcher.runner import RunContext, RunResult
-from dispatcher.serving import RunningServer, start_server
+from dispatcher.scheduling.protocol import RunContext, RunResult
+from dispatcher.service.serving import RunningServer, start_server
 from dispatcher.settings import Settings
 
 SCALE = 0.02

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.store import Store, open_store
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 OpenStore = Callable[..., Awaitable[Store]]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Harness, running_service
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, running_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher.cache import ResultCache
 from dispatcher.clock import FakeClock
 from dispatcher.store import open_store
-from tests.pgdb import fresh_database
+from dispatcher.tasks.cache import ResultCache
+from tests.support.pgdb import fresh_database
 
 
 async def test_each_host_sees_keeps_and_evicts_only_its_own_cache_entries(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from dispatcher.store import Store, open_store
 from dispatcher.store.hosts import Fence, Lease, LeaseRefused, Quota
 from dispatcher.store.migrations import latest_version
 from tests.integration.store.conftest import OpenStore
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 
 def _task(

@@ -23,8 +23,8 @@ import pytest
 from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State
 from dispatcher.store.pglisten import listener_name
-from tests.harness import Harness, running_service
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, running_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = pytest.mark.timeout(90)
 

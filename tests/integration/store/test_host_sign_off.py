@@ -9,11 +9,11 @@ import asyncio
 import pytest
 
 from dispatcher.clock import FakeClock
-from dispatcher.hostwatch import HostWatch
+from dispatcher.hosts.watch import HostWatch
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import Store, open_store
 from dispatcher.store.hosts import Lease
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 
 def _watch(store: Store, clock: FakeClock, host: str, dead: list[str]) -> HostWatch:

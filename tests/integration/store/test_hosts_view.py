@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from dispatcher.store import open_store
-from tests.harness import Harness, host_service, running_service
-from tests.helpers import REPO
-from tests.pgdb import fresh_database
-from tests.servicecli import clean_env, run_cli
+from tests.support.harness import Harness, host_service, running_service
+from tests.support.helpers import REPO
+from tests.support.pgdb import fresh_database
+from tests.support.servicecli import clean_env, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import host_service
-from tests.pgdb import fresh_database
+from tests.support.harness import host_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 

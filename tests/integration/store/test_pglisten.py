@@ -7,7 +7,7 @@ import asyncio
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store
 from dispatcher.store.pglisten import TaskListener, TaskNotice, parse_notice
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 ODD_HOST = "rack 2\\node 7"  # a space and a backslash: escaped in the connection options
 

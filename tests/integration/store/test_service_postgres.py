@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.harness import running_service
-from tests.pgdb import fresh_database
+from tests.support.harness import running_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 

@@ -18,7 +18,7 @@ import pytest
 from dispatcher.models import State
 from dispatcher.store import open_store
 from dispatcher.store.migrations import latest_version, migrations
-from tests.pgdb import fresh_database
+from tests.support.pgdb import fresh_database
 
 # The last version of each dialect before the queue/owner rename.
 BEFORE_RENAME = {"sqlite": 9, "postgresql": 5}

@@ -7,15 +7,15 @@ the write that ends an attempt never fails on it.
 
 from __future__ import annotations
 
-from dispatcher.accounts import AccountBook
+from dispatcher.accounts.switches import AccountBook
 from dispatcher.clock import FakeClock
 from dispatcher.errors import PermanentError
 from dispatcher.events import EventBus
-from dispatcher.ledger import Ledger
 from dispatcher.models import Kind, State
 from dispatcher.store import Store
-from dispatcher.taskspec import TaskSpec
-from tests.helpers import api_profile
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.spec import TaskSpec
+from tests.support.helpers import api_profile
 
 HOSTILE = "bad\x00news \ud800 here"
 STORED = "bad\ufffdnews \ufffd here"

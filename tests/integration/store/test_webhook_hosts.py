@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Harness, running_service
 from tests.integration.test_webhooks import SECRET, Receiver, receiver
-from tests.pgdb import fresh_database
+from tests.support.harness import Harness, running_service
+from tests.support.pgdb import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -30,8 +30,8 @@ from demo.web_model import demo_login, start_demo_web
 from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import load_profiles
-from dispatcher.runner import RunContext
-from dispatcher.serving import RunningServer
+from dispatcher.scheduling.protocol import RunContext
+from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings, find_browser
 from webrunner.profiledirs import user_data_dir_for
 from webrunner.runner import WebRunner

@@ -26,7 +26,7 @@ from demo.api_media import png_bytes
 from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import load_profiles
-from dispatcher.serving import bind_loopback
+from dispatcher.service.serving import bind_loopback
 from tests.gradio_apps.common import image_key
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from demo.hostile import SESSION_COOKIE, start_hostile
 from dispatcher.errors import HostNotAllowed, PermanentError
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
-from dispatcher.serving import RunningServer
-from tests.helpers import result_files
+from dispatcher.service.serving import RunningServer
+from tests.support.helpers import result_files
 from webrunner.browser import BrowserSession
 from webrunner.guard import downloads_dir_for, own_page
 from webrunner.runner import WebRunner

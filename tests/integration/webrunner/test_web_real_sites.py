@@ -37,9 +37,9 @@ from dispatcher.errors import (
 )
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import Profile
-from dispatcher.runner import Interruption
-from dispatcher.serving import RunningServer, start_server
-from tests.servicecli import clean_env
+from dispatcher.scheduling.protocol import Interruption
+from dispatcher.service.serving import RunningServer, start_server
+from tests.support.servicecli import clean_env
 from webrunner import evidence
 from webrunner.runner import WebRunner
 

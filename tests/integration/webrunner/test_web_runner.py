@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.errors import AuthError, LockHeld, TaskCanceled, TransientError
 from dispatcher.models import Stage
-from dispatcher.runner import Interruption
+from dispatcher.scheduling.protocol import Interruption
 from webrunner import keeper
 from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 

@@ -21,7 +21,7 @@ from apirunner.runner import ApiRunner
 from dispatcher.clock import FakeClock
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import Profile
-from dispatcher.runner import RunContext, RunResult
+from dispatcher.scheduling.protocol import RunContext, RunResult
 from dispatcher.settings import Settings
 
 HOME = "http://vendor.test"

@@ -11,9 +11,9 @@ from PIL import Image
 
 from dispatcher.clock import FakeClock
 from dispatcher.errors import InputError
-from dispatcher.fingerprint import LocalFiles
 from dispatcher.profiles import ReferenceSpec
 from dispatcher.refimages import PreparedImages, UploadCache, prepare
+from dispatcher.tasks.fingerprint import LocalFiles
 
 
 def _image(fmt: str, size: tuple[int, int], mode: str = "RGB") -> bytes:

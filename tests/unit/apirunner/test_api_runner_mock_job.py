@@ -16,7 +16,7 @@ import pytest
 from apirunner.attempt import MAX_POLL_ERRORS
 from apirunner.classify import MAX_ERRORS_IN_PLACE
 from dispatcher.errors import PermanentError, TaskCanceled, TransientError
-from dispatcher.runner import Interruption
+from dispatcher.scheduling.protocol import Interruption
 from tests.unit.apirunner.mock_vendor import (
     KEY,
     SUBMIT,

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from dispatcher.profiles import Profile
-from tests.helpers import web_profile
+from tests.support.helpers import web_profile
 from webrunner.guard import policy_for
 
 

@@ -14,7 +14,7 @@ from dispatcher.errors import PermanentError, TaskCanceled, TransientError
 from dispatcher.fetch import result_file_name
 from dispatcher.models import Kind, Task
 from dispatcher.profiles import Profile, WebSpec
-from dispatcher.runner import Interruption, RunContext
+from dispatcher.scheduling.protocol import Interruption, RunContext
 from dispatcher.testing import run_context
 from webrunner.media import _save_data_url
 from webrunner.page import (

@@ -1,0 +1,91 @@
+"""Other hosts' task writes as events on this host's bus (PostgreSQL only).
+
+The listener (`store.pglisten`) hears that another host created a task,
+changed its state or asked to cancel it; this relay reads those rows and
+publishes each as a `TaskChanged` carrying the writer as `origin`. So the
+scheduler's one `_on_event` handles a wake-up (a new pending task) and a
+cancel (a running task of ours flagged) whatever host they came from, and
+the event stream on any host shows the tasks of all hosts. A state the row
+has already left when it is read is not told (the row is read, not carried
+in the notice): a task claimed at once by another host may show up
+`running` first.
+
+Notices arrive in bursts (a job of 150 tasks is 150 notices): they are
+queued and read back in batches, one query per batch. SQLite serves one
+host: it has no relay, its bus hears everything in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from dispatcher.background import stop_background
+from dispatcher.events import EventBus, TaskChanged
+from dispatcher.models import State, Task
+from dispatcher.store import Store
+from dispatcher.store.pglisten import TaskListener, TaskNotice
+
+log = logging.getLogger("dispatcher.hosts.crosshost")
+
+BATCH = 500  # notices read back per query
+
+
+class RemoteTasks:
+    """Listens for other hosts' task writes and publishes them locally."""
+
+    def __init__(self, url: str, host: str, store: Store, events: EventBus) -> None:
+        self.host = host
+        self.store = store
+        self.events = events
+        self._queue: asyncio.Queue[TaskNotice | None] = asyncio.Queue()
+        self.listener = TaskListener(url, host, self._queue.put_nowait, on_reconnect=self._caught)
+        self._relay: asyncio.Task[None] | None = None
+        self.published = 0
+
+    async def start(self) -> None:
+        await self.listener.start()
+        self._relay = asyncio.create_task(self._run(), name="remote-tasks")
+
+    async def aclose(self) -> None:
+        await self.listener.aclose()
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            await stop_background(relay)
+
+    def _caught(self) -> None:
+        """After a lost connection: a `None` in the queue asks for a look at
+        this host's running tasks, whose cancel may have been missed."""
+        self._queue.put_nowait(None)
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            while len(batch) < BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._publish(batch)
+            except Exception:
+                # A failed read (the database away) must not end the relay: the
+                # scheduler's rounds and heartbeats read the rows themselves.
+                log.exception("could not read the tasks other hosts changed")
+
+    async def _publish(self, batch: list[TaskNotice | None]) -> None:
+        # The last notice per task: a row is published as the notice says it
+        # was written. A row read after it moved on is left to the notice of
+        # its newer write (every change of state sends one), so each state a
+        # row is found in is told once, and none out of order.
+        last = {n.task_id: n for n in batch if n is not None}
+        tasks = await self.store.get_tasks(list(last))
+        found = [(t, last[t.id].origin) for t in tasks if _as_noticed(t, last[t.id])]
+        if None in batch:
+            running = await self.store.tasks_in_state(State.RUNNING, host=self.host)
+            found += [(t, "") for t in running if t.cancel_requested and t.id not in last]
+        for task, origin in found:
+            self.published += 1
+            self.events.publish(TaskChanged(task, origin=origin))
+
+
+def _as_noticed(task: Task, notice: TaskNotice) -> bool:
+    return task.state.value == notice.state and task.cancel_requested == notice.cancel_requested

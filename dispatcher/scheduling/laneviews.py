@@ -1,0 +1,127 @@
+"""What the scheduler tells about lanes and tasks: a task's place and ETA (or
+why it waits), and every lane's state. Reads only; the scheduler decides."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatcher.errors import NotFound
+from dispatcher.models import JSON, State, Task
+from dispatcher.scheduling.decisions import ServingLane, eta_s, overdue_s, why_waiting
+
+if TYPE_CHECKING:
+    from dispatcher.scheduling.scheduler import Scheduler
+
+
+async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
+    """`ahead`, `eta_s` and live progress for a task answer."""
+    live = scheduler.running.get(task.id)
+    info: JSON = {
+        "ahead": 0,
+        "eta_s": None,
+        "overdue_s": None,
+        "progress": None,
+        "queue_position": None,
+    }
+    durations = list(await scheduler.recent_durations(task.model))
+    if task.state is State.PENDING:
+        ahead = await scheduler.ledger.queue_depth(task)
+        concurrency = sum(
+            lane.concurrency
+            for lane in scheduler.lanes.values()
+            if task.queue in lane.queues and scheduler.accounts.is_open(lane.owner)
+        )
+        others = await scheduler.ledger.running_owners(task) if scheduler.shared_queues else 0
+        # A provider's quota is global (its lanes here already count it);
+        # web accounts of other hosts add their own slot each.
+        concurrency = max(concurrency, others)
+        info["ahead"] = ahead
+        info["eta_s"] = eta_s(ahead=ahead, concurrency=concurrency, recent_durations_s=durations)
+        # A fallback can run on any lane of its equivalent models' queues too.
+        queues = (task.queue, *task.alt_queues)
+        serving = [lane for queue in queues for lane in _serving(scheduler, queue)]
+        waiting = why_waiting(serving, others_serving=others)
+        if waiting is None and scheduler.budgets is not None:
+            owners = [
+                lane.owner
+                for lane in scheduler.lanes.values()
+                if any(queue in lane.queues for queue in queues)
+            ]
+            waiting = scheduler.budgets.waiting(owners, scheduler.clock.now())
+        if waiting is not None:
+            info["eta_s"] = None
+            info["waiting"] = waiting
+    elif task.state is State.RUNNING:
+        now = scheduler.clock.now()
+        elapsed = now - (task.started_at or now)
+        progress = live.live.progress if live is not None else None
+        since = live.live.progress_since if live is not None else None
+        info["eta_s"] = eta_s(
+            ahead=0,
+            concurrency=1,
+            recent_durations_s=durations,
+            running_elapsed_s=elapsed if since is None else now - since,
+            progress_pct=progress,
+        )
+        info["overdue_s"] = overdue_s(
+            recent_durations_s=durations, running_elapsed_s=elapsed, progress_pct=progress
+        )
+        if live is not None:
+            info["stage"] = live.live.stage.value
+            info["progress"] = progress
+            info["queue_position"] = live.live.queue_position
+            info["stage_detail"] = live.ctx.stage_detail
+            remote_eta_s = live.ctx.remote_eta_s()
+            # The server's own estimate knows its queue better; once it
+            # ran out (a slow run), ours stands again, overdue included.
+            if remote_eta_s:
+                info["eta_s"] = remote_eta_s
+                info["overdue_s"] = None
+    return info
+
+
+def _serving(scheduler: Scheduler, queue: str) -> list[ServingLane]:
+    serving = []
+    for lane in scheduler.lanes.values():
+        if queue not in lane.queues:
+            continue
+        try:
+            account = scheduler.accounts.get(lane.owner)
+        except NotFound:
+            continue  # a lane on its way out while the account is removed
+        view = scheduler.accounts.state(lane.owner)
+        serving.append(ServingLane(lane.name, view.state, view.reason or account.reason))
+    return serving
+
+
+async def lanes_view(scheduler: Scheduler) -> list[JSON]:
+    """Every lane: owner, models, quota, state, queue, what runs, its budget."""
+    queued = await scheduler.ledger.queued_counts()
+    view = []
+    for lane in scheduler.lanes.values():
+        account = scheduler.accounts.get(lane.owner)
+        state = scheduler.accounts.state(lane.owner)
+        view.append(
+            {
+                "name": lane.name,
+                "kind": lane.kind.value,
+                "owner": lane.owner,
+                "models": list(lane.models),
+                "concurrency": lane.concurrency,
+                "effective_concurrency": scheduler.lane_concurrency(lane),
+                "enabled": account.enabled,
+                "needs_attention": account.needs_attention,
+                "state": state.state.value,
+                "until": state.until,
+                "since": state.since,
+                "reason": state.reason or account.reason,
+                "queued": sum(queued.get(queue, 0) for queue in lane.queues),
+                "running": scheduler.lane_tasks(lane.name),
+                "budget": (
+                    await scheduler.budgets.view(lane.owner, scheduler.clock.now())
+                    if scheduler.budgets is not None
+                    else None
+                ),
+            }
+        )
+    return view

@@ -1,0 +1,598 @@
+"""The lanes' engine: reclaim stale work, start the oldest pending task per free slot.
+
+Each round first reclaims running tasks whose heartbeat is older than the
+stale bound, then, lane by lane, claims the oldest pending task (the claim
+marks it running) and only then starts it. Every lane's tasks run as their
+own asyncio tasks, so a six-minute web generation never delays an API task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import statistics
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from dispatcher.accounts.failures import AccountHealth
+from dispatcher.accounts.health import DEFAULT_FAILURES_FOR_ATTENTION
+from dispatcher.accounts.switches import UNREACHABLE_PROBE_S, AccountBook
+from dispatcher.background import stop_background
+from dispatcher.clock import Clock
+from dispatcher.errors import (
+    RunError,
+    StateConflict,
+    TaskCanceled,
+    TransientError,
+)
+from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.models import JSON, Kind, Stage, State, Task, TaskError
+from dispatcher.pricing import is_late
+from dispatcher.profiles import Profile
+from dispatcher.scheduling.budgets import BudgetBook
+from dispatcher.scheduling.decisions import (
+    HEARTBEAT_INTERVAL_S,
+    STALE_AFTER_S,
+    LaneSnapshot,
+    free_slots,
+    plan_reclaims,
+)
+from dispatcher.scheduling.lanes import LaneSpec
+from dispatcher.scheduling.laneviews import lanes_view, task_progress
+from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
+from dispatcher.scheduling.running import (
+    Canceled,
+    Live,
+    Outcome,
+    Running,
+    TaskLog,
+    disk_full_error,
+    unrecorded,
+)
+from dispatcher.scheduling.runtimes import RunHistory
+from dispatcher.store.hosts import Fence, Quota
+from dispatcher.tasks.fingerprint import fingerprint
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.lines import lane_prefix, log_fields
+
+log = logging.getLogger("dispatcher.scheduling.scheduler")
+
+# A lane and its concurrency -> the lease a claim proves and the global quota
+# it respects (`hostwatch.claim_guard`).
+ClaimGuard = Callable[[LaneSpec, int], tuple[Fence | None, Quota | None]]
+
+RECENT_RUNS = 20  # run times per model behind an ETA
+
+
+def polls(profile: Profile) -> bool:
+    """Only async jobs are polled; only they need a run history by shape."""
+    return profile.api is not None and profile.api.style == "async-job"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        clock: Clock,
+        lanes: Mapping[str, LaneSpec],
+        runners: Mapping[Kind, Runner],
+        accounts: AccountBook,
+        profiles: Mapping[str, Profile],
+        results_dir: Path,
+        failures_for_attention: int = DEFAULT_FAILURES_FOR_ATTENTION,
+        effective_concurrency: Callable[[LaneSpec], int] | None = None,
+        claim_guard: ClaimGuard | None = None,
+        shared_queues: bool = False,
+        budgets: BudgetBook | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.lanes = dict(lanes)
+        self.runners = dict(runners)
+        self.accounts = accounts
+        self.profiles = profiles
+        self.results_dir = results_dir
+        self.running: dict[str, Running] = {}
+        self._lane_running: dict[str, set[str]] = {name: set() for name in self.lanes}
+        self._wake = asyncio.Event()
+        self._idle: dict[str, asyncio.Event] = {}  # lane -> set when it runs nothing
+        # One fill per lane at a time: a claim is an await, and two fills of a
+        # lane (a round and a refill) must not both count the same free slot.
+        self._filling: dict[str, asyncio.Lock] = {}
+        self._stopping = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._next_reclaim = float("-inf")
+        # Recent run times per model for ETAs: read from the store once, then
+        # kept here, because every task answer needs them.
+        self._durations: dict[str, deque[float]] = {}
+        self.run_history = RunHistory()
+        self.rounds = 0
+        self.health = AccountHealth(ledger, clock, accounts, failures_for_attention)
+        # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
+        self.effective_concurrency = effective_concurrency
+        # What a claim proves in the store across hosts (a lease, a quota).
+        self.claim_guard = claim_guard
+        # Other hosts serve the same queues (PostgreSQL): an ETA counts their
+        # lanes busy on a queue too, as the database shows them.
+        self.shared_queues = shared_queues
+        # Providers' daily budgets (issue 30): checked in the claim; said here.
+        self.budgets = budgets
+        self._cooldown_timer: asyncio.TimerHandle | None = None
+        self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # Handlers only call the ledger; what it announces tells us what to do.
+        ledger.events.listen(self._on_event)
+
+    # -- timing ----------------------------------------------------------------
+    @property
+    def heartbeat_s(self) -> float:
+        return self.clock.scaled(HEARTBEAT_INTERVAL_S)
+
+    @property
+    def stale_s(self) -> float:
+        return self.clock.scaled(STALE_AFTER_S)
+
+    @property
+    def tick_s(self) -> float:
+        # Often enough to notice retry delays expiring and stale tasks promptly.
+        return min(0.5, self.heartbeat_s / 3)
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name="scheduler")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            try:
+                await self.round()
+            except Exception:
+                # A failing round (e.g. a locked database) must not kill the lanes.
+                log.exception("scheduler round failed; retrying next tick")
+            # The tick is a timer that sets the wake event, not a wait_for:
+            # rounds follow every submit and every finished task, and a
+            # wait_for costs a new task per round.
+            tick = loop.call_later(self.tick_s, self._wake.set)
+            await self._wake.wait()
+            tick.cancel()
+            self._wake.clear()
+
+    async def shutdown(self) -> None:
+        """Stop starting work; stop running tasks at their checkpoints, recoverable."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        works = []
+        for running in list(self.running.values()):
+            work = running.ctx.work
+            if work is not None and not work.done():
+                running.ctx.interrupt(Interruption.SHUTDOWN)
+                works.append(work)
+        if works:
+            await asyncio.gather(*works, return_exceptions=True)
+
+    def lane_tasks(self, name: str) -> list[str]:
+        """Ids of the tasks running in a lane (also one dropped from `lanes`)."""
+        return sorted(self._lane_running.get(name, ()))
+
+    async def wait_lane_idle(self, name: str) -> None:
+        """Until the lane runs nothing (its last task's runner has returned)."""
+        while self._lane_running.get(name):
+            await self._idle.setdefault(name, asyncio.Event()).wait()
+
+    def replace_lanes(self, lanes: Mapping[str, LaneSpec]) -> None:
+        """New lanes after a reload; a dropped lane's running tasks finish undisturbed."""
+        self.lanes = dict(lanes)
+        for name in self.lanes:
+            self._lane_running.setdefault(name, set())
+        self.wake()
+
+    # -- the round ---------------------------------------------------------------
+    async def round(self) -> None:
+        self.rounds += 1
+        # Staleness is a matter of tens of seconds: looking once per tick is
+        # as prompt as looking at every wake, and a query cheaper per task.
+        now = self.clock.monotonic()
+        if now >= self._next_reclaim:
+            self._next_reclaim = now + self.tick_s
+            await self._reclaim_stale()
+        if self._stopping:
+            return
+        await self.accounts.refresh()
+        for lane in self.lanes.values():
+            await self._fill(lane)
+        self._wake_at_cooldown_end()
+
+    def _wake_at_cooldown_end(self) -> None:
+        """A cooling-down account opens by itself: a round is due at that instant."""
+        opening = self.accounts.next_opening()
+        if self._cooldown_timer is not None:
+            self._cooldown_timer.cancel()
+            self._cooldown_timer = None
+        if opening is not None:
+            delay_s = max(0.0, opening - self.clock.now()) + 0.001
+            self._cooldown_timer = asyncio.get_running_loop().call_later(delay_s, self.wake)
+
+    def lane_concurrency(self, lane: LaneSpec) -> int:
+        """The lane's quota, halved while 429s storm (never below 1)."""
+        if self.effective_concurrency is None:
+            return lane.concurrency
+        return max(1, min(lane.concurrency, self.effective_concurrency(lane)))
+
+    async def _fill(self, lane: LaneSpec) -> None:
+        """Claim and start the lane's oldest ready tasks, one per free slot."""
+        current = self.lanes.get(lane.name)
+        if current is None:
+            # Dropped since `lane` was read (a finished task's refill, a round
+            # begun before an account's removal): a drained account takes no
+            # new task, or the next pending one kept it busy.
+            return
+        lane = current
+        # Uncontended (always, on SQLite) the lock is taken without a yield.
+        lock = self._filling.get(lane.name)
+        if lock is None:
+            lock = self._filling[lane.name] = asyncio.Lock()
+        async with lock:
+            await self._fill_slots(lane)
+
+    async def _fill_slots(self, lane: LaneSpec) -> None:
+        snapshot = LaneSnapshot(
+            name=lane.name,
+            concurrency=self.lane_concurrency(lane),
+            enabled=self.accounts.is_open(lane.owner),
+            running=len(self._lane_running[lane.name]),
+        )
+        slots = free_slots(snapshot)
+        fence, quota = (
+            self.claim_guard(lane, snapshot.concurrency)
+            if slots and self.claim_guard is not None
+            else (None, None)
+        )
+        budget = self.budgets.guard(lane.owner, self.clock.now()) if self.budgets else None
+        for _ in range(slots):
+            task = await self.ledger.claim(
+                lane.queues, lane.owner, fence=fence, quota=quota, budget=budget
+            )
+            if budget is not None and self.budgets is not None:
+                await self.budgets.after_claim(lane, task, self.clock.now())
+            if task is None:
+                break
+            if task.queue not in lane.queues:
+                task = await self._fallback(task, lane)
+                if task is None:
+                    continue
+            if await self._too_late(task):
+                continue
+            if task.model not in self.profiles:
+                # A provider's lane outlived one of its models (removed by a
+                # reload): the task waits a while, without holding up the rest.
+                await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+                continue
+            self._start(task, lane)
+
+    async def _fallback(self, task: Task, lane: LaneSpec) -> Task | None:
+        """A task this lane took from its fallback queues: now the task of the
+        lane's model it named (fingerprint recomputed for that model)."""
+        model = next(q.split(":", 1)[1] for q in task.alt_queues if q in lane.queues)
+        profile = self.profiles.get(model)
+        if profile is None:
+            await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
+            return None
+        fields = profile.fingerprint_fields
+        return await self.ledger.take_as(task, profile, fingerprint(model, task.params, fields))
+
+    async def _too_late(self, task: Task) -> bool:
+        """A task asked to be canceled rather than run late, whose turn came
+        too late to finish by its deadline (at its usual run time): canceled."""
+        if task.deadline is None or task.deadline_action != "cancel":
+            return False
+        durations = await self.recent_durations(task.model)
+        typical_s = statistics.median(durations) if durations else 0.0
+        if not is_late(deadline=task.deadline, now=self.clock.now(), expected_run_s=typical_s):
+            return False
+        why = f"its turn came too late to finish by its deadline (runs take ~{typical_s:.0f} s)"
+        await self.ledger.mark_canceled(task, error=TaskError(kind="deadline", message=why))
+        return True
+
+    async def _reclaim_stale(self) -> None:
+        now = self.clock.now()
+        stale = await self.ledger.stale_running(now - self.stale_s)
+        if not stale:
+            return
+        plans = plan_reclaims(
+            stale,
+            now=now,
+            stale_after_s=self.stale_s,
+            retry_delay_s=self.clock.scaled(self.ledger.retry_delay_s),
+        )
+        by_id = {t.id: t for t in stale}
+        for plan in plans:
+            running = self.running.get(plan.task_id)
+            if running is not None and running.withdrawn:
+                continue
+            task = by_id[plan.task_id]
+            log.warning(
+                "%s task %s attempt %d is stale: %s",
+                lane_prefix(task),
+                task.id,
+                task.attempt,
+                plan.reason,
+                extra=log_fields(task, attempt=task.attempt),
+            )
+            await self.ledger.reclaim(task, plan)
+            if running is not None:
+                # The lane's slot stays taken until the runner has confirmed its
+                # browser dead (its cleanup runs inside the cancelled coroutine).
+                running.ctx.interrupt(Interruption.RECLAIMED)
+
+    # -- running one task ----------------------------------------------------------
+    def lane_for(self, task: Task) -> LaneSpec | None:
+        for lane in self.lanes.values():
+            if task.owner == lane.owner and task.queue in lane.queues:
+                return lane
+        return None
+
+    def _reachability(self, owner: str, problem: str | None) -> None:
+        if problem is None:
+            self.accounts.mark_reachable(owner)
+        else:
+            self.accounts.mark_unreachable(owner, problem, self.clock.scaled(UNREACHABLE_PROBE_S))
+
+    async def adopt(self, task: Task) -> bool:
+        """Resume a task a previous run (or a dead host) left running: an API job
+        with a remote id, polled here from now on."""
+        lane = self.lane_for(task)
+        if lane is None:
+            return False
+        # Its last heartbeat is as old as our downtime; without a fresh one the
+        # first round would reclaim the very task we are resuming.
+        refreshed = await self.ledger.adopt(task)
+        if refreshed is None:
+            return False
+        self._start(refreshed, lane)
+        return True
+
+    def _start(self, task: Task, lane: LaneSpec) -> None:
+        profile = self.profiles[task.model]
+        now = self.clock.now()
+        live = Live(stage=task.stage or Stage.DISPATCHED, stage_started=now)
+
+        async def report_stage(stage: Stage, progress: float | None, queue: int | None) -> None:
+            live.enter(stage, self.clock.now())
+            live.progress = progress
+            live.queue_position = queue
+            if progress is not None and live.progress_since is None:
+                live.progress_since = self.clock.now()
+
+        adapter = TaskLog(
+            logging.getLogger(f"dispatcher.lane.{lane.name}"),
+            {"lane": lane.name, "task_id": task.id, "attempt": task.attempt},
+        )
+        ctx = RunContext(
+            task=task,
+            profile=profile,
+            lane=lane.name,
+            owner=lane.owner,
+            clock=self.clock,
+            result_dir=self.results_dir.joinpath(task.id, f"attempt-{task.attempt}"),
+            log=adapter,
+            report_stage=report_stage,
+            record_remote_id=functools.partial(self._record_remote_id, task.id),
+            history_s=self.run_history.durations(task.model, task.params) if polls(profile) else (),
+            reachability=functools.partial(self._reachability, lane.owner),
+        )
+        running = Running(
+            task=task, lane=lane, ctx=ctx, live=live, started_monotonic=ctx.last_beat_monotonic
+        )
+        self.running[task.id] = running
+        self._lane_running[lane.name].add(task.id)
+        ctx.work = asyncio.create_task(self._execute(running), name=f"task-{task.id}")
+        if task.cancel_requested:
+            ctx.interrupt(Interruption.CANCELED)
+
+    async def _record_remote_id(self, task_id: str, remote_id: str) -> None:
+        """What a run reports through `ctx.set_remote_id` (it runs only once registered)."""
+        running = self.running.get(task_id)
+        if running is None:  # reclaimed meanwhile: the run is told to stop, not a KeyError
+            raise StateConflict(f"task {task_id} was reclaimed before its remote id was stored")
+        running.task = await self.ledger.record_remote_id(running.task, remote_id)
+
+    async def _execute(self, running: Running) -> None:
+        runner = self.runners[running.lane.kind]
+        # The heartbeat loop starts when the first beat is due: most API tasks
+        # are over long before, and a timer costs less than a task per run.
+        beats: list[asyncio.Task[None]] = []
+        first_beat = asyncio.get_running_loop().call_later(
+            self.heartbeat_s,
+            lambda: beats.append(asyncio.create_task(self._heartbeats(running, runner))),
+        )
+        try:
+            try:
+                outcome = await self._run_one(running, runner)
+            finally:
+                first_beat.cancel()
+                # Unregistered first: a heartbeat loop that missed its cancel
+                # (see dispatcher.background) ends at its next turn all the same.
+                self.running.pop(running.task.id, None)
+                for beat in beats:
+                    # A reclaim or shutdown arriving meanwhile must not skip
+                    # the outcome's write below.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await stop_background(beat)
+            if outcome is not None:
+                # The outcome's write is an await (a round trip on PostgreSQL):
+                # a reclaim or shutdown cancelling us meanwhile must not lose it.
+                await asyncio.shield(self._record(running, outcome))
+        finally:
+            # The slot is given back once the outcome is on record, so that a
+            # lane's runs never appear to overlap (a web account runs one at
+            # a time): a round in between would start the next one early.
+            self._release_slot(running)
+            await self._refill(running.lane)
+
+    def _release_slot(self, running: Running) -> None:
+        lane_running = self._lane_running[running.lane.name]
+        lane_running.discard(running.task.id)
+        if not lane_running:
+            idle = self._idle.pop(running.lane.name, None)
+            if idle is not None:
+                idle.set()
+
+    async def _refill(self, lane: LaneSpec) -> None:
+        """The slot just freed takes the lane's next task at once: waiting for
+        the scheduler's round costs a turn of the event loop, which is long
+        while a burst of submissions is being answered."""
+        if self._stopping:
+            return
+        try:
+            await self._fill(lane)
+        except Exception:
+            log.exception(
+                "%s: starting the next task failed; the next round retries",
+                lane.name,
+                extra={"lane": lane.name},
+            )
+            self.wake()
+
+    async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
+        """How the run ended; None when we interrupted it (reclaim or shutdown)."""
+        try:
+            result = await runner.run(running.task, running.ctx)
+        except asyncio.CancelledError:
+            await self._after_interrupt(running)
+            # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
+            return None
+        except TaskCanceled:
+            return Canceled()
+        except RunError as exc:
+            return disk_full_error(exc, running.ctx.result_dir) or exc
+        except Exception as exc:
+            full = disk_full_error(exc, running.ctx.result_dir)
+            if full is not None:
+                running.ctx.log.error("%s", full)
+                return full
+            running.ctx.log.exception("%s runner crashed", running.lane.name)
+            return TransientError(f"runner crashed: {exc!r}", kind="internal")
+        return result
+
+    async def _after_interrupt(self, running: Running) -> None:
+        if running.ctx.interruption is not Interruption.SHUTDOWN:
+            return
+        task = await self.ledger.current(running.task.id)
+        if task is None or task.state is not State.RUNNING:
+            return
+        if task.kind is Kind.API and task.remote_id:
+            # The remote job keeps going; the next start resumes polling it.
+            log.info(
+                "%s task %s left running for recovery (remote %s)",
+                lane_prefix(task),
+                task.id,
+                task.remote_id,
+                extra=log_fields(task, attempt=task.attempt),
+            )
+            return
+        await self.ledger.requeue(task, "service shut down before it finished")
+
+    async def _record(self, running: Running, outcome: Outcome) -> None:
+        """Write the outcome, or else end the attempt without it (`attempt.unrecorded`):
+        left running, it would go stale and be submitted again from scratch."""
+        try:
+            await self._finish(running, outcome)
+        except Exception as exc:
+            running.ctx.log.exception("recording how the attempt ended failed")
+            try:
+                if isinstance(outcome, Canceled):
+                    await self.ledger.mark_canceled(running.task)
+                else:
+                    await self.ledger.fail(
+                        running.task,
+                        unrecorded(outcome, exc, resumable=running.resumable),
+                        keep_remote_id=running.resumable and isinstance(outcome, RunResult),
+                    )
+            except Exception:
+                running.ctx.log.exception("ending the attempt failed too; the stale bound will")
+
+    async def _finish(self, running: Running, outcome: Outcome) -> None:
+        task = running.task
+        durations = running.live.closed_durations(self.clock.now())
+        match outcome:
+            case RunResult():
+                self.health.succeeded(running.lane.owner)
+                done = await self.ledger.succeed(task, outcome.to_json(), durations)
+                if done is not None and done.state is State.SUCCESS and done.started_at:
+                    run_s = (done.finished_at or self.clock.now()) - done.started_at
+                    (await self.recent_durations(done.model)).appendleft(run_s)
+                    if polls(running.ctx.profile):
+                        self.run_history.record(
+                            done.model, done.params, run_s / self.clock.time_scale
+                        )
+            case Canceled():
+                await self.ledger.mark_canceled(task, durations)
+            case RunError():
+                await self._failed(running, outcome, durations)
+
+    async def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
+        if await self.health.hold(running, error, durations):
+            return
+        if error.kind == "stalled":
+            self.stalled_reclaims += 1
+        ended = await self.ledger.fail(running.task, error, durations)
+        if ended is not None and ended.state is State.CANCELED:
+            return  # a cancel was asked for while it ran: that outcome wins
+        if running.lane.kind is Kind.WEB:
+            # Only web accounts: a provider's bad spell (5xx, timeouts)
+            # passes by itself, and retries already space out its tasks.
+            await self.health.count_failure(running.lane.owner, error)
+
+    async def _heartbeats(self, running: Running, runner: Runner) -> None:
+        """Started when the first beat is due (one heartbeat after the start)."""
+        written_beat = running.started_monotonic
+        while self.running.get(running.task.id) is running:
+            if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
+                # Otherwise no sign of life since the last write: let staleness speak.
+                written_beat = running.ctx.last_beat_monotonic
+                seen = await self.ledger.heartbeat(running.task, running.live.stage)
+                if seen is not None:
+                    running.task = seen
+            else:
+                seen = await self.ledger.current(running.task.id)
+            if seen is not None and seen.cancel_requested:
+                # The fallback for a cancel whose notice was lost (asked on
+                # another host while our listener was reconnecting).
+                running.ctx.interrupt(Interruption.CANCELED)
+            await asyncio.sleep(self.heartbeat_s)
+
+    # -- what the scheduler hears ---------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        """A task became pending or an account changed: a round may start
+        work. A cancel was asked for a running task: its runner is told."""
+        match event:
+            case AccountChanged():
+                self.wake()
+            case TaskChanged(task=task) if task.state is State.PENDING:
+                self.wake()
+            case TaskChanged(task=task) if task.state is State.RUNNING and task.cancel_requested:
+                running = self.running.get(task.id)
+                if running is not None:
+                    running.ctx.interrupt(Interruption.CANCELED)
+
+    async def progress(self, task: Task) -> JSON:
+        """`ahead`, `eta_s` and live progress for a task answer (`laneviews`)."""
+        return await task_progress(self, task)
+
+    async def recent_durations(self, model: str) -> deque[float]:
+        if model not in self._durations:
+            self._durations[model] = deque(
+                await self.ledger.recent_durations(model, RECENT_RUNS), maxlen=RECENT_RUNS
+            )
+        return self._durations[model]
+
+    async def lanes_view(self) -> list[JSON]:
+        return await lanes_view(self)

@@ -1,0 +1,601 @@
+"""The one place that changes tasks: checks the guard, writes CAS, tells the world.
+
+It is also the one place where what runners report (errors, results, remote
+ids: a vendor's or a page's words) is made safe before anything is stored or
+sent: secrets masked, text made storable on every store; see `_redacted`.
+
+Every state change goes through here: it is checked by `states`, applied by
+the store as a compare-and-set, logged as one line with the lane prefix, and
+published on the event bus. A write against a row that has moved on is
+rejected by the store, logged, and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatcher.clock import Clock
+from dispatcher.errors import InputError, RunError, StateConflict
+from dispatcher.events import EventBus, TaskChanged
+from dispatcher.logs import mask_secrets, scrub, scrub_json
+from dispatcher.models import (
+    JSON,
+    Attempt,
+    Job,
+    Stage,
+    State,
+    Task,
+    TaskError,
+    new_id,
+)
+from dispatcher.pricing import AGING_STEP_S, Budget, finished_cost_usd
+from dispatcher.profiles import Profile
+from dispatcher.scheduling.decisions import Reclaim
+from dispatcher.store import Store
+from dispatcher.store.hosts import Fence, Quota
+from dispatcher.strictjson import storable, storable_text
+from dispatcher.tasks import states
+from dispatcher.tasks.fingerprint import (
+    LocalFiles,
+)
+from dispatcher.tasks.intake import Intake, ResultStore
+from dispatcher.tasks.lines import lane_prefix, log_fields, log_rejected, log_transition
+from dispatcher.tasks.reads import TaskReads
+from dispatcher.tasks.resultpaths import real_result, stored_result
+from dispatcher.tasks.spec import TaskSpec
+
+log = logging.getLogger("dispatcher.tasks")
+
+MAX_JOB_TASKS = 10_000
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: Task
+    deduped: bool = False
+
+
+def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Secrets out of what a runner reports, before it is stored, served or published.
+
+    A vendor may echo the API key in an error ("Incorrect API key provided:
+    Bearer sk-..."); every error and every result's meta pass here, so
+    nothing a runner produces is stored in clear. A result's text is the
+    generation itself: only the registered secrets are masked there, since a
+    generated answer may rightly hold text shaped like `api_key = ...`.
+
+    Whatever a vendor sent is made storable here too (`strictjson.storable`),
+    once for both stores: a NUL in an error refused by PostgreSQL used to
+    fail the write that ends the attempt.
+    """
+    error = changes.get("error")
+    result = changes.get("result")
+    remote_id = changes.get("remote_id")
+    if error is None and result is None and remote_id is None:
+        return changes
+    out = dict(changes)
+    if isinstance(error, TaskError):
+        out["error"] = TaskError(
+            kind=storable_text(scrub(error.kind)), message=storable_text(scrub(error.message))
+        )
+    if isinstance(result, dict):
+        cleaned = storable(result)
+        if "meta" in cleaned:
+            cleaned["meta"] = scrub_json(cleaned["meta"])
+        if isinstance(cleaned.get("text"), str):
+            cleaned["text"] = mask_secrets(cleaned["text"])
+        out["result"] = cleaned
+    if isinstance(remote_id, str):
+        out["remote_id"] = storable_text(remote_id)
+    return out
+
+
+class Ledger(TaskReads):
+    """Changes tasks (submit, claim, the ends of an attempt, cancel, retry); its
+    reads come from `TaskReads`."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        profiles: Mapping[str, Profile],
+        events: EventBus,
+        *,
+        retry_delay_s: float,
+        cache: ResultStore | None = None,
+        results_dir: Path | None = None,
+        reference_files: LocalFiles | None = None,
+        host: str | None = None,
+        shared: bool = False,
+    ) -> None:
+        self.store = store
+        self.host = host  # recorded on every task this host claims
+        # Several hosts on one database: this host reclaims only its own stale
+        # tasks; a silent host's are recovered as a whole (`HostWatch`).
+        self.shared = shared
+        self.clock = clock
+        self.events = events
+        self.retry_delay_s = retry_delay_s
+        self.intake = Intake(
+            store,
+            clock,
+            profiles,
+            cache=cache,
+            results_dir=results_dir,
+            reference_files=reference_files,
+            host=host,
+        )
+        self.dedup_hits = 0
+        self.retries = 0
+        self.stale_reclaims = 0
+
+    @property
+    def cache_hits(self) -> int:
+        return self.intake.cache_hits
+
+    @property
+    def invalid_models(self) -> dict[str, str]:
+        """Models whose profile is broken (or not applied live): why, for a clear refusal."""
+        return self.intake.invalid_models
+
+    @invalid_models.setter
+    def invalid_models(self, why: dict[str, str]) -> None:
+        self.intake.invalid_models = why
+
+    # -- creating ------------------------------------------------------------
+    def _deduped(self, task: Task, existing: Task) -> Submitted:
+        self.dedup_hits += 1
+        log.info(
+            "%s task %s deduped onto %s",
+            lane_prefix(existing),
+            task.id,
+            existing.id,
+            extra=log_fields(existing, task_id=task.id),
+        )
+        return Submitted(existing, deduped=True)
+
+    async def submit(self, spec: TaskSpec) -> Submitted:
+        """Store a task, or answer with its twin, or complete it from the cache.
+
+        Image hashing and cache file copies run in worker threads (a plain
+        cache miss does not need one). The twin
+        check that counts is the store's, atomic with the insert (across
+        hosts too): two identical submits racing through the threads, or on
+        two hosts, still make one task. The early look skips the cache work
+        for a twin.
+        """
+        await self.intake.learn([spec])
+        (images,) = await self.intake.image_hashes([spec], in_job=False)
+        task = self.intake.new_task(spec, None, images)
+        since = self.intake.twin_window_start(task)
+        cached: JSON | None = None
+        if self.intake.cache is not None and since is not None:
+            existing = await self.intake.twin(task)
+            if existing is not None:
+                return self._deduped(task, existing)
+            cached = await self.intake.cache_lookup(task)
+        task = self.intake.completed(task, cached)
+        if since is None:
+            (stored,) = await self.store.insert_tasks([task])
+        else:
+            stored, inserted = await self.store.insert_unless_twin(task, since)
+            if not inserted:
+                if cached is not None and self.intake.results_dir is not None:
+                    folder = self.intake.results_dir / task.id
+                    await asyncio.to_thread(shutil.rmtree, folder, True)
+                return self._deduped(task, stored)
+        self._announce(stored, None)
+        return Submitted(stored)
+
+    async def create_job(self, name: str, specs: Sequence[TaskSpec]) -> tuple[Job, list[Task]]:
+        if not specs:
+            raise InputError("a job needs at least one task")
+        if len(specs) > MAX_JOB_TASKS:
+            raise InputError(f"a job takes at most {MAX_JOB_TASKS} tasks")
+        job = Job(id=new_id(), name=name, created_at=self.clock.now())
+        # Validate everything before writing anything: a bad line rejects the whole
+        # job rather than leaving half of it queued.
+        await self.intake.learn(specs)
+        hashes = await self.intake.image_hashes(specs, in_job=True)
+        tasks = []
+        refs: dict[str, int] = {}
+        for index, (spec, images) in enumerate(zip(specs, hashes, strict=True)):
+            if spec.ref is not None:
+                if spec.ref in refs:
+                    raise InputError(
+                        f"tasks[{index}]: ref {spec.ref!r} is already used by "
+                        f"tasks[{refs[spec.ref]}]; refs are unique within a job"
+                    )
+                refs[spec.ref] = index
+            try:
+                tasks.append(self.intake.new_task(spec, job.id, images))
+            except InputError as exc:
+                raise InputError(f"tasks[{index}]: {exc}") from exc
+        if self.intake.cache is not None:
+            found = await asyncio.to_thread(self.intake.cache_lookups, tasks)
+            tasks = [self.intake.completed(t, c) for t, c in zip(tasks, found, strict=True)]
+        stored = await self.store.insert_tasks(tasks, job)
+        for task in stored:
+            self._announce(task, None)
+        return job, stored
+
+    # -- writing -------------------------------------------------------------
+    async def _write(
+        self,
+        task: Task,
+        new_state: State,
+        changes: Mapping[str, Any],
+        *,
+        why: str = "",
+        unless_cancel_requested: bool = False,
+        fenced: bool = True,
+    ) -> Task | None:
+        states.check_transition(task.state, new_state)
+        changes = _redacted(changes)
+        why = storable_text(scrub(why))
+        updated = await self.store.update_task(
+            task.id,
+            expect_state=task.state,
+            expect_attempt=task.attempt,
+            changes={**changes, "state": new_state},
+            unless_cancel_requested=unless_cancel_requested,
+            ended=self._ended(task, new_state, changes, why),
+            fence=_fence(task) if fenced else None,
+        )
+        if updated is None:
+            if not unless_cancel_requested:
+                current = await self.store.get_task(task.id)
+                log_rejected(task, new_state, current, why, fenced=_fence(task) is not None)
+            return None
+        if new_state is not task.state:
+            self._announce(updated, task.state, why)
+        return updated
+
+    def _ended(
+        self, task: Task, new_state: State, changes: Mapping[str, Any], why: str
+    ) -> Attempt | None:
+        """The history row of a running attempt this write ends, if it ends one."""
+        if task.state is not State.RUNNING or new_state is State.RUNNING:
+            return None
+        error = changes.get("error", task.error) if new_state is not State.SUCCESS else None
+        if error is None and new_state is State.PENDING and why:
+            error = TaskError(kind="requeued", message=why)
+        return Attempt(
+            task_id=task.id,
+            attempt=task.attempt,
+            queue=task.queue,
+            owner=task.owner,
+            outcome=new_state,
+            started_at=task.started_at,
+            ended_at=self.clock.now(),
+            error=error,
+            stage_durations=dict(changes.get("stage_durations", task.stage_durations)),
+        )
+
+    def _announce(self, task: Task, old: State | None, why: str = "") -> None:
+        log_transition(task, old, why)
+        self.events.publish(TaskChanged(task))
+
+    async def claim(
+        self,
+        queues: Sequence[str],
+        owner: str,
+        *,
+        fence: Fence | None = None,
+        quota: Quota | None = None,
+        budget: Budget | None = None,
+    ) -> Task | None:
+        """The lane's next task, run by this host; under the account's lease
+        (`fence`, a web account) or a provider's global `quota`, and within the
+        provider's daily `budget`, when given."""
+        now = self.clock.now()
+        task = await self.store.claim_next(
+            queues,
+            now,
+            {
+                "owner": owner,
+                "stage": Stage.DISPATCHED,
+                "started_at": now,
+                "heartbeat_at": now,
+                "stage_started_at": now,
+                "stage_durations": {},
+                "error": None,
+                "host": self.host,
+                "lease_token": fence.token if fence is not None else None,
+            },
+            fence=fence,
+            quota=quota,
+            budget=budget,
+            aging_step_s=self.clock.scaled(AGING_STEP_S),
+        )
+        if task is not None:
+            self._announce(task, State.PENDING)
+        return task
+
+    async def take_as(self, task: Task, profile: Profile, fingerprint: str) -> Task | None:
+        """A fallback taken by a lane of one of its equivalent models: it is now
+        that model's task (its cache entry follows the model that runs it)."""
+        changes = {"model": profile.name, "kind": profile.kind, "queue": profile.queue}
+        return await self._write(
+            task, State.RUNNING, {**changes, "fingerprint": fingerprint}, why="fallback"
+        )
+
+    async def record_remote_id(self, task: Task, remote_id: str) -> Task:
+        updated = await self._write(task, State.RUNNING, {"remote_id": remote_id})
+        if updated is None:
+            raise StateConflict(f"task {task.id} moved on before its remote id was stored")
+        return updated
+
+    async def adopt(self, task: Task) -> Task | None:
+        """This host takes over a running task (its own from a previous run, or
+        a dead host's): a fresh heartbeat, and the task is this host's now."""
+        return await self._write(
+            task,
+            State.RUNNING,
+            {"heartbeat_at": self.clock.now(), "stage": task.stage, "host": self.host},
+            fenced=False,
+        )
+
+    async def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
+        return await self._write(
+            task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage}
+        )
+
+    async def succeed(
+        self, task: Task, result: JSON, stage_durations: Mapping[str, float]
+    ) -> Task | None:
+        """Write the result; then keep it in the cache for identical tasks.
+
+        The cache keeps what the task stored (secrets already masked).
+        Linking or copying its files is file work: a thread does it while
+        the loop serves every other lane. A result without files is one
+        upsert of a local index, kept on the loop's thread when nothing
+        else needs doing (`ResultCache.store_text_here`).
+        """
+        done = await self._end_attempt(
+            task,
+            State.SUCCESS,
+            {
+                # Relative to the results dir: a restore elsewhere still finds the files.
+                "result": stored_result(result, self.intake.results_dir),
+                # Persisting ends with this very write: a finished task has no stage.
+                "stage": None,
+                "finished_at": self.clock.now(),
+                "stage_durations": dict(stage_durations),
+                "cost": finished_cost_usd(task.cost_estimate, result),
+            },
+            what="result",
+        )
+        cache = self.intake.cache
+        if cache is None or done is None or done.state is not State.SUCCESS:
+            return done
+        kept = done.result
+        if kept is not None and self.intake.results_dir is not None:
+            kept = real_result(kept, self.intake.results_dir, done.id)
+        if (
+            not done.from_cache
+            and kept is not None
+            and not cache.store_text_here(done.fingerprint, done.model, kept)
+        ):
+            await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, kept)
+        return done
+
+    async def _end_attempt(
+        self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""
+    ) -> Task | None:
+        """Write how a running attempt ended, unless a cancel was asked for meanwhile.
+
+        The cancel check rides on the CAS itself (one statement in the common
+        case); only a refused write reads the row to find out why. A cancel
+        wins over the attempt's outcome: the task ends canceled.
+        """
+        done = await self._write(task, new_state, changes, why=why, unless_cancel_requested=True)
+        if done is not None:
+            return done
+        current = await self.store.get_task(task.id)
+        if (
+            current is not None
+            and current.cancel_requested
+            and current.state is State.RUNNING
+            and current.attempt == task.attempt
+        ):
+            log.info(
+                "%s task %s: %s arrived after cancel; dropped",
+                lane_prefix(task),
+                task.id,
+                what,
+                extra=log_fields(task, attempt=task.attempt),
+            )
+            return await self.mark_canceled(current, changes.get("stage_durations"))
+        log_rejected(task, new_state, current, why, fenced=_fence(task) is not None)
+        return None
+
+    async def fail(
+        self,
+        task: Task,
+        error: RunError,
+        stage_durations: Mapping[str, float] | None = None,
+        *,
+        keep_remote_id: bool = False,
+    ) -> Task | None:
+        """End the attempt as failed: retried (a fresh submit) or finished.
+
+        `keep_remote_id`: the remote job is sound and only our side failed;
+        a retry resumes it instead of submitting (and paying) again.
+        """
+        fate = states.after_failure(
+            attempt=task.attempt,
+            max_attempts=task.max_attempts,
+            retryable=error.retryable,
+            now=self.clock.now(),
+            retry_delay_s=self.clock.scaled(self.retry_delay_s),
+        )
+        changes: dict[str, Any] = {
+            "error": TaskError(kind=error.kind, message=error.message),
+            "stage_durations": dict(stage_durations or {}),
+        }
+        changes.update(self._after_attempt(fate.state, fate.attempt, fate.not_before))
+        if keep_remote_id:
+            changes.pop("remote_id", None)
+        return await self._end_attempt(
+            task, fate.state, changes, what="error", why=f"{error.kind}: {error.message}"
+        )
+
+    def _after_attempt(self, next_state: State, attempt: int, not_before: float) -> dict[str, Any]:
+        """Changes for an attempt that ended badly: re-queued fresh, or finished."""
+        if next_state is State.PENDING:
+            self.retries += 1
+            return {
+                "attempt": attempt,
+                "not_before": not_before,
+                "stage": None,
+                "remote_id": None,
+                "heartbeat_at": None,
+            }
+        return {"finished_at": self.clock.now(), "stage": None}
+
+    async def mark_canceled(
+        self,
+        task: Task,
+        stage_durations: Mapping[str, float] | None = None,
+        error: TaskError | None = None,  # why, when nobody asked (a missed deadline)
+    ) -> Task | None:
+        changes: dict[str, Any] = {"finished_at": self.clock.now()}
+        if error is not None:
+            changes["error"] = error
+        if stage_durations is not None:
+            changes["stage_durations"] = dict(stage_durations)
+        return await self._write(task, State.CANCELED, changes)
+
+    async def requeue(
+        self, task: Task, why: str, *, forget_remote: bool = False, fenced: bool = True
+    ) -> Task | None:
+        """Back to pending on the same attempt: it never got far enough to count.
+
+        `forget_remote`: its remote job lives on a provider that no longer
+        serves it; a remote id is only ever resumed where it was accepted,
+        so the next lane submits afresh.
+        """
+        changes: dict[str, Any] = {"stage": None, "heartbeat_at": None, "owner": None}
+        if forget_remote:
+            changes["remote_id"] = None
+        return await self._write(task, State.PENDING, changes, why=why, fenced=fenced)
+
+    async def hold_unloaded(self, task: Task, delay_s: float) -> Task | None:
+        """Back to pending, same attempt, for a while: its model is not loaded now."""
+        return await self._write(
+            task,
+            State.PENDING,
+            {
+                "stage": None,
+                "heartbeat_at": None,
+                "owner": None,
+                "not_before": self.clock.now() + delay_s,
+            },
+            why=f"model {task.model!r} is not loaded",
+        )
+
+    async def expire(self, task: Task, *, fenced: bool = True) -> Task | None:
+        return await self._write(
+            task,
+            State.FAILED,
+            {
+                "error": TaskError(
+                    kind="expired", message="running for over 2 h; failed as expired"
+                ),
+                "finished_at": self.clock.now(),
+            },
+            why="expired",
+            fenced=fenced,
+        )
+
+    async def reclaim(self, task: Task, plan: Reclaim, *, fenced: bool = True) -> Task | None:
+        self.stale_reclaims += 1
+        changes: dict[str, Any] = {"error": TaskError(kind="stale", message=plan.reason)}
+        changes.update(self._after_attempt(plan.next_state, plan.next_attempt, plan.not_before))
+        return await self._write(
+            task, plan.next_state, changes, why=f"stale: {plan.reason}", fenced=fenced
+        )
+
+    # -- operator actions ------------------------------------------------------
+    async def request_cancel(self, task_id: str) -> Task:
+        """Pending tasks cancel at once; running ones are flagged for their runner."""
+        task = await self.get(task_id)
+        states.check_cancel(task.state)
+        if task.state is State.PENDING:
+            updated = await self._write(
+                task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True}
+            )
+        else:
+            # An operator's request, from any host: not a write of the run.
+            updated = await self._write(
+                task, State.RUNNING, {"cancel_requested": True}, fenced=False
+            )
+            if updated is not None:
+                self.events.publish(TaskChanged(updated))
+        if updated is None:
+            # It moved between our read and our write; report where it is now.
+            return await self.get(task_id)
+        return updated
+
+    async def retry(self, task_id: str) -> Task:
+        task = await self.get(task_id)
+        states.check_retry(task.state)
+        plan = states.manual_retry(attempt=task.attempt, max_attempts=task.max_attempts)
+        updated = await self._write(
+            task,
+            State.PENDING,
+            {
+                "attempt": plan.attempt,
+                "max_attempts": plan.max_attempts,
+                "not_before": 0.0,
+                "stage": None,
+                "remote_id": None,
+                "heartbeat_at": None,
+                "finished_at": None,
+                "cancel_requested": False,
+                "owner": None,
+            },
+            why="retry requested",
+        )
+        if updated is None:
+            raise StateConflict(f"task {task_id} changed while retrying; try again")
+        self.retries += 1
+        return updated
+
+    async def cancel_job(self, job_id: str) -> list[Task]:
+        job = await self.get_job(job_id)
+        changed = []
+        for task in await self.store.job_tasks(job.id):
+            if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
+                changed.append(await self.request_cancel(task.id))
+        return changed
+
+    async def retry_job(self, job_id: str) -> list[Task]:
+        """Retry a job's failed tasks; a job with none is refused, as a task
+        that did not fail is (a silent no-op read as "retried")."""
+        job = await self.get_job(job_id)
+        tasks = await self.store.job_tasks(job.id)
+        failed = [task for task in tasks if task.state is State.FAILED]
+        if not failed:
+            counts = Counter(task.state.value for task in tasks)
+            held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
+            raise StateConflict(
+                f"job {job.id} has no failed task to retry ({held}); only failed tasks are retried"
+            )
+        return [await self.retry(task.id) for task in failed]
+
+
+def _fence(task: Task) -> Fence | None:
+    """A running attempt claimed under an account lease writes only while that
+    lease is still the one it ran under (see `Store.update_task`)."""
+    if task.state is not State.RUNNING or task.lease_token is None or task.owner is None:
+        return None
+    return Fence(task.owner, task.lease_token)

@@ -1,0 +1,1 @@
+"""Shared test support: the service harness, builders, PostgreSQL and process helpers."""
