@@ -25,24 +25,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 SCALE = 0.05  # 90 s stale -> 4.5 s: long enough for a browser start
 
 
-async def accounts(h: Harness) -> dict[str, dict[str, Any]]:
-    response = await h.http.get("/v1/accounts")
-    assert response.status_code == 200, response.text
-    return {a["name"]: a for a in response.json()}
-
-
 async def set_user(h: Harness, user: str, body: dict[str, Any]) -> None:
     async with httpx.AsyncClient() as client:
         response = await client.post(f"{h.demo_web}/__users/{user}", json=body)
         response.raise_for_status()
-
-
-async def wait_account(h: Harness, name: str, state: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while (account := (await accounts(h))[name])["state"] != state:
-        assert time.monotonic() < deadline, f"{name} stuck in {account}"
-        await asyncio.sleep(0.05)
-    return account
 
 
 @asynccontextmanager
@@ -81,7 +67,7 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
         set_s = time.time() - capped_at
         async with account_events(h) as events:
             task = await h.submit("demo-chat", "capped")
-            capped = await wait_account(h, "demo-1", "cooldown")
+            capped = await h.wait_account("demo-1", "cooldown")
             seen_s = time.time() - capped_at
             # The account's state is written first, then the task's.
             held = await h.wait_task(task["id"], {"pending"})
@@ -115,7 +101,7 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
         assert (done["state"], done["attempt"]) == ("success", 1)
         assert done["result"]["meta"]["account"] == "demo-1"
         assert done["started_at"] >= capped["until"]
-        assert (await accounts(h))["demo-1"]["state"] == "ok"
+        assert (await h.accounts())["demo-1"]["state"] == "ok"
 
 
 async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
@@ -125,7 +111,7 @@ async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
         for condition, reason in (("challenge", "challenge"), ("logged_out", "logged out")):
             await set_user(h, "demo-1", {"state": condition})
             task = await h.submit("demo-chat", f"meets a {condition}")
-            account = await wait_account(h, "demo-1", "needs_attention")
+            account = await h.wait_account("demo-1", "needs_attention")
             assert reason in account["reason"]
             held = await h.wait_task(task["id"], {"pending"})
             assert (held["state"], held["attempt"], held["owner"]) == ("pending", 1, None)
@@ -169,7 +155,7 @@ async def test_a_logout_is_not_charged_while_the_attempt_cleans_up_past_the_stal
             assert (seen["state"], seen["attempt"]) == ("running", 1), seen
             await asyncio.sleep(0.1)
         go_on.set()
-        await wait_account(h, "demo-1", "needs_attention")
+        await h.wait_account("demo-1", "needs_attention")
         held = await h.wait_task(task["id"], {"pending"})
         assert held["attempt"] == 1, held
         assert [a["error"]["kind"] for a in held["attempts"]] == ["requeued"], held["attempts"]
@@ -183,7 +169,7 @@ async def test_failures_of_one_kind_in_a_row_take_the_account_out(tmp_path: Path
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
         await h.demo_mode({"mode": "error", "message": "something broke"}, base=h.demo_web)
         task = await h.submit("demo-chat", "fails twice")
-        account = await wait_account(h, "demo-1", "needs_attention")
+        account = await h.wait_account("demo-1", "needs_attention")
         assert "2 page_error failures in a row" in account["reason"]
         held = await h.task(task["id"])
         assert (held["state"], held["attempt"]) == ("pending", 3)  # not failed: attempts left

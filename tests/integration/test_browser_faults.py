@@ -28,10 +28,6 @@ def renderers(state_dir: Path, account: str) -> list[psutil.Process]:
     return [p for p in account_browsers(state_dir, account) if "--type=renderer" in p.cmdline()]
 
 
-async def accounts(h: Harness) -> dict[str, dict[str, object]]:
-    return {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()}
-
-
 async def wait_stage(h: Harness, task_id: str, stage: str, timeout_s: float = 60) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while (await h.task(task_id)).get("stage") != stage:
@@ -112,7 +108,7 @@ async def test_a_browser_that_cannot_start_takes_the_account_out_without_a_launc
         tasks = [(await h.submit("demo-chat", name))["id"] for name in ("first", "second")]
 
         deadline = asyncio.get_running_loop().time() + 60
-        while not (account := (await accounts(h))["demo-1"])["needs_attention"]:
+        while not (account := (await h.accounts())["demo-1"])["needs_attention"]:
             assert asyncio.get_running_loop().time() < deadline, "the account was never marked"
             await asyncio.sleep(0.05)
         assert "failed to start 3 times in a row" in str(account["reason"])

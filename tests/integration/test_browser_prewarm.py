@@ -21,7 +21,6 @@ from dispatcher.accounts.warmup import BrowserPrewarm
 from dispatcher.errors import StoreError
 from dispatcher.models import Kind
 from dispatcher.settings import Settings, find_browser
-from tests.integration.test_account_health import accounts, wait_account
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
 from tests.support.harness import Harness, running_service, serving
 from tests.support.helpers import REPO
@@ -191,7 +190,7 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
                 (await client.post(f"{site}/__users/demo", json=body)).raise_for_status()
         async with serving(settings) as h:
             runner = web_runner(h)
-            account = await wait_account(h, "demo-1", state)
+            account = await h.wait_account("demo-1", state)
             assert reason in account["reason"], account
             await until(lambda: not prewarm(h).starting, "the start has ended")
             assert runner.open_browsers() == {}
@@ -219,7 +218,7 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
             # One browser at start, one after (pre-started, or the task's own
             # if it took the profile first).
             assert counter(h, "browser_launches") == 2
-            assert (await accounts(h))["demo-1"]["state"] == "ok"
+            assert (await h.accounts())["demo-1"]["state"] == "ok"
 
 
 async def test_an_account_removed_while_its_start_finds_it_logged_out_stays_removed(
@@ -252,7 +251,7 @@ async def test_an_account_removed_while_its_start_finds_it_logged_out_stays_remo
         gone = await removing
         assert gone.status_code == 200, gone.text
         await until(lambda: not prewarm(h).starting, "the start has ended")
-        assert "extra" not in await accounts(h)
+        assert "extra" not in await h.accounts()
         assert "extra" not in await store.get_accounts()
         assert account_browsers(h.state_dir, "extra") == []
 

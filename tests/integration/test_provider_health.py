@@ -4,8 +4,6 @@ the demo provider."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -20,21 +18,9 @@ from tests.support.helpers import REPO
 UNSET_KEY_ENV = "DISPATCHER_TEST_KEY_NEVER_SET"
 
 
-async def accounts(h: Harness) -> dict[str, dict[str, Any]]:
-    return {a["name"]: a for a in (await h.http.get("/v1/accounts")).json()}
-
-
 async def lane(h: Harness, name: str) -> dict[str, Any]:
     lanes = (await h.http.get("/v1/lanes")).json()
     return next(x for x in lanes if x["name"] == name)
-
-
-async def wait_account(h: Harness, name: str, state: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while (account := (await accounts(h))[name])["state"] != state:
-        assert time.monotonic() < deadline, f"{name} stuck in {account}"
-        await asyncio.sleep(0.02)
-    return account
 
 
 def keyless_profile(tmp_path: Path) -> None:
@@ -54,7 +40,7 @@ async def test_an_unset_key_holds_tasks_until_it_is_set(
     monkeypatch.delenv(UNSET_KEY_ENV, raising=False)
     keyless_profile(tmp_path)
     async with running_service(tmp_path, profiles=("demo-chat-api",)) as h:
-        keyless = (await accounts(h))["keyless"]
+        keyless = (await h.accounts())["keyless"]
         assert (keyless["kind"], keyless["state"]) == ("api", "needs_attention")
         assert UNSET_KEY_ENV in keyless["reason"]
         assert (await lane(h, "api:keyless"))["state"] == "needs_attention"
@@ -77,7 +63,7 @@ async def test_a_revoked_key_holds_the_task_that_met_it(tmp_path: Path) -> None:
         async with httpx.AsyncClient() as client:
             (await client.post(f"{h.demo_api}/__keys/revoke")).raise_for_status()
             task = await h.submit("demo-chat-api", "meets a 401")
-            account = await wait_account(h, "demo", "needs_attention")
+            account = await h.wait_account("demo", "needs_attention")
             assert "401" in account["reason"]
             held = await h.task(task["id"])
             assert (held["state"], held["attempt"], held["owner"]) == ("pending", 1, None)
@@ -89,7 +75,7 @@ async def test_a_revoked_key_holds_the_task_that_met_it(tmp_path: Path) -> None:
         for task_id in (task["id"], queued["id"]):
             done = await h.wait_task(task_id)
             assert (done["state"], done["attempt"]) == ("success", 1)
-        assert (await accounts(h))["demo"]["state"] == "ok"
+        assert (await h.accounts())["demo"]["state"] == "ok"
 
 
 async def test_a_429_storm_without_retry_after_halves_the_lane_then_it_grows_back(
@@ -133,12 +119,12 @@ async def test_a_key_added_to_dotenv_is_read_on_reload_and_the_account_clears_it
     tmp_path: Path, keyless_dotenv: Path
 ) -> None:
     async with running_service(tmp_path, profiles=("demo-chat-api",)) as h:
-        assert (await accounts(h))["keyless"]["state"] == "needs_attention"
+        assert (await h.accounts())["keyless"]["state"] == "needs_attention"
         waiting = await h.submit("keyless-chat", "needs a key")
         keyless_dotenv.write_text(f"{UNSET_KEY_ENV}=a-key-from-dotenv\n")
         assert (await h.http.post("/v1/reload")).status_code == 200
         # No enable needed: the cause is gone, so is the mark.
-        assert (await accounts(h))["keyless"]["state"] == "ok"
+        assert (await h.accounts())["keyless"]["state"] == "ok"
         done = await h.wait_task(waiting["id"])
         assert (done["state"], done["attempt"]) == ("success", 1)
 
@@ -161,9 +147,9 @@ async def test_a_key_set_before_a_restart_clears_the_mark_of_the_last_run(
 ) -> None:
     state = tmp_path / "state"
     async with running_service(tmp_path, profiles=("demo-chat-api",), state_dir=state) as h:
-        assert (await accounts(h))["keyless"]["state"] == "needs_attention"
+        assert (await h.accounts())["keyless"]["state"] == "needs_attention"
     monkeypatch.setenv(UNSET_KEY_ENV, "a-key-in-the-unit")
     async with running_service(tmp_path, profiles=("demo-chat-api",), state_dir=state) as h:
-        assert (await accounts(h))["keyless"]["state"] == "ok"
+        assert (await h.accounts())["keyless"]["state"] == "ok"
         done = await h.wait_task((await h.submit("keyless-chat", "has its key now"))["id"])
         assert done["state"] == "success"

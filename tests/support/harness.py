@@ -94,6 +94,20 @@ class Harness:
                 raise AssertionError(f"job {job_id} still running: {job['counts']}")
             await asyncio.sleep(0.05)
 
+    async def accounts(self) -> dict[str, dict[str, Any]]:
+        """`GET /v1/accounts`, by name."""
+        response = await self.http.get("/v1/accounts")
+        assert response.status_code == 200, response.text
+        return {a["name"]: a for a in response.json()}
+
+    async def wait_account(self, name: str, state: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The account (or provider) once its visible state is `state`."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while (account := (await self.accounts())[name])["state"] != state:
+            assert asyncio.get_running_loop().time() < deadline, f"{name} stuck in {account}"
+            await asyncio.sleep(0.02)
+        return account
+
     async def browsers_started(self, timeout_s: float = 60.0) -> None:
         """Until the web accounts' browsers started as their lanes opened are
         up (`dispatcher.accounts.warmup`): a test that changes the demo site's state

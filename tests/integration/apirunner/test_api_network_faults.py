@@ -91,13 +91,6 @@ def assert_one_job_each(stats: dict[str, Any], tasks: int) -> None:
     assert stats["duplicate_submits"] == 0, stats
 
 
-async def wait_remote_id(h: Harness, task_id: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (await h.task(task_id))["remote_id"]:
-        assert asyncio.get_running_loop().time() < deadline, await h.task(task_id)
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("fault", [{"mode": "drop", "when": "reset"}, {"mode": "truncate"}])
 async def test_a_download_cut_short_is_fetched_again_never_resubmitted(
     tmp_path: Path, fault: dict[str, Any]
@@ -162,7 +155,7 @@ async def test_a_vendor_down_while_its_job_is_polled_is_polled_again(
             for model in ("demo-video", "demo-queue")
         ]
         for task_id in tasks:
-            await wait_remote_id(h, task_id)
+            await h.wait_remote_id(task_id)
         await vendor.down()
         # 1 s real = 50 nominal seconds without an answer (connection refused).
         await asyncio.sleep(1.0)
