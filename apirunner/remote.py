@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apirunner.templates import MISSING, lookup
-from dispatcher.profiles import ApiSpec, StatusSpec
+from dispatcher.profile_calls import StatusSpec
+from dispatcher.profiles import ApiSpec
 
 # A remote id names one job and becomes one path segment: bounded, printable,
 # no separators, not "." or "..".

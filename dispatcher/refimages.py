@@ -26,7 +26,7 @@ from PIL import Image, UnidentifiedImageError
 
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError
-from dispatcher.profiles import ReferenceSpec
+from dispatcher.profile_calls import ReferenceSpec
 from dispatcher.tasks.decodebudget import GATE, decode_cost, in_decode_thread
 from dispatcher.tasks.fingerprint import MAX_IMAGE_PIXELS, LocalFiles, read_image
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.errors import InputError, PermanentError
-from dispatcher.profiles import ReferenceSpec
+from dispatcher.profile_calls import ReferenceSpec
 from dispatcher.refimages import Prepared, prepare
 from dispatcher.tasks.decodebudget import in_decode_thread
 from dispatcher.tasks.fingerprint import REFERENCE_IMAGE, REFERENCE_IMAGES, LocalFiles, read_image

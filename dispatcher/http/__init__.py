@@ -2,8 +2,9 @@
 
 Owns the Starlette app and its routes (`app`), request bodies and their limits
 (`bodies`, `limits`, `params`), answers (`answers`), the job view (`jobview`),
-the remote-login view (`login`), the token and Host checks (`security`), the
-OpenAPI document (`openapi`) and the dashboard's static files.
+the remote-login view (`login`), the plan view (`planview`), the token and
+Host checks (`security`), the OpenAPI document (`openapi`) and the dashboard's
+page, static files and session cookie (`dashboard`).
 
 May import: the shared top-level modules and every subpackage below the service
 (`store`, `tasks`, `scheduling`, `accounts`, `hosts`, `notify`), and

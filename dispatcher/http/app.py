@@ -1,10 +1,10 @@
-"""The local HTTP API (JSON), the event stream, and the dashboard's files."""
+"""The local HTTP API (JSON) and the event stream; the app mounts the routes of
+the dashboard (`dashboard`), remote logins (`login`) and plans (`planview`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,8 +15,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
-    HTMLResponse,
-    RedirectResponse,
     Response,
     StreamingResponse,
 )
@@ -38,6 +36,7 @@ from dispatcher.errors import (
 from dispatcher.events import TaskChanged
 from dispatcher.hosts.view import hosts_view
 from dispatcher.http import bodies
+from dispatcher.http.dashboard import dashboard_routes
 from dispatcher.http.jobview import job_progress
 from dispatcher.http.limits import MAX_LIST
 from dispatcher.http.login import login_routes
@@ -45,13 +44,10 @@ from dispatcher.http.openapi import OPENAPI
 from dispatcher.http.params import cursor_of, is_count, limit_of, page_of, states_of, text_of
 from dispatcher.http.planview import plan_routes
 from dispatcher.http.security import (
-    SESSION_COOKIE,
-    SESSION_TTL_S,
     Credentials,
     RefuseNul,
     SecurityMiddleware,
 )
-from dispatcher.invocation import cli_command
 from dispatcher.models import JSON, Job, JobState, State, Task
 from dispatcher.profiles import ProfileProblem
 from dispatcher.tasks.artifacts import artifact_file, task_artifacts
@@ -64,34 +60,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dispatcher.http")
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
-STATIC_FILES = frozenset(
-    {
-        "dashboard.js",
-        "dashboard-pages.js",
-        "dashboard-job.js",
-        "dashboard-login.js",
-        "dashboard.css",
-    }
-)
-# Where a one-time link may lead after the code is redeemed: the dashboard and
-# its pages only (an open redirect would lend our origin to any address).
-_NEXT = re.compile(r"/(#[A-Za-z0-9/._-]{0,200})?")
 SSE_KEEPALIVE_S = 15.0
 DEFAULT_OUTBOX = 100  # deliveries listed when no limit is asked for
 NO_STORE = {"Cache-Control": "no-store"}
-# The dashboard runs only its own script and talks only to this origin.
-PAGE_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        "img-src 'self' data:; media-src 'self'; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    ),
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 # A saved page or vendor answer is data, never a document of our origin: even
 # if a browser chose to render one, nothing in it may run or load.
 ARTIFACT_HEADERS = {
@@ -473,56 +444,6 @@ class Api:
         body, content_type = await self.service.metrics_payload()
         return Response(body, media_type=content_type)
 
-    async def session(self, request: Request) -> Response:
-        """Trade a one-time code from `dispatcher dashboard` for a session cookie."""
-        code = request.query_params.get("code", "")
-        session = self.service.credentials.redeem_code(code) if code else None
-        if session is None:
-            message = (
-                "the dashboard code is unknown, used or expired; "
-                f"run `{cli_command()} dashboard` for a new one"
-            )
-            if "text/html" in request.headers.get("accept", ""):
-                return HTMLResponse(
-                    f"<!doctype html><title>dispatcher</title><p>{message}</p>",
-                    status_code=403,
-                    headers=PAGE_HEADERS,
-                )
-            return _error(403, "forbidden", message)
-        # The code leaves the address bar at once; the cookie is out of scripts' reach.
-        target = request.query_params.get("next", "/")
-        response = RedirectResponse(
-            target if _NEXT.fullmatch(target) else "/",
-            status_code=303,
-            headers={"Referrer-Policy": "no-referrer", "Cache-Control": "no-store"},
-        )
-        response.set_cookie(
-            SESSION_COOKIE,
-            session,
-            max_age=int(SESSION_TTL_S),
-            httponly=True,
-            samesite="strict",
-            path="/",
-        )
-        return response
-
-    async def issue_code(self, request: Request) -> Response:
-        return JSONResponse({"code": self.service.credentials.issue_code()})
-
-    async def dashboard(self, request: Request) -> Response:
-        return FileResponse(
-            STATIC_DIR / "dashboard.html", media_type="text/html", headers=PAGE_HEADERS
-        )
-
-    async def static(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        path = STATIC_DIR / name
-        if name not in STATIC_FILES or not path.is_file():
-            raise NotFound(f"no static file {name!r}")
-        return FileResponse(
-            path, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
-        )
-
 
 def _allowed_methods(routes: list[Route], scope: Scope) -> str:
     probe = {**scope, "method": ""}
@@ -602,14 +523,11 @@ def create_app(service: Service, credentials: Credentials) -> SecurityMiddleware
         Route("/v1/webhooks/deliveries", api.webhook_deliveries, methods=["GET"]),
         Route("/v1/webhooks/outbox", api.webhook_outbox, methods=["GET"]),
         Route("/v1/webhooks/outbox/{id}/redeliver", api.webhook_redeliver, methods=["POST"]),
-        Route("/v1/dashboard-code", api.issue_code, methods=["POST"]),
-        Route("/v1/session", api.session, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/livez", api.livez, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
-        Route("/", api.dashboard, methods=["GET"]),
-        Route("/static/{name}", api.static, methods=["GET"]),
+        *dashboard_routes(service),
     ]
     app = Starlette(
         routes=routes,

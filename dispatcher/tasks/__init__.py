@@ -2,7 +2,8 @@
 
 Owns the task spec and intake (`spec`, `intake`, `batchfile`, `inputfiles`), the
 fingerprint and result cache (`fingerprint`, `decodebudget`, `cache`), the ledger
-that makes every state change (`ledger`, `states`, `reads`, `lines`) and where
+that makes every state change (`ledger`, `states`, `reads`, `lines`), what a
+runner reports made safe before it is stored (`redaction`) and where
 results and failure evidence live (`resultpaths`, `artifacts`), a web task's
 form params (`webfields`) and the plan of a batch before it runs (`planning`).
 

@@ -2,7 +2,7 @@
 
 It is also the one place where what runners report (errors, results, remote
 ids: a vendor's or a page's words) is made safe before anything is stored or
-sent: secrets masked, text made storable on every store; see `_redacted`.
+sent: secrets masked, text made storable on every store; see `redaction`.
 
 Every state change goes through here: it is checked by `states`, applied by
 the store as a compare-and-set, logged as one line with the lane prefix, and
@@ -24,7 +24,7 @@ from typing import Any
 from dispatcher.clock import Clock
 from dispatcher.errors import InputError, RunError, StateConflict
 from dispatcher.events import EventBus, TaskChanged
-from dispatcher.logs import mask_secrets, scrub, scrub_json
+from dispatcher.logs import scrub
 from dispatcher.models import (
     JSON,
     Attempt,
@@ -40,7 +40,7 @@ from dispatcher.profiles import Profile
 from dispatcher.scheduling.decisions import Reclaim
 from dispatcher.store import Store
 from dispatcher.store.hosts import Fence, Quota
-from dispatcher.strictjson import storable, storable_text
+from dispatcher.strictjson import storable_text
 from dispatcher.tasks import states
 from dispatcher.tasks.fingerprint import (
     LocalFiles,
@@ -48,6 +48,7 @@ from dispatcher.tasks.fingerprint import (
 from dispatcher.tasks.intake import Intake, ResultStore
 from dispatcher.tasks.lines import lane_prefix, log_fields, log_rejected, log_transition
 from dispatcher.tasks.reads import TaskReads
+from dispatcher.tasks.redaction import redacted
 from dispatcher.tasks.resultpaths import real_result, stored_result
 from dispatcher.tasks.spec import TaskSpec
 
@@ -60,41 +61,6 @@ MAX_JOB_TASKS = 10_000
 class Submitted:
     task: Task
     deduped: bool = False
-
-
-def _redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Secrets out of what a runner reports, before it is stored, served or published.
-
-    A vendor may echo the API key in an error ("Incorrect API key provided:
-    Bearer sk-..."); every error and every result's meta pass here, so
-    nothing a runner produces is stored in clear. A result's text is the
-    generation itself: only the registered secrets are masked there, since a
-    generated answer may rightly hold text shaped like `api_key = ...`.
-
-    Whatever a vendor sent is made storable here too (`strictjson.storable`),
-    once for both stores: a NUL in an error refused by PostgreSQL used to
-    fail the write that ends the attempt.
-    """
-    error = changes.get("error")
-    result = changes.get("result")
-    remote_id = changes.get("remote_id")
-    if error is None and result is None and remote_id is None:
-        return changes
-    out = dict(changes)
-    if isinstance(error, TaskError):
-        out["error"] = TaskError(
-            kind=storable_text(scrub(error.kind)), message=storable_text(scrub(error.message))
-        )
-    if isinstance(result, dict):
-        cleaned = storable(result)
-        if "meta" in cleaned:
-            cleaned["meta"] = scrub_json(cleaned["meta"])
-        if isinstance(cleaned.get("text"), str):
-            cleaned["text"] = mask_secrets(cleaned["text"])
-        out["result"] = cleaned
-    if isinstance(remote_id, str):
-        out["remote_id"] = storable_text(remote_id)
-    return out
 
 
 class Ledger(TaskReads):
@@ -238,7 +204,7 @@ class Ledger(TaskReads):
         fenced: bool = True,
     ) -> Task | None:
         states.check_transition(task.state, new_state)
-        changes = _redacted(changes)
+        changes = redacted(changes)
         why = storable_text(scrub(why))
         updated = await self.store.update_task(
             task.id,

@@ -11,7 +11,7 @@ from PIL import Image
 
 from dispatcher.clock import FakeClock
 from dispatcher.errors import InputError
-from dispatcher.profiles import ReferenceSpec
+from dispatcher.profile_calls import ReferenceSpec
 from dispatcher.refimages import PreparedImages, UploadCache, prepare
 from dispatcher.tasks.fingerprint import LocalFiles
 

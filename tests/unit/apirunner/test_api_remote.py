@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from apirunner.remote import RemoteIdRefused, RemoteRef, interpret_status, ref_from_submit
-from dispatcher.profiles import StatusSpec, load_profiles
+from dispatcher.profile_calls import StatusSpec
+from dispatcher.profiles import load_profiles
 
 PROFILES = Path(__file__).resolve().parents[3] / "profiles"
 

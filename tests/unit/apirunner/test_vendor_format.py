@@ -17,8 +17,9 @@ from apirunner.ratelimits import limit_wait, parse_reset
 from apirunner.remote import interpret_status, ref_from_submit
 from apirunner.templates import lookup, with_query
 from dispatcher.errors import PermanentError
+from dispatcher.profile_calls import StatusSpec
 from dispatcher.profile_extras import ErrorWords, RateLimitSpec
-from dispatcher.profiles import ApiSpec, Profile, StatusSpec, parse_profile
+from dispatcher.profiles import ApiSpec, Profile, parse_profile
 from dispatcher.scheduling.lanes import profile_quota
 from tests.vendors.catalog_b import verify_hs256
 
