@@ -4,5 +4,5 @@
 Chromium per task (``browserkill`` kills it with its children and sweeps
 its profile), ``selfcheck`` clears what a previous run left on a
 profile, ``lock`` keeps an account to one dispatcher, ``page`` drives a page
-from a profile's [web] selectors.
+from a profile's [web] selectors, each call through ``pagestep``'s guard.
 """
