@@ -32,7 +32,6 @@ the server confirms: the prompt left the queue or its history is written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import json
@@ -43,9 +42,6 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
-
-import websockets
-from websockets.asyncio.client import ClientConnection, connect
 
 from apirunner.classify import decide_retry
 from apirunner.client import (
@@ -65,14 +61,13 @@ from apirunner.comfy_protocol import (
     failing_outputs,
     output_files,
     queue_spot,
-    read_message,
     read_outcome,
 )
-from apirunner.inbox import CLOSED, MISSED, Inbox
+from apirunner.comfy_socket import ComfySocket
+from apirunner.inbox import CLOSED
 from apirunner.polling import poll_wait
 from apirunner.templates import join_url
 from dispatcher.allowlist import Allowlist, origin_of, same_origin
-from dispatcher.background import stop_background
 from dispatcher.errors import (
     UNREACHABLE_KIND,
     AccountHold,
@@ -87,24 +82,10 @@ from dispatcher.scheduling.protocol import ResultFile, RunResult
 from dispatcher.tasks.fingerprint import LocalFiles, read_image
 from dispatcher.workflow import Graph, fill
 
-# A message larger than this closes the socket (the prompt is then followed
-# by polling): ComfyUI's texts are KBs, its binary previews rarely 1 MB.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# Frames the websocket library buffers before it stops reading the socket:
-# with MAX_MESSAGE_BYTES, what a flooding server can make it hold.
-MAX_BUFFERED_FRAMES = 4
 # Consecutive failed polls before the attempt gives up (as for async jobs).
 MAX_POLL_ERRORS = 10
 # Nominal seconds between checks while waiting for a cancel to be confirmed.
 CONFIRM_WAIT_S = 0.5
-
-
-class _NoRedirects(connect):
-    """The websocket client; a redirect could lead off the allowlist, so none
-    is followed (ComfyUI's /ws never redirects)."""
-
-    def process_redirect(self, exc: Exception) -> Exception | str:
-        return exc
 
 
 async def run_comfyui(
@@ -135,10 +116,7 @@ class _ComfyAttempt(AttemptBase):
         self.max_download_bytes = 0
         # Set by `run_comfyui`: local reference images only from the input dirs.
         self.reference_files = LocalFiles((), 0)
-        self.socket: ClientConnection | None = None
-        self.inbox = Inbox()
-        self.told_missed = False
-        self.reader: asyncio.Task[None] | None = None
+        self.socket = ComfySocket(self.ctx, self.clock, open_timeout_s=self.http_timeout_s)
         self.polls = 0
         # The graph sent (class types for the node shown); empty on a resume.
         self.graph: Graph = {}
@@ -374,16 +352,16 @@ class _ComfyAttempt(AttemptBase):
                         return entry
             wait_s = poll_wait(step, self.rand)
             step += 1
-            if self.reader is None:
+            if not self.socket.reading:
                 await self.ctx.guard(self.clock.sleep(wait_s))
                 check = True
                 continue
-            event = await self.next_event(prompt_id, wait_s)
+            event = await self.socket.next_event(prompt_id, wait_s)
             if event is None:  # quiet for a while: look, and get the queue position
                 check = True
             elif event is CLOSED:
                 self.ctx.log.info("websocket closed; following prompt %s by polling", prompt_id)
-                self.reader = None
+                self.socket.closed()
                 step = 0
                 check = True
             else:
@@ -462,84 +440,25 @@ class _ComfyAttempt(AttemptBase):
         return entry if isinstance(entry, dict) else None
 
     # -- the websocket -----------------------------------------------------------
-    async def open_socket(self, client_id: str) -> None:
+    def socket_target(self, client_id: str) -> tuple[str, dict[str, str]]:
+        """The ws:// URL for `client_id` (checked against the allowlist) and its headers."""
         http_url = self.url("/ws", {"clientId": client_id})
         self.allowlist.check(http_url)
-        ws_url = "ws" + http_url.removeprefix("http")
-        try:
-            self.socket = await _NoRedirects(
-                ws_url,
-                additional_headers=self.headers(http_url),
-                open_timeout=self.http_timeout_s,
-                max_size=MAX_MESSAGE_BYTES,
-                max_queue=MAX_BUFFERED_FRAMES,
-                # No permessage-deflate: one small read could inflate into
-                # many frames of MAX_MESSAGE_BYTES before the reading pauses.
-                compression=None,
-            )
-        except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-            # Progress is a nicety: without the socket, polling still works.
-            self.ctx.log.warning("no websocket (%s); following the prompt by polling", exc)
-            return
-        self.reader = asyncio.create_task(self._read(self.socket))
+        return "ws" + http_url.removeprefix("http"), self.headers(http_url)
 
-    async def _read(self, socket: ClientConnection) -> None:
-        try:
-            async for raw in socket:
-                await self.inbox.put(raw)
-        except websockets.ConnectionClosed as exc:
-            if exc.sent is not None and exc.sent.code == 1009:  # message too big
-                self.ctx.log.warning(
-                    "websocket message over %d bytes; following the prompt by polling",
-                    MAX_MESSAGE_BYTES,
-                )
-        finally:
-            self.inbox.close()
-
-    async def next_event(self, prompt_id: str, nominal_s: float) -> object:
-        """Our next event, `CLOSED`, or None after `nominal_s` without one."""
-        timeout_s = self.clock.scaled(nominal_s)
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    raw = await self.ctx.guard(self.inbox.get())
-                    if raw is CLOSED:
-                        return raw
-                    if raw is MISSED:
-                        # What was dropped may have been the end: the poll at
-                        # the end of this wait (quiet or not) finds it.
-                        if not self.told_missed:
-                            self.told_missed = True
-                            self.ctx.log.warning(
-                                "websocket messages dropped (over %d queued characters)",
-                                self.inbox.max_bytes,
-                            )
-                        continue
-                    assert isinstance(raw, str)
-                    event = read_message(raw, prompt_id)
-                    if event is not None:
-                        return event
-        except TimeoutError:
-            return None
+    async def open_socket(self, client_id: str) -> None:
+        await self.socket.open(*self.socket_target(client_id))
 
     async def reconnect(self) -> None:
         """Back after an outage: the socket under our prompt's client_id again,
         for its progress. Safe only because the old socket is gone (ComfyUI
         drops the id's entry when an old socket of that id closes)."""
-        if self.reader is not None or self.client_id is None:
+        if self.socket.reading or self.client_id is None:
             return
-        await self.close_socket()
-        self.inbox = Inbox()
-        await self.open_socket(self.client_id)
+        await self.socket.reopen(*self.socket_target(self.client_id))
 
     async def close_socket(self) -> None:
-        reader, self.reader = self.reader, None
-        if reader is not None:
-            await stop_background(reader)
-        socket, self.socket = self.socket, None
-        if socket is not None:
-            with contextlib.suppress(Exception):
-                await socket.close()
+        await self.socket.close()
 
     # -- results -------------------------------------------------------------------
     async def collect(self, prompt_id: str, entry: Any) -> RunResult:

@@ -1,7 +1,8 @@
 """The web runner: model chat pages driven by a real Chromium through Playwright.
 
 ``runner.WebRunner`` is the entry point; ``browser`` launches and ends one
-Chromium per task, ``selfcheck`` clears what a previous run left on a
+Chromium per task (``browserkill`` kills it with its children and sweeps
+its profile), ``selfcheck`` clears what a previous run left on a
 profile, ``lock`` keeps an account to one dispatcher, ``page`` drives a page
-from a profile's [web] selectors.
+from a profile's [web] selectors, each call through ``pagestep``'s guard.
 """

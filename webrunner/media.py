@@ -23,7 +23,8 @@ from dispatcher.errors import PermanentError, TransientError
 from dispatcher.fetch import HostCheck
 from dispatcher.models import Stage
 from dispatcher.scheduling.protocol import ResultFile
-from webrunner.page import Budget, PageDriver, first_line, page_step
+from webrunner.page import PageDriver
+from webrunner.pagestep import Budget, first_line, page_step
 
 T = TypeVar("T")
 

@@ -39,7 +39,8 @@ from dispatcher.scheduling.protocol import timed_out
 from dispatcher.scheduling.running import TaskLog
 from webrunner.browser import BrowserSession
 from webrunner.keeper import PRIME_TIMEOUT_S
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, prime, started_on
+from webrunner.page import PAGE_READY_S, PageDriver, prime, started_on
+from webrunner.pagestep import Budget
 from webrunner.runner import START_LIMIT_S, WebRunner
 
 T = TypeVar("T")
@@ -49,7 +50,7 @@ Hold = Callable[[AuthError | AccountHold], Awaitable[None]]
 
 
 class PrestartContext:
-    """What the page check needs (`page.PageContext`) when no task runs: no
+    """What the page check needs (`pagestep.PageContext`) when no task runs: no
     cancel to notice (a stop cancels the start itself), no stage to report,
     no heartbeat to write; only bounded waits."""
 

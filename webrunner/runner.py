@@ -56,15 +56,8 @@ from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
 from webrunner.media import download_media
-from webrunner.page import (
-    PAGE_READY_S,
-    Budget,
-    PageDriver,
-    compose_message,
-    page_step,
-    prime,
-    started_on,
-)
+from webrunner.page import PAGE_READY_S, PageDriver, compose_message, prime, started_on
+from webrunner.pagestep import Budget, page_step
 from webrunner.profiledirs import check_account_name, user_data_dir_for
 
 # Real seconds for self-check, launch and CDP connect together (each step

@@ -30,7 +30,8 @@ from dispatcher.scheduling.protocol import RunContext
 from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner.browserrun import close_logged
 from webrunner.fields import set_fields
-from webrunner.page import PAGE_READY_S, Budget, PageDriver, compose_message
+from webrunner.page import PAGE_READY_S, PageDriver, compose_message
+from webrunner.pagestep import Budget
 from webrunner.runner import WebRunner
 
 Say = Callable[[str], None]

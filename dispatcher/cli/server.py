@@ -119,9 +119,10 @@ def serve(
     except ValueError as exc:
         fail(f"invalid log level {settings.log_level!r}: {exc}", EXIT_USAGE)
     from dispatcher.service import eventloop
+    from dispatcher.service.signals import serve_forever
 
     try:
-        eventloop.run(make_service(settings).serve_forever(), settings.event_loop)
+        eventloop.run(serve_forever(make_service(settings)), settings.event_loop)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     except DispatcherError as exc:
@@ -161,6 +162,7 @@ def demo_run(
 
     from dispatcher.logs import setup_logging
     from dispatcher.service import eventloop
+    from dispatcher.service.signals import reloading_on_hangup
 
     settings = load_settings(demo=True, state_dir=options.get("state_dir"))
     setup_logging("WARNING", settings.log_format)
@@ -202,7 +204,7 @@ def demo_run(
         service = make_service(settings)
         try:
             await service.start()
-            with service.reloading_on_hangup():
+            with reloading_on_hangup(service):
                 return await serve_demo(service, stopping)
         finally:
             loop.remove_signal_handler(signal.SIGTERM)

@@ -1,7 +1,8 @@
 """One running service: start-up and shutdown in order, serving, state dir, reloads.
 
 Owns the `Service` that opens the store and starts every part in an exit stack
-(`core`), the HTTP server on loopback (`serving`), the state directory
+(`core`), the run until a stop signal and the reload on SIGHUP (`signals`),
+the HTTP server on loopback (`serving`), the state directory
 (`statedir`), profile reloads (`reload`, `reload_apply`) and the event-loop
 choice (`eventloop`) and the demo's start-up step the CLI hands in
 (`demostartup`).

@@ -14,8 +14,7 @@ import enum
 import functools
 import logging
 import os
-import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -557,41 +556,6 @@ class Service:
         with contextlib.suppress(OSError):
             (self.state_dir / PORT_FILE).unlink()
 
-    async def serve_forever(self) -> None:
-        """Run until SIGTERM or SIGINT, then shut down gracefully."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        try:
-            with self.reloading_on_hangup():
-                await stop.wait()
-            log.info("shutting down: running tasks stop at their checkpoints")
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await self.stop()
-
-    @contextlib.contextmanager
-    def reloading_on_hangup(self) -> Iterator[None]:
-        """SIGHUP reloads (as `systemctl reload` sends it) while this is open;
-        without a handler, a hang-up would end the process."""
-        loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task[JSON]] = set()
-
-        def on_hup() -> None:
-            job = asyncio.create_task(self.reload(), name="reload")
-            reloads.add(job)
-            job.add_done_callback(reloads.discard)
-            job.add_done_callback(_log_reload_failure)
-
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
-        try:
-            yield
-        finally:
-            loop.remove_signal_handler(signal.SIGHUP)
-
 
 async def _close_runner(runner: Runner) -> None:
     # One runner failing to close must not keep the others (and the store,
@@ -600,8 +564,3 @@ async def _close_runner(runner: Runner) -> None:
         await runner.aclose()
     except Exception:
         log.exception("closing the %s failed", type(runner).__name__)
-
-
-def _log_reload_failure(job: asyncio.Task[JSON]) -> None:
-    if not job.cancelled() and job.exception() is not None:
-        log.error("reload on SIGHUP failed: %s", job.exception())

@@ -17,11 +17,8 @@ from dispatcher.profiles import Profile, WebSpec
 from dispatcher.scheduling.protocol import Interruption, RunContext
 from dispatcher.testing import run_context
 from webrunner.media import _save_data_url
-from webrunner.page import (
-    Budget,
-    compose_message,
-    page_step,
-)
+from webrunner.page import compose_message
+from webrunner.pagestep import Budget, page_step
 
 
 def spec(**changes: object) -> WebSpec:

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from dispatcher.metrics import LoopLagProbe
-from webrunner import browser
-from webrunner.browser import kill_tree
+from webrunner import browserkill
+from webrunner.browserkill import kill_tree
 from webrunner.selfcheck import find_leftovers
 
 # The stand-in browser: one child, both with the profile's flag, both asleep.
@@ -93,7 +93,7 @@ def fake_browser(profile: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 @pytest.fixture
 def respawner(profile: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(browser, "SWEEP_S", SWEEP_S)
+    monkeypatch.setattr(browserkill, "SWEEP_S", SWEEP_S)
     proc = subprocess.Popen(
         [sys.executable, "-c", _RESPAWNER],
         env={**os.environ, "FLAG": f"--user-data-dir={profile}"},
