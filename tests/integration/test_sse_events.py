@@ -17,7 +17,7 @@ TASK_KEYS = {
     "fallbacks", "late",
 }  # fmt: skip
 ACCOUNT_KEYS = {
-    "name", "kind", "enabled", "reason", "needs_attention", "updated_at", "state", "until",
+    "name", "kind", "enabled", "reason", "needs_attention", "updated_at", "state", "until", "since",
 }  # fmt: skip
 
 

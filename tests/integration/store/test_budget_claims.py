@@ -14,7 +14,7 @@ from dispatcher.pricing import Budget, fits_budget, order_key
 from dispatcher.store import Store
 from tests.integration.store.conftest import OpenStore
 
-RUN = {"account": "acme", "host": "h1"}
+RUN = {"owner": "acme", "host": "h1"}
 DAY = 86_400.0
 
 
@@ -71,7 +71,7 @@ async def test_a_daily_budget_holds_exactly_under_three_hosts_claiming_at_once(
     other = await stores[2].claim_next(
         ["api-model:m"],
         now,
-        {"account": "other", "host": "h3", "started_at": now},
+        {"owner": "other", "host": "h3", "started_at": now},
         budget=Budget("other", 10.0, 10 * DAY),
     )
     assert other is not None
