@@ -53,6 +53,7 @@ from dispatcher.service.statedir import (
     LOCK_FILE,
     PORT_FILE,
     TOKEN_FILE,
+    create_private_file,
     make_private_dir,
     make_private_files,
     probe_running,
@@ -228,10 +229,17 @@ class Service:
         lanes = build_lanes(self.profiles, settings)
         database = sqlite_files(settings.resolved_database_url)
         refuse_symlinks(database, "database file")
-        make_private_files(database)  # one an older version made 0644
+        # Private before SQLite opens them (one an older version made 0644; a
+        # new one made 0600 here): SQLite gives its -wal and -shm files the
+        # database's own mode. Never opened again once SQLite holds them: a
+        # close of any descriptor on a file drops every POSIX lock this
+        # process holds on it, SQLite's included; another process (a backup,
+        # `sqlite3`) would then take the database for unused and re-initialise
+        # the shared-memory file under our feet (SIGBUS in the service).
+        create_private_file(database[0] if database else None)
+        make_private_files(database)
         self.store: Store = await open_store(settings.resolved_database_url, settings.host_id)
         stack.push_async_callback(self.store.close)
-        make_private_files(database)
         self.cache = ResultCache(
             self.store.cache_index,
             self.state_dir / "cache",

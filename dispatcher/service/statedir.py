@@ -130,6 +130,22 @@ def refuse_symlinks(paths: list[Path], what: str) -> None:
             )
 
 
+def create_private_file(path: Path | None) -> None:
+    """An empty file at `path`, mode 0600, unless something is there already
+    (SQLite takes an empty file for a new database)."""
+    if path is None:
+        return
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot create the database file {path}: {exc.strerror}") from exc
+    os.close(fd)
+
+
 def make_private_files(paths: list[Path]) -> None:
     for path in paths:
         # O_NOFOLLOW: a link swapped in since `refuse_symlinks` is not followed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sqlite3
@@ -158,3 +159,43 @@ async def test_a_dir_link_planted_by_another_user_refuses_the_start(
         assert list(victim.iterdir()) == []
     finally:
         shutil.rmtree(state)
+
+
+def _locks_on(path: Path, pid: int) -> list[str]:
+    """This process's POSIX locks on `path`, as /proc/locks lists them."""
+    inode = f":{path.stat().st_ino} "
+    return [
+        line
+        for line in Path("/proc/locks").read_text().splitlines()
+        if " POSIX " in line and f" {pid} " in line and inode in line
+    ]
+
+
+async def test_the_service_keeps_its_database_locks_so_a_backup_cannot_crash_it(
+    tmp_path: Path,
+) -> None:
+    """SQLite marks its shared-memory file as in use with a lock held for as
+    long as the database is open. Once the service had opened it, it opened
+    and closed the files again to tighten their modes, and a close drops
+    every POSIX lock the process holds on the file: another process (the
+    operator's `sqlite3 .backup`, a read-only look) then took the database
+    for unused, re-initialised that file, and the service died of SIGBUS
+    (seen as `demo-run` exiting -7 in the SIGTERM e2e under load)."""
+    state = tmp_path / "state"
+    async with running_service(tmp_path, state_dir=state) as h:
+        await h.wait_task((await h.submit("demo-chat-api", "hello"))["id"])
+        shm = state / "dispatcher.db-shm"
+        assert _locks_on(shm, os.getpid()), "the service holds no lock on its -shm file"
+        # Another process reading meanwhile leaves the service working.
+        reader = await asyncio.create_subprocess_exec(
+            "sqlite3",
+            f"file:{state / 'dispatcher.db'}?mode=ro",
+            "SELECT COUNT(*) FROM tasks",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await reader.communicate()
+        assert reader.returncode == 0 and out.strip() == b"1"
+        done = await h.wait_task((await h.submit("demo-chat-api", "again"))["id"])
+        assert done["state"] == "success"
+        assert _mode(state / "dispatcher.db") == 0o600
+        assert _mode(shm) == 0o600
