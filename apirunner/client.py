@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -94,6 +95,39 @@ class Call:
     # The profile's words for its failures and its rate-limit headers.
     errors: ErrorWords = field(default_factory=ErrorWords)
     rate_limit: RateLimitSpec | None = None
+
+
+def profile_call(
+    api: ApiSpec,
+    clock: Clock,
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    files: Mapping[str, tuple[str, bytes, str]] | None = None,
+    form: Mapping[str, str] | None = None,
+    read_timeout_s: float | None = None,
+    deadline: bool = True,
+) -> Call:
+    """A request to the server a profile names (a ComfyUI server, a gradio
+    app), through the one fetch path: its key (`auth_env`) goes only to the
+    profile's own origin, never across a redirect; bounded by the profile's
+    `timeout_s` unless `deadline` is off (a stream the caller bounds)."""
+    token = os.environ.get(api.auth_env) if api.auth_env else None
+    credentials = {api.auth_header: f"{api.auth_prefix}{token}"} if token else {}
+    return Call(
+        method,
+        url,
+        {"Accept": "application/json"},
+        body,
+        files=files,
+        form=form,
+        read_timeout_s=read_timeout_s,
+        credentials=credentials,
+        credentials_origin=fetch.origin_of(api.base_url),
+        deadline_s=clock.scaled(api.timeout_s) if deadline else None,
+        deadline_label=f"the profile's timeout_s ({api.timeout_s:g} s)",
+    )
 
 
 @dataclass(frozen=True)

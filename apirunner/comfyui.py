@@ -49,6 +49,7 @@ from apirunner.client import (
     AttemptScope,
     Call,
     CallFailed,
+    profile_call,
     with_retries,
 )
 from apirunner.comfy_files import fetch_file, image_suffix
@@ -67,7 +68,7 @@ from apirunner.comfy_socket import ComfySocket
 from apirunner.inbox import CLOSED
 from apirunner.polling import poll_wait
 from apirunner.templates import join_url
-from dispatcher.allowlist import Allowlist, origin_of, same_origin
+from dispatcher.allowlist import Allowlist, same_origin
 from dispatcher.errors import (
     UNREACHABLE_KIND,
     AccountHold,
@@ -158,20 +159,7 @@ class _ComfyAttempt(AttemptBase):
     ) -> Call:
         """A request through the one fetch path: the key only to the profile's
         own origin (never across a redirect), bounded by the profile's timeout."""
-        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
-        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
-        return Call(
-            method,
-            url,
-            {"Accept": "application/json"},
-            body,
-            files=files,
-            form=form,
-            credentials=credentials,
-            credentials_origin=origin_of(self.api.base_url),
-            deadline_s=self.clock.scaled(self.api.timeout_s),
-            deadline_label=f"the profile's timeout_s ({self.api.timeout_s:g} s)",
-        )
+        return profile_call(self.api, self.clock, method, url, body, files=files, form=form)
 
     def call(self, method: str, path: str, body: Any = None) -> Call:
         return self.make_call(method, self.url(path), body)

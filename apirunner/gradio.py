@@ -31,13 +31,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from functools import partial
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from apirunner.classify import decide_retry
-from apirunner.client import AttemptBase, AttemptScope, Call, CallFailed, with_retries
+from apirunner.client import (
+    AttemptBase,
+    AttemptScope,
+    Call,
+    CallFailed,
+    profile_call,
+    with_retries,
+)
 from apirunner.gradio_events import (
     GradioEvent,
     OutputFile,
@@ -52,7 +58,7 @@ from apirunner.gradio_events import (
     uploaded_path,
 )
 from apirunner.templates import join_url
-from dispatcher.allowlist import origin_of, same_origin
+from dispatcher.allowlist import same_origin
 from dispatcher.errors import DispatcherError, InputError, PermanentError, TransientError
 from dispatcher.models import Stage
 from dispatcher.refimages import PreparedImages, UploadCache
@@ -117,19 +123,15 @@ class _GradioAttempt(AttemptBase):
     ) -> Call:
         """A request through the one fetch path; the token (a private app's)
         goes only to the profile's own origin, never across a redirect."""
-        token = os.environ.get(self.api.auth_env) if self.api.auth_env else None
-        credentials = {self.api.auth_header: f"{self.api.auth_prefix}{token}"} if token else {}
-        return Call(
+        return profile_call(
+            self.api,
+            self.clock,
             method,
             url,
-            {"Accept": "application/json"},
             body,
             files=files,
             read_timeout_s=read_timeout_s,
-            credentials=credentials,
-            credentials_origin=origin_of(self.api.base_url),
-            deadline_s=self.clock.scaled(self.api.timeout_s) if deadline else None,
-            deadline_label=f"the profile's timeout_s ({self.api.timeout_s:g} s)",
+            deadline=deadline,
         )
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
