@@ -13,20 +13,7 @@ import sys
 
 from tests.vendors.catalog_a import VENDORS_A
 from tests.vendors.catalog_b import KLING_SECRET, VENDORS_B
-from tests.vendors.standin import KEY, start_standin
-
-BASE_ENV = {
-    "openai": "OPENAI_BASE_URL",
-    "gemini": "GEMINI_BASE_URL",
-    "runway": "RUNWAY_BASE_URL",
-    "luma": "LUMA_BASE_URL",
-    "replicate": "REPLICATE_BASE_URL",
-    "fal": "FAL_QUEUE_URL",
-    "kling": "KLING_BASE_URL",
-    "minimax": "MINIMAX_BASE_URL",
-    "dashscope": "DASHSCOPE_BASE_URL",
-    "ark": "ARK_BASE_URL",
-}
+from tests.vendors.standin import BASE_ENV, KEY, start_standin
 
 
 async def main(port: int | None) -> None:

@@ -32,6 +32,20 @@ from dispatcher.service.serving import RunningServer, start_server
 MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 512
 PNG = png_bytes("a vendor stand-in")
 KEY = "sk-standin-" + "5" * 24
+# The variable each catalog profile reads its base URL from (`${NAME:-default}`),
+# pointed at the stand-in: one table for the tests and `python -m tests.vendors`.
+BASE_ENV = {
+    "openai": "OPENAI_BASE_URL",
+    "gemini": "GEMINI_BASE_URL",
+    "runway": "RUNWAY_BASE_URL",
+    "luma": "LUMA_BASE_URL",
+    "replicate": "REPLICATE_BASE_URL",
+    "fal": "FAL_QUEUE_URL",
+    "kling": "KLING_BASE_URL",
+    "minimax": "MINIMAX_BASE_URL",
+    "dashscope": "DASHSCOPE_BASE_URL",
+    "ark": "ARK_BASE_URL",
+}
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tests.support.harness import Harness, serving
 from tests.support.helpers import REPO
 from tests.vendors.catalog_a import VENDORS_A
 from tests.vendors.catalog_b import KLING_SECRET, VENDORS_B, verify_hs256
-from tests.vendors.standin import KEY, MP4, PNG, StandInState, start_standin
+from tests.vendors.standin import BASE_ENV, KEY, MP4, PNG, StandInState, start_standin
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
@@ -48,18 +48,6 @@ PROFILES: dict[str, tuple[str, dict[str, Any]]] = {
     "minimax-hailuo-02": ("minimax", {"duration": 6, "resolution": "768P"}),
     "dashscope-wan-2-2": ("dashscope", {"size": "1920*1080", "duration": 5}),
     "ark-seedance-1-0-pro": ("ark", {}),
-}
-BASE_ENV = {
-    "openai": "OPENAI_BASE_URL",
-    "gemini": "GEMINI_BASE_URL",
-    "runway": "RUNWAY_BASE_URL",
-    "luma": "LUMA_BASE_URL",
-    "replicate": "REPLICATE_BASE_URL",
-    "fal": "FAL_QUEUE_URL",
-    "kling": "KLING_BASE_URL",
-    "minimax": "MINIMAX_BASE_URL",
-    "dashscope": "DASHSCOPE_BASE_URL",
-    "ark": "ARK_BASE_URL",
 }
 KEY_ENV = (
     "OPENAI_API_KEY",
