@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from tests.vendors.standin import KEY, MP4, PNG, Job, Vendor, media, not_found, route
+from tests.vendors.standin import KEY, PNG, Job, Vendor, cancel, media, not_found, route
 
 
 def _openai_error(status: int, message: str, kind: str, code: str | None) -> JSONResponse:
@@ -100,38 +100,29 @@ class OpenAI(Vendor):
             "error": None,
         }
 
+    def job_missing(self) -> Response:
+        return _openai_error(404, "Video not found", "invalid_request_error", None)
+
     async def create_video(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        if self.wants_refusal_now(self.prompt_of(body)):
-            return self.refused()
-        job = self.new_job(body, "video_")
+        job = await self.submitted(request, "video_")
+        if not isinstance(job, Job):
+            return job
         return JSONResponse(self.video(job, "queued"), headers=self.headers())
 
     async def get_video(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return _openai_error(404, "Video not found", "invalid_request_error", None)
-        return JSONResponse(self.video(job, self.phase(job)), headers=self.headers())
+        return await self.answer(
+            request,
+            lambda job: JSONResponse(self.video(job, self.phase(job)), headers=self.headers()),
+        )
 
     async def content(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        return not_found() if job is None else media(MP4, "video/mp4")
+        return await self.answer(request, lambda job: media(*self.output))
 
     async def images(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        if self.wants_refusal_now(self.prompt_of(body)):
-            return self.refused()
-        self.new_job(body, "img_")
+        job = await self.submitted(request, "img_")
+        if not isinstance(job, Job):
+            return job
+        body = job.body
         answer = {
             "created": 1_760_000_000,
             "background": body.get("background", "opaque"),
@@ -149,11 +140,10 @@ class OpenAI(Vendor):
         return JSONResponse(answer, headers=self.headers())
 
     async def chat(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "chatcmpl-")
-        prompt = str(body["messages"][-1]["content"])
+        job = await self.submitted(request, "chatcmpl-")
+        if not isinstance(job, Job):
+            return job
+        prompt = str(job.body["messages"][-1]["content"])
         answer = {
             "id": job.id,
             "object": "chat.completion",
@@ -238,34 +228,27 @@ class Gemini(Vendor):
             response["generateVideoResponse"] = {"generatedSamples": [{"video": {"uri": uri}}]}
         return {"name": name, "done": True, "response": response}
 
+    def job_missing(self) -> Response:
+        return _google_error(404, "Operation not found.", "NOT_FOUND")
+
     async def long_running(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "op")
+        job = await self.submitted(request, "op")
+        if not isinstance(job, Job):
+            return job
         return JSONResponse({"name": f"models/{request.path_params['model']}/operations/{job.id}"})
 
     async def operation(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return _google_error(404, "Operation not found.", "NOT_FOUND")
-        return JSONResponse(self.operation_answer(request, job, self.phase(job)))
+        return await self.answer(
+            request, lambda job: JSONResponse(self.operation_answer(request, job, self.phase(job)))
+        )
 
     async def download(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        return not_found() if job is None else media(MP4, "video/mp4")
+        return await self.answer(request, lambda job: media(*self.output))
 
     async def predict(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        self.new_job(body, "imagen")
+        job = await self.submitted(request, "imagen")
+        if not isinstance(job, Job):
+            return job
         image = {"mimeType": "image/png", "bytesBase64Encoded": base64.b64encode(PNG).decode()}
         return JSONResponse({"predictions": [image]})
 
@@ -336,34 +319,26 @@ class Runway(Vendor):
             "cost": {"credits": 25},
         }
 
+    def job_missing(self) -> Response:
+        return not_found("Task not found")
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        return JSONResponse({"id": self.new_job(body, "rw-").id})
+        job = await self.submitted(request, "rw-")
+        return JSONResponse({"id": job.id}) if isinstance(job, Job) else job
 
     async def task(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found("Task not found")
-        return JSONResponse(self.task_answer(request, job, self.phase(job)))
+        return await self.answer(
+            request, lambda job: JSONResponse(self.task_answer(request, job, self.phase(job)))
+        )
 
     async def cancel(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found("Task not found")
-        job.canceled = True
-        return Response(status_code=204)
+        return await self.answer(
+            request, lambda job: cancel(job, Response(status_code=204)), keyed=False
+        )
 
     async def file(self, request: Request) -> Response:
         # The output URL is signed and short-lived: no key needed (nor sent).
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        return not_found() if job is None else media(MP4, "video/mp4")
+        return await self.answer(request, lambda job: media(*self.output), keyed=False)
 
 
 class Luma(Vendor):
@@ -409,38 +384,31 @@ class Luma(Vendor):
             },
         }
 
+    def job_missing(self) -> Response:
+        return JSONResponse({"detail": "Generation not found"}, status_code=404)
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "9f0b1c2d-0000-4000-8000-")
+        job = await self.submitted(request, "9f0b1c2d-0000-4000-8000-")
+        if not isinstance(job, Job):
+            return job
         return JSONResponse(self.generation(request, job, "queued"), status_code=201)
 
     async def get(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return JSONResponse({"detail": "Generation not found"}, status_code=404)
-        return JSONResponse(self.generation(request, job, self.phase(job)))
+        return await self.answer(
+            request, lambda job: JSONResponse(self.generation(request, job, self.phase(job)))
+        )
 
     async def delete(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is not None:
-            job.canceled = True
+        # Luma answers 204 to a delete of an id it does not know, too.
+        await self.answer(request, lambda job: cancel(job, Response()), keyed=False)
         return Response(status_code=204)
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
 
 
 class Replicate(Vendor):
     """replicate.com/docs/reference/http: predictions."""
 
     name = "replicate"
+    output = (PNG, "image/webp")
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -496,35 +464,28 @@ class Replicate(Vendor):
             },
         }
 
+    def job_missing(self) -> Response:
+        return JSONResponse({"title": "Not found", "status": 404}, status_code=404)
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "q9r8")
+        job = await self.submitted(request, "q9r8")
+        if not isinstance(job, Job):
+            return job
         # `Prefer: wait` holds the answer until the model is done or the wait
         # ends; this stand-in's model is never that quick, so it answers starting.
         return JSONResponse(self.prediction(request, job, "queued"), status_code=201)
 
     async def get(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return JSONResponse({"title": "Not found", "status": 404}, status_code=404)
-        return JSONResponse(self.prediction(request, job, self.phase(job)))
+        return await self.answer(
+            request, lambda job: JSONResponse(self.prediction(request, job, self.phase(job)))
+        )
 
     async def cancel(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found()
-        job.canceled = True
-        return JSONResponse(self.prediction(request, job, "canceled"))
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(PNG, "image/webp")
+        return await self.answer(
+            request,
+            lambda job: cancel(job, JSONResponse(self.prediction(request, job, "canceled"))),
+            keyed=False,
+        )
 
 
 VENDORS_A = [OpenAI, Gemini, Runway, Luma, Replicate]

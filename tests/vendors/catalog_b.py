@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from tests.vendors.standin import KEY, MP4, Job, Vendor, media, not_found, route
+from tests.vendors.standin import KEY, MP4, Job, Vendor, cancel, not_found, route
 
 KLING_SECRET = "kling-secret-" + "9" * 20
 
@@ -55,20 +55,19 @@ class Fal(Vendor):
             "cancel_url": f"{app}/requests/{job.id}/cancel",
         }
 
+    def job_missing(self) -> Response:
+        return not_found("Request not found")
+
     async def submit(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "764cabcf-b745-4b3e-ae38-")
+        job = await self.submitted(request, "764cabcf-b745-4b3e-ae38-")
+        if not isinstance(job, Job):
+            return job
         return JSONResponse({"request_id": job.id, **self.urls(request, job), "queue_position": 0})
 
     async def status(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found("Request not found")
+        return await self.answer(request, lambda job: self.status_answer(request, job))
+
+    def status_answer(self, request: Request, job: Job) -> Response:
         phase = self.phase(job)
         response_url = self.urls(request, job)["response_url"]
         if phase == "queued":
@@ -80,12 +79,9 @@ class Fal(Vendor):
         return JSONResponse({**answer, "response_url": response_url}, status_code=200)
 
     async def response(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found("Request not found")
+        return await self.answer(request, lambda job: self.response_answer(request, job))
+
+    def response_answer(self, request: Request, job: Job) -> Response:
         if "REFUSE" in job.prompt:
             detail = {
                 "loc": ["body", "prompt"],
@@ -100,16 +96,8 @@ class Fal(Vendor):
         return JSONResponse({"video": {**video, "file_size": len(MP4)}})
 
     async def cancel(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return not_found("Request not found")
-        job.canceled = True
-        return JSONResponse({"status": "CANCELLATION_REQUESTED"}, status_code=202)
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
+        requested = JSONResponse({"status": "CANCELLATION_REQUESTED"}, status_code=202)
+        return await self.answer(request, lambda job: cancel(job, requested), keyed=False)
 
 
 def _b64url_decode(text: str) -> bytes:
@@ -185,27 +173,20 @@ class Kling(Vendor):
             data["task_result"] = {"videos": [{**video, "duration": "5"}]}
         return data
 
+    def job_missing(self) -> Response:
+        return self.wrapped(1203, "task not found", status=404)
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        if self.wants_refusal_now(self.prompt_of(body)):
-            return self.refused()
-        job = self.new_job(body, "8662")
+        job = await self.submitted(request, "8662")
+        if not isinstance(job, Job):
+            return job
         return self.wrapped(0, "SUCCEED", self.task(request, job, "queued"))
 
     async def query(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return self.wrapped(1203, "task not found", status=404)
-        return self.wrapped(0, "SUCCEED", self.task(request, job, self.phase(job)))
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
+        return await self.answer(
+            request,
+            lambda job: self.wrapped(0, "SUCCEED", self.task(request, job, self.phase(job))),
+        )
 
 
 def _base_resp(code: int = 0, message: str = "success") -> dict[str, Any]:
@@ -232,20 +213,20 @@ class MiniMax(Vendor):
         # MiniMax reports errors with HTTP 200 and a non-zero status_code.
         return JSONResponse({"task_id": "", "base_resp": _base_resp(1002, "rate limit exceeded")})
 
+    def job_missing(self) -> Response:
+        return JSONResponse({"task_id": "", "base_resp": _base_resp(2013, "task not found")})
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        job = self.new_job(body, "1069161122")
+        job = await self.submitted(request, "1069161122")
+        if not isinstance(job, Job):
+            return job
         return JSONResponse({"task_id": job.id, "base_resp": _base_resp()})
 
     async def query(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.query_params.get("task_id", ""))
-        if job is None:
-            return JSONResponse({"task_id": "", "base_resp": _base_resp(2013, "task not found")})
+        task_id = request.query_params.get("task_id", "")
+        return await self.answer(request, self.task_answer, job_id=task_id)
+
+    def task_answer(self, job: Job) -> Response:
         phase = self.phase(job)
         answer: dict[str, Any] = {"task_id": job.id, "base_resp": _base_resp()}
         if phase == "queued":
@@ -278,10 +259,6 @@ class MiniMax(Vendor):
             "download_url": url,
         }
         return JSONResponse({"file": file, "base_resp": _base_resp()})
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
 
 
 class DashScope(Vendor):
@@ -326,13 +303,13 @@ class DashScope(Vendor):
         output = {"task_status": "PENDING", "task_id": job.id}
         return JSONResponse({"output": output, "request_id": "4909100c-standin"})
 
+    def job_missing(self) -> Response:
+        return self.error(404, "NotFound", "task not found")
+
     async def task(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return self.error(404, "NotFound", "task not found")
+        return await self.answer(request, lambda job: self.task_answer(request, job))
+
+    def task_answer(self, request: Request, job: Job) -> Response:
         phase = self.phase(job)
         output: dict[str, Any] = {"task_id": job.id, "submit_time": "2025-10-01 12:00:00.000"}
         status = {"queued": "PENDING", "running": "RUNNING", "done": "SUCCEEDED"}
@@ -349,16 +326,8 @@ class DashScope(Vendor):
         return JSONResponse(answer)
 
     async def cancel(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return self.error(404, "NotFound", "task not found")
-        job.canceled = True
-        return JSONResponse({"request_id": "c1a2b3-standin"})
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
+        accepted = JSONResponse({"request_id": "c1a2b3-standin"})
+        return await self.answer(request, lambda job: cancel(job, accepted), keyed=False)
 
 
 class Ark(Vendor):
@@ -405,21 +374,17 @@ class Ark(Vendor):
     def prompt_of(self, body: Any) -> str:
         return " ".join(str(c.get("text", "")) for c in body.get("content", []))
 
+    def job_missing(self) -> Response:
+        return self.error(404, "ResourceNotFound", "task not found", "NotFound")
+
     async def create(self, request: Request) -> Response:
-        body = await self.read_json(request)
-        if (refusal := await self.gate(request)) is not None:
-            return refusal
-        if self.wants_refusal_now(self.prompt_of(body)):
-            return self.refused()
-        return JSONResponse({"id": self.new_job(body, "cgt-20251001120000-").id})
+        job = await self.submitted(request, "cgt-20251001120000-")
+        return JSONResponse({"id": job.id}) if isinstance(job, Job) else job
 
     async def get(self, request: Request) -> Response:
-        await self.record(request)
-        if not self.authorized(request):
-            return self.unauthorized()
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return self.error(404, "ResourceNotFound", "task not found", "NotFound")
+        return await self.answer(request, lambda job: self.task_answer(request, job))
+
+    def task_answer(self, request: Request, job: Job) -> Response:
         phase = self.phase(job)
         status = {"queued": "queued", "running": "running", "done": "succeeded"}
         answer: dict[str, Any] = {
@@ -436,16 +401,7 @@ class Ark(Vendor):
         return JSONResponse(answer)
 
     async def delete(self, request: Request) -> Response:
-        await self.record(request)
-        job = self.job(request.path_params["id"])
-        if job is None:
-            return self.error(404, "ResourceNotFound", "task not found", "NotFound")
-        job.canceled = True
-        return JSONResponse({})
-
-    async def file(self, request: Request) -> Response:
-        await self.record(request)
-        return media(MP4, "video/mp4")
+        return await self.answer(request, lambda job: cancel(job, JSONResponse({})), keyed=False)
 
 
 VENDORS_B = [Fal, Kling, MiniMax, DashScope, Ark]

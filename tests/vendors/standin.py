@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -86,6 +86,8 @@ class StandInState:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+# What a request about one job answers once its job is found.
+Render = Callable[[Job], Response]
 
 
 class Vendor:
@@ -97,6 +99,7 @@ class Vendor:
     name = ""
     refusal_at = "job"  # "submit" (a 4xx at once) or "job" (the job fails)
     retry_after_s = 1
+    output: ClassVar[tuple[bytes, str]] = (MP4, "video/mp4")  # what a result URL serves
 
     def __init__(self, state: StandInState) -> None:
         self.state = state
@@ -126,6 +129,9 @@ class Vendor:
 
     def quota_spent(self) -> Response:
         return JSONResponse({"error": "insufficient credits"}, status_code=402)
+
+    def job_missing(self) -> Response:
+        return not_found()
 
     # -- shared -----------------------------------------------------------------
     def base(self, request: Request) -> str:
@@ -168,6 +174,32 @@ class Vendor:
             return self.throttled()
         return None
 
+    async def submitted(self, request: Request, prefix: str) -> Job | Response:
+        """A submit: its new job, or the answer refusing it (key, quota, throttle,
+        a refusal the vendor gives at submit)."""
+        body = await self.read_json(request)
+        if (refusal := await self.gate(request)) is not None:
+            return refusal
+        if self.wants_refusal_now(self.prompt_of(body)):
+            return self.refused()
+        return self.new_job(body, prefix)
+
+    async def answer(
+        self, request: Request, render: Render, *, job_id: str | None = None, keyed: bool = True
+    ) -> Response:
+        """A request about one job: `render(job)`, or the vendor's answer to a
+        wrong key or an unknown id. `keyed=False` where the vendor does not ask
+        for the key (a signed output URL, these stand-ins' cancels)."""
+        await self.record(request)
+        if keyed and not self.authorized(request):
+            return self.unauthorized()
+        job = self.job(request.path_params["id"] if job_id is None else job_id)
+        return self.job_missing() if job is None else render(job)
+
+    async def file(self, request: Request) -> Response:
+        await self.record(request)
+        return media(*self.output)
+
     def new_job(self, body: Any, prefix: str = "") -> Job:
         number = next(self.state.ids)
         job = Job(f"{prefix}{number:06d}", self.prompt_of(body), body, 1_760_000_000 + number)
@@ -199,6 +231,12 @@ class Vendor:
 
 def not_found(message: str = "not found") -> Response:
     return JSONResponse({"error": message}, status_code=404)
+
+
+def cancel(job: Job, answer: Response) -> Response:
+    """A cancel the vendor accepted: the job ends canceled at its next poll."""
+    job.canceled = True
+    return answer
 
 
 def media(data: bytes, content_type: str) -> Response:
