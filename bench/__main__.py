@@ -41,7 +41,7 @@ TARGET_TOTAL_S = 600.0
 
 
 def _runners() -> dict[str, tuple[str, Runner]]:
-    from bench import dispatch, hosts, memory, mixed, peers, polling
+    from bench import batch, dispatch, hosts, memory, mixed, peers, polling
 
     return {
         "mixed": ("1. mixed batch", mixed.run),
@@ -50,6 +50,7 @@ def _runners() -> dict[str, tuple[str, Runner]]:
         # Right after 3, whose dispatcher lane it reuses: the closer in time,
         # the closer the other tenants' load.
         "peers": ("5. peers, same work", peers.run),
+        "batch": ("7. one batch, as each system's users submit it", batch.run),
         "memory": ("4. memory and writes", memory.run),
         "hosts": ("6. several hosts on PostgreSQL", hosts.run),
     }
