@@ -65,7 +65,7 @@ PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Enough for 2,000 tasks at 200/s (the fast peers run 650/s on a quiet
 # machine); slower peers (arq, RQ: ~30/s) are cut off and reported with the
 # tasks they did, at the rate they kept. `make bench` has ten minutes.
-PEER_BUDGET_S = 10.0
+PEER_BUDGET_S = 8.0
 WARM_UP_BUDGET_S = 60.0
 BIN = Path(sys.executable).parent
 

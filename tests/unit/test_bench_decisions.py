@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from bench.batch import batch_checks, batch_figures
-from bench.memory import MIN_CYCLE_TASKS, WARM_CYCLES, cycle_size, growth_per_cycle
+from bench.memory import (
+    MIN_CYCLE_TASKS,
+    WARM_CYCLES,
+    another_cycle,
+    cycle_size,
+    growth_per_cycle,
+)
 from bench.mixed_peers import peer_checks
 
 
@@ -133,3 +139,19 @@ def test_growth_is_read_per_task_when_cycles_differ_in_size() -> None:
     cycles += [_cycle(5_000, 1, 90.5), _cycle(5_000, 1, 91.0)]
     assert growth_per_cycle(cycles, 10_000) == pytest.approx(1.0)
     assert math.isnan(growth_per_cycle(cycles[:4], 10_000))
+
+
+def test_growth_over_the_tolerance_earns_one_more_cycle_and_a_step_passes() -> None:
+    # A one-off step of the allocator at the 4th drain, flat after it.
+    cycles = [_cycle(10_000, 1, rss) for rss in (80.0, 85.0, 90.0, 93.0, 93.0)]
+    assert growth_per_cycle(cycles, 10_000, window=3) > 0.5
+    assert "one more cycle" in another_cycle(cycles, 10_000, window=3)
+    cycles.append(_cycle(10_000, 1, 93.0))
+    assert growth_per_cycle(cycles, 10_000, window=3) == pytest.approx(0.0)
+    assert another_cycle(cycles, 10_000, window=3) == ""
+
+
+def test_a_leak_grows_in_any_window() -> None:
+    cycles = [_cycle(10_000, 1, 80.0 + 2 * i) for i in range(7)]
+    assert growth_per_cycle(cycles, 10_000, window=3) == pytest.approx(2.0)
+    assert another_cycle(cycles, 10_000, window=3)
