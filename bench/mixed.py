@@ -31,6 +31,7 @@ task's time beyond its generation goes (browser start, page, close...).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -434,10 +435,17 @@ async def run(
     # The peers run at the same time as ours, each on its own backends: the
     # batch is mostly waiting on generations, and the same moment means the
     # same load from the machine's other tenants for every system.
-    ours, peer_rows = await asyncio.gather(
-        run_ours(work / "ours", tasks, scale),
-        run_peers(peers, work / "peers", tasks, scale, max(web_nominal, api_nominal) * scale),
+    beside = asyncio.create_task(
+        run_peers(peers, work / "peers", tasks, scale, max(web_nominal, api_nominal) * scale)
     )
+    try:
+        ours = await run_ours(work / "ours", tasks, scale)
+    except BaseException:
+        beside.cancel()  # the peers' workers and browsers stop with ours
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await beside
+        raise
+    peer_rows = await beside
     figures: dict[str, Any] = {
         "seed": SEED,
         "tasks": {"web": WEB_TASKS, "api": API_TASKS},
