@@ -137,7 +137,7 @@ def _args(task: Planned, scale: float) -> tuple[str, list[Any]]:
 
 
 def _outcomes(
-    records: redis.Redis, tasks: Sequence[Planned], t0: float
+    records: redis.Redis, tasks: Sequence[Planned], t0: float, sent: dict[int, float]
 ) -> tuple[list[Outcome], int]:
     """The tasks as the jobs recorded them; how many have finished."""
     out: list[Outcome] = []
@@ -151,7 +151,7 @@ def _outcomes(
             Outcome(
                 task.index,
                 task.kind,
-                created=0.0,
+                created=sent[task.index],
                 started=started,
                 finished=finished,
                 ok=row.get("ok") == "1",
@@ -208,11 +208,13 @@ async def run_peer(
             sender.send("web", [-1, "warm-up", 0.0])
             await _wait_warm(records, popens, log)
             t0 = time.time()
+            sent: dict[int, float] = {}
             for task in tasks:
+                sent[task.index] = time.time() - t0
                 sender.send(*_args(task, scale))
             deadline = time.monotonic() + cap_s
             while True:
-                outcomes, done = _outcomes(records, tasks, t0)
+                outcomes, done = _outcomes(records, tasks, t0, sent)
                 if done == len(tasks) or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
