@@ -31,6 +31,7 @@ task's time beyond its generation goes (browser start, page, close...).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -398,9 +399,10 @@ def _fmt(value: Any, unit: str = " s", digits: int = 1) -> str:
 BASELINE_CAPS = {"lock": 1.4, "shared": 0.67}
 
 
-def baselines_from_env(default: Sequence[str] = tuple(BASELINE_CAPS)) -> tuple[str, ...]:
-    """`BENCH_MIXED_BASELINES`: which baselines to run after ours, comma-separated
-    (empty: none, for A/B runs of ours alone); unset: both, as `make bench` runs."""
+def baselines_from_env(default: Sequence[str] = ()) -> tuple[str, ...]:
+    """`BENCH_MIXED_BASELINES`: which hand-built baselines to run after ours,
+    comma-separated; unset: none (`make bench` compares ours with Celery and
+    Dramatiq, `bench.mixed_peers`, which is what a user would build)."""
     raw = os.environ.get("BENCH_MIXED_BASELINES")
     if raw is None:
         return tuple(default)
@@ -416,17 +418,34 @@ async def run(
     *,
     target_lb_s: float = TARGET_LB_S,
     baselines: Sequence[str] | None = None,
+    peers: Sequence[str] | None = None,
 ) -> BenchResult:
     from bench.baseline import run_baseline
+    from bench.mixed_peers import peer_checks, peers_from_env, run_peers
 
     if baselines is None:
         baselines = baselines_from_env()
+    if peers is None:
+        peers = peers_from_env()
 
     work = fresh_dir(work)
     tasks = plan()
     scale = time_scale_for(tasks, target_lb_s)
     web_nominal, api_nominal = lower_bound_nominal(tasks, API_CONCURRENCY)
-    ours = await run_ours(work / "ours", tasks, scale)
+    # The peers run at the same time as ours, each on its own backends: the
+    # batch is mostly waiting on generations, and the same moment means the
+    # same load from the machine's other tenants for every system.
+    beside = asyncio.create_task(
+        run_peers(peers, work / "peers", tasks, scale, max(web_nominal, api_nominal) * scale)
+    )
+    try:
+        ours = await run_ours(work / "ours", tasks, scale)
+    except BaseException:
+        beside.cancel()  # the peers' workers and browsers stop with ours
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await beside
+        raise
+    peer_rows = await beside
     figures: dict[str, Any] = {
         "seed": SEED,
         "tasks": {"web": WEB_TASKS, "api": API_TASKS},
@@ -435,6 +454,7 @@ async def run(
         "sum_api_nominal_s": r(api_nominal * API_CONCURRENCY, 1),
         "api_concurrency": API_CONCURRENCY,
         "ours": ours,
+        "peers": peer_rows,
         "baselines": {},
     }
     lb = ours["lower_bound_s"]
@@ -480,6 +500,7 @@ async def run(
             None,
         )
     )
+    checks += peer_checks(ours, peer_rows)
     for variant, base in figures["baselines"].items():
         checks.append(
             Check(

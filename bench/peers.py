@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -62,9 +62,10 @@ TASKS = 2000
 QUOTA = 5
 REDIS_URL = "redis://127.0.0.1:6379/11"
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-# Enough for 2,000 tasks at 100/s; slower peers (arq, RQ) are cut off and
-# reported with the tasks they did, at the rate they kept.
-PEER_BUDGET_S = 20.0
+# Enough for 2,000 tasks at 200/s (the fast peers run 650/s on a quiet
+# machine); slower peers (arq, RQ: ~30/s) are cut off and reported with the
+# tasks they did, at the rate they kept. `make bench` has ten minutes.
+PEER_BUDGET_S = 8.0
 WARM_UP_BUDGET_S = 60.0
 BIN = Path(sys.executable).parent
 
@@ -99,6 +100,13 @@ class Lane:
     # Called by the client just before its first enqueue: the worker's CPU
     # until then (start-up, imports, the warm-up job) is not the batch's.
     on_first_enqueue: Callable[[], None] = lambda: None
+    batch_call_s: float | None = None
+
+    def batch_submitted(self, start: float, tasks: int) -> None:
+        """The whole batch was handed over in one call begun at `start`:
+        every task's latency counts from there, as its submitter sees it."""
+        self.batch_call_s = time.time() - start
+        self.submits = [start] * tasks
 
 
 def _utc(value: datetime) -> float:
@@ -114,7 +122,7 @@ async def _until(done: Callable[[], bool], budget_s: float, period_s: float = 0.
     return True
 
 
-async def run_arq(lane: Lane, tasks: int, budget_s: float) -> None:
+async def run_arq(lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False) -> None:
     from arq import create_pool
     from arq.connections import RedisSettings
     from arq.jobs import JobStatus
@@ -126,9 +134,12 @@ async def run_arq(lane: Lane, tasks: int, budget_s: float) -> None:
         await warm.result(timeout=WARM_UP_BUDGET_S, poll_delay=0.1)
         jobs = []
         lane.on_first_enqueue()
-        for i in range(tasks):
+        start = time.time()
+        for i in range(tasks):  # arq has no batch call: its users' batch is this loop
             lane.submits.append(time.time())
             jobs.append(await redis.enqueue_job("call_vendor", i))
+        if batch:
+            lane.batch_submitted(start, tasks)
         deadline = time.monotonic() + budget_s
         for job in jobs:
             assert job is not None
@@ -145,7 +156,7 @@ async def run_arq(lane: Lane, tasks: int, budget_s: float) -> None:
         await redis.aclose()
 
 
-async def run_rq(lane: Lane, tasks: int, budget_s: float) -> None:
+async def run_rq(lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False) -> None:
     from redis import Redis
     from rq import Queue
     from rq.job import Job
@@ -158,7 +169,12 @@ async def run_rq(lane: Lane, tasks: int, budget_s: float) -> None:
     await _until(lambda: warm.get_status() == "finished", WARM_UP_BUDGET_S)
     ids = []
     lane.on_first_enqueue()
-    for i in range(tasks):
+    if batch:
+        start = time.time()
+        many = [Queue.prepare_data(call_vendor, args=(i,)) for i in range(tasks)]
+        ids = [job.id for job in queue.enqueue_many(many)]
+        lane.batch_submitted(start, tasks)
+    for i in range(0 if batch else tasks):
         lane.submits.append(time.time())
         ids.append(queue.enqueue(call_vendor, i).id)
     registries = (queue.finished_job_registry, queue.failed_job_registry)
@@ -169,13 +185,21 @@ async def run_rq(lane: Lane, tasks: int, budget_s: float) -> None:
     conn.close()
 
 
-async def run_celery(lane: Lane, tasks: int, budget_s: float) -> None:
+async def run_celery(
+    lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False
+) -> None:
     from bench.peer_apps.celery_app import app, call_vendor
 
     call_vendor.delay(-1).get(timeout=WARM_UP_BUDGET_S)
     results = []
     lane.on_first_enqueue()
-    for i in range(tasks):
+    if batch:
+        from celery import group
+
+        start = time.time()
+        results = list(group(call_vendor.s(i) for i in range(tasks)).apply_async().results)
+        lane.batch_submitted(start, tasks)
+    for i in range(0 if batch else tasks):
         lane.submits.append(time.time())
         results.append(call_vendor.delay(i))
     await _until(lambda: all(res.ready() for res in results[-50:]), budget_s, 0.2)
@@ -193,15 +217,24 @@ async def run_celery(lane: Lane, tasks: int, budget_s: float) -> None:
     app.close()
 
 
-async def run_dramatiq(lane: Lane, tasks: int, budget_s: float) -> None:
+async def run_dramatiq(
+    lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False
+) -> None:
     from dramatiq.results import ResultTimeout
 
     from bench.peer_apps.dramatiq_app import broker, call_vendor
 
     call_vendor.send(-1).get_result(block=True, timeout=int(WARM_UP_BUDGET_S * 1000))
-    messages = []
+    messages: list[Any] = []
     lane.on_first_enqueue()
-    for i in range(tasks):
+    if batch:
+        from dramatiq import group
+
+        start = time.time()
+        batch_group = group(call_vendor.message(i) for i in range(tasks)).run()
+        messages = list(batch_group.children)
+        lane.batch_submitted(start, tasks)
+    for i in range(0 if batch else tasks):
         lane.submits.append(time.time())
         messages.append(call_vendor.send(i))
     deadline = time.monotonic() + budget_s
@@ -217,7 +250,9 @@ async def run_dramatiq(lane: Lane, tasks: int, budget_s: float) -> None:
     broker.close()
 
 
-async def run_procrastinate(lane: Lane, tasks: int, budget_s: float, dsn: str) -> None:
+async def run_procrastinate(
+    lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False
+) -> None:
     import psycopg
 
     from bench.peer_apps.procrastinate_app import app, call_vendor
@@ -233,7 +268,12 @@ async def run_procrastinate(lane: Lane, tasks: int, budget_s: float, dsn: str) -
             call_vendor.defer(i=-1)
             await _until(lambda: finished(conn) >= 1, WARM_UP_BUDGET_S)
             lane.on_first_enqueue()
-            for i in range(tasks):
+            if batch:
+                start = time.time()
+                every: list[dict[str, Any]] = [{"i": i} for i in range(tasks)]
+                call_vendor.batch_defer(*every)
+                lane.batch_submitted(start, tasks)
+            for i in range(0 if batch else tasks):
                 lane.submits.append(time.time())
                 call_vendor.defer(i=i)
         await _until(lambda: finished(conn) > tasks, budget_s, 0.2)
@@ -353,9 +393,14 @@ def _start_worker(
         )
 
 
+Runner = Callable[[Lane, int, float, str, bool], Awaitable[None]]
+
+
 async def run_lane(
-    lane: Lane, vendor_url: str, work: Path, tasks: int, budget_s: float
+    lane: Lane, vendor_url: str, work: Path, tasks: int, budget_s: float, batch: bool = False
 ) -> dict[str, Any]:
+    """One system's run: a clean broker, its worker, its client submitting
+    one by one (or in one batch, `batch`) and collecting, its figures."""
     database = f"bench_peers_{uuid.uuid4().hex[:8]}"
     dsn = PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{database}"
     env = {
@@ -379,12 +424,7 @@ async def run_lane(
         with PeakRss(popen.pid) as rss:
             broker = redis_server() if lane.broker == "redis" else []
             # After the warm-up job: the workers are up and connected.
-            runner = {
-                "arq": run_arq,
-                "rq": run_rq,
-                "celery": run_celery,
-                "dramatiq": run_dramatiq,
-            }.get(lane.name)
+            runner = RUNNERS[lane.name]
             start: dict[str, float] = {}
 
             def first_enqueue() -> None:
@@ -392,10 +432,7 @@ async def run_lane(
                 start["broker"] = cpu_of(broker or pg_backends(database))
 
             lane.on_first_enqueue = first_enqueue
-            if runner is not None:
-                await runner(lane, tasks, budget_s)
-            else:
-                await run_procrastinate(lane, tasks, budget_s, dsn)
+            await runner(lane, tasks, budget_s, dsn, batch)
             procs = process_tree(popen.pid)
             worker_cpu = cpu_of(procs) - start["worker"]
             broker_cpu = cpu_of(broker or pg_backends(database)) - start["broker"]
@@ -426,8 +463,9 @@ def _figures(
         "elapsed_s": r(elapsed),
         "tasks_per_s": r(done / elapsed if elapsed > 0 else 0.0, 1),
         "enqueue_rate_per_s": r(len(lane.submits) / (lane.submits[-1] - start), 1)
-        if len(lane.submits) > 1
+        if len(lane.submits) > 1 and lane.submits[-1] > start
         else None,
+        "batch_call_ms": r(lane.batch_call_s * 1000, 1) if lane.batch_call_s is not None else None,
         "submit_to_done_p50_ms": r(percentile(latencies, 50) * 1000, 1),
         "submit_to_done_p99_ms": r(percentile(latencies, 99) * 1000, 1),
         "worker_cpu_s": r(worker_cpu, 2),
@@ -437,6 +475,14 @@ def _figures(
         "note": lane.note,
     }
 
+
+RUNNERS: dict[str, Runner] = {
+    "arq": run_arq,
+    "rq": run_rq,
+    "celery": run_celery,
+    "dramatiq": run_dramatiq,
+    "procrastinate": run_procrastinate,
+}
 
 LANES = (
     Lane("arq", "arq", _arq_worker, "redis"),
@@ -495,22 +541,19 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
     complete = peers
     best = max(complete, key=lambda k: complete[k]["tasks_per_s"], default=None)
     checks = []
+    # Reported as it is (issue 31): each task its own request is not how
+    # users submit work; the target is on the batch (benchmark 7).
     if best is None:
-        # A target this run could not measure is not met.
-        checks.append(
-            Check("peers: tasks/s vs the best peer", ">= best peer", "no peer ran", False)
-        )
+        checks.append(Check("peers: tasks/s vs the best peer", "reported", "no peer ran", None))
     else:
         b = complete[best]
         checks.append(
             Check(
-                "peers: tasks/s vs the best peer",
-                ">= best peer's, p99 no worse",
+                "peers: tasks/s vs the best peer, one by one",
+                "reported (the target is on the batch, 7)",
                 f"ours {ours_row['tasks_per_s']:.0f}/s p99 {ours_row['submit_to_done_p99_ms']:.0f}"
                 f" ms; {best} {b['tasks_per_s']:.0f}/s p99 {b['submit_to_done_p99_ms']:.0f} ms",
-                ours_row["succeeded"] == tasks
-                and ours_row["tasks_per_s"] >= b["tasks_per_s"]
-                and ours_row["submit_to_done_p99_ms"] <= b["submit_to_done_p99_ms"],
+                None,
             )
         )
     checks.append(

@@ -22,9 +22,9 @@ between the remote job finishing and the task showing success.
   (`finished_at - (started_at + duration)`, which does count it, is kept
   beside it: on a fresh service the first submits open their connections,
   ~1 nominal s at this time scale.)
-- Fixed 1 s: a minimal loop in this module against the same vendor process
-  (another API key, so quotas do not mix), run after ours so neither slows
-  the other: submit, poll on absolute one-second ticks (scaled), download
+- Fixed 1 s: a minimal loop in this module against a vendor process of its
+  own, run beside ours' warm lane (so its polls never queue behind ours at
+  the vendor): submit, poll on absolute one-second ticks (scaled), download
   when done. Its delay is measured the same way, against the vendor's end.
 
 The model's expectation (no network, no jitter luck) is printed beside each,
@@ -234,22 +234,41 @@ async def run(work: Path, *, jobs: int = JOBS_PER_DURATION) -> BenchResult:
     vendor_quota = jobs * len(DURATIONS_S)
     ours_all: dict[str, dict[str, dict[str, Any]]] = {}
     counters: dict[str, dict[str, Any]] = {}
-    with Vendor(time_scale=TIME_SCALE, quota=vendor_quota) as vendor:
+    fixed_all: list[dict[str, Any]] = []
+
+    async def fixed_poller(fixed_vendor: DemoProc) -> None:
+        fixed_all.extend(
+            await asyncio.gather(
+                *(
+                    run_fixed(fixed_vendor, d, min(jobs, FIXED_JOBS_PER_DURATION))
+                    for d in DURATIONS_S
+                )
+            )
+        )
+
+    with (
+        Vendor(time_scale=TIME_SCALE, quota=vendor_quota) as vendor,
+        Vendor(time_scale=TIME_SCALE, quota=vendor_quota) as fixed_vendor,
+    ):
         env = service_env(profiles, vendor.url, time_scale=TIME_SCALE, concurrency=quotas)
         with ServiceProc(work / "state", env, work / "service.log", "bench.service_child") as svc:
             # Cold: a fresh service knows no run times, only the vendor's
             # progress. Warm: the same service, now holding the cold batch's
             # run times for each shape (model + gen_s).
             for lane in LANES:
-                ours_all[lane] = await run_ours(svc, vendor, jobs, lane)
+                if lane == LANES[-1]:
+                    # The fixed poller beside the warm lane, on a vendor process
+                    # of its own (its ten polls a real second never queue
+                    # behind ours): `make bench` saves its 25 s.
+                    ours_all[lane], _ = await asyncio.gather(
+                        run_ours(svc, vendor, jobs, lane), fixed_poller(fixed_vendor)
+                    )
+                else:
+                    ours_all[lane] = await run_ours(svc, vendor, jobs, lane)
                 counters[lane] = svc.child_stats()
                 svc.forget_child_stats()
-        after_ours = vendor.stats()
-        # One after the other: the fixed poller's load must not slow our answers.
-        fixed_all = await asyncio.gather(
-            *(run_fixed(vendor, d, min(jobs, FIXED_JOBS_PER_DURATION)) for d in DURATIONS_S)
-        )
-        vendor_stats = vendor.stats()
+        ours_stats = vendor.stats()
+        fixed_stats = fixed_vendor.stats()
     fixed_requests = sum(f["requests_per_job"] * f["jobs"] for f in fixed_all)
     ours_requests = sum(
         o["requests_per_job"] * o["succeeded"] for lane in LANES for o in ours_all[lane].values()
@@ -257,14 +276,12 @@ async def run(work: Path, *, jobs: int = JOBS_PER_DURATION) -> BenchResult:
     figures: dict[str, Any] = {
         "time_scale": TIME_SCALE,
         "jobs_per_duration": jobs,
-        "vendor_requests_total": vendor_stats["requests"],
+        "vendor_requests_total": ours_stats["requests"] + fixed_stats["requests"],
         # Requests the vendor saw that our per-task counts do not explain (429s,
         # retried polls): 0 when the per-job figures are complete.
-        "ours_requests_unaccounted": after_ours["requests"] - ours_requests,
-        "fixed_requests_unaccounted": vendor_stats["requests"]
-        - after_ours["requests"]
-        - fixed_requests,
-        "vendor_rate_limited": vendor_stats["rate_limited"],
+        "ours_requests_unaccounted": ours_stats["requests"] - ours_requests,
+        "fixed_requests_unaccounted": fixed_stats["requests"] - fixed_requests,
+        "vendor_rate_limited": ours_stats["rate_limited"] + fixed_stats["rate_limited"],
         "by_duration": {},
     }
     for duration, fixed in zip(DURATIONS_S, fixed_all, strict=True):

@@ -1,0 +1,157 @@
+"""The benchmarks' own decisions: which target a run met, how a slow run
+still measures memory growth. Pure functions of figures, no processes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from bench.batch import batch_checks, batch_figures
+from bench.memory import (
+    MIN_CYCLE_TASKS,
+    WARM_CYCLES,
+    another_cycle,
+    cycle_size,
+    growth_per_cycle,
+)
+from bench.mixed_peers import peer_checks
+
+
+def _mixed(makespan: float, excess: float, collisions: int = 0, ok: bool = True) -> dict[str, Any]:
+    return {
+        "makespan_s": makespan,
+        "makespan_over_lb": makespan / 90.0,
+        "all_succeeded": ok,
+        "api_excess_wait_mean_s": excess,
+        "web_collisions": collisions,
+        "failed": [] if ok else [{"index": 1, "kind": "web", "error": "x"}],
+        "unfinished": 0,
+    }
+
+
+def test_ours_best_of_all_on_the_mixed_batch_meets_the_target() -> None:
+    checks = peer_checks(
+        _mixed(91.0, 0.003), {"celery": _mixed(95.0, 0.05), "dramatiq": _mixed(97.0, 1.2)}
+    )
+    assert checks[0].met is True
+    assert [c.met for c in checks[1:]] == [None, None]  # each peer reported
+
+
+@pytest.mark.parametrize(
+    ("peer", "why"),
+    [
+        (_mixed(90.5, 0.05), "a peer finished sooner"),
+        (_mixed(95.0, 0.001), "a peer's API tasks waited less"),
+    ],
+)
+def test_a_peer_better_on_one_figure_misses_the_target(peer: dict[str, Any], why: str) -> None:
+    assert peer_checks(_mixed(91.0, 0.003), {"celery": peer})[0].met is False, why
+
+
+def test_collisions_or_a_peer_that_did_not_run_miss_the_target() -> None:
+    assert peer_checks(_mixed(91.0, 0.0, collisions=1), {"celery": _mixed(99, 1)})[0].met is False
+    not_run = peer_checks(_mixed(91.0, 0.0), {"celery": {"system": "celery", "error": "boom"}})
+    assert not_run[0].met is False
+    assert "did not run" in not_run[1].value
+
+
+def test_a_peer_that_lost_tasks_is_beaten_whatever_its_makespan() -> None:
+    checks = peer_checks(_mixed(91.0, 0.003), {"celery": _mixed(60.0, 0.5, ok=False)})
+    assert checks[0].met is True
+
+
+def test_no_peers_no_target() -> None:
+    assert peer_checks(_mixed(91.0, 0.0), {}) == []
+
+
+def _batch(rate: float, p99_ms: float, done: int = 2000) -> dict[str, Any]:
+    return {
+        "tasks_per_s": rate,
+        "submit_to_done_p99_ms": p99_ms,
+        "submit_to_done_p50_ms": p99_ms / 2,
+        "succeeded": done,
+        "batch_call_ms": 50.0,
+        "cpu_ms_per_task": 1.0,
+    }
+
+
+def test_batch_target_compares_with_the_fastest_peer_and_its_p99() -> None:
+    rows = {"dispatcher": _batch(700, 2900), "dramatiq": _batch(650, 3000), "arq": _batch(30, 9e3)}
+    assert batch_checks(rows, 2000)[0].met is True
+    rows["dramatiq"] = _batch(650, 2800)  # slower but a better p99
+    assert batch_checks(rows, 2000)[0].met is False
+    rows["dramatiq"] = _batch(750, 3000)
+    assert batch_checks(rows, 2000)[0].met is False
+
+
+def test_batch_row_cut_off_by_its_budget_says_so() -> None:
+    rows = {"dispatcher": _batch(700, 2900), "rq": _batch(30, 9e3, done=300)}
+    assert "cut off at 300 done" in batch_checks(rows, 2000)[-1].value
+
+
+def test_batch_latency_counts_from_the_batch_call() -> None:
+    figures = batch_figures(
+        4,
+        100.0,
+        [101.0, 102.0, 103.0, 104.0],
+        call_s=0.5,
+        cpu_s=0.4,
+        rss_mb=80,
+        complete=True,
+        note="",
+    )
+    assert figures["tasks_per_s"] == 1.0
+    assert figures["submit_to_done_p99_ms"] == pytest.approx(3970.0, rel=0.01)
+
+
+def _cycle(submitted: int, seconds: float, rss: float, drained: bool = True) -> dict[str, Any]:
+    return {
+        "submitted": submitted,
+        "submit_s": seconds / 4,
+        "drain_s": seconds * 3 / 4,
+        "drained": drained,
+        "rss_after_drain_mb": rss,
+    }
+
+
+def test_a_slow_run_shrinks_the_cycles_after_the_warm_up_instead_of_skipping() -> None:
+    done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES)]
+    full = cycle_size(WARM_CYCLES, 10_000, done, left_s=200.0)
+    assert full.tasks == 10_000 and not full.why
+    shrunk = cycle_size(WARM_CYCLES, 10_000, done, left_s=40.0)
+    assert MIN_CYCLE_TASKS <= shrunk.tasks < 10_000
+    assert "left" in shrunk.why
+
+
+def test_the_warm_up_is_never_shrunk_and_a_skip_says_why() -> None:
+    skipped = cycle_size(1, 10_000, [_cycle(10_000, 60.0, 90.0)], left_s=50.0)
+    assert skipped.tasks == 0
+    assert "warm-up" in skipped.why and "tasks/s" in skipped.why
+    undrained = cycle_size(1, 10_000, [_cycle(10_000, 60.0, 90.0, drained=False)], left_s=500)
+    assert undrained.tasks == 0 and "did not drain" in undrained.why
+
+
+def test_growth_is_read_per_task_when_cycles_differ_in_size() -> None:
+    # 1 MB per 10,000 tasks from the last warm drain on, with two half cycles.
+    cycles = [_cycle(10_000, 1, 80.0), _cycle(10_000, 1, 85.0), _cycle(10_000, 1, 90.0)]
+    cycles += [_cycle(5_000, 1, 90.5), _cycle(5_000, 1, 91.0)]
+    assert growth_per_cycle(cycles, 10_000) == pytest.approx(1.0)
+    assert math.isnan(growth_per_cycle(cycles[:4], 10_000))
+
+
+def test_growth_over_the_tolerance_earns_one_more_cycle_and_a_step_passes() -> None:
+    # A one-off step of the allocator at the 4th drain, flat after it.
+    cycles = [_cycle(10_000, 1, rss) for rss in (80.0, 85.0, 90.0, 93.0, 93.0)]
+    assert growth_per_cycle(cycles, 10_000, window=3) > 0.5
+    assert "one more cycle" in another_cycle(cycles, 10_000, window=3)
+    cycles.append(_cycle(10_000, 1, 93.0))
+    assert growth_per_cycle(cycles, 10_000, window=3) == pytest.approx(0.0)
+    assert another_cycle(cycles, 10_000, window=3) == ""
+
+
+def test_a_leak_grows_in_any_window() -> None:
+    cycles = [_cycle(10_000, 1, 80.0 + 2 * i) for i in range(7)]
+    assert growth_per_cycle(cycles, 10_000, window=3) == pytest.approx(2.0)
+    assert another_cycle(cycles, 10_000, window=3)
