@@ -70,6 +70,7 @@ ACCOUNT = "demo-1"
 WEB_MODEL = "demo-chat"
 API_MODELS = ("demo-chat-api", "demo-video")
 TARGET_RATIO = 1.02
+TARGET_PLAN_ERROR = 0.15
 TARGET_API_WAIT_S = 1.0
 # Real seconds the batch waits, at most, for the service to have started the
 # account's browser (a start takes ~0.5-2 s on the 2-core VM).
@@ -197,12 +198,75 @@ def analyse(
 
 
 # -- ours ----------------------------------------------------------------------
+# What the operator states in each profile (`expected_run_s`, nominal) before
+# the service has run any of its tasks: the field's typical run, the middle
+# of its range. The plan made before the batch has nothing else to go on.
+EXPECTED_RUN_S = {
+    WEB_MODEL: sum(WEB_RANGE_S) / 2,
+    **{model: sum(API_RANGE_S) / 2 for model in API_MODELS},
+}
+DEMO_EXPECTED = {WEB_MODEL: 3, "demo-chat-api": 2, "demo-video": 5}  # the bundled profiles'
+
+
 def _service_profiles(target: Path) -> Path:
     one_account = {'accounts = ["demo-1", "demo-2"]': f'accounts = ["{ACCOUNT}"]'}
-    copy_profile(target, WEB_MODEL, replace=one_account)
-    for model in API_MODELS:
-        copy_profile(target, model)
+    for model in (WEB_MODEL, *API_MODELS):
+        expected = {
+            f"expected_run_s = {DEMO_EXPECTED[model]}\n": (
+                f"expected_run_s = {EXPECTED_RUN_S[model]:g}\n"
+            )
+        }
+        copy_profile(
+            target, model, replace={**expected, **(one_account if model == WEB_MODEL else {})}
+        )
     return target
+
+
+async def _plan(client: httpx.AsyncClient, tasks: Sequence[Planned]) -> dict[str, Any]:
+    """`POST /v1/plan` for the batch: what the service expects it to take."""
+    answer = await call(client, "POST", "/v1/plan", json={"tasks": [t.task_body() for t in tasks]})
+    answer.raise_for_status()
+    plan: dict[str, Any] = answer.json()
+    return plan
+
+
+def own_durations_estimate(tasks: Sequence[Planned], scale: float) -> float:
+    """The plan's schedule fed each task's own generation time (which no plan
+    is told): what is left of its error is overhead beyond the generations."""
+    from dispatcher.tasks.makespan import LaneSlots, PlannedRun, simulate
+
+    lanes = [
+        LaneSlots(f"web:{ACCOUNT}", 1, frozenset({WEB_MODEL})),
+        LaneSlots("api:demo", API_CONCURRENCY, frozenset(API_MODELS)),
+    ]
+    runs = [PlannedRun(t.model, t.nominal_s * scale) for t in tasks]
+    return simulate(runs, lanes).makespan_s
+
+
+def plan_figures(
+    before: dict[str, Any], after: dict[str, Any], makespan_s: float, own_s: float
+) -> dict[str, Any]:
+    """The plan made before the batch against its actual makespan
+    (`plan_error` = |estimate - actual| / actual), and the plan of the same
+    batch made after it, from this run's history (what a re-run would be told)."""
+
+    def error(plan: dict[str, Any]) -> float | None:
+        estimate = plan["total"]["makespan_s"]
+        if estimate is None or not math.isfinite(makespan_s) or makespan_s <= 0:
+            return None
+        return r(abs(estimate - makespan_s) / makespan_s, 4)
+
+    return {
+        "estimate_s": before["total"]["makespan_s"],
+        "lower_bound_s": before["total"]["lower_bound_s"],
+        "bound": before["total"]["bound"],
+        "run_s_by_model": {m["model"]: m["run_s"] for m in before["models"]},
+        "plan_error": error(before),
+        "replan_from_history_estimate_s": after["total"]["makespan_s"],
+        "replan_from_history_error": error(after),
+        "own_durations_estimate_s": r(own_s),
+        "own_durations_error": error({"total": {"makespan_s": own_s}}),
+    }
 
 
 async def login(browser: str, user_data_dir: Path, web_url: str) -> None:
@@ -329,6 +393,7 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
                 # once the account's browser is up (or the service started
                 # none: then at once).
                 browser_ready_s = await _browser_ready(client, launched)
+                plan_before = await _plan(client, tasks)
                 t0 = time.time()
                 answer = await call(
                     client,
@@ -346,6 +411,7 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
                     await asyncio.sleep(0.5)
                 # The submit's own clock: created_at of the first row is the t0 that counts.
                 t0 = min(t0, min(t["created_at"] for t in job["tasks"]))
+                plan_after = await _plan(client, tasks)
         web_stats = web.stats()
         api_stats = api.stats()
     rows: list[dict[str, Any]] = job["tasks"]
@@ -368,8 +434,12 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
         key=lambda row: row["started_at"],
     )
     gaps = [b["started_at"] - a["finished_at"] for a, b in itertools.pairwise(web_rows)]
+    makespan = figures["makespan_s"] if figures["makespan_s"] is not None else math.nan
     figures.update(
         {
+            "plan": plan_figures(
+                plan_before, plan_after, makespan, own_durations_estimate(tasks, scale)
+            ),
             "startup_to_serving_s": r(startup_s),
             "startup_to_browser_ready_s": r(browser_ready_s) if browser_ready_s else None,
             "web_collisions": web_stats.get("collisions"),
@@ -487,6 +557,23 @@ async def run(
             ours["web_collisions"] == 0,
         ),
     ]
+    planned = ours["plan"]
+    plan_error = planned["plan_error"]
+    checks.append(
+        Check(
+            "mixed: plan's makespan estimate vs the run",
+            f"<= {TARGET_PLAN_ERROR:.2f} error",
+            f"POST /v1/plan before the batch {_fmt(planned['estimate_s'])} vs "
+            f"{_fmt(ours['makespan_s'])} = "
+            + (f"{plan_error:.3f}" if plan_error is not None else "not estimated")
+            + f" (no history yet: the profiles' expected_run_s; the schedule fed each "
+            f"task's own generation time {_fmt(planned['own_durations_estimate_s'])}, error "
+            f"{planned['own_durations_error']}; re-planned from this run's history "
+            f"{_fmt(planned['replan_from_history_estimate_s'])}, error "
+            f"{planned['replan_from_history_error']})",
+            bool(plan_error is not None and plan_error <= TARGET_PLAN_ERROR),
+        )
+    )
     web = ours.get("web") or {}
     checks.append(
         Check(

@@ -325,6 +325,9 @@ class Profile(_Strict):
     # each of its providers (DISPATCHER_BUDGETS overrides it).
     pricing: Pricing | None = None
     budget: BudgetSpec | None = None
+    # Nominal seconds one task usually runs (the vendor's or the operator's
+    # figure): the plan's makespan uses it until the model has run history.
+    expected_run_s: float | None = Field(default=None, gt=0, le=86_400)
     source: str = ""  # the file it came from (filled in by the loader)
 
     @model_validator(mode="after")

@@ -114,7 +114,10 @@ def show_plan(plan: dict[str, Any]) -> None:
     )
     console.print(table)
     if total["makespan_s"] is None:
-        console.print(f"makespan unknown: {escape(total['bound'])} (run a few of its tasks first)")
+        console.print(
+            f"makespan unknown: {escape(total['bound'])} (run a few of its tasks first, "
+            "or state `expected_run_s` in its profile)"
+        )
     else:
         console.print(
             f"makespan ~{fmt_seconds(total['makespan_s'])}, lower bound "

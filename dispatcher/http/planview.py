@@ -2,7 +2,9 @@
 
 Reads what `planning.plan_batch` needs: each task built as intake would
 build it (fingerprint, estimated cost), the batch's own duplicates, recent
-twins and cache hits, the models' run history, the open lanes' slots, the
+twins and cache hits, each model's expected run time (the mean of its recent
+runs here, else its profile's `expected_run_s` at the time scale), the open
+lanes (slots and queues), the order the batch's tasks would wait in, the
 queues' pending tasks and the providers' spend today.
 """
 
@@ -21,6 +23,7 @@ from dispatcher import strictjson
 from dispatcher.errors import InputError
 from dispatcher.models import JSON, Task
 from dispatcher.pricing import day_start
+from dispatcher.tasks.makespan import LaneSlots
 from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
 from dispatcher.tasks.spec import parse_plan
 
@@ -34,34 +37,56 @@ async def plan_answer(service: Service, raw: object) -> JSON:
     await intake.learn(specs)
     hashes = await intake.image_hashes(specs, in_job=True)
     by_model: dict[str, list[Task]] = defaultdict(list)
+    batch: list[Task] = []
     for index, (spec, images) in enumerate(zip(specs, hashes, strict=True)):
         try:
-            by_model[spec.model].append(intake.new_task(spec, None, images))
+            task = intake.new_task(spec, None, images)
         except InputError as exc:
             raise InputError(f"tasks[{index}]: {exc}") from exc
+        by_model[spec.model].append(task)
+        batch.append(task)
     queued = await service.ledger.queued_counts()
     scheduler = service.scheduler
     loads = []
+    to_run: set[str] = set()  # ids of the tasks that would run
     for model, tasks in by_model.items():
-        loads.append(await _load(service, model, tasks, queued))
+        load, running = await _load(service, model, tasks, queued)
+        loads.append(load)
+        to_run.update(running)
+    order = [task.model for task in batch if task.id in to_run]
+    lanes = [
+        LaneSlots(lane.name, scheduler.lane_concurrency(lane), frozenset(lane.queues))
+        for lane in scheduler.lanes.values()
+        if scheduler.accounts.is_open(lane.owner)
+    ]
     now = service.clock.now()
     budgets = {}
     if scheduler.budgets is not None:
         for provider, limit in scheduler.budgets.limits.items():
             spent = await service.store.spent_since(provider, day_start(now))
             budgets[provider] = BudgetLeft(provider, limit, spent)
-    plan = plan_batch(loads, budgets, now=now, max_cost_usd=max_cost_usd, deadline=deadline)
+    plan = plan_batch(
+        loads,
+        budgets,
+        now=now,
+        max_cost_usd=max_cost_usd,
+        deadline=deadline,
+        lanes=lanes,
+        order=order,
+    )
     return plan.to_json()
 
 
 async def _load(
     service: Service, model: str, tasks: list[Task], queued: dict[str, int]
-) -> ModelLoad:
+) -> tuple[ModelLoad, list[str]]:
+    """The model's share of the batch, and the ids of its tasks that would run."""
     intake = service.ledger.intake
     scheduler = service.scheduler
     seen: set[str] = set()
     duplicates = twins = cached = unpriced = 0
     cost = 0.0
+    running: list[str] = []
     for task in tasks:
         if not task.force and task.fingerprint in seen:
             duplicates += 1
@@ -78,6 +103,7 @@ async def _load(
         ):
             cached += 1
             continue
+        running.append(task.id)
         if task.cost_estimate is None:
             unpriced += 1
         else:
@@ -89,7 +115,8 @@ async def _load(
         if queue in lane.queues and scheduler.accounts.is_open(lane.owner)
     ]
     durations = list(await scheduler.recent_durations(model))
-    return ModelLoad(
+    run_s, run_from = _expected_run_s(service, model, durations)
+    load = ModelLoad(
         model=model,
         tasks=len(tasks),
         duplicates=duplicates,
@@ -97,11 +124,28 @@ async def _load(
         cached=cached,
         cost_usd=cost,
         unpriced=unpriced,
-        run_s=statistics.median(durations) if durations else None,
+        run_s=run_s,
+        run_from=run_from,
         owners=tuple(sorted({lane.owner for lane in lanes})),
         capacity=sum(scheduler.lane_concurrency(lane) for lane in lanes),
         queued_ahead=queued.get(queue, 0),
+        queue=queue,
     )
+    return load, running
+
+
+def _expected_run_s(
+    service: Service, model: str, durations: list[float]
+) -> tuple[float | None, str]:
+    """Real seconds one task of the model is expected to run: the mean of its
+    recent runs (a lane's time is their sum, so the mean, not the median),
+    else the profile's `expected_run_s` at the service's time scale."""
+    if durations:
+        return statistics.fmean(durations), "history"
+    profile = service.profiles.get(model)
+    if profile is not None and profile.expected_run_s is not None:
+        return profile.expected_run_s * service.clock.time_scale, "profile"
+    return None, "history"
 
 
 def plan_routes(service: Service) -> list[Route]:

@@ -54,7 +54,7 @@ log = logging.getLogger("dispatcher.notify.webhooks")
 
 JOB_FINISHED = "job.finished"
 ACCOUNT_STATE_CHANGED = "account.state_changed"
-BUDGET_REACHED = "budget.reached"  # once per provider and day, per host
+BUDGET_REACHED = "budget.reached"  # once per provider and day, across hosts
 MAX_ATTEMPTS = 5
 FIRST_RETRY_DELAY_S = 2.0  # then 4, 8, 16 (scaled by the clock)
 # Real seconds for one whole attempt (connect, send, headers, answer).
@@ -178,6 +178,7 @@ class Webhooks:
         self._builder: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        self._building = 0
         self.dropped = 0
 
     @property
@@ -280,7 +281,13 @@ class Webhooks:
     async def _build_all(self) -> None:
         while True:
             kind, subject = await self._queue.get()
-            await self._build_one(kind, subject)
+            # Still queued while it is built: `deliveries_view` says 0 only once
+            # every event heard is in the outbox (or was another host's to tell).
+            self._building += 1
+            try:
+                await self._build_one(kind, subject)
+            finally:
+                self._building -= 1
 
     async def _build_one(self, kind: str, subject: Any) -> None:
         try:
@@ -305,6 +312,13 @@ class Webhooks:
         if kind == JOB_FINISHED:
             return await self._job_finished(str(subject))
         if kind == BUDGET_REACHED:
+            # Every host sharing the database finds the budget reached on its
+            # own (each says so on its own SSE stream); the store lets one of
+            # them tell the receivers.
+            if not await self._store.tell_budget_reached(
+                subject["provider"], subject["until"], self._clock.now()
+            ):
+                return None
             fields = {k: v for k, v in subject.items() if k != "type"}
             return self._envelope(BUDGET_REACHED, {"budget": fields})
         account = subject
@@ -463,7 +477,7 @@ class Webhooks:
         counts = await self._outbox.counts()
         return {
             "urls": list(self._receivers),
-            "queued": self._queue.qsize() + counts[PENDING],
+            "queued": self._queue.qsize() + self._building + counts[PENDING],
             "delivering": counts[DELIVERING],
             "failed": counts[FAILED],
             # Events that will not reach a receiver unless redelivered: given

@@ -63,7 +63,8 @@ class BudgetBook:
         self._store = store
         self._spent = store.spent_since
         self._reached: dict[str, Reached] = {}
-        # Told once per provider and day (by this host): SSE and webhooks.
+        # Said once per provider and day by this host (log, SSE); the webhook
+        # once across hosts (the store names the host that tells it).
         self._events = events
 
     def guard(self, owner: str, now: float) -> Budget | None:

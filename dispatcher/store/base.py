@@ -171,6 +171,10 @@ class Store(Protocol):
         """True for exactly one caller (of all hosts) per finish of the job,
         named by its latest task `finished_at`: `job.finished` is told once."""
 
+    async def tell_budget_reached(self, provider: str, until: float, now: float) -> bool:
+        """True for exactly one caller (of all hosts) per provider and day (named
+        by `until`, 00:00 UTC after it): `budget.reached` is told once."""
+
     # -- cost (issue 30) ------------------------------------------------------------
     async def spent_since(self, provider: str, since: float) -> float:
         """Dollars the provider's tasks started since then cost (finished) or

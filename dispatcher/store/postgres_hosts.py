@@ -74,6 +74,9 @@ class PostgresHostOps:
         rows = await self._write1(sql.JOB_FINISH_TELL, (last_finished_at, job_id, last_finished_at))
         return bool(rows)
 
+    async def tell_budget_reached(self, provider: str, until: float, now: float) -> bool:
+        return bool(await self._write1(sql.BUDGET_TELL, (provider, until, now)))
+
     # -- account leases --------------------------------------------------------
     async def acquire_lease(
         self, account: str, host: str, now: float, ttl_s: float

@@ -139,6 +139,10 @@ HOST_DEAD = """UPDATE hosts SET dead_at = ? WHERE id = ? AND dead_at IS NULL AND
 JOB_FINISH_TELL = """UPDATE jobs SET finish_told_at = ?
     WHERE id = ? AND (finish_told_at IS NULL OR finish_told_at <> ?) RETURNING id"""
 
+# One host wins the telling of a provider's reached budget for a day.
+BUDGET_TELL = """INSERT INTO budget_told (provider, until, told_at) VALUES (?, ?, ?)
+    ON CONFLICT (provider, until) DO NOTHING RETURNING provider"""
+
 GATE_SET = """INSERT INTO gates (provider, not_before) VALUES (?, ?)
     ON CONFLICT (provider) DO UPDATE SET not_before = excluded.not_before
     WHERE excluded.not_before > gates.not_before"""

@@ -50,6 +50,9 @@ class SqliteHostOps:
     async def tell_job_finish(self, job_id: str, last_finished_at: float) -> bool:
         return bool(self._write1(sql.JOB_FINISH_TELL, (last_finished_at, job_id, last_finished_at)))
 
+    async def tell_budget_reached(self, provider: str, until: float, now: float) -> bool:
+        return bool(self._write1(sql.BUDGET_TELL, (provider, until, now)))
+
     # -- account leases --------------------------------------------------------
     async def acquire_lease(
         self, account: str, host: str, now: float, ttl_s: float

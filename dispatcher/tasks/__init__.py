@@ -5,7 +5,8 @@ fingerprint and result cache (`fingerprint`, `decodebudget`, `cache`), the ledge
 that makes every state change (`ledger`, `states`, `reads`, `lines`), what a
 runner reports made safe before it is stored (`redaction`) and where
 results and failure evidence live (`resultpaths`, `artifacts`), a web task's
-form params (`webfields`) and the plan of a batch before it runs (`planning`).
+form params (`webfields`) and the plan of a batch before it runs (`planning`,
+with its simulated schedule in `makespan`).
 
 May import: the shared top-level modules, `store`, `scheduling.decisions` (pure
 rules), `hosts.modelcards` (models other hosts run), `http.limits` and

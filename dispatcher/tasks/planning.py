@@ -1,22 +1,28 @@
 """Plan a batch before it runs (issue 30): tasks, cost, makespan, what stops it.
 
 A pure decision: the caller (`http.planview`) reads what the plan needs (the
-batch's tasks as intake would build them, twins and cache hits, run history,
-lane capacities, the providers' spend today) and this module decides.
+batch's tasks as intake would build them, twins and cache hits, each
+model's expected run time, the open lanes, the providers' spend today) and
+this module decides.
 
-The makespan model: models that share a lane owner (a provider's quota, a web
-account) share that capacity, so they form one group; groups run side by
-side. A group of N tasks (its queue's pending ones included) averaging t
-seconds over C slots takes ceil(N / C) waves of t; no schedule beats the
-lower bound max(N x t / C, the longest single run), which the plan names.
+The makespan is the scheduler's own schedule, simulated (`makespan.simulate`):
+the tasks already waiting, then the batch's in its order, each on the
+earliest free slot of an open lane serving its queue (a web account one
+slot, a provider its quota). A model's expected run time is the mean of its
+recent runs on this service (a lane's time is their sum), else the
+profile's `expected_run_s` scaled by the time scale, else unknown. Models
+that share a lane owner share its slots and form one group; no schedule
+beats the group's lower bound max(work / slots, the longest run), which
+the plan names.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from dispatcher.tasks.makespan import LaneSlots, PlannedRun, Schedule, simulate
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,16 @@ class ModelLoad:
     cached: int = 0  # a cached result answers it at once
     cost_usd: float | None = 0.0  # estimated, for the tasks that would run
     unpriced: int = 0  # tasks to run without a price table
-    run_s: float | None = None  # typical run time (median of recent runs); None: no history
+    run_s: float | None = None  # expected run time, real seconds; None: unknown
+    run_from: str = "history"  # "history" (its recent runs) or "profile" (expected_run_s)
     owners: tuple[str, ...] = ()  # lane owners serving it (providers, web accounts)
     capacity: int = 0  # slots of its open lanes
     queued_ahead: int = 0  # pending tasks already in its queue
+    queue: str = ""  # the queue its tasks wait in ("" : one of its own)
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue or f"model:{self.model}"
 
     @property
     def to_run(self) -> int:
@@ -83,7 +95,7 @@ def _groups(loads: Sequence[ModelLoad]) -> list[list[ModelLoad]]:
     return [members for _, members in groups]
 
 
-def _group_time(members: Sequence[ModelLoad], capacity: int) -> dict[str, Any]:
+def _group_time(members: Sequence[ModelLoad], capacity: int, schedule: Schedule) -> dict[str, Any]:
     count = sum(m.to_run + m.queued_ahead for m in members)
     timed = [m for m in members if m.to_run + m.queued_ahead > 0]
     unknown = [m.model for m in timed if m.run_s is None]
@@ -95,22 +107,57 @@ def _group_time(members: Sequence[ModelLoad], capacity: int) -> dict[str, Any]:
             "lower_bound_s": None,
             "bound": f"no run history: {', '.join(unknown)}",
         }
-    if capacity <= 0:
+    if capacity <= 0 or any(m.queue_name in schedule.unplaced for m in timed):
         return {"estimate_s": None, "lower_bound_s": None, "bound": "no open lane serves it"}
     work_s = sum((m.to_run + m.queued_ahead) * (m.run_s or 0.0) for m in timed)
     mean_s = work_s / count
     longest_s = max(m.run_s or 0.0 for m in timed)
-    estimate_s = max(math.ceil(count / capacity) * mean_s, longest_s)
+    estimate_s = max(schedule.ends_s.get(m.queue_name, 0.0) for m in timed)
     by_lanes = work_s / capacity
     if by_lanes >= longest_s:
         bound = f"lane capacity: {count} tasks x {mean_s:.1f} s over {capacity} slots"
     else:
         bound = f"longest single run: {longest_s:.1f} s"
+    if any(m.run_from == "profile" for m in timed):
+        bound += " (from expected_run_s: no run history yet)"
     return {
         "estimate_s": round(estimate_s, 3),
         "lower_bound_s": round(max(by_lanes, longest_s), 3),
         "bound": bound,
     }
+
+
+def _lanes_from(loads: Sequence[ModelLoad]) -> list[LaneSlots]:
+    """Lanes as the loads describe them, when the caller gives none: each owner
+    one lane with its share of the model's slots, serving the models it serves."""
+    slots: dict[str, int] = {}
+    queues: dict[str, set[str]] = {}
+    for load in loads:
+        owners = load.owners or (f"model:{load.model}",)
+        for owner in owners:
+            share = max(1, round(load.capacity / len(owners))) if load.capacity > 0 else 0
+            slots[owner] = max(slots.get(owner, 0), share)
+            queues.setdefault(owner, set()).add(load.queue_name)
+    return [LaneSlots(owner, slots[owner], frozenset(queues[owner])) for owner in slots]
+
+
+def _runs(loads: Sequence[ModelLoad], order: Sequence[str] | None) -> list[PlannedRun]:
+    """The tasks in the order the queues serve them: those already waiting,
+    then the batch's (in `order`, the models of its tasks to run, when given)."""
+    known = {load.model: load for load in loads if load.run_s is not None}
+    runs = [
+        PlannedRun(load.queue_name, load.run_s)
+        for load in known.values()
+        for _ in range(load.queued_ahead)
+        if load.run_s is not None
+    ]
+    if order is None:
+        order = [load.model for load in loads for _ in range(load.to_run)]
+    for model in order:
+        load = known.get(model)
+        if load is not None and load.run_s is not None:
+            runs.append(PlannedRun(load.queue_name, load.run_s))
+    return runs
 
 
 def plan_batch(
@@ -120,8 +167,14 @@ def plan_batch(
     now: float,
     max_cost_usd: float | None = None,
     deadline: float | None = None,
+    lanes: Sequence[LaneSlots] | None = None,
+    order: Sequence[str] | None = None,
 ) -> Plan:
+    """`lanes`: the open lanes (else drawn from the loads' owners and slots);
+    `order`: the model of each task to run, in the batch's order (else the
+    loads' order)."""
     plan = Plan()
+    schedule = simulate(_runs(loads, order), _lanes_from(loads) if lanes is None else lanes)
     for load in loads:
         plan.models.append(
             {
@@ -134,19 +187,24 @@ def plan_batch(
                 "queued_ahead": load.queued_ahead,
                 "cost_usd": None if load.cost_usd is None else round(load.cost_usd, 6),
                 "unpriced": load.unpriced,
-                "run_s": load.run_s,
+                "run_s": None if load.run_s is None else round(load.run_s, 3),
+                "run_from": load.run_from if load.run_s is not None else None,
                 "capacity": load.capacity,
             }
         )
     times: list[dict[str, Any]] = []
     for members in _groups(loads):
         capacity = _shared_capacity(members)
-        timing = _group_time(members, capacity)
+        timing = _group_time(members, capacity, schedule)
         timing["models"] = sorted(m.model for m in members)
         times.append(timing)
+        ends = {m.model: schedule.ends_s.get(m.queue_name, 0.0) for m in members}
         for row in plan.models:
             if row["model"] in timing["models"]:
                 row.update({k: timing[k] for k in ("estimate_s", "lower_bound_s", "bound")})
+                if timing["estimate_s"] is not None:
+                    # The model's own last finish within its group's schedule.
+                    row["estimate_s"] = round(ends[row["model"]], 3)
     known = [t for t in times if t["estimate_s"] is not None]
     slowest = max(known, key=lambda t: t["estimate_s"], default=None)
     whole = len(known) == len(times)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.helpers import REPO
 from tests.support.servicecli import ServiceProcess, start_service
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,3 +89,28 @@ def test_a_batch_over_its_limits_is_refused_with_the_reason_unless_told(
     taken = service.cli("batch", str(batch), "--max-cost", "0.05", "--ignore-limits", "--detach")
     assert taken.returncode == 0, taken.stderr
     assert _jobs(service) == before + 1
+
+
+def test_a_model_without_history_is_planned_from_its_profiles_expected_run(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    """The sample batch's API models, never run here: their profiles'
+    `expected_run_s` (demo-video 5 s, demo-queue 3 s) at the time scale 0.02."""
+    path = tmp_path / "first.jsonl"
+    sample = REPO / "demo" / "sample-batch.jsonl"
+    lines = [
+        line
+        for line in sample.read_text().splitlines()
+        if '"demo-video"' in line or '"demo-queue"' in line
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    answer = json.loads(service.cli("plan", str(path), "--json").stdout)
+    total = answer["total"]
+    # Four 0.1 s videos through the provider's three slots: 0.2 s.
+    assert total["makespan_s"] == 0.2 and total["cost_usd"] > 0
+    assert total["bound"].endswith("(from expected_run_s: no run history yet)")
+    # (The fixture's $0.05 budget, spent by now, would stop it: exit 1, said.)
+    shown = service.cli("plan", str(path))
+    said = " ".join(shown.stdout.split())
+    assert "makespan ~0s, lower bound 0s set by demo-video:" in said
+    assert "(from expected_run_s: no run history yet)" in said

@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_webhooks import SECRET, receiver
+from tests.integration.test_webhooks import SECRET, Receiver, receiver
 from tests.support.harness import Harness, host_service, running_service
 from tests.support.pgdb import fresh_database
 
@@ -47,6 +47,16 @@ async def _budget_reached(h: Harness) -> dict[str, Any] | None:
     lanes = lanes["items"] if isinstance(lanes, dict) else lanes
     budget = next(lane["budget"] for lane in lanes if lane["owner"] == "demo")
     return budget if budget["reached"] else None
+
+
+async def _all_told(h: Harness) -> bool:
+    """Every event the host heard is built (or was another host's to tell) and sent."""
+    log = (await h.http.get("/v1/webhooks/deliveries")).json()
+    return bool(log["queued"] == 0 and log["delivering"] == 0)
+
+
+def _told(hook: Receiver) -> list[str]:
+    return [body["budget"]["provider"] for body in hook.events("budget.reached")]
 
 
 async def test_costs_are_recorded_and_a_budget_stops_what_would_cross_it(
@@ -113,3 +123,48 @@ async def test_a_budget_holds_exactly_under_three_hosts_on_one_postgresql(
             assert light["cost_usd"] <= 7 * PRICE_USD + 1e-9
             waiting = await hosts[2].task(job["tasks"][-1]["id"])
             assert waiting["waiting"] == "budget demo/day: $0.07 of $0.07 spent"
+
+
+async def test_three_hosts_tell_a_reached_budget_once(tmp_path: Path) -> None:
+    """Each host finds the budget reached on its own; the receivers hear it once."""
+    with fresh_database() as url:
+        async with receiver() as hook, AsyncExitStack() as stack:
+            hosts = [
+                await stack.enter_async_context(
+                    host_service(
+                        tmp_path,
+                        name,
+                        ("demo-chat-api",),
+                        url,
+                        0.02,
+                        budgets={"demo": 0.03},
+                        webhook_urls=[hook.url],
+                        webhook_secret=SECRET,
+                    )
+                )
+                for name in ("a", "b", "c")
+            ]
+            job = await hosts[0].job("hammered", _chats(9, "a fox"))
+            await _until(lambda: _settled(hosts[1], job["id"], 3), "3 tasks ran")
+            for h in hosts:
+                h.service.scheduler.wake()
+                await _until(lambda h=h: _budget_reached(h), f"budget reached on {h}")
+            for h in hosts:
+                await _until(lambda h=h: _all_told(h), f"webhooks sent by {h}")
+            assert _told(hook) == ["demo"]
+
+
+async def test_a_restarted_service_does_not_tell_the_same_day_again(tmp_path: Path) -> None:
+    async with receiver() as hook:
+        for run in ("first", "after a restart"):
+            async with running_service(
+                tmp_path,
+                profiles=("demo-chat-api",),
+                budgets={"demo": 2 * PRICE_USD},
+                webhook_urls=[hook.url],
+                webhook_secret=SECRET,
+            ) as h:
+                await h.job(run, _chats(3, run))
+                await _until(lambda h=h: _budget_reached(h), f"budget reached, {run}")
+                await _until(lambda h=h: _all_told(h), f"webhooks sent, {run}")
+        assert _told(hook) == ["demo"]

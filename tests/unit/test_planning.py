@@ -3,8 +3,11 @@ what stops a batch, decided from what the caller read (issue 30)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from dispatcher.tasks.makespan import LaneSlots
 from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
 
 
@@ -75,3 +78,40 @@ def test_a_budget_pays_for_the_cheapest_tasks_first() -> None:
     assert plan.stops[0].startswith(
         "budget demo/day: $0.00 of $0.10 spent; $0.10 left covers about 3 of 7 tasks"
     )
+
+
+def test_a_long_task_holds_one_slot_while_the_others_go_on() -> None:
+    """Two 60 s videos and six 10 s chats on a provider with 3 slots: the chats
+    run through the third slot beside the videos (60 s, the lower bound), not
+    three waves of the average task (67.5 s, the old estimate)."""
+    video = ModelLoad("video", tasks=2, run_s=60.0, owners=("demo",), capacity=3)
+    chat = ModelLoad("chat", tasks=6, run_s=10.0, owners=("demo",), capacity=3)
+    plan = plan_batch([video, chat], {}, now=0.0).to_json()
+    assert plan["total"]["makespan_s"] == 60.0 == plan["total"]["lower_bound_s"]
+
+
+def test_the_batch_order_and_the_lanes_given_make_the_schedule() -> None:
+    # The demo's web accounts: demo-1 serves chat and reasoner, demo-2 chat only.
+    chat = ModelLoad("chat", tasks=3, run_s=4.0, owners=("demo-1", "demo-2"), capacity=2)
+    chat = replace(chat, queue="web:chat")
+    reasoner = ModelLoad("reasoner", tasks=1, run_s=2.0, owners=("demo-1",), capacity=1)
+    reasoner = replace(reasoner, queue="web:reasoner")
+    lanes = [
+        LaneSlots("web:demo-1", 1, frozenset({"web:chat", "web:reasoner"})),
+        LaneSlots("web:demo-2", 1, frozenset({"web:chat"})),
+    ]
+    order = ["chat", "chat", "chat", "reasoner"]
+    plan = plan_batch([chat, reasoner], {}, now=0.0, lanes=lanes, order=order).to_json()
+    rows = {row["model"]: row for row in plan["models"]}
+    assert rows["chat"]["estimate_s"] == 8.0 and rows["reasoner"]["estimate_s"] == 6.0
+    assert plan["total"]["makespan_s"] == 8.0
+
+
+def test_an_estimate_from_the_profile_says_so() -> None:
+    new = ModelLoad("new", tasks=4, run_s=3.0, run_from="profile", owners=("y",), capacity=1)
+    plan = plan_batch([new], {}, now=0.0)
+    assert plan.total["makespan_s"] == 12.0
+    assert plan.total["bound"] == (
+        "new: lane capacity: 4 tasks x 3.0 s over 1 slots (from expected_run_s: no run history yet)"
+    )
+    assert plan.models[0]["run_from"] == "profile"

@@ -113,6 +113,13 @@ CREATE TABLE leases (
     expires_at REAL NOT NULL
 );
 
+CREATE TABLE budget_told (
+    provider TEXT NOT NULL,
+    until REAL NOT NULL,  -- 00:00 UTC after the day `budget.reached` was told for
+    told_at REAL NOT NULL,
+    PRIMARY KEY (provider, until)
+);
+
 CREATE TABLE gates (
     provider TEXT PRIMARY KEY,
     not_before REAL NOT NULL

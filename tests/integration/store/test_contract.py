@@ -450,3 +450,17 @@ async def test_each_finish_of_a_job_is_told_by_exactly_one_host(open_stores: Ope
     assert await b.tell_job_finish("job-1", 31.5) is True
     assert await a.tell_job_finish("job-1", 31.5) is False
     assert await a.tell_job_finish("no-such-job", 31.5) is False
+
+
+async def test_a_reached_budget_is_told_by_exactly_one_host_a_day(open_stores: OpenStore) -> None:
+    stores = [await open_stores(f"h{i}") for i in range(3)]
+    midnight = 86_400.0 * 20_000
+    # Three hosts find the demo budget reached at once (and one again later).
+    told = await asyncio.gather(
+        *(s.tell_budget_reached("demo", midnight, midnight - 60.0) for s in [*stores, stores[0]])
+    )
+    assert sorted(told) == [False, False, False, True]
+    # Another provider, or the same one the next day, is told again, once.
+    assert await stores[1].tell_budget_reached("acme", midnight, midnight - 5.0) is True
+    assert await stores[2].tell_budget_reached("demo", midnight + 86_400.0, midnight + 9.0) is True
+    assert await stores[0].tell_budget_reached("demo", midnight + 86_400.0, midnight + 9.5) is False
