@@ -408,8 +408,8 @@ class PageDriver:
 
         Finished means: the busy marker (if any) has gone, the answer has
         text or new media, and either the `done` marker is visible (and is
-        this answer's: hidden at some moment since the prompt, or showing the
-        answer's own text) or the answer (text and media count) has not
+        this answer's: hidden at some moment since the prompt, or the busy
+        marker seen since, or showing the answer's own text) or the answer (text and media count) has not
         changed for `stable_ms`. An error banner fails the attempt with its
         text. While the page stays busy, an answer unchanged for `stall_s` is
         a stalled generation: the attempt fails as `stalled`.
@@ -460,7 +460,10 @@ class PageDriver:
             new_media = media > self._media_before
             if busy or (text is not None and text != before) or new_media:
                 started = True
-            if not look.done:
+            if busy or not look.done:
+                # Hidden since the prompt, or the page showed it generating
+                # since: a marker visible once it is no longer busy is this
+                # answer's end, and ends the wait at once (no `stable_ms`).
                 done_armed = True
             if (busy or not started) and now - last_change >= self.stall_s:
                 # The page answers our looks, but its answer does not move.
