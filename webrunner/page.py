@@ -409,15 +409,17 @@ class PageDriver:
         Finished means: the busy marker (if any) has gone, the answer has
         text or new media, and either the `done` marker is visible (and is
         this answer's: hidden at some moment since the prompt, or the busy
-        marker seen since, or showing the answer's own text) or the answer (text and media count) has not
-        changed for `stable_ms`. An error banner fails the attempt with its
-        text. While the page stays busy, an answer unchanged for `stall_s` is
-        a stalled generation: the attempt fails as `stalled`.
+        marker seen since, or showing the answer's own text) or the answer
+        (text and media count) has not changed for `stable_ms`. An error
+        banner fails the attempt with its text. While the page stays busy, an
+        answer unchanged for `stall_s` is a stalled generation: the attempt
+        fails as `stalled`.
         """
         spec = self.spec
         clock = self.ctx.clock
         started = False
-        # A marker that showed before the prompt counts once seen hidden.
+        # A marker that showed before the prompt counts once seen hidden (or
+        # once the page showed itself busy since).
         done_armed = not self._done_before
         last_text: str | None = None
         last_change = clock.monotonic()
