@@ -1,6 +1,6 @@
-"""`python -m bench` (or `make bench`): run the six benchmarks, print the table.
+"""`python -m bench` (or `make bench`): run the seven benchmarks, print the table.
 
-    python -m bench                      # all six (5 right after 3)
+    python -m bench                      # all seven (5 right after 3)
     python -m bench polling dispatch     # some of them
     python -m bench --keep               # keep the work dir (logs, databases)
 
@@ -41,7 +41,7 @@ TARGET_TOTAL_S = 600.0
 
 
 def _runners() -> dict[str, tuple[str, Runner]]:
-    from bench import dispatch, hosts, memory, mixed, peers, polling
+    from bench import dispatch, hosts, memory, mixed, peers, polling, webpages
 
     return {
         "mixed": ("1. mixed batch", mixed.run),
@@ -52,6 +52,7 @@ def _runners() -> dict[str, tuple[str, Runner]]:
         "peers": ("5. peers, same work", peers.run),
         "memory": ("4. memory and writes", memory.run),
         "hosts": ("6. several hosts on PostgreSQL", hosts.run),
+        "webpages": ("7. web overhead on a real page", webpages.run),
     }
 
 
