@@ -7,10 +7,13 @@ from pathlib import Path
 
 from playwright.async_api import Page
 
+from dispatcher.errors import RunError
+from dispatcher.profiles import WebSpec
 from dispatcher.scheduling.protocol import RunResult
 from dispatcher.tasks.artifacts import Retention
 from webrunner import evidence
 from webrunner.browser import BrowserSession, Log
+from webrunner.gates import worth_a_login_look
 from webrunner.page import PageDriver
 
 
@@ -67,3 +70,24 @@ async def keep_evidence(run: BrowserRun, result_dir: Path, retention: Retention,
     await evidence.capture(
         result_dir, page, session.context, tracing=run.tracing, retention=retention, log=log
     )
+
+
+async def login_look(
+    run: BrowserRun, spec: WebSpec | None, error: RunError, log: Log
+) -> RunError | None:
+    """The logout (or other hold on the account) that the failed attempt's
+    page shows once loaded again, if any: then the account, not the task,
+    pays for the failure (`gates.worth_a_login_look`)."""
+    driver, session = run.driver, run.session
+    if spec is None or driver is None or not worth_a_login_look(spec, error):
+        return None
+    if session is None or not session.usable:
+        return None
+    held = await driver.logged_out_on_reload()
+    if held is not None:
+        log.warning(
+            "the page, loaded again after the failure, shows the account's session gone "
+            "(%s): no attempt charged",
+            held.kind,
+        )
+    return held

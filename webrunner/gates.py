@@ -100,3 +100,18 @@ class GateRule:
             kind="usage_limit",
             until=parse_reset(reset, now),
         )
+
+
+# The failures a silently revoked session looks like on a page loaded while it
+# was still valid: the site's backend answers 401 to the prompt, and the page
+# shows only a generic error (gradio's "Error" badge) or nothing at all until
+# the attempt's timeout. Stalls and browser crashes are the browser's own.
+_LOGIN_LOOK_KINDS = frozenset({"page_error", "timeout"})
+
+
+def worth_a_login_look(spec: WebSpec, error: RunError) -> bool:
+    """Whether a failed attempt's page is loaded again to see whether the
+    account was logged out meanwhile (the login form shows only on a load):
+    a logout is never charged an attempt. Only when the profile names the
+    logged-out marker that look would find."""
+    return bool(spec.logged_out) and error.kind in _LOGIN_LOOK_KINDS

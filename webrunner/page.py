@@ -16,7 +16,7 @@ from urllib.parse import urljoin
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import FilePayload, Locator, Page
 
-from dispatcher.errors import AuthError, TransientError
+from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
 from webrunner.gates import GateLook, GateRule, logged_out_error
@@ -32,6 +32,9 @@ MIN_POLL_S = 0.02
 # Real seconds a page gets to show either its logged-in or logged-out marker.
 PAGE_READY_S = 60.0
 STOP_CLICK_S = 2.0
+# Real seconds a failed attempt's page gets to load again and show whether
+# the account is still logged in (`logged_out_on_reload`).
+LOGIN_LOOK_S = 20.0
 # Real seconds between two looks at a loading page for a gate that only a
 # regex over its text can spot (any marker with a selector wakes it at once).
 GATE_POLL_S = 0.25
@@ -193,6 +196,20 @@ class PageDriver:
         except TransientError as exc:
             raise TransientError(str(exc), kind="page_load") from exc
         await self._wait_ready(login_markers(self.page, spec))
+
+    async def logged_out_on_reload(self) -> RunError | None:
+        """Load the page again and look: the logout (or another hold on the
+        account) it shows now, else None. A session revoked while the page
+        was loaded (the site restarted, the user signed out elsewhere) often
+        shows as a bare error, and the login form only on the next load."""
+        self.budget = Budget.after(self.ctx.clock, LOGIN_LOOK_S, f"{LOGIN_LOOK_S:.0f} s")
+        try:
+            await self.open()
+        except (AuthError, AccountHold) as held:
+            return held
+        except RunError:
+            return None  # no verdict either way: the attempt's own error stands
+        return None
 
     def _gates(self, either: Locator) -> Locator:
         """Whatever a loading page may show first: a login marker, or a gate
@@ -391,16 +408,18 @@ class PageDriver:
 
         Finished means: the busy marker (if any) has gone, the answer has
         text or new media, and either the `done` marker is visible (and is
-        this answer's: hidden at some moment since the prompt, or showing the
-        answer's own text) or the answer (text and media count) has not
-        changed for `stable_ms`. An error banner fails the attempt with its
-        text. While the page stays busy, an answer unchanged for `stall_s` is
-        a stalled generation: the attempt fails as `stalled`.
+        this answer's: hidden at some moment since the prompt, or the busy
+        marker seen since, or showing the answer's own text) or the answer
+        (text and media count) has not changed for `stable_ms`. An error
+        banner fails the attempt with its text. While the page stays busy, an
+        answer unchanged for `stall_s` is a stalled generation: the attempt
+        fails as `stalled`.
         """
         spec = self.spec
         clock = self.ctx.clock
         started = False
-        # A marker that showed before the prompt counts once seen hidden.
+        # A marker that showed before the prompt counts once seen hidden (or
+        # once the page showed itself busy since).
         done_armed = not self._done_before
         last_text: str | None = None
         last_change = clock.monotonic()
@@ -443,7 +462,10 @@ class PageDriver:
             new_media = media > self._media_before
             if busy or (text is not None and text != before) or new_media:
                 started = True
-            if not look.done:
+            if busy or not look.done:
+                # Hidden since the prompt, or the page showed it generating
+                # since: a marker visible once it is no longer busy is this
+                # answer's end, and ends the wait at once (no `stable_ms`).
                 done_armed = True
             if (busy or not started) and now - last_change >= self.stall_s:
                 # The page answers our looks, but its answer does not move.

@@ -43,7 +43,13 @@ from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner import evidence
 from webrunner.attach import load_references
 from webrunner.browser import BrowserSession, Log, ensure_user_data_dir, start_browser
-from webrunner.browserrun import BrowserRun, add_close_timings, close_logged, keep_evidence
+from webrunner.browserrun import (
+    BrowserRun,
+    add_close_timings,
+    close_logged,
+    keep_evidence,
+    login_look,
+)
 from webrunner.fields import set_fields
 from webrunner.guard import (
     BrowserPolicy,
@@ -438,6 +444,9 @@ class WebRunner(Runner):
                 if exc.kind == "stalled" and run.session is not None:
                     # A stuck renderer may not close politely: kill, confirm dead.
                     await self._kill(account, run.session)
+                held = await login_look(run, ctx.profile.web, exc, ctx.log)
+            if held is not None:
+                raise held from exc
             raise
         finally:
             if run.session is not None and not run.session.closed and not run.kept:

@@ -2,6 +2,8 @@
 
 - ``/chat``: a streaming chat (gradio's ChatInterface) that answers
   ``echo: <message>`` word by word, with a pause after the first word.
+  ``GET /__generations`` lists when each reply started and ended (wall
+  clock), the app's own time apart from the page's and the runner's.
 - ``/image``: a text-to-image Blocks app with seed and size controls; the
   image is a deterministic PNG of prompt, seed and size, written to a file
   (served as is: tests compare its bytes).
@@ -41,12 +43,18 @@ from tests.gradio_apps.common import image_key
 WORD_S = 0.04
 PAUSE_S = 0.4
 OUT_DIR = Path(tempfile.mkdtemp(prefix="gradio-apps-"))
+# Per reply: the message, when the function started and when it yielded its
+# last word (time.time(), comparable with the service's rows on this machine).
+GENERATIONS: list[dict[str, object]] = []
 
 
 def reply(message: str, history: list[dict[str, str]]) -> Iterator[str]:
+    started = time.time()
     words = f"echo: {message}".split(" ")
     for i in range(1, len(words) + 1):
         time.sleep(PAUSE_S if i == 2 else WORD_S)
+        if i == len(words):
+            GENERATIONS.append({"message": message, "start": started, "end": time.time()})
         yield " ".join(words[:i])
 
 
@@ -73,6 +81,7 @@ def image_app() -> gr.Blocks:
 def main() -> None:
     port = int(sys.argv[1])
     app = FastAPI()
+    app.add_api_route("/__generations", lambda: GENERATIONS)
     chat = gr.ChatInterface(reply, title="chat")
     app = gr.mount_gradio_app(app, chat, path="/chat", allowed_paths=[str(OUT_DIR)])
     app = gr.mount_gradio_app(app, image_app(), path="/image", allowed_paths=[str(OUT_DIR)])

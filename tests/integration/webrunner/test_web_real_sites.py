@@ -235,6 +235,37 @@ async def test_a_done_marker_with_other_text_than_the_answer_counts_once_visible
     assert result.text == "echo: two words"
 
 
+SEND_STAYS = """
+document.getElementById('go').onclick = () => {
+  const q = document.getElementById('q').value;
+  const out = document.getElementById('out');
+  out.innerHTML = '<div id="busy">generating</div><div class="answer"></div>';
+  const words = ('echo: ' + q).split(' ');
+  let i = 0;
+  const tick = () => {
+    out.querySelector('.answer').textContent = words.slice(0, ++i).join(' ');
+    if (i < words.length) setTimeout(tick, 30);
+    else document.getElementById('busy').remove();
+  };
+  setTimeout(tick, 100);
+};
+"""
+
+
+async def test_a_done_marker_that_never_hid_counts_once_the_page_was_busy(
+    web: WebEnv, site: Site
+) -> None:
+    site.html["send"] = _page(SEND_STAYS)
+    # `done` is the send button, which this page never hides (a look may
+    # also just miss it hidden). Seen busy, then not: the answer is done at
+    # once; waiting `stable_ms` instead would run into the timeout.
+    profile = _profile(site, "send", busy="#busy", done="#go", stable_ms=1_000_000, timeout_s=100)
+    runner = await _runner(web, profile)
+    task = _task("three short words")
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "echo: three short words"
+
+
 # -- gates at any moment -----------------------------------------------------
 
 
