@@ -36,8 +36,8 @@ async def hosts_of(h: Harness) -> dict[str, dict[str, Any]]:
     return {host["host"]: host for host in response.json()}
 
 
-async def cli_hosts(h: Harness, *args: str) -> Any:
-    env = clean_env({"DISPATCHER_STATE_DIR": str(h.state_dir)})
+async def cli_hosts(h: Harness, *args: str, columns: int = 200) -> Any:
+    env = clean_env({"DISPATCHER_STATE_DIR": str(h.state_dir), "COLUMNS": str(columns)})
     done = await asyncio.to_thread(run_cli, ["hosts", *args], env, REPO)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -126,3 +126,15 @@ async def test_one_host_on_sqlite_lists_itself_alive(tmp_path: Path) -> None:
         assert seen["solo"]["state"] == "alive" and seen["solo"]["this_host"]
         assert seen["solo"]["url"] == h.service.url
         assert seen["solo"]["accounts"] == [] and seen["solo"]["running"] == 0
+
+
+async def test_the_hosts_table_reads_at_80_columns(tmp_path: Path) -> None:
+    # A url cut to "http://1…" names no host: a narrow terminal wraps it.
+    async with running_service(tmp_path, profiles=("demo-chat-api",), host_id="solo") as h:
+        table = await cli_hosts(h, columns=80)
+        lines = table.splitlines()
+        assert all(len(line) <= 80 for line in lines), table
+        assert "…" not in table, table
+        body = [line.split("│") for line in lines if line.startswith("│")]
+        assert " ".join(filter(None, (cells[1].strip() for cells in body))) == "solo (this host)"
+        assert "".join(cells[-2].strip() for cells in body) == h.service.url, table
