@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dispatcher.cli.output import JsonFlag, console, err, fmt_seconds, print_json
+from dispatcher.cli.output import JsonFlag, console, err, fitted, fmt_seconds, print_json
 from dispatcher.cli.plumbing import EXIT_FAILED, EXIT_USAGE, fail, handled, service_client
 
 accounts_app = typer.Typer(
@@ -256,6 +256,18 @@ def lanes(as_json: JsonFlag = False) -> None:
     console.print(table)
 
 
+# What a narrow terminal leaves out first (ranks as in output.fitted).
+HOST_COLUMNS = (
+    ("host", 0),
+    ("state", 0),
+    ("last beat", 0),
+    ("started", 2),
+    ("accounts leased", 0),
+    ("running", 0),
+    ("url", 0),
+)
+
+
 def hosts(as_json: JsonFlag = False) -> None:
     """The hosts sharing the database: last beat, accounts leased, running tasks."""
     with service_client(as_json) as client:
@@ -263,21 +275,25 @@ def hosts(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(data)
         return
-    table = Table("host", "state", "last beat", "started", "accounts leased", "running", "url")
+    columns = fitted(HOST_COLUMNS, console.width)
+    table = Table()
+    for column, _ in columns:
+        # Wrapped, never cut: a host id or url ending in "…" names nothing.
+        table.add_column(column, overflow="fold")
     for host in data:
         state = {"alive": "[green]alive[/green]", "silent": "[yellow]silent[/yellow]"}.get(
             host["state"], "[red]dead[/red]"
         )
-        name = escape(host["host"]) + (" (this host)" if host["this_host"] else "")
-        table.add_row(
-            name,
-            state,
-            f"{fmt_seconds(host['silent_s'])} ago",
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(host["started_at"])),
-            escape(", ".join(host["accounts"])) or "-",
-            str(host["running"]),
-            escape(host["url"] or "-"),
-        )
+        cells = {
+            "host": escape(host["host"]) + (" (this host)" if host["this_host"] else ""),
+            "state": state,
+            "last beat": f"{fmt_seconds(host['silent_s'])} ago",
+            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(host["started_at"])),
+            "accounts leased": escape(", ".join(host["accounts"])) or "-",
+            "running": str(host["running"]),
+            "url": escape(host["url"] or "-"),
+        }
+        table.add_row(*(cells[column] for column, _ in columns))
     console.print(table)
 
 

@@ -14,6 +14,7 @@ from dispatcher.cli.output import (
     JsonFlag,
     console,
     error_text,
+    fitted,
     fmt_seconds,
     print_json,
     result_text,
@@ -63,13 +64,6 @@ JOB_COLUMNS = (
     ("elapsed", 1),
 )
 ID_COLUMNS = frozenset({"task", "job"})
-# The widest a terminal may be and still leave columns of this rank out.
-LEAVE_OUT_BELOW = {1: 90, 2: 110, 3: 140}
-
-
-def fitted(columns: tuple[tuple[str, int], ...], width: int) -> list[tuple[str, int]]:
-    """The columns a terminal this wide shows."""
-    return [(n, rank) for n, rank in columns if rank == 0 or width >= LEAVE_OUT_BELOW[rank]]
 
 
 def _table(columns: list[tuple[str, int]]) -> Table:

@@ -24,6 +24,11 @@ STATE_STYLE = {
 }
 
 
+# The widest a terminal may be and still leave out a table's columns of this
+# rank (0: always shown; higher ranks go first as the width shrinks).
+LEAVE_OUT_BELOW = {1: 90, 2: 110, 3: 140}
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
@@ -59,3 +64,8 @@ def result_text(task: dict[str, Any]) -> str:
         )
     text = str(result.get("text") or "")
     return text if len(text) <= 300 else text[:300] + "…"
+
+
+def fitted(columns: tuple[tuple[str, int], ...], width: int) -> list[tuple[str, int]]:
+    """The columns a terminal this wide shows."""
+    return [(n, rank) for n, rank in columns if rank == 0 or width >= LEAVE_OUT_BELOW[rank]]

@@ -18,14 +18,24 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
-from dispatcher.cli.output import JsonFlag, console, err, print_json
+from dispatcher.cli.output import JsonFlag, console, err, fitted, print_json
 from dispatcher.cli.plumbing import EXIT_USAGE, fail, load_settings, options
 from dispatcher.errors import ConfigError
 from dispatcher.profiles import Profile, read_profiles, referenced_variables
 from dispatcher.settings import BUNDLED_PROFILES_DIR
 
 CATALOG_DIR = BUNDLED_PROFILES_DIR / "vendors"
+# What a narrow terminal leaves out first (ranks as in output.fitted).
+LIST_COLUMNS = (
+    ("NAME", 0),
+    ("VENDOR", 0),
+    ("KIND", 2),
+    ("STYLE", 1),
+    ("KEY ENV", 0),
+    ("LOADED", 0),
+)
 
 profiles_app = typer.Typer(
     no_args_is_help=True,
@@ -121,14 +131,25 @@ def list_profiles(catalog_dir: CatalogOption = None, as_json: JsonFlag = False) 
     if as_json:
         print_json({"profiles_dir": str(profiles_dir), "catalog": [e.to_json() for e in entries]})
         return
-    console.print(f"{'NAME':<26} {'VENDOR':<11} {'KIND':<4} {'STYLE':<9} {'KEY ENV':<38} LOADED")
+    columns = fitted(LIST_COLUMNS, console.width)
+    # Plain columns (a name starts its line, for grep); the keys wrap rather
+    # than push LOADED past a narrow terminal's edge.
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="")
+    for column, _ in columns:
+        table.add_column(column, no_wrap=column == "NAME", overflow="fold")
     for e in entries:
         keys = " + ".join(e.keys) or "-"
         set_mark = "" if all(os.environ.get(k) for k in e.keys) else " (unset)"
-        console.print(
-            f"{escape(e.name):<26} {escape(e.vendor):<11} {e.kind:<4} {e.style:<9} "
-            f"{escape(keys + set_mark):<38} {e.state}"
-        )
+        cells = {
+            "NAME": escape(e.name),
+            "VENDOR": escape(e.vendor),
+            "KIND": e.kind,
+            "STYLE": e.style,
+            "KEY ENV": escape(keys + set_mark),
+            "LOADED": e.state,
+        }
+        table.add_row(*(cells[column] for column, _ in columns))
+    console.print(table)
     console.print(
         f"profiles dir: {escape(str(profiles_dir))}; add one: dispatcher profiles add NAME"
     )

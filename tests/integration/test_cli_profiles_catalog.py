@@ -58,3 +58,18 @@ def test_list_add_check(tmp_path: Path) -> None:
     table = _cli(tmp_path, "profiles", "list")
     row = next(line for line in table.stdout.splitlines() if line.startswith("openai-sora-2 "))
     assert row.split()[-1] == "loaded"
+
+
+def test_the_list_reads_at_80_columns(tmp_path: Path) -> None:
+    # Each profile's line ends with whether it is loaded; a line past the
+    # terminal's edge put that on a line of its own.
+    (tmp_path / "profiles").mkdir()
+    listed = _cli(tmp_path, "profiles", "list", "--json")
+    states = {e["name"]: e["state"] for e in json.loads(listed.stdout)["catalog"]}
+    table = _cli(tmp_path, "profiles", "list", COLUMNS="80").stdout
+    lines = table.splitlines()
+    assert all(len(line) <= 80 for line in lines), table
+    rows = {line.split()[0]: line.split() for line in lines if line and line.split()[0] in states}
+    assert rows.keys() == states.keys(), table
+    assert all(rows[name][-1] == state for name, state in states.items()), table
+    assert rows["kling-v2-1"][2:5] == ["KLING_ACCESS_KEY", "+", "KLING_SECRET_KEY"], table

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,42 @@ def stop_proc(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+# A start is given up once its process tree has used no CPU for this long (a
+# busy machine makes a start slow, not idle: at load 46 on 2 cores a host with
+# browsers took past a fixed 60 s), or after START_CAP_S in all.
+START_IDLE_S = 60.0
+START_CAP_S = 600.0
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds used by a process and its children so far (0 once it is gone)."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        total = 0.0
+        for one in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = one.cpu_times()
+                total += times.user + times.system
+        return total
+    return 0.0
+
+
+def _until_serving(state_dir: Path, popen: subprocess.Popen[str]) -> bool:
+    started = moved_at = time.monotonic()
+    used = _cpu_s(popen.pid)
+    while time.monotonic() - started < START_CAP_S:
+        if wait_until_serving(state_dir, alive=lambda: popen.poll() is None, timeout_s=5):
+            return True
+        if popen.poll() is not None:
+            return False
+        now_used = _cpu_s(popen.pid)
+        if now_used > used:
+            used, moved_at = now_used, time.monotonic()
+        elif time.monotonic() - moved_at > START_IDLE_S:
+            return False
+    return False
+
+
 def start_service(
     state_dir: Path, env: Mapping[str, str], log_path: Path, args: tuple[str, ...] = ()
 ) -> Proc:
@@ -122,7 +159,7 @@ def start_service(
     )
     handle.close()
     proc = Proc(popen, log_path)
-    if wait_until_serving(state_dir, alive=lambda: popen.poll() is None, timeout_s=60):
+    if _until_serving(state_dir, popen):
         return proc
     if popen.poll() is not None:
         raise AssertionError(f"service exited with {popen.returncode}:\n{proc.log()[-3000:]}")

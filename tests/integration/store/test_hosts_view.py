@@ -12,6 +12,7 @@ this host answers with a 409.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.store import open_store
+from dispatcher.store import Store, open_store
 from tests.support.harness import Harness, host_service, running_service
 from tests.support.helpers import REPO
 from tests.support.pgdb import fresh_database
@@ -36,22 +37,34 @@ async def hosts_of(h: Harness) -> dict[str, dict[str, Any]]:
     return {host["host"]: host for host in response.json()}
 
 
-async def cli_hosts(h: Harness, *args: str) -> Any:
-    env = clean_env({"DISPATCHER_STATE_DIR": str(h.state_dir)})
+async def cli_hosts(h: Harness, *args: str, columns: int = 200) -> Any:
+    env = clean_env({"DISPATCHER_STATE_DIR": str(h.state_dir), "COLUMNS": str(columns)})
     done = await asyncio.to_thread(run_cli, ["hosts", *args], env, REPO)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+async def beating(store: Store, host: str) -> None:
+    """Heartbeats as a live host sends them (every 5 s unscaled, here every 1 s)."""
+    while True:
+        await store.host_heartbeat(host, time.time())
+        await asyncio.sleep(1.0)
 
 
 async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
     tmp_path: Path,
 ) -> None:
     with fresh_database() as url:
-        # A third host that holds a web account's lease (its browsers are its own).
+        # A third host that holds a web account's lease (its browsers are its
+        # own). It beats like the others: registered once, it went silent past
+        # the 18 s stale bound while a loaded machine ran the CLI, and was
+        # declared dead with its lease.
         store = await open_store(url, "host-c")
+        beat: asyncio.Task[None] | None = None
         try:
             await store.register_host("host-c", time.time(), "http://127.0.0.1:1")
             await store.acquire_lease("acct-on-c", "host-c", time.time(), 600.0)
+            beat = asyncio.create_task(beating(store, "host-c"))
             async with host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a:
                 b_service = host_service(tmp_path, "host-b", ("demo-video",), url, SCALE)
                 b = await b_service.__aenter__()
@@ -94,6 +107,10 @@ async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
                 assert seen["host-b"]["state"] == "dead" and not seen["host-b"]["alive"]
                 assert "dead" in await cli_hosts(a)
         finally:
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
             await store.close()
 
 
@@ -126,3 +143,15 @@ async def test_one_host_on_sqlite_lists_itself_alive(tmp_path: Path) -> None:
         assert seen["solo"]["state"] == "alive" and seen["solo"]["this_host"]
         assert seen["solo"]["url"] == h.service.url
         assert seen["solo"]["accounts"] == [] and seen["solo"]["running"] == 0
+
+
+async def test_the_hosts_table_reads_at_80_columns(tmp_path: Path) -> None:
+    # A url cut to "http://1…" names no host: a narrow terminal wraps it.
+    async with running_service(tmp_path, profiles=("demo-chat-api",), host_id="solo") as h:
+        table = await cli_hosts(h, columns=80)
+        lines = table.splitlines()
+        assert all(len(line) <= 80 for line in lines), table
+        assert "…" not in table, table
+        body = [line.split("│") for line in lines if line.startswith("│")]
+        assert " ".join(filter(None, (cells[1].strip() for cells in body))) == "solo (this host)"
+        assert "".join(cells[-2].strip() for cells in body) == h.service.url, table
