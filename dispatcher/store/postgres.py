@@ -28,6 +28,7 @@ from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pglisten import host_option
+from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.rows import (
@@ -78,9 +79,12 @@ class PostgresStore(PostgresHostOps):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
+        # Every exchange with the server, counted (issue 31 bounds them per task).
+        self.round_trips = RoundTrips()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             url,
-            connection_class=psycopg.AsyncConnection[Row],
+            connection_class=CountingConnection,
+            configure=count_on(self.round_trips),
             min_size=1,
             max_size=pool_max,
             open=False,
@@ -90,6 +94,7 @@ class PostgresStore(PostgresHostOps):
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
+                "cursor_factory": CountingCursor,
                 **({"options": host_option(host)} if host else {}),
             },
         )
