@@ -120,8 +120,12 @@ def round_trips(services: list[ServiceProc]) -> Counter[str]:
 
 
 def transitions(task: dict[str, Any]) -> int:
-    """State changes of a task that ran: claimed and ended, once per attempt."""
-    return 2 * int(task["attempt"] or 1)
+    """State changes of a task so far: claimed and ended, once per attempt
+    (the current one only claimed while it runs, none while it waits)."""
+    attempt = int(task["attempt"] or 1)
+    if task["state"] == "pending":
+        return 2 * (attempt - 1)
+    return 2 * attempt - (1 if task["state"] == "running" else 0)
 
 
 async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict[str, Any]:
@@ -173,11 +177,12 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
     for t in done:
         per_host[str(t.get("host"))] = per_host.get(str(t.get("host")), 0) + 1
     database: dict[str, Any] | None = None
-    if url is not None and done:
-        # Per task that ran: what the bound counts against (transitions + 1,
-        # the one being the insert), and what the hosts sent the server.
-        per_task = len(done)
-        moved = sum(transitions(t) for t in done) / per_task
+    if url is not None and rows:
+        # Per task submitted (a slow run may not drain): what the bound counts
+        # against (transitions + 1, the one being the insert), and what the
+        # hosts sent the server meanwhile.
+        per_task = len(rows)
+        moved = sum(transitions(t) for t in rows) / per_task
         cpu_s = sum(cpu - cpu0.get(pid, 0.0) for pid, cpu in cpu1.items())
         database = {
             "round_trips_per_task": r(trips["total"] / per_task, 2),

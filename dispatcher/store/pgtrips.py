@@ -17,6 +17,7 @@ The counters cost an increment per exchange; they are always on, and
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -68,10 +69,13 @@ class RoundTrips:
     def __init__(self) -> None:
         self.total = 0
         self.by_statement: Counter[str] = Counter()
+        # The cache index counts from worker threads.
+        self._lock = threading.Lock()
 
     def add(self, label: str) -> None:
-        self.total += 1
-        self.by_statement[label] += 1
+        with self._lock:
+            self.total += 1
+            self.by_statement[label] += 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"total": self.total, "by_statement": dict(self.by_statement.most_common())}
@@ -127,7 +131,8 @@ class CountingConnection(psycopg.AsyncConnection[Row]):
             return _on_io(gen, lambda: trips.add("pipeline: " + "; ".join(carried)))
         if self.carried is None:
             self.carried = []
-        self.carried.append(label)
+        if not name.startswith("BasePipeline."):
+            self.carried.append(label)
         return gen
 
 

@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 
 from dispatcher.errors import StoreError
 from dispatcher.store.cachesql import SqlCacheIndex
+from dispatcher.store.pgtrips import RoundTrips, statement_label
 from dispatcher.store.rows import RowLike
 from dispatcher.store.sql import pg_marks
 
@@ -23,9 +24,10 @@ CONNECT_TIMEOUT_S = 10
 
 
 class PostgresCacheIndex(SqlCacheIndex):
-    def __init__(self, url: str, host: str) -> None:
+    def __init__(self, url: str, host: str, trips: RoundTrips | None = None) -> None:
         super().__init__(host, scoped=True)
         self._url = url
+        self._trips = trips
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
 
@@ -39,6 +41,8 @@ class PostgresCacheIndex(SqlCacheIndex):
                         row_factory=dict_row,
                         connect_timeout=CONNECT_TIMEOUT_S,
                     )
+                if self._trips is not None:
+                    self._trips.add("cache index: " + statement_label(sql))
                 cur = self._conn.execute(pg_marks(sql), args)
                 return list(cur.fetchall()) if cur.description else []
             except psycopg.Error as exc:
