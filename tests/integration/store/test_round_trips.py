@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dispatcher.models import Attempt, Kind, State, Task
+from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
 from dispatcher.store import open_store
 from dispatcher.store.hosts import Quota
 from dispatcher.store.postgres import PostgresStore
@@ -121,3 +121,25 @@ async def test_a_quota_full_claims_nothing_in_one_round_trip(store: PostgresStor
     (b,) = await store.get_tasks(["b"])
     assert await store.queue_place("g", b.seq, owners=True) == (0, 1)
     assert trips(store, before) == 2
+
+
+async def test_a_cache_miss_is_known_without_a_round_trip(store: PostgresStore) -> None:
+    index = store.cache_index
+    assert not index.known_absent("fp-new")  # not read yet: it cannot tell
+    assert index.cache_get("fp-first") is None  # the first use reads this host's rows
+    before = store.round_trips.total
+    assert index.known_absent("fp-new") and index.cache_get("fp-new") is None
+    assert trips(store, before) == 0
+    entry = CacheEntry(
+        fingerprint="fp-new",
+        model="m",
+        result={"text": "hi", "files": [], "meta": {}},
+        size_bytes=2,
+        created_at=1.0,
+        last_used_at=1.0,
+    )
+    index.cache_put(entry)
+    assert not index.known_absent("fp-new")
+    assert index.cache_get("fp-new") == entry
+    index.cache_delete("fp-new")
+    assert index.known_absent("fp-new")
