@@ -17,8 +17,15 @@ claim racing two others), not the scale-out that three machines would give.
 Figures, from the task rows after the services stopped: tasks/s = tasks /
 (last `finished_at` - first submit), and the queue wait (`started_at -
 created_at`: submit to claimed; mostly the backlog, since submits outrun
-the lanes), p50 and p99. Then the claim latency proper: `Store.claim_next`
-timed over `CLAIMS` pending tasks on each backend, one caller (p50, p99).
+the lanes), p50 and p99. On PostgreSQL, per task submitted: the round trips
+the hosts made meanwhile (each service is `bench.service_child`, which
+dumps its store's count, `store/pgtrips.py`, by statement) against the
+task's transitions + 1 (the insert), and the CPU of the database's backends
+serving them (`pg_stat_activity` pids, psutil). Issue 31's targets: one
+host on PostgreSQL >= `PG_VS_SQLITE` x SQLite's tasks/s, three hosts >= one,
+round trips <= transitions + 1. Then the claim latency proper:
+`Store.claim_next` timed over `CLAIMS` pending tasks on each backend, one
+caller (p50, p99).
 """
 
 from __future__ import annotations
