@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -136,7 +136,7 @@ class CountingConnection(psycopg.AsyncConnection[Row]):
         return gen
 
 
-def count_on(trips: RoundTrips) -> Any:
+def count_on(trips: RoundTrips) -> Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]]:
     """The pool's `configure`: each new connection counts into `trips`."""
 
     async def configure(conn: psycopg.AsyncConnection[Row]) -> None:
