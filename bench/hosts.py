@@ -17,20 +17,30 @@ claim racing two others), not the scale-out that three machines would give.
 Figures, from the task rows after the services stopped: tasks/s = tasks /
 (last `finished_at` - first submit), and the queue wait (`started_at -
 created_at`: submit to claimed; mostly the backlog, since submits outrun
-the lanes), p50 and p99. Then the claim latency proper: `Store.claim_next`
-timed over `CLAIMS` pending tasks on each backend, one caller (p50, p99).
+the lanes), p50 and p99. On PostgreSQL, per task submitted: the round trips
+the hosts made meanwhile (each service is `bench.service_child`, which
+dumps its store's count, `store/pgtrips.py`, by statement) against the
+task's transitions + 1 (the insert), and the CPU of the database's backends
+serving them (`pg_stat_activity` pids, psutil). Issue 31's targets: one
+host on PostgreSQL >= `PG_VS_SQLITE` x SQLite's tasks/s, three hosts >= one,
+round trips <= transitions + 1. Then the claim latency proper:
+`Store.claim_next` timed over `CLAIMS` pending tasks on each backend, one
+caller (p50, p99).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 
 from bench.common import (
@@ -57,6 +67,9 @@ VENDOR_QUOTA = 15
 CLAIMS = 500
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SUBMIT_BUDGET_S = 45.0
+# Issue 31's targets (ratios within one run: the machine is shared).
+PG_VS_SQLITE = 0.6
+THREE_VS_ONE = 1.0
 DRAIN_BUDGET_S = 30.0
 
 
@@ -76,9 +89,50 @@ def pg_tasks(url: str) -> list[dict[str, Any]]:
     with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         return list(
             cur.execute(
-                "SELECT state, host, created_at, started_at, finished_at FROM tasks ORDER BY seq"
+                "SELECT state, host, attempt, created_at, started_at, finished_at "
+                "FROM tasks ORDER BY seq"
             ).fetchall()
         )
+
+
+def backend_cpu_s(url: str) -> dict[int, float]:
+    """CPU seconds of each server process serving the database now (its
+    connections' backends, from `pg_stat_activity`), by pid."""
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        pids = [
+            int(row[0])
+            for row in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            ).fetchall()
+        ]
+    cpu: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            cpu[pid] = float(times.user + times.system)
+    return cpu
+
+
+def round_trips(services: list[ServiceProc]) -> Counter[str]:
+    """Round trips to PostgreSQL so far, summed over the hosts, by statement
+    (`total` among them): `bench.service_child` dumps its store's counters."""
+    out: Counter[str] = Counter()
+    for service in services:
+        trips = service.child_stats().get("round_trips", {})
+        out["total"] += int(trips.get("total", 0))
+        out.update({k: int(v) for k, v in trips.get("by_statement", {}).items()})
+    return out
+
+
+def transitions(task: dict[str, Any]) -> int:
+    """State changes of a task so far: claimed and ended, once per attempt
+    (the current one only claimed while it runs, none while it waits)."""
+    attempt = int(task["attempt"] or 1)
+    if task["state"] == "pending":
+        return 2 * (attempt - 1)
+    return 2 * attempt - (1 if task["state"] == "running" else 0)
 
 
 async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict[str, Any]:
@@ -92,11 +146,19 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
                 host_env = dict(env, DISPATCHER_HOST_ID=f"bench-{index}")
                 if url is not None:
                     host_env["DISPATCHER_DATABASE_URL"] = url
+                # `bench.service_child`: the service, plus its store's counters on SIGUSR1.
                 services.append(
                     stack.enter_context(
-                        ServiceProc(work / f"state-{index}", host_env, work / f"host-{index}.log")
+                        ServiceProc(
+                            work / f"state-{index}",
+                            host_env,
+                            work / f"host-{index}.log",
+                            "bench.service_child",
+                        )
                     )
                 )
+            trips0 = await asyncio.to_thread(round_trips, services) if url else Counter()
+            cpu0 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
             # The same light submitting client as benchmark 3 (`bench.lightclient`).
             clients = [
                 await stack.enter_async_context(
@@ -112,6 +174,8 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
                 for service in services
             ]
             drained = all([await wait_drained(reader, DRAIN_BUDGET_S) for reader in readers])
+            trips = (await asyncio.to_thread(round_trips, services)) - trips0 if url else Counter()
+            cpu1 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
     rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
     done = [t for t in rows if t["state"] == "success"]
     last = max((t["finished_at"] for t in done), default=float("nan"))
@@ -119,6 +183,23 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
     per_host: dict[str, int] = {}
     for t in done:
         per_host[str(t.get("host"))] = per_host.get(str(t.get("host")), 0) + 1
+    database: dict[str, Any] | None = None
+    if url is not None and rows:
+        # Per task submitted (a slow run may not drain): what the bound counts
+        # against (transitions + 1, the one being the insert), and what the
+        # hosts sent the server meanwhile.
+        per_task = len(rows)
+        moved = sum(transitions(t) for t in rows) / per_task
+        cpu_s = sum(cpu - cpu0.get(pid, 0.0) for pid, cpu in cpu1.items())
+        database = {
+            "round_trips_per_task": r(trips["total"] / per_task, 2),
+            "transitions_per_task": r(moved, 2),
+            "round_trip_bound": r(moved + 1, 2),
+            "backend_cpu_ms_per_task": r(cpu_s * 1000 / per_task, 3),
+            "by_statement_per_task": {
+                k: r(v / per_task, 3) for k, v in trips.most_common(13) if k != "total"
+            },
+        }
     return {
         "hosts": hosts,
         "submitted": len(rows),
@@ -129,6 +210,7 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
         "queue_wait_p50_ms": r(percentile(claim, 50) * 1000, 1),
         "queue_wait_p99_ms": r(percentile(claim, 99) * 1000, 1),
         "tasks_per_host": per_host if hosts > 1 else None,
+        "database": database,
     }
 
 
@@ -167,6 +249,47 @@ async def claim_statement(url: str) -> dict[str, float]:
     }
 
 
+def capacity_checks(setups: dict[str, dict[str, Any]]) -> list[Check]:
+    """Issue 31's targets: PostgreSQL keeps up with SQLite, more hosts do not
+    cost throughput, and each task costs few round trips."""
+    sqlite = setups["sqlite_1_host"]["tasks_per_s"]
+    one = setups["postgresql_1_host"]["tasks_per_s"]
+    three = setups["postgresql_3_hosts"]["tasks_per_s"]
+    one_ratio = one / sqlite if sqlite else 0.0
+    three_ratio = three / one if one else 0.0
+    checks = [
+        Check(
+            "hosts: PostgreSQL one host vs SQLite (tasks/s)",
+            f">= {PG_VS_SQLITE} x SQLite",
+            f"{r(one_ratio, 2)} x ({one} vs {sqlite} tasks/s)",
+            one_ratio >= PG_VS_SQLITE,
+        ),
+        Check(
+            "hosts: three hosts vs one host on PostgreSQL (tasks/s)",
+            f">= {THREE_VS_ONE} x one host",
+            f"{r(three_ratio, 2)} x ({three} vs {one} tasks/s)",
+            three_ratio >= THREE_VS_ONE,
+        ),
+    ]
+    for name in ("postgresql_1_host", "postgresql_3_hosts"):
+        db = setups[name]["database"]
+        if db is None:
+            checks.append(
+                Check(f"hosts: round trips per task ({name})", "<= transitions + 1", "-", None)
+            )
+            continue
+        checks.append(
+            Check(
+                f"hosts: database round trips per task ({name.replace('_', ' ')})",
+                "<= transitions + 1",
+                f"{db['round_trips_per_task']} (transitions {db['transitions_per_task']} + 1 = "
+                f"{db['round_trip_bound']}); backend CPU {db['backend_cpu_ms_per_task']} ms/task",
+                db["round_trips_per_task"] <= db["round_trip_bound"],
+            )
+        )
+    return checks
+
+
 async def run(work: Path) -> BenchResult:
     work = fresh_dir(work)
     setups: dict[str, dict[str, Any]] = {}
@@ -194,6 +317,7 @@ async def run(work: Path) -> BenchResult:
         )
         for name, s in setups.items()
     ]
+    checks += capacity_checks(setups)
     checks.append(
         Check(
             "hosts: claim latency (claim_next) p50/p99",

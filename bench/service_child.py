@@ -54,6 +54,9 @@ def _dump(service: Service, transitions: Counter[str], state_dir: Path) -> None:
         "transitions": dict(transitions),
         "events_published": service.events.published,
     }
+    trips = getattr(store, "round_trips", None)
+    if trips is not None:
+        data["round_trips"] = trips.as_dict()
     if os.environ.get("BENCH_MEMDIAG"):
         data["memdiag"] = _memdiag(state_dir)
     tmp = state_dir / (STATS_FILE + ".tmp")

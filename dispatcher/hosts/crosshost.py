@@ -1,17 +1,17 @@
 """Other hosts' task writes as events on this host's bus (PostgreSQL only).
 
 The listener (`store.pglisten`) hears that another host created a task,
-changed its state or asked to cancel it; this relay reads those rows and
-publishes each as a `TaskChanged` carrying the writer as `origin`. So the
+changed its state or asked to cancel it, mostly with the row written; this
+relay publishes each row (read back when the notice could not carry it) as
+a `TaskChanged` carrying the writer as `origin`. So the
 scheduler's one `_on_event` handles a wake-up (a new pending task) and a
 cancel (a running task of ours flagged) whatever host they came from, and
-the event stream on any host shows the tasks of all hosts. A state the row
-has already left when it is read is not told (the row is read, not carried
-in the notice): a task claimed at once by another host may show up
-`running` first.
+the event stream on any host shows the tasks of all hosts. A row read back
+that has already left the state its notice named is not told: such a task,
+claimed at once by another host, may show up `running` first.
 
 Notices arrive in bursts (a job of 150 tasks is 150 notices): they are
-queued and read back in batches, one query per batch. SQLite serves one
+queued and handled in batches, one query per batch for the rows to read. SQLite serves one
 host: it has no relay, its bus hears everything in process.
 """
 
@@ -77,8 +77,15 @@ class RemoteTasks:
         # its newer write (every change of state sends one), so each state a
         # row is found in is told once, and none out of order.
         last = {n.task_id: n for n in batch if n is not None}
-        tasks = await self.store.get_tasks(list(last))
-        found = [(t, last[t.id].origin) for t in tasks if _as_noticed(t, last[t.id])]
+        # Most notices carry their row; the others (a row too long for a
+        # notice) are read back, one query for the batch.
+        unread = [task_id for task_id, n in last.items() if n.task is None]
+        read = {t.id: t for t in await self.store.get_tasks(unread)} if unread else {}
+        found = []
+        for task_id, notice in last.items():
+            task = notice.task or read.get(task_id)
+            if task is not None and _as_noticed(task, notice):
+                found.append((task, notice.origin))
         if None in batch:
             running = await self.store.tasks_in_state(State.RUNNING, host=self.host)
             found += [(t, "") for t in running if t.cancel_requested and t.id not in last]

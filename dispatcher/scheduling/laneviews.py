@@ -25,13 +25,12 @@ async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
     }
     durations = list(await scheduler.recent_durations(task.model))
     if task.state is State.PENDING:
-        ahead = await scheduler.ledger.queue_depth(task)
+        ahead, others = await scheduler.ledger.queue_place(task, owners=scheduler.shared_queues)
         concurrency = sum(
             lane.concurrency
             for lane in scheduler.lanes.values()
             if task.queue in lane.queues and scheduler.accounts.is_open(lane.owner)
         )
-        others = await scheduler.ledger.running_owners(task) if scheduler.shared_queues else 0
         # A provider's quota is global (its lanes here already count it);
         # web accounts of other hosts add their own slot each.
         concurrency = max(concurrency, others)

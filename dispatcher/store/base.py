@@ -124,6 +124,10 @@ class Store(Protocol):
         """Lane owners (accounts, providers) running a task of the queue now, on
         any host: the capacity serving a queue that other hosts share."""
 
+    async def queue_place(self, queue: str, seq: int, *, owners: bool) -> tuple[int, int]:
+        """`count_ahead` and, with `owners`, `running_owners` (else 0), read
+        together: one round trip on PostgreSQL for a pending task's answer."""
+
     async def queued_counts(self) -> dict[str, int]:
         """Pending tasks per queue."""
 

@@ -24,6 +24,11 @@ class CacheIndex(Protocol):
 
     def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
 
+    def known_absent(self, fingerprint: str) -> bool:
+        """True when the index knows, without a read and without waiting for
+        a lock, that it has no entry for the fingerprint; False when it would
+        have to look (then `cache_get` says)."""
+
     def cache_put(self, entry: CacheEntry) -> None: ...
 
     def cache_touch(self, fingerprint: str, last_used_at: float) -> None: ...

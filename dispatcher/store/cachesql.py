@@ -41,6 +41,9 @@ class SqlCacheIndex:
         )
         return row_to_cache_entry(rows[0]) if rows else None
 
+    def known_absent(self, fingerprint: str) -> bool:
+        return False  # a read says (SQLite's is inline: `ResultCache.miss_here`)
+
     def cache_put(self, entry: CacheEntry) -> None:
         self._run(
             f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "

@@ -1,9 +1,10 @@
 """Hearing other hosts' task writes on PostgreSQL: one LISTEN connection per service.
 
-A trigger (migration `postgresql/0002_task_notify.sql`) sends a notice on
-`CHANNEL` from every write that creates a task, changes its state or asks
-to cancel it, naming the host whose connection wrote it (`dispatcher.host`,
-set on every connection of the store's pool by `host_option`). This module
+A trigger (migrations `postgresql/0002_task_notify.sql`, `0008`) sends a
+notice on `CHANNEL` from every write that creates a task, changes its state
+or asks to cancel it, naming the host whose connection wrote it
+(`dispatcher.host`, set on every connection of the store's pool by
+`host_option`) and carrying the row when it fits in a notice. This module
 keeps one connection listening, turns each notice of another host into a
 `TaskNotice` for its callback, and reconnects after a lost connection: the
 notices sent meanwhile are gone, so it says so (`on_reconnect`) and the
@@ -14,6 +15,7 @@ read the rows anyway; they are the fallback for a lost notice).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 import psycopg
 
 from dispatcher.background import stop_background
+from dispatcher.models import Task
+from dispatcher.store.rows import row_to_task
 
 log = logging.getLogger("dispatcher.store.listen")
 
@@ -48,10 +52,23 @@ class TaskNotice:
     state: str
     cancel_requested: bool
     origin: str  # the host whose write it was
+    # The row as written, when the notice carried it (most do; a row too
+    # long for a notice is read back).
+    task: Task | None = None
 
 
 def parse_notice(payload: str) -> TaskNotice | None:
-    """`<id> <state> <cancel 0|1> <host>` (the host may hold spaces); None if malformed."""
+    """`{"host": ..., "row": {...}}`, or `<id> <state> <cancel 0|1> <host>`
+    (the host may hold spaces) for a row too long to carry; None if malformed."""
+    if payload.startswith("{"):
+        try:
+            body = json.loads(payload)
+            task = row_to_task(body["row"])
+            return TaskNotice(
+                task.id, task.state.value, task.cancel_requested, str(body["host"]), task
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
     parts = payload.split(" ", 3)
     if len(parts) < 3:
         return None

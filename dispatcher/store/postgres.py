@@ -11,6 +11,7 @@ psycopg errors become `StoreError` here, at the edge.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pglisten import host_option
+from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.rows import (
@@ -59,10 +61,10 @@ from dispatcher.store.sql import (
 )
 from dispatcher.store.taskwrites import (
     POSTGRESQL,
-    fallbacks_query,
-    ranked_query,
-    task_claim,
+    Statement,
+    task_claim_gated,
     task_update,
+    update_with_history,
 )
 
 Row = dict[str, Any]
@@ -78,9 +80,12 @@ class PostgresStore(PostgresHostOps):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
+        # Every exchange with the server, counted (issue 31 bounds them per task).
+        self.round_trips = RoundTrips()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             url,
-            connection_class=psycopg.AsyncConnection[Row],
+            connection_class=CountingConnection,
+            configure=count_on(self.round_trips),
             min_size=1,
             max_size=pool_max,
             open=False,
@@ -90,11 +95,12 @@ class PostgresStore(PostgresHostOps):
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
+                "cursor_factory": CountingCursor,
                 **({"options": host_option(host)} if host else {}),
             },
         )
         self._opened = False
-        self._cache_index = PostgresCacheIndex(url, host)
+        self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
         )
@@ -160,6 +166,30 @@ class PostgresStore(PostgresHostOps):
             cur = await conn.execute(sql if marked else pg_marks(sql), args)
             return await cur.fetchall() if cur.description else []
 
+    async def _pipelined(
+        self, statements: Sequence[Statement], *, what: str, atomic: bool = False
+    ) -> list[list[Row]]:
+        """Statements sent together and answered together: one round trip
+        (pipeline mode), each statement's rows. `atomic`: between a BEGIN and
+        a COMMIT sent in the same pipeline, so a transaction costs no round
+        trips of its own; each statement still takes its own snapshot, after
+        the ones before it ran (a lock taken by one holds for the next)."""
+        async with self._conn(what) as conn:
+            try:
+                async with conn.pipeline():
+                    if atomic:
+                        await conn.execute("BEGIN")
+                    cursors = [await conn.execute(s.sql, s.args) for s in statements]
+                    if atomic:
+                        await conn.execute("COMMIT")
+            except BaseException:
+                # A failed statement leaves the transaction aborted: ended
+                # here, not by the pool when the connection goes back.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+                raise
+            return [await cur.fetchall() if cur.description else [] for cur in cursors]
+
     async def _write1(
         self, sql: str, args: Sequence[Any] = (), *, marked: bool = False
     ) -> list[Row]:
@@ -219,20 +249,33 @@ class PostgresStore(PostgresHostOps):
 
     async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
         row = task_to_row(task)
-        async with self._conn("write") as conn, conn.transaction():
-            # Identical submits on two hosts serialise on their fingerprint.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"dedup:{task.fingerprint}",),
-            )
-            cur = await conn.execute(pg_marks(TWIN), (task.fingerprint, created_since))
-            found = await cur.fetchone()
-            if found is not None:
-                return row_to_task(found), False
-            cur = await conn.execute(pg_marks(insert_sql(row, "?", "seq")), tuple(row.values()))
-            stored = await cur.fetchone()
-            assert stored is not None
-        return task.replace(seq=int(stored["seq"])), True
+        marks = ", ".join("?" for _ in row)
+        twin_args = (task.fingerprint, created_since)
+        # Identical submits on two hosts serialise on their fingerprint: the
+        # insert runs after the lock, so it sees a twin committed before it.
+        # One round trip: the lock, the insert unless a twin exists, and the
+        # twin (the new row itself when inserted), in one transaction.
+        _, inserted, twin = await self._pipelined(
+            [
+                Statement(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"dedup:{task.fingerprint}",),
+                ),
+                Statement(
+                    pg_marks(
+                        f"INSERT INTO tasks ({', '.join(row)}) SELECT {marks} "
+                        f"WHERE NOT EXISTS ({TWIN}) RETURNING seq"
+                    ),
+                    (*row.values(), *twin_args),
+                ),
+                Statement(pg_marks(TWIN), twin_args),
+            ],
+            what="write",
+            atomic=True,
+        )
+        if inserted:
+            return task.replace(seq=int(inserted[0]["seq"])), True
+        return row_to_task(twin[0]), False
 
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
@@ -265,16 +308,11 @@ class PostgresStore(PostgresHostOps):
             ended=ended,
             fence=fence,
         )
-        if write.history is None:
-            # One statement: atomic on its own, without BEGIN/COMMIT round trips.
-            rows = await self._write1(write.update.sql, write.update.args, marked=True)
-            return row_to_task(rows[0]) if rows else None
-        async with self._conn("write") as conn, conn.transaction():
-            cur = await conn.execute(write.update.sql, write.update.args)
-            row = await cur.fetchone()
-            if row is not None:
-                await conn.execute(write.history.sql, write.history.args)
-        return row_to_task(row) if row is not None else None
+        # One statement (the history row, if any, in its WITH): atomic on its
+        # own, without BEGIN/COMMIT round trips.
+        one = update_with_history(write)
+        rows = await self._write1(one.sql, one.args, marked=True)
+        return row_to_task(rows[0]) if rows else None
 
     async def claim_next(
         self,
@@ -290,39 +328,38 @@ class PostgresStore(PostgresHostOps):
         if not queues:
             return None
         # Plain FIFO (the queue index's order) unless a pending task of the
-        # queues has a priority or a deadline: a sort of the whole queue then.
-        ranked_q = ranked_query(POSTGRESQL, queues)
-        ranked = bool(await self._query(ranked_q.sql, ranked_q.args, marked=True))
-        fallbacks_q = fallbacks_query(POSTGRESQL)
-        fallbacks = bool(await self._query(fallbacks_q.sql, marked=True))
-        claim = task_claim(
-            POSTGRESQL,
+        # queues has a priority or a deadline (a sort of the whole queue
+        # then), also among fallbacks when some wait: the statement looks.
+        claim = task_claim_gated(
             queues,
             now,
             changes,
             fence=fence,
             quota=quota,
             budget=budget,
-            ranked=ranked,
-            fallbacks=fallbacks,
             aging_step_s=aging_step_s,
         )
         if quota is None and budget is None:
             rows = await self._write1(claim.sql, claim.args, marked=True)
             return row_to_task(rows[0]) if rows else None
         provider = quota.owner if quota is not None else budget.provider if budget else ""
-        async with self._conn("claim") as conn, conn.transaction():
-            # The count of running tasks (or the day's spend) and the claim
-            # must be one step across hosts: claims under one provider's quota
-            # or budget take turns. The claim statement starts after the lock,
-            # so it counts every claim committed before: no overspend by a race.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{provider}",),
-            )
-            cur = await conn.execute(claim.sql, claim.args)
-            row = await cur.fetchone()
-        return row_to_task(row) if row is not None else None
+        # The count of running tasks (or the day's spend) and the claim must
+        # be one step across hosts: claims under one provider's quota or
+        # budget take turns. The claim statement starts after the lock, so it
+        # counts every claim committed before: no overspend by a race. Sent
+        # as one pipeline, the lock is held for the server's work only.
+        _, rows = await self._pipelined(
+            [
+                Statement(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"quota:{provider}",),
+                ),
+                claim,
+            ],
+            what="claim",
+            atomic=True,
+        )
+        return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         rows = await self._query("SELECT * FROM attempts WHERE task_id = ? ORDER BY id", (task_id,))
@@ -392,6 +429,20 @@ class PostgresStore(PostgresHostOps):
             (queue,),
         )
         return int(rows[0]["n"])
+
+    async def queue_place(self, queue: str, seq: int, *, owners: bool) -> tuple[int, int]:
+        rows = await self._query(
+            "SELECT (SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? "
+            "AND seq < ?) AS ahead, "
+            + (
+                "(SELECT COUNT(DISTINCT owner) FROM tasks WHERE state = 'running' AND queue = ?)"
+                if owners
+                else "0"
+            )
+            + " AS owners",
+            (queue, seq, queue) if owners else (queue, seq),
+        )
+        return int(rows[0]["ahead"]), int(rows[0]["owners"])
 
     async def queued_counts(self) -> dict[str, int]:
         rows = await self._query(

@@ -181,9 +181,26 @@ def claim_sql(
     deadline: `ranked_sql`) the order is plain FIFO, which the queue index
     serves without sorting the whole queue.
     """
-    marks = ", ".join("?" for _ in range(queue_count))
     guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
-    order = CLAIM_ORDER.format(levels=aging) if ranked else "c.seq"
+    pick = claim_pick(
+        queue_count,
+        guard,
+        order=CLAIM_ORDER.format(levels=aging) if ranked else "c.seq",
+        fallbacks=fallbacks,
+        lock=lock,
+    )
+    return (
+        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
+        f"AND seq = ({pick}) RETURNING {COLUMNS}"
+    )
+
+
+def claim_pick(
+    queue_count: int, guard: str, *, order: str, fallbacks: bool, lock: str, gate: str = ""
+) -> str:
+    """The SELECT of the claimed task's seq (args: queues, [fallback patterns],
+    now, [guard's]; [now, aging step] when `order` ages)."""
+    marks = ", ".join("?" for _ in range(queue_count))
     where = f"c.queue IN ({marks})"
     if fallbacks:
         # Also the tasks waiting in these queues as a fallback (args: one
@@ -191,9 +208,58 @@ def claim_sql(
         alts = " OR ".join("c.alt_queues LIKE ? ESCAPE '\\'" for _ in range(queue_count))
         where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts})))"
     return (
-        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
-        f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND {where} "
-        f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}) RETURNING {COLUMNS}"
+        f"SELECT c.seq FROM tasks AS c WHERE {gate}c.state = 'pending' AND {where} "
+        f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}"
+    )
+
+
+def claim_sql_gated(
+    queue_count: int,
+    columns: Mapping[str, Any],
+    *,
+    fenced: bool,
+    quota: bool,
+    lock: str,
+    budget: bool = False,
+    aging: str = AGING_POSTGRES,
+) -> str:
+    """`claim_sql` in one statement whatever the queues hold: the looks that
+    pick its order (`ranked_sql`, `FALLBACKS_WAITING`) are made in the same
+    statement, each of three picks running only under its own (PostgreSQL,
+    where a look is a round trip; its planner evaluates each uncorrelated
+    EXISTS once, and COALESCE stops at the first pick that finds a task).
+    Args, per pick in this order: [ranked look: queues], its `claim_sql`
+    args but the values: ranked (fallbacks too), FIFO with fallbacks, FIFO.
+    """
+    guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
+    ranked = f"EXISTS ({ranked_sql(queue_count)})"
+    waiting = f"EXISTS ({FALLBACKS_WAITING.format(hint='')})"
+    ordered = CLAIM_ORDER.format(levels=aging)
+    picks = [
+        claim_pick(
+            queue_count, guard, order=ordered, fallbacks=True, lock=lock, gate=f"{ranked} AND "
+        ),
+        claim_pick(
+            queue_count,
+            guard,
+            order="c.seq",
+            fallbacks=True,
+            lock=lock,
+            gate=f"NOT {ranked} AND {waiting} AND ",
+        ),
+        claim_pick(
+            queue_count,
+            guard,
+            order="c.seq",
+            fallbacks=False,
+            lock=lock,
+            gate=f"NOT {ranked} AND NOT {waiting} AND ",
+        ),
+    ]
+    coalesce = ", ".join(f"({pick})" for pick in picks)
+    return (
+        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
+        f"AND seq = COALESCE({coalesce}) RETURNING {COLUMNS}"
     )
 
 

@@ -351,6 +351,9 @@ class SqliteStore(SqliteHostOps):
     async def count_ahead(self, queue: str, seq: int) -> int:
         return self._pending.ahead(queue, seq)
 
+    async def queue_place(self, queue: str, seq: int, *, owners: bool) -> tuple[int, int]:
+        return self._pending.ahead(queue, seq), (await self.running_owners(queue) if owners else 0)
+
     async def running_owners(self, queue: str) -> int:
         rows = self._query(
             "SELECT COUNT(DISTINCT owner) FROM tasks WHERE state = 'running' AND queue = ?",

@@ -23,6 +23,7 @@ from dispatcher.store.sql import (
     AGING_SQLITE,
     FALLBACKS_WAITING,
     claim_sql,
+    claim_sql_gated,
     like_pattern,
     pg_marks,
     ranked_sql,
@@ -65,6 +66,8 @@ class TaskUpdate:
 
     update: Statement
     history: Statement | None
+    # The history row's columns, in the order of `history.args`.
+    history_columns: tuple[str, ...] = ()
 
 
 def task_update(
@@ -90,16 +93,32 @@ def task_update(
         args.append(expect_attempt)
     if fence is not None:
         args += [fence.account, fence.token]
-    history = None
-    if ended is not None:
-        row = attempt_to_row(ended)
-        history = Statement(
-            dialect.marks(
-                f"INSERT INTO attempts ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
-            ),
-            tuple(row.values()),
-        )
-    return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), history)
+    if ended is None:
+        return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), None)
+    row = attempt_to_row(ended)
+    history = Statement(
+        dialect.marks(
+            f"INSERT INTO attempts ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"
+        ),
+        tuple(row.values()),
+    )
+    return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), history, tuple(row))
+
+
+def update_with_history(write: TaskUpdate) -> Statement:
+    """PostgreSQL: the compare-and-set and its history row as one statement
+    (the history row is inserted once per row the update returns: none when
+    it did not match), so the write is atomic without BEGIN and COMMIT round
+    trips. SQLite has no writes inside WITH; it runs the two in a transaction."""
+    if write.history is None:
+        return write.update
+    columns = ", ".join(write.history_columns)
+    marks = ", ".join(POSTGRESQL.marks("?") for _ in write.history_columns)
+    return Statement(
+        f"WITH u AS ({write.update.sql}), "
+        f"h AS (INSERT INTO attempts ({columns}) SELECT {marks} FROM u) SELECT * FROM u",
+        (*write.update.args, *write.history.args),
+    )
 
 
 def ranked_query(dialect: Dialect, queues: Sequence[str]) -> Statement:
@@ -154,3 +173,39 @@ def task_claim(
     if ranked:
         args += [now, aging_step_s]
     return Statement(dialect.marks(sql), tuple(args))
+
+
+def task_claim_gated(
+    queues: Sequence[str],
+    now: float,
+    changes: Mapping[str, Any],
+    *,
+    fence: Fence | None,
+    quota: Quota | None,
+    budget: Budget | None = None,
+    aging_step_s: float = AGING_STEP_S,
+) -> Statement:
+    """PostgreSQL's claim: `task_claim` with its looks at the queues (ranked?
+    fallbacks waiting?) made inside the statement: one round trip."""
+    columns = encode_changes({**changes, "state": State.RUNNING})
+    sql = claim_sql_gated(
+        len(queues),
+        columns,
+        fenced=fence is not None,
+        quota=quota is not None,
+        lock=POSTGRESQL.claim_lock,
+        budget=budget is not None,
+        aging=POSTGRESQL.aging,
+    )
+    guard: list[Any] = []
+    if fence is not None:
+        guard += [fence.account, fence.token]
+    if quota is not None:
+        guard += [quota.owner, quota.limit]
+    if budget is not None:
+        guard += [budget.provider, budget.since, budget.limit_usd]
+    alts = [like_pattern(f"|{queue}|") for queue in queues]
+    ranked = [*queues, *queues, *alts, now, *guard, now, aging_step_s]
+    fallbacks = [*queues, *queues, *alts, now, *guard]
+    fifo = [*queues, *queues, now, *guard]
+    return Statement(POSTGRESQL.marks(sql), (*columns.values(), *ranked, *fallbacks, *fifo))

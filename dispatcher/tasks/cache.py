@@ -245,11 +245,19 @@ class ResultCache:
         Nearly every new task misses, and a miss is one indexed read of a
         local index with no file work: the hop to a worker thread and back
         cost more than the read (BENCHMARKS.md, finding 2). False means "ask
-        `lookup`": the index is across the network, or holds the fingerprint
+        `lookup`": the index is across the network and cannot tell without a
+        read (`CacheIndex.known_absent`), or holds the fingerprint
         (a hit, or an expired entry to delete, is file work), or a thread
         holds the lock (an eviction deleting files: never waited for here).
         """
-        if not self.store.inline or not self._lock.acquire(blocking=False):
+        if not self.store.inline:
+            # An index across the network may know a miss without a read
+            # (PostgreSQL's keeps this host's fingerprints in memory).
+            if _FINGERPRINT.fullmatch(fingerprint) and not self.store.known_absent(fingerprint):
+                return False
+            self.misses += 1
+            return True
+        if not self._lock.acquire(blocking=False):
             return False
         try:
             if _FINGERPRINT.fullmatch(fingerprint) and self.store.cache_get(fingerprint):

@@ -226,11 +226,14 @@ class Intake:
             found.append(self.cache.lookup(task.fingerprint, copy_to=copy_to))
         return found
 
+    def may_answer(self, task: Task) -> bool:
+        """False when the cache surely has nothing for the task, known on the
+        loop's thread (`ResultCache.miss_here`: a plain miss, counted)."""
+        return not (task.force or self.cache is None or self.cache.miss_here(task.fingerprint))
+
     async def cache_lookup(self, task: Task) -> JSON | None:
-        """`cache_lookups` of one task: a plain miss is answered on the loop's
-        thread (`ResultCache.miss_here`), anything else in a worker thread."""
-        if task.force or self.cache is None or self.cache.miss_here(task.fingerprint):
-            return None
+        """`cache_lookups` of one task `may_answer` left to look for, in a
+        worker thread."""
         (found,) = await asyncio.to_thread(self.cache_lookups, [task])
         return found
 

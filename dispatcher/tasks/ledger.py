@@ -142,7 +142,9 @@ class Ledger(TaskReads):
         task = self.intake.new_task(spec, None, images)
         since = self.intake.twin_window_start(task)
         cached: JSON | None = None
-        if self.intake.cache is not None and since is not None:
+        # A plain miss (nearly every new task) has no cache work to skip:
+        # no early look then (a read), the insert's own check is enough.
+        if since is not None and self.intake.may_answer(task):
             existing = await self.intake.twin(task)
             if existing is not None:
                 return self._deduped(task, existing)

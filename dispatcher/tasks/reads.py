@@ -78,13 +78,10 @@ class TaskReads:
             return stale
         return [t for t in stale if t.host in (self.host, None)]
 
-    async def queue_depth(self, task: Task) -> int:
-        """Pending tasks of its queue ahead of this one."""
-        return await self.store.count_ahead(task.queue, task.seq)
-
-    async def running_owners(self, task: Task) -> int:
-        """Lane owners running tasks of its queue now, on every host."""
-        return await self.store.running_owners(task.queue)
+    async def queue_place(self, task: Task, *, owners: bool) -> tuple[int, int]:
+        """Pending tasks of its queue ahead of this one and, with `owners`, the
+        lane owners running tasks of its queue now on every host: one read."""
+        return await self.store.queue_place(task.queue, task.seq, owners=owners)
 
     async def queued_counts(self) -> dict[str, int]:
         return await self.store.queued_counts()

@@ -210,6 +210,10 @@ async def test_queue_positions_and_counts(store: Store) -> None:
     assert await store.count_ahead("g", tasks[5].seq) == 1
     assert await store.queued_counts() == {"g": 2, "h": 3}
     assert await store.running_owners("g") == 1 and await store.running_owners("h") == 0
+    # Both at once (a pending task's answer), the owners only when asked for.
+    assert await store.queue_place("g", tasks[5].seq, owners=True) == (1, 1)
+    assert await store.queue_place("g", tasks[5].seq, owners=False) == (1, 0)
+    assert await store.queue_place("h", tasks[4].seq, owners=True) == (2, 0)
 
 
 async def test_concurrent_claims_from_several_connections_never_share_a_task(

@@ -55,15 +55,47 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
                 "t1", expect_state=State.RUNNING, changes={"state": State.CANCELED}
             )
             got = [await asyncio.wait_for(heard.get(), 10) for _ in range(4)]
-            assert got == [
-                TaskNotice("t1", "pending", False, ODD_HOST),
-                TaskNotice("t1", "running", False, ODD_HOST),
-                TaskNotice("t1", "running", True, ODD_HOST),
-                TaskNotice("t1", "canceled", True, ODD_HOST),
+            assert [(n.task_id, n.state, n.cancel_requested, n.origin) for n in got] == [
+                ("t1", "pending", False, ODD_HOST),
+                ("t1", "running", False, ODD_HOST),
+                ("t1", "running", True, ODD_HOST),
+                ("t1", "canceled", True, ODD_HOST),
             ]
+            # Each carries the row as written: a host hearing it reads nothing back.
+            rows = [n.task for n in got]
+            assert [t.state.value if t else None for t in rows] == [
+                "pending",
+                "running",
+                "running",
+                "canceled",
+            ]
+            assert rows[1] is not None and rows[1] == claimed
             # The writer's own listener heard nothing of it.
             assert itself.received == 0 and other.received == 4
         finally:
             await other.aclose()
             await itself.aclose()
+            await writer.close()
+
+
+async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
+    with fresh_database() as url:
+        writer = await open_store(url, "writer")
+        heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
+        listener = TaskListener(url, "listener-host", heard.put_nowait)
+        await listener.start()
+        try:
+            long_task = _task("t2")
+            long_task = long_task.replace(params={"prompt": "x" * 9000})
+            await writer.insert_tasks([_task("t1"), long_task])
+            got = [await asyncio.wait_for(heard.get(), 10) for _ in range(2)]
+            assert [(n.task_id, n.state, n.origin) for n in got] == [
+                ("t1", "pending", "writer"),
+                ("t2", "pending", "writer"),
+            ]
+            # PostgreSQL takes at most 8000 bytes in a notice: the long row is read back.
+            assert got[0].task is not None and got[0].task.params == {"prompt": "t1"}
+            assert got[1].task is None
+        finally:
+            await listener.aclose()
             await writer.close()
