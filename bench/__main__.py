@@ -41,7 +41,7 @@ TARGET_TOTAL_S = 600.0
 
 
 def _runners() -> dict[str, tuple[str, Runner]]:
-    from bench import dispatch, hosts, memory, mixed, peers, polling
+    from bench import accounts, dispatch, hosts, memory, mixed, peers, polling
 
     return {
         "mixed": ("1. mixed batch", mixed.run),
@@ -52,6 +52,7 @@ def _runners() -> dict[str, tuple[str, Runner]]:
         "peers": ("5. peers, same work", peers.run),
         "memory": ("4. memory and writes", memory.run),
         "hosts": ("6. several hosts on PostgreSQL", hosts.run),
+        "accounts": ("7. twenty web accounts on one host", accounts.run),
     }
 
 

@@ -11,12 +11,10 @@ Playwright driver (a Node process) lives as long as the runner.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from playwright.async_api import Playwright, async_playwright
@@ -263,22 +261,6 @@ class WebRunner(Runner):
             downloads_dir_for(self.user_data_dir(account)),
             self._settings.max_download_bytes,
         )
-
-    @contextlib.asynccontextmanager
-    async def hold_profile(self, account: str) -> AsyncIterator[Path]:
-        """The account's profile dir, under its lock, with its kept browser closed.
-
-        No task of the account starts while it is held (a claimed one waits).
-        """
-        if account not in self._locks or self._playwright is None:
-            raise NotFound(f"web account {account!r} is not held by this runner")
-        async with self.keeper.locks[account]:
-            session = self.keeper.session(account)
-            if session is not None:
-                # Chromium allows one browser per profile.
-                await self.keeper.forget(account)
-                await close_logged(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
-            yield self.user_data_dir(account)
 
     def running_browser(self, account: str) -> BrowserSession | None:
         """The browser a task of the account is using now, if any (to watch it)."""
