@@ -3,11 +3,12 @@
 The real service (`python -m dispatcher`) with one web model (`demo-chat`)
 served by 20 accounts, each logged into the demo web model (`python -m demo
 web`, its own process) as its own user beforehand, as an operator does once;
-`DISPATCHER_BROWSER_MEMORY_MB` is set to `BUDGET_MB`. Once the accounts'
+`DISPATCHER_BROWSER_MEMORY_MB` is set to `BUDGET_MB` (and the keep-alive to
+`KEEP_ALIVE_S`, as an operator of twenty accounts would). Once the accounts'
 browsers are up (started as their lanes open), one job of 200 web tasks is
 submitted, their generation times drawn with a fixed seed from
-`NOMINAL_RANGE_S` and scaled so that the lower bound is `TARGET_LB_S` real
-seconds.
+`NOMINAL_RANGE_S` and scaled so that the even split of their sum over the
+accounts is `TARGET_LB_S` real seconds.
 
 Figures:
 - memory: PSS of the service's process tree (the service, its Playwright
@@ -62,12 +63,15 @@ SEED = 20_261_203
 ACCOUNTS = tuple(f"acct-{i:02d}" for i in range(1, 21))
 TASKS = 200
 MODEL = "demo-chat"
-# Nominal seconds of one generation: short chat answers.
-NOMINAL_RANGE_S = (30.0, 90.0)
+# Seconds of one generation: short chat answers. Scaled by ~1 (to make the
+# lower bound `TARGET_LB_S` exactly): the service's timers (heartbeats, stale
+# reclaims) stay real, as they must with 20 Chromiums on 2 cores.
+NOMINAL_RANGE_S = (3.0, 6.0)
 TARGET_LB_S = 45.0  # real seconds
 BUDGET_MB = 7000
 TARGET_RATIO = 1.05
 SAMPLE_S = 2.0
+KEEP_ALIVE_S = 600
 LOGINS_AT_ONCE = 4
 # Real seconds the batch waits, at most, for the 20 browsers started as the lanes open.
 BROWSERS_READY_WAIT_S = 120.0
@@ -248,6 +252,9 @@ async def run(work: Path) -> BenchResult:
             "DISPATCHER_TIME_SCALE": repr(scale),
             "DISPATCHER_BROWSER_EXECUTABLE": browser,
             "DISPATCHER_BROWSER_MEMORY_MB": str(BUDGET_MB),
+            # Twenty starts take longer than the default minute on a loaded
+            # machine: the first browsers must not close before the batch comes.
+            "DISPATCHER_BROWSER_KEEP_ALIVE_S": str(KEEP_ALIVE_S),
             "DEMO_WEB_URL": web.url,
         }
         load_before = os.getloadavg()[0]
@@ -297,8 +304,9 @@ def _result(
 ) -> BenchResult:
     by_account: dict[str, float] = {}
     for row, gen in zip(rows, nominal, strict=True):
-        account = ((row.get("result") or {}).get("meta") or {}).get("account") or row.get("owner")
-        by_account[str(account)] = by_account.get(str(account), 0.0) + gen * scale
+        account = ((row.get("result") or {}).get("meta") or {}).get("account")
+        if row["state"] == "success" and account:
+            by_account[account] = by_account.get(account, 0.0) + gen * scale
     done = [row for row in rows if row["state"] == "success"]
     finished = [row["finished_at"] for row in rows if row["finished_at"]]
     t0 = min(row["created_at"] for row in rows)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,17 +57,21 @@ class _Meter:
     def __init__(self) -> None:
         # (pid, create time) -> (bytes, when measured: monotonic)
         self._cache: dict[tuple[int, float], tuple[int, float]] = {}
+        # A scrape and a start may measure at once, each in its own thread.
+        self._lock = threading.Lock()
 
     def total(self, procs: Iterable[psutil.Process]) -> int:
-        now = time.monotonic()
         total = 0
         for proc in procs:
             try:
                 key = (proc.pid, proc.create_time())
-                found = self._cache.get(key)
+                with self._lock:
+                    found = self._cache.get(key)
+                now = time.monotonic()
                 if found is None or now - found[1] > MEASURE_TTL_S:
                     found = (_pss(proc), now)
-                    self._cache[key] = found
+                    with self._lock:
+                        self._cache[key] = found
             except psutil.Error:
                 continue  # gone meanwhile: it holds nothing any more
             total += found[0]
@@ -74,7 +79,8 @@ class _Meter:
 
     def forget_older_than(self, age_s: float) -> None:
         now = time.monotonic()
-        self._cache = {k: v for k, v in self._cache.items() if now - v[1] <= age_s}
+        with self._lock:
+            self._cache = {k: v for k, v in self._cache.items() if now - v[1] <= age_s}
 
 
 @dataclass(frozen=True)
