@@ -68,7 +68,11 @@ MODEL = "demo-chat"
 # reclaims) stay real, as they must with 20 Chromiums on 2 cores.
 NOMINAL_RANGE_S = (3.0, 6.0)
 TARGET_LB_S = 45.0  # real seconds
-BUDGET_MB = 7000
+# ~20 x 180 MB of browsers and ~200 MB of service measured (2026-12-03):
+# room for all twenty, with a quarter to spare, and no more.
+BUDGET_MB = 4500
+# Real seconds the stop may take, as the systemd unit's TimeoutStopSec gives it.
+STOP_TIMEOUT_S = 60.0
 TARGET_RATIO = 1.05
 SAMPLE_S = 2.0
 KEEP_ALIVE_S = 600
@@ -207,7 +211,8 @@ async def run_batch(
         answer = await call(client, "POST", "/v1/jobs", json=body)
         answer.raise_for_status()
         job_id = answer.json()["id"]
-        deadline = time.monotonic() + 4 * TARGET_LB_S + 120
+        # Generous: on a loaded machine the figure is still measured (and missed).
+        deadline = time.monotonic() + 10 * TARGET_LB_S + 120
         while True:
             await asyncio.sleep(1.0)
             job = (await call(client, "GET", f"/v1/jobs/{job_id}")).json()
@@ -267,6 +272,7 @@ async def run(work: Path) -> BenchResult:
                 batch_wall_s = time.monotonic() - wall0
             load_during = os.getloadavg()[0]
             t_stop = time.monotonic()
+            service.stop(STOP_TIMEOUT_S)
         stop_s = time.monotonic() - t_stop
         await asyncio.sleep(1.0)
         left = leftovers(browser_root)

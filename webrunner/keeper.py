@@ -387,12 +387,18 @@ class BrowserKeeper:
         # Bounded: a close kills what has not exited after its grace period.
         await asyncio.gather(*self._closing, return_exceptions=True)
         log = logging.getLogger("dispatcher.webrunner")
-        for account, session in list(self._sessions.items()):
+
+        async def end(account: str, session: BrowserSession) -> None:
             await self._drop_preload(account)
             if self.locks[account].locked():
                 await session.abort()  # its task's own cleanup was cut short
             else:
                 await self._close(session, log)
+
+        # All at once: twenty browsers closed one by one (each up to its grace
+        # period on a loaded machine) outlast a service manager's stop timeout,
+        # which then kills the service and leaves the browsers running.
+        await asyncio.gather(*(end(a, s) for a, s in list(self._sessions.items())))
         self._sessions.clear()
 
     # -- internals ----------------------------------------------------------------

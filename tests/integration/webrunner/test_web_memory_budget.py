@@ -11,16 +11,22 @@ import pytest
 
 from demo.web_model import demo_login
 from dispatcher.models import Stage
+from dispatcher.scheduling.protocol import Interruption
 
 if TYPE_CHECKING:
     from tests.integration.webrunner.conftest import WebEnv
     from webrunner.runner import WebRunner
 
-pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.timeout(300),
+]
 
 ACCOUNTS = ("demo-1", "demo-2", "demo-3")
-# Nominal seconds (x 0.05): a generation that holds its browser ~20 s.
-LONG_S = 300
+# Nominal seconds (x 0.05): a generation that holds its browser 200 s, far
+# longer than the test, which ends it by a cancel.
+LONG_S = 4000
 
 
 async def three_accounts(web: WebEnv) -> WebRunner:
@@ -69,40 +75,53 @@ async def test_a_start_over_the_budget_closes_the_least_recently_used_idle_brows
     # demo-2 now runs a long generation; it was handed back before demo-3,
     # so it is the least recently used, but busy: demo-1's start closes
     # demo-3's idle browser instead.
-    task = web.task(f"long [duration={LONG_S}]")
-    ctx, recorder = web.context(task, "demo-2")
-    long_run = asyncio.create_task(runner.run(task, ctx))
-    runs: list[asyncio.Task[object]] = []
+    long2 = LongRun(web, runner, "demo-2")
+    long1: LongRun | None = None
     try:
-        await recorder.wait_for_stage(Stage.GENERATING)
+        await long2.generating()
         await run_on(web, runner, "demo-1", "fourth [duration=1]")
         assert set(runner.open_browsers()) == {"demo-1", "demo-2"}
         assert runner.open_browsers()["demo-2"] == kept["demo-2"]
-        assert not long_run.done(), "the running generation was cut short"
+        assert not long2.run.done(), "the running generation was cut short"
         assert runner.stats().counters["browsers_closed_for_memory"] == 2
 
-        # demo-1 runs a long generation too: with both running, demo-3's
-        # start waits (nothing idle to close), until demo-2's generation ends
-        # and its browser, handed back, is closed for it.
-        task1 = web.task(f"long too [duration={LONG_S}]")
-        ctx1, recorder1 = web.context(task1, "demo-1")
-        runs.append(asyncio.create_task(runner.run(task1, ctx1)))
-        await recorder1.wait_for_stage(Stage.GENERATING)
-        task3 = web.task("fifth [duration=1]")
-        ctx3, recorder3 = web.context(task3, "demo-3")
-        runs.append(asyncio.create_task(runner.run(task3, ctx3)))
+        # demo-1 runs a long generation too: with both running and nothing
+        # idle to close, demo-3's start waits, until demo-2's task ends
+        # (canceled: its browser is closed with it).
+        long1 = LongRun(web, runner, "demo-1")
+        await long1.generating()
+        ctx3, recorder3 = web.context(web.task("fifth [duration=1]"), "demo-3")
+        third = asyncio.create_task(runner.run(ctx3.task, ctx3))
         await asyncio.sleep(2.0)  # real seconds: a few of the waiting start's looks
-        assert not long_run.done(), "demo-2's generation ended too soon for this test"
+        assert not third.done()
         assert Stage.GENERATING not in [stage for stage, _, _ in recorder3.stages]
         assert set(runner.open_browsers()) == {"demo-1", "demo-2"}
-        await long_run
-        await runs[-1]  # demo-3's task, once demo-2's browser made room
-        assert not runs[0].done(), "demo-1's generation was cut short"
+        await long2.cancel()
+        await third
         assert set(runner.open_browsers()) == {"demo-1", "demo-3"}
-        await runs[0]
+        assert not long1.run.done(), "demo-1's generation was cut short"
     finally:
-        for run in [long_run, *runs]:
-            if not run.done():
-                run.cancel()
-    assert runner.stats().counters["browsers_closed_for_memory"] == 3
+        for long_run in (long2, long1):
+            if long_run is not None:
+                await long_run.cancel()
+    assert runner.stats().counters["browsers_closed_for_memory"] == 2
     assert (await web.stats())["collisions"] == 0
+
+
+class LongRun:
+    """A generation far longer than the test, ended by an operator's cancel."""
+
+    def __init__(self, web: WebEnv, runner: WebRunner, account: str) -> None:
+        # Many words: the answer keeps moving (a still one would read as stalled).
+        words = " ".join(f"w{i}" for i in range(400))
+        task = web.task(f"long {words} [duration={LONG_S}]")
+        self.ctx, self.recorder = web.context(task, account)
+        self.run = asyncio.create_task(runner.run(task, self.ctx))
+
+    async def generating(self) -> None:
+        await self.recorder.wait_for_stage(Stage.GENERATING)
+
+    async def cancel(self) -> None:
+        if not self.run.done():
+            self.ctx.interrupt(Interruption.CANCELED)
+        await asyncio.gather(self.run, return_exceptions=True)
