@@ -1,6 +1,6 @@
-"""`python -m bench` (or `make bench`): run the six benchmarks, print the table.
+"""`python -m bench` (or `make bench`): run the seven benchmarks, print the table.
 
-    python -m bench                      # all six (5 right after 3)
+    python -m bench                      # all seven (5 right after 3)
     python -m bench polling dispatch     # some of them
     python -m bench --keep               # keep the work dir (logs, databases)
 
