@@ -6,7 +6,7 @@ service holds on the host: its own processes (Python, the Playwright driver)
 and every account's Chromium, each a tree of processes, measured as PSS
 (shared pages split between the processes that map them, so the sum over
 trees is what the host really spends; RSS would count Chromium's shared
-binary once per process, about four times over).
+binary once per process, four to six times over).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 MB = 1024**2
 # What a browser is taken to need before any has been measured on this host
-# (a Chromium on the demo model's page: ~240 MB of PSS).
+# (a Chromium on the demo model's page: 160-240 MB of PSS).
 DEFAULT_BROWSER_BYTES = 300 * MB
 
 

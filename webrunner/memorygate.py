@@ -36,8 +36,11 @@ from webrunner.browserkill import family_of
 from webrunner.keeper import BrowserKeeper
 from webrunner.memory import MB, OpenBrowser, Room, new_browser_bytes, plan_room
 
-# Real seconds a process's measured footprint is reused.
+# Real seconds a process's measured footprint is reused by a start's decision,
+# and by what operators read (`/metrics`, the lanes, which the dashboard
+# fetches on every event: with twenty browsers a fresh read costs ~1 s of CPU).
 MEASURE_TTL_S = 5.0
+VIEW_TTL_S = 30.0
 # Real seconds between two looks of a start waiting for room (it is woken at
 # once when a browser is handed back or closed).
 WAIT_POLL_S = 1.0
@@ -60,7 +63,7 @@ class _Meter:
         # A scrape and a start may measure at once, each in its own thread.
         self._lock = threading.Lock()
 
-    def total(self, procs: Iterable[psutil.Process]) -> int:
+    def total(self, procs: Iterable[psutil.Process], max_age_s: float) -> int:
         total = 0
         for proc in procs:
             try:
@@ -68,7 +71,7 @@ class _Meter:
                 with self._lock:
                     found = self._cache.get(key)
                 now = time.monotonic()
-                if found is None or now - found[1] > MEASURE_TTL_S:
+                if found is None or now - found[1] > max_age_s:
                     found = (_pss(proc), now)
                     with self._lock:
                         self._cache[key] = found
@@ -122,7 +125,9 @@ class BrowserMemory:
 
     # -- measuring --------------------------------------------------------------
 
-    def _measure_blocking(self, processes: dict[str, subprocess.Popen[bytes]]) -> _Measured:
+    def _measure_blocking(
+        self, processes: dict[str, subprocess.Popen[bytes]], max_age_s: float
+    ) -> _Measured:
         trees = {account: family_of(process) for account, process in processes.items()}
         in_browsers = {p.pid for tree in trees.values() for p in tree}
         try:
@@ -131,15 +136,15 @@ class BrowserMemory:
         except psutil.Error:
             service = []
         measured = _Measured(
-            self._meter.total(service),
-            {account: self._meter.total(tree) for account, tree in trees.items()},
+            self._meter.total(service, max_age_s),
+            {account: self._meter.total(tree, max_age_s) for account, tree in trees.items()},
         )
-        self._meter.forget_older_than(4 * MEASURE_TTL_S)
+        self._meter.forget_older_than(2 * VIEW_TTL_S)
         return measured
 
-    async def _measure(self) -> _Measured:
+    async def _measure(self, max_age_s: float = MEASURE_TTL_S) -> _Measured:
         processes = self.keeper.open_processes()
-        measured = await asyncio.to_thread(self._measure_blocking, processes)
+        measured = await asyncio.to_thread(self._measure_blocking, processes, max_age_s)
         # Only settled browsers (kept after a task, on their page) tell a typical size.
         settled = [b for a, b in measured.browsers.items() if a not in self._reserved]
         self._largest_seen = max([self._largest_seen, *settled])
@@ -147,7 +152,7 @@ class BrowserMemory:
 
     async def view(self) -> MemoryView:
         """The budget and what each open browser and the service hold now."""
-        measured = await self._measure()
+        measured = await self._measure(VIEW_TTL_S)
         return MemoryView(
             budget_bytes=self.budget_bytes,
             service_bytes=measured.service_bytes,
