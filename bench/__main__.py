@@ -41,7 +41,7 @@ TARGET_TOTAL_S = 600.0
 
 
 def _runners() -> dict[str, tuple[str, Runner]]:
-    from bench import batch, dispatch, hosts, memory, mixed, peers, polling, webpages
+    from bench import accounts, batch, dispatch, hosts, memory, mixed, peers, polling, webpages
 
     return {
         "mixed": ("1. mixed batch", mixed.run),
@@ -54,6 +54,7 @@ def _runners() -> dict[str, tuple[str, Runner]]:
         "memory": ("4. memory and writes", memory.run),
         "hosts": ("6. several hosts on PostgreSQL", hosts.run),
         "webpages": ("8. web overhead on a real page", webpages.run),
+        "accounts": ("9. twenty web accounts on one host", accounts.run),
     }
 
 

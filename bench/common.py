@@ -309,8 +309,8 @@ class ServiceProc:
                 raise RuntimeError(f"the service child did not answer SIGUSR2:\n{self.log()}")
             time.sleep(0.02)
 
-    def stop(self) -> int | None:
-        return _stop(self.popen)
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        return _stop(self.popen, timeout_s)
 
     def __enter__(self) -> ServiceProc:
         return self

@@ -18,7 +18,7 @@ from dispatcher.models import State, Task
 
 if TYPE_CHECKING:
     from dispatcher.accounts.switches import AccountBook
-    from dispatcher.scheduling.protocol import Runner
+    from dispatcher.scheduling.protocol import MemoryView, Runner
     from dispatcher.scheduling.scheduler import Scheduler
     from dispatcher.store import Store
     from dispatcher.tasks.ledger import Ledger
@@ -202,6 +202,11 @@ class _LiveCollector(Collector):
                 "browser_prestarts",
             ),
             (
+                "dispatcher_browsers_closed_for_memory",
+                "Idle kept browsers closed to make room within the browser memory budget",
+                "browsers_closed_for_memory",
+            ),
+            (
                 "dispatcher_leftover_processes_ended",
                 "Leftover browser processes ended by the self-check",
                 "leftovers_ended",
@@ -218,6 +223,7 @@ class _LiveCollector(Collector):
         for (provider, status), count in sorted(snap["remote_requests"].items()):
             remote.add_metric([provider, str(status)], count)
         yield remote
+        yield from _memory_families(snap.get("memory", []))
         lag = GaugeMetricFamily(
             "dispatcher_event_loop_lag_seconds",
             "Largest delay of the event loop over the last minute (anything blocking it "
@@ -225,6 +231,31 @@ class _LiveCollector(Collector):
         )
         lag.add_metric([], snap.get("event_loop_lag_s", 0.0))
         yield lag
+
+
+def _memory_families(views: Iterable[MemoryView]) -> Iterator[Metric]:
+    """The browser memory budget, the service's own footprint, each open browser's."""
+    budget = GaugeMetricFamily(
+        "dispatcher_browser_memory_budget_bytes",
+        "Memory the service and its browsers may hold on this host (browser_memory_mb)",
+    )
+    service = GaugeMetricFamily(
+        "dispatcher_service_memory_bytes",
+        "PSS of the service's own processes (Python, the Playwright driver)",
+    )
+    browsers = GaugeMetricFamily(
+        "dispatcher_browser_memory_bytes",
+        "PSS of a web account's open browser (its process tree)",
+        labels=["owner"],
+    )
+    for view in views:
+        budget.add_metric([], view.budget_bytes)
+        service.add_metric([], view.service_bytes)
+        for owner, size in sorted(view.browsers.items()):
+            browsers.add_metric([owner], size)
+    yield budget
+    yield service
+    yield browsers
 
 
 class Metrics:
@@ -300,6 +331,8 @@ async def live_numbers(
         "stalled_reclaims": scheduler.stalled_reclaims,
     }
     remote: dict[tuple[str, str], int] = {}
+    runners = list(runners)
+    memory = [await runner.memory_view() for runner in runners]
     for runner in runners:
         stats = runner.stats()
         remote.update(stats.remote_requests)
@@ -313,4 +346,5 @@ async def live_numbers(
         "counters": counters,
         "remote_requests": remote,
         "event_loop_lag_s": lag_probe.max_lag_s(),
+        "memory": [view for view in memory if view is not None],
     }

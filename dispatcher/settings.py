@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psutil
 from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -47,6 +48,12 @@ def find_browser() -> str | None:
         if candidate.is_file():
             return str(candidate)
     return None
+
+
+def default_browser_memory_mb() -> int:
+    """Half of the machine's memory, in MB (`browser_memory_mb` unset)."""
+    total_bytes: int = psutil.virtual_memory().total
+    return max(1, total_bytes // 2 // 1024**2)
 
 
 class Settings(BaseSettings):
@@ -110,6 +117,15 @@ class Settings(BaseSettings):
         # The next task skips the launch (~2-7 s).
         description="real seconds a web account's browser stays open after a task, with "
         "the model's page pre-loaded for the next one; `0` closes it after every task",
+    )
+    browser_memory_mb: int | None = Field(
+        default=None,
+        gt=0,
+        description="memory (MB, as PSS) the service and its browsers may hold on this "
+        "host: a browser start that would go over it first closes idle kept browsers, "
+        "least recently used first, and waits while only running ones could make room "
+        "(a running generation is never closed for it); below one browser, one at a time",
+        json_schema_extra={"shown_default": "half of the machine's memory"},
     )
     browser_prewarm: bool = Field(
         default=True,
@@ -271,6 +287,14 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
+
+    @property
+    def browser_memory_budget_mb(self) -> int:
+        """`browser_memory_mb`, or half of the machine's memory when unset: the
+        other half stays for the system, the database and the page cache."""
+        if self.browser_memory_mb is not None:
+            return self.browser_memory_mb
+        return default_browser_memory_mb()
 
     @property
     def resolved_input_dirs(self) -> list[Path]:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from playwright.async_api import BrowserContext, Page
 from playwright.async_api import Error as PlaywrightError
@@ -57,6 +59,14 @@ Closer = Callable[[BrowserSession, Log], Awaitable[None]]
 # first call into each of a document's worlds costs ~25-40 ms; see
 # `PageDriver.prime`). It must not change the page.
 Primer = Callable[[Page], Awaitable[None]]
+
+
+class Watcher(Protocol):
+    """Told when a browser is handed back (kept, idle) or gone (`memorygate.py`)."""
+
+    def settled(self, account: str) -> None: ...
+
+    def gone(self, account: str) -> None: ...
 
 
 @dataclass
@@ -142,6 +152,7 @@ class BrowserKeeper:
         # Tasks that have run on each account (`resume`): a browser start
         # asked for before one of them is not wanted any more.
         self._tasks_run: dict[str, int] = {}
+        self.watcher: Watcher | None = None
 
     # -- used by the runner, under the account's lock -----------------------
 
@@ -180,6 +191,7 @@ class BrowserKeeper:
             url, asyncio.create_task(_loaded(page, loaded_at), name=f"pre-started {account}")
         )
         self._close_after(account, session, self.keep_alive_s)
+        self._settled(account)
         return True
 
     async def close(self, account: str, session: BrowserSession, log: Log) -> None:
@@ -190,10 +202,52 @@ class BrowserKeeper:
     def idle_s(self, account: str) -> float:
         return time.monotonic() - self._idle_since.get(account, time.monotonic())
 
+    def idle_since(self, account: str) -> float:
+        """When the account's browser was last handed back (monotonic)."""
+        return self._idle_since.get(account, time.monotonic())
+
+    def busy(self, account: str) -> bool:
+        """A task, a start or an operator holds the account (its browser is not idle)."""
+        lock = self.locks.get(account)
+        return lock is None or lock.locked()
+
     async def forget(self, account: str) -> None:
         """The account's browser is being closed or killed by the caller: stop tracking it."""
         self._sessions.pop(account, None)
+        if self.watcher is not None:
+            self.watcher.gone(account)
         await self._drop_preload(account)
+
+    async def evict(self, account: str, why: str) -> bool:
+        """Close the account's kept browser now if it is idle; False if it is
+        not (a task has just picked it up, or it is gone). Returns once closed."""
+        lock = self.locks.get(account)
+        session = self._sessions.get(account)
+        if lock is None or session is None or lock.locked():
+            return False
+        # Taken at once (it is free): no task can pick the browser up meanwhile.
+        async with lock:
+            if self._sessions.get(account) is not session:
+                return False
+            closer = self._closers.pop(account, None)
+            if closer is not None:
+                closer.cancel()
+            log = logging.getLogger(f"dispatcher.lane.web:{account}")
+            idle_s = self.idle_s(account)
+            await self.forget(account)
+            log.info(
+                "[web:%s] closing its browser (idle for %.1f s) %s",
+                account,
+                idle_s,
+                why,
+                extra={"lane": f"web:{account}"},
+            )
+            await self._close(session, log)
+        return True
+
+    def _settled(self, account: str) -> None:
+        if self.watcher is not None:
+            self.watcher.settled(account)
 
     async def preloaded(self, account: str, url: str) -> Preloaded | None:
         """Wait for the page loaded for this task; None if there is none.
@@ -273,6 +327,7 @@ class BrowserKeeper:
                     asyncio.create_task(_discard(spare), name=f"close a spare tab of {account}")
                 )
         self._close_after(account, session, self.keep_alive_s)
+        self._settled(account)
         return True
 
     # -- accounts added and removed while running -------------------------------
@@ -320,6 +375,10 @@ class BrowserKeeper:
         """The PID of each account's browser that is open (busy or kept)."""
         return {a: s.pid for a, s in self._sessions.items() if not s.closed}
 
+    def open_processes(self) -> dict[str, subprocess.Popen[bytes]]:
+        """Each account's open browser process (busy or kept), to measure."""
+        return {a: s.process for a, s in self._sessions.items() if not s.closed}
+
     async def aclose(self) -> None:
         """Close the kept browsers gracefully (the profile is flushed); kill busy ones."""
         for closer in self._closers.values():
@@ -328,12 +387,18 @@ class BrowserKeeper:
         # Bounded: a close kills what has not exited after its grace period.
         await asyncio.gather(*self._closing, return_exceptions=True)
         log = logging.getLogger("dispatcher.webrunner")
-        for account, session in list(self._sessions.items()):
+
+        async def end(account: str, session: BrowserSession) -> None:
             await self._drop_preload(account)
             if self.locks[account].locked():
                 await session.abort()  # its task's own cleanup was cut short
             else:
                 await self._close(session, log)
+
+        # All at once: twenty browsers closed one by one (each up to its grace
+        # period on a loaded machine) outlast a service manager's stop timeout,
+        # which then kills the service and leaves the browsers running.
+        await asyncio.gather(*(end(a, s) for a, s in list(self._sessions.items())))
         self._sessions.clear()
 
     # -- internals ----------------------------------------------------------------

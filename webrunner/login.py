@@ -18,15 +18,17 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from playwright.async_api import BrowserContext, CDPSession, Page
 from playwright.async_api import Error as PlaywrightError
 
 from dispatcher.clock import Clock
-from dispatcher.errors import InputError, StateConflict
+from dispatcher.errors import InputError, NotFound, StateConflict
 from dispatcher.profiles import WebSpec
 from webrunner.browser import BrowserSession, start_browser
+from webrunner.browserrun import close_logged
 from webrunner.page import login_markers
 
 if TYPE_CHECKING:
@@ -265,6 +267,28 @@ class LoginDesk:
                 f"a login session for {account!r} is already open; finish or cancel it first"
             )
 
+    @contextlib.asynccontextmanager
+    async def hold_profile(self, account: str) -> AsyncIterator[Path]:
+        """The account's profile dir, under its lock, with its kept browser closed.
+
+        No task of the account starts while it is held (a claimed one waits).
+        """
+        runner = self._runner
+        lock = runner.keeper.locks.get(account)
+        try:
+            runner.playwright  # noqa: B018 (started: every account's lock is held)
+        except RuntimeError:
+            lock = None
+        if lock is None or account not in runner.accounts:
+            raise NotFound(f"web account {account!r} is not held by this runner")
+        async with lock:
+            session = runner.keeper.session(account)
+            if session is not None:
+                # Chromium allows one browser per profile.
+                await runner.keeper.forget(account)
+                await close_logged(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
+            yield runner.user_data_dir(account)
+
     async def open(self, account: str) -> LoginSession:
         """Launch the account's profile under its lock and start showing it."""
         spec = self._runner.spec_for(account)
@@ -283,7 +307,7 @@ class LoginDesk:
         runner = self._runner
         session: BrowserSession | None = None
         try:
-            async with runner.hold_profile(login.account) as user_data_dir:
+            async with self.hold_profile(login.account) as user_data_dir:
                 session = await start_browser(
                     runner.playwright,
                     executable=runner.browser_executable,
@@ -362,7 +386,7 @@ class LoginDesk:
         spec = self._runner.spec_for(account)
         self.busy(account)
         runner = self._runner
-        async with runner.hold_profile(account) as user_data_dir:
+        async with self.hold_profile(account) as user_data_dir:
             session = await start_browser(
                 runner.playwright,
                 executable=runner.browser_executable,

@@ -128,6 +128,9 @@ async def prestart_browser(
         ):
             return False
         keeper.reopen(account)
+        if not await runner.memory.make_room(account, log, for_task=False):
+            log.info("no browser started before the lane's first task: no room in the budget")
+            return False
         t0 = time.monotonic()
         # Known to the keeper once launched: a stop or an operator's login
         # that comes now finds it (and waits for the lock held here).

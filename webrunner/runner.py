@@ -11,12 +11,10 @@ Playwright driver (a Node process) lives as long as the runner.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from playwright.async_api import Playwright, async_playwright
@@ -37,7 +35,14 @@ from dispatcher.models import Kind, Stage, Task
 from dispatcher.profiles import Profile, WebSpec
 from dispatcher.refimages import Prepared
 from dispatcher.scheduling.lanes import web_models_by_account
-from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunnerStats, RunResult
+from dispatcher.scheduling.protocol import (
+    Interruption,
+    MemoryView,
+    RunContext,
+    Runner,
+    RunnerStats,
+    RunResult,
+)
 from dispatcher.settings import Settings
 from dispatcher.tasks.fingerprint import LocalFiles
 from webrunner import evidence
@@ -62,6 +67,7 @@ from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
 from webrunner.media import download_media
+from webrunner.memorygate import BrowserMemory
 from webrunner.page import PAGE_READY_S, PageDriver, compose_message, prime, started_on
 from webrunner.pagestep import Budget, page_step
 from webrunner.profiledirs import check_account_name, user_data_dir_for
@@ -116,6 +122,8 @@ class WebRunner(Runner):
         self._locks: dict[str, AccountLock] = {}
         # Each account's browser between tasks (also one started before its first task).
         self.keeper = BrowserKeeper(self.accounts, settings.browser_keep_alive_s, close_logged)
+        # The host's budget for the service and its browsers: every start passes it.
+        self.memory = BrowserMemory(self.keeper, settings.browser_memory_budget_mb)
         # Counters the service's metrics read (`stats`).
         self.counts: dict[str, int] = {
             "browser_launches": 0,
@@ -203,6 +211,7 @@ class WebRunner(Runner):
     def apply_settings(self, settings: Settings) -> None:
         """How long a browser stays open after a task, as a reload changed it."""
         self.keeper.keep_alive_s = settings.browser_keep_alive_s
+        self.memory.budget_bytes = settings.browser_memory_budget_mb * 1024**2
 
     def add_owner(self, account: str) -> None:
         """Take on a web account while running: lock it, make its dir; it serves at once."""
@@ -258,22 +267,6 @@ class WebRunner(Runner):
             downloads_dir_for(self.user_data_dir(account)),
             self._settings.max_download_bytes,
         )
-
-    @contextlib.asynccontextmanager
-    async def hold_profile(self, account: str) -> AsyncIterator[Path]:
-        """The account's profile dir, under its lock, with its kept browser closed.
-
-        No task of the account starts while it is held (a claimed one waits).
-        """
-        if account not in self._locks or self._playwright is None:
-            raise NotFound(f"web account {account!r} is not held by this runner")
-        async with self.keeper.locks[account]:
-            session = self.keeper.session(account)
-            if session is not None:
-                # Chromium allows one browser per profile.
-                await self.keeper.forget(account)
-                await close_logged(session, logging.getLogger(f"dispatcher.lane.web:{account}"))
-            yield self.user_data_dir(account)
 
     def running_browser(self, account: str) -> BrowserSession | None:
         """The browser a task of the account is using now, if any (to watch it)."""
@@ -348,15 +341,22 @@ class WebRunner(Runner):
                 session.pid,
                 session.process.returncode,
             )
-        session = await page_step(
-            ctx,
-            self.launch_browser(account, url, ctx.log),
-            what="starting the browser",
-            budget=Budget.after(self.clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
-            # Interrupted, it kills what it launched before it passes the
-            # interrupt on (`start_browser`): nothing is left to dispose of.
-            alive=True,
-        )
+        # Outside the start's own budget: a wait for a running browser to be
+        # handed back may take a generation's time (the task beats meanwhile).
+        await ctx.guard(self.memory.make_room(account, ctx.log), alive=True)
+        try:
+            session = await page_step(
+                ctx,
+                self.launch_browser(account, url, ctx.log),
+                what="starting the browser",
+                budget=Budget.after(self.clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
+                # Interrupted, it kills what it launched before it passes the
+                # interrupt on (`start_browser`): nothing is left to dispose of.
+                alive=True,
+            )
+        except BaseException:
+            self.memory.gone(account)  # (a start never begun holds no room either)
+            raise
         return session, False
 
     async def launch_browser(self, account: str, url: str, log: Log) -> BrowserSession:
@@ -368,22 +368,27 @@ class WebRunner(Runner):
         user_data_dir = self.user_data_dir(account)
         policy = self._policy(account, self._spec_at(account, url))
         clear_downloads(user_data_dir)
-        session = await start_browser(
-            self._playwright,
-            executable=self._executable,
-            user_data_dir=user_data_dir,
-            headless=self._settings.headless,
-            log=log,
-            # Loaded at launch, the page would run before any route is in
-            # place: with allowed hosts, the task loads it itself.
-            start_url=None if policy.allow_hosts else url,
-        )
+        try:
+            session = await start_browser(
+                self._playwright,
+                executable=self._executable,
+                user_data_dir=user_data_dir,
+                headless=self._settings.headless,
+                log=log,
+                # Loaded at launch, the page would run before any route is in
+                # place: with allowed hosts, the task loads it itself.
+                start_url=None if policy.allow_hosts else url,
+            )
+        except BaseException:
+            self.memory.gone(account)  # the room it was given is free again
+            raise
         try:
             await install_guard(session, policy)
         except BaseException:
             # Interrupted (or failed) before the keeper knows it: nobody
             # else would ever close it.
             await session.abort()
+            self.memory.gone(account)
             raise
         self.keeper.adopt(account, session)
         self.counts["browser_launches"] += 1
@@ -588,7 +593,12 @@ class WebRunner(Runner):
         await session.abort()
 
     def stats(self) -> RunnerStats:
-        return RunnerStats(counters=dict(self.counts))
+        return RunnerStats(
+            counters={**self.counts, "browsers_closed_for_memory": self.memory.closed_for_room}
+        )
+
+    async def memory_view(self) -> MemoryView | None:
+        return await self.memory.view()
 
     def on_event(self, event: Event) -> None:
         """Event-bus listener: a web account taken out of service gives its browser back."""

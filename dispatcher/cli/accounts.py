@@ -232,8 +232,13 @@ def lanes(as_json: JsonFlag = False) -> None:
     table = Table()
     # Names and ids wrap whole rather than end in "…" on a narrow terminal.
     table.add_column("lane", no_wrap=True)
-    for column in ("models", "concurrency", "state", "queued", "running"):
+    for column in ("models", "concurrency", "state", "queued", "running", "browser"):
         table.add_column(column, overflow="fold")
+    budget_mb = next(
+        (lane["browser_memory_budget_mb"] for lane in data if lane.get("browser_memory_budget_mb")),
+        None,
+    )
+    held_mb = sum(lane.get("browser_memory_mb") or 0.0 for lane in data)
     for lane in data:
         effective = lane.get("effective_concurrency", lane.get("concurrency"))
         concurrency = str(lane.get("concurrency", "-"))
@@ -252,8 +257,20 @@ def lanes(as_json: JsonFlag = False) -> None:
             state,
             str(lane["queued"]),
             ", ".join(lane["running"]) or "-",
+            _browser_text(lane),
         )
     console.print(table)
+    if budget_mb is not None:
+        console.print(
+            f"browsers: {held_mb:,.0f} MB of a {budget_mb:,.0f} MB budget for the service "
+            "and its browsers (PSS)"
+        )
+
+
+def _browser_text(lane: dict[str, Any]) -> str:
+    """A web lane's open browser, by its memory; "-" for none (or an API lane)."""
+    size = lane.get("browser_memory_mb")
+    return "-" if size is None else f"{size:,.0f} MB"
 
 
 # What a narrow terminal leaves out first (ranks as in output.fitted).

@@ -247,6 +247,16 @@ class Lane(_Answer):
     budget: LaneBudget | None = Field(
         default=None, description="the provider's daily budget, when it has one"
     )
+    browser_memory_mb: float | None = Field(
+        default=None,
+        description="a web lane: its open browser's memory (PSS of its process tree, MB); "
+        "null when none is open",
+    )
+    browser_memory_budget_mb: float | None = Field(
+        default=None,
+        description="a web lane: the memory the service and its browsers may hold on "
+        "this host (`DISPATCHER_BROWSER_MEMORY_MB`)",
+    )
     invalid: str | None = Field(
         default=None,
         description="an invalid profile file: every problem (file, key, why); "

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dispatcher.errors import NotFound
-from dispatcher.models import JSON, State, Task
+from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.scheduling.decisions import ServingLane, eta_s, overdue_s, why_waiting
+from dispatcher.scheduling.protocol import MemoryView
 
 if TYPE_CHECKING:
     from dispatcher.scheduling.scheduler import Scheduler
@@ -93,9 +94,23 @@ def _serving(scheduler: Scheduler, queue: str) -> list[ServingLane]:
     return serving
 
 
+async def memory_views(scheduler: Scheduler) -> list[MemoryView]:
+    """The runners' memory budgets and their use now (the web runner's browsers)."""
+    views = [await runner.memory_view() for runner in scheduler.runners.values()]
+    return [view for view in views if view is not None]
+
+
+def _mb(value: int) -> float:
+    return round(value / 1024**2, 1)
+
+
 async def lanes_view(scheduler: Scheduler) -> list[JSON]:
-    """Every lane: owner, models, quota, state, queue, what runs, its budget."""
+    """Every lane: owner, models, quota, state, queue, what runs, its budget;
+    a web lane also its open browser's memory and the browsers' budget."""
     queued = await scheduler.ledger.queued_counts()
+    memory = await memory_views(scheduler)
+    browsers = {owner: size for view in memory for owner, size in view.browsers.items()}
+    budget_mb = _mb(memory[0].budget_bytes) if memory else None
     view = []
     for lane in scheduler.lanes.values():
         account = scheduler.accounts.get(lane.owner)
@@ -123,4 +138,8 @@ async def lanes_view(scheduler: Scheduler) -> list[JSON]:
                 ),
             }
         )
+        if lane.kind is Kind.WEB:
+            size = browsers.get(lane.owner)
+            view[-1]["browser_memory_mb"] = None if size is None else _mb(size)
+            view[-1]["browser_memory_budget_mb"] = budget_mb
     return view

@@ -418,11 +418,29 @@ class Runner(Protocol):
         """The connection pool the owner's client was opened with, if it has one."""
         return None
 
+    async def memory_view(self) -> MemoryView | None:
+        """The runner's memory budget and its use now (the web runner's
+        browsers), measured; None for a runner without one."""
+        return None
+
 
 class HostList(Protocol):
     """The outbound allowlist as the service sees it."""
 
     def allows(self, url: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """A runner's memory budget and what holds it now (bytes, PSS)."""
+
+    budget_bytes: int
+    service_bytes: int  # the service's own processes (Python, drivers)
+    browsers: dict[str, int]  # owner -> its open browser's process tree
+
+    @property
+    def total_bytes(self) -> int:
+        return self.service_bytes + sum(self.browsers.values())
 
 
 @dataclass(frozen=True)

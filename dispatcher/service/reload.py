@@ -25,6 +25,7 @@ LIVE_SETTINGS = (
     "concurrency",
     "default_concurrency",
     "browser_keep_alive_s",
+    "browser_memory_mb",
     "cache_max_bytes",
     "cache_ttl_s",
     "budgets",

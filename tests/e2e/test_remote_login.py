@@ -286,7 +286,7 @@ async def _profile_cookie_domains(h: Harness) -> set[str]:
     """The domains of the cookies stored in the account's profile, read by a
     browser of its own on the profile (the kept one closed meanwhile)."""
     runner = runner_of(h)
-    async with runner.hold_profile(ACCOUNT) as user_data_dir:
+    async with runner.logins.hold_profile(ACCOUNT) as user_data_dir:
         session = await start_browser(
             runner.playwright, executable=runner.browser_executable, user_data_dir=user_data_dir
         )

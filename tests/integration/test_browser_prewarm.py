@@ -208,7 +208,7 @@ async def test_a_login_problem_at_start_goes_to_account_health_and_no_browser_st
 
             # The operator logs it in and switches it back on: the browser is
             # started again for it and the task runs, still on attempt 1.
-            async with runner.hold_profile("demo-1") as profile:
+            async with runner.logins.hold_profile("demo-1") as profile:
                 assert await demo_login(
                     browser, profile, f"{site}/chat", playwright=runner.playwright
                 )
