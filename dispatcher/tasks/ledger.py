@@ -55,6 +55,8 @@ from dispatcher.tasks.spec import TaskSpec
 log = logging.getLogger("dispatcher.tasks")
 
 MAX_JOB_TASKS = 10_000
+# A job-wide cancel or retry gives the event loop a turn after this many tasks.
+JOB_WRITES_PER_TURN = 20
 
 
 @dataclass(frozen=True)
@@ -495,7 +497,10 @@ class Ledger(TaskReads):
     # -- operator actions ------------------------------------------------------
     async def request_cancel(self, task_id: str) -> Task:
         """Pending tasks cancel at once; running ones are flagged for their runner."""
-        task = await self.get(task_id)
+        return await self._cancel(await self.get(task_id))
+
+    async def _cancel(self, task: Task) -> Task:
+        task_id = task.id
         states.check_cancel(task.state)
         if task.state is State.PENDING:
             updated = await self._write(
@@ -541,9 +546,14 @@ class Ledger(TaskReads):
     async def cancel_job(self, job_id: str) -> list[Task]:
         job = await self.get_job(job_id)
         changed = []
-        for task in await self.store.job_tasks(job.id):
+        for n, task in enumerate(await self.store.job_tasks(job.id), 1):
             if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
-                changed.append(await self.request_cancel(task.id))
+                changed.append(await self._cancel(task))
+            if n % JOB_WRITES_PER_TURN == 0:
+                # SQLite writes run on the loop's thread: a 10,000-task job
+                # cancelled in one go held the loop for seconds, long enough
+                # for the running attempts' heartbeats to go stale.
+                await asyncio.sleep(0)
         return changed
 
     async def retry_job(self, job_id: str) -> list[Task]:
@@ -558,7 +568,12 @@ class Ledger(TaskReads):
             raise StateConflict(
                 f"job {job.id} has no failed task to retry ({held}); only failed tasks are retried"
             )
-        return [await self.retry(task.id) for task in failed]
+        retried = []
+        for n, task in enumerate(failed, 1):
+            retried.append(await self.retry(task.id))
+            if n % JOB_WRITES_PER_TURN == 0:
+                await asyncio.sleep(0)
+        return retried
 
 
 def _fence(task: Task) -> Fence | None:
