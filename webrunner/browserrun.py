@@ -9,7 +9,7 @@ from playwright.async_api import Page
 
 from dispatcher.errors import RunError
 from dispatcher.profiles import WebSpec
-from dispatcher.scheduling.protocol import RunResult
+from dispatcher.scheduling.protocol import ResultFile, RunResult
 from dispatcher.tasks.artifacts import Retention
 from webrunner import evidence
 from webrunner.browser import BrowserSession, Log
@@ -28,6 +28,40 @@ class BrowserRun:
     page: Page | None = None  # the tab `driver` is being made for
     tracing: bool = False
     kept: bool = False  # handed to the keeper for the account's next task
+
+
+def run_result(
+    run: BrowserRun,
+    text: str | None,
+    files: list[ResultFile],
+    marks: tuple[float, float, float, float],
+) -> RunResult:
+    """An answered attempt's result; `marks` are when it began, had its page
+    ready, had sent the prompt and saw the answer finished (monotonic s)."""
+    session = run.session
+    assert session is not None
+    began, ready, submitted, answered = marks
+    timings = {
+        **({} if run.reused else session.timings_ms),
+        "ready": (ready - began) * 1000,
+        # Typing and sending, part of `generation` (which runs until the
+        # answer was seen finished).
+        "submit": (submitted - ready) * 1000,
+        "generation": (answered - ready) * 1000,
+    }
+    return RunResult(
+        text=text,
+        files=files,
+        meta={
+            "account": run.account,
+            "browser_pid": session.pid,
+            "browser_reused": run.reused,
+            "timings_ms": {k: round(v, 1) for k, v in timings.items()},
+            "selfcheck": None
+            if run.reused or session.selfcheck.clean
+            else session.selfcheck.to_json(),
+        },
+    )
 
 
 def add_close_timings(result: RunResult, run: BrowserRun) -> None:

@@ -54,6 +54,7 @@ from webrunner.browserrun import (
     close_logged,
     keep_evidence,
     login_look,
+    run_result,
 )
 from webrunner.fields import set_fields
 from webrunner.guard import (
@@ -498,29 +499,9 @@ class WebRunner(Runner):
             allowlist=self.allowlist,
             max_bytes=spec.max_download_bytes or self._settings.max_download_bytes,
         )
+        result = run_result(run, text, files, (t0, t_ready, t_submitted, t_answer))
         session = run.session
         assert session is not None
-        timings = {
-            **({} if run.reused else session.timings_ms),
-            "ready": (t_ready - t0) * 1000,
-            # Typing and sending, part of `generation` (which runs until the
-            # answer was seen finished).
-            "submit": (t_submitted - t_ready) * 1000,
-            "generation": (t_answer - t_ready) * 1000,
-        }
-        result = RunResult(
-            text=text,
-            files=files,
-            meta={
-                "account": run.account,
-                "browser_pid": session.pid,
-                "browser_reused": run.reused,
-                "timings_ms": {k: round(v, 1) for k, v in timings.items()},
-                "selfcheck": None
-                if run.reused or session.selfcheck.clean
-                else session.selfcheck.to_json(),
-            },
-        )
         if run.tracing:
             await evidence.drop_trace(session.context)
         run.kept = self.keeper.keep(
