@@ -21,7 +21,8 @@ from dispatcher import strictjson
 from dispatcher.errors import InputError
 from dispatcher.models import JSON, Task
 from dispatcher.pricing import day_start
-from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.scheduling.allowances import clock_text, last_reset, next_reset
+from dispatcher.tasks.planning import AllowanceLeft, BudgetLeft, ModelLoad, plan_batch
 from dispatcher.tasks.spec import parse_plan
 
 if TYPE_CHECKING:
@@ -50,8 +51,32 @@ async def plan_answer(service: Service, raw: object) -> JSON:
         for provider, limit in scheduler.budgets.limits.items():
             spent = await service.store.spent_since(provider, day_start(now))
             budgets[provider] = BudgetLeft(provider, limit, spent)
-    plan = plan_batch(loads, budgets, now=now, max_cost_usd=max_cost_usd, deadline=deadline)
+    plan = plan_batch(
+        loads,
+        budgets,
+        now=now,
+        max_cost_usd=max_cost_usd,
+        deadline=deadline,
+        allowances=await _allowances(service, now),
+    )
     return plan.to_json()
+
+
+async def _allowances(service: Service, now: float) -> dict[str, AllowanceLeft]:
+    """Each web account's allowance and what it started since its last reset."""
+    book = service.scheduler.allowances
+    found = {}
+    for account, allowance in (book.limits if book is not None else {}).items():
+        since = last_reset(now, allowance.reset_minute)
+        used = await service.store.generations_since(account, since)
+        found[account] = AllowanceLeft(
+            account,
+            allowance.limit,
+            used,
+            next_reset(now, allowance.reset_minute),
+            clock_text(allowance.reset_minute),
+        )
+    return found
 
 
 async def _load(

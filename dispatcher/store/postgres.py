@@ -40,6 +40,7 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     COST_BY_PROVIDER,
+    GENERATIONS,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     LATE_SQL,
@@ -286,15 +287,18 @@ class PostgresStore(PostgresHostOps):
         quota: Quota | None = None,
         budget: Budget | None = None,
         aging_step_s: float = AGING_STEP_S,
+        prefer: Sequence[str] = (),
+        ranked: bool | None = None,
+        fallbacks: bool | None = None,
     ) -> Task | None:
         if not queues:
             return None
         # Plain FIFO (the queue index's order) unless a pending task of the
         # queues has a priority or a deadline: a sort of the whole queue then.
-        ranked_q = ranked_query(POSTGRESQL, queues)
-        ranked = bool(await self._query(ranked_q.sql, ranked_q.args, marked=True))
-        fallbacks_q = fallbacks_query(POSTGRESQL)
-        fallbacks = bool(await self._query(fallbacks_q.sql, marked=True))
+        if ranked is None:
+            ranked = await self.ranked_waiting(queues)
+        if fallbacks is None:
+            fallbacks = await self.fallbacks_waiting()
         claim = task_claim(
             POSTGRESQL,
             queues,
@@ -305,6 +309,7 @@ class PostgresStore(PostgresHostOps):
             budget=budget,
             ranked=ranked,
             fallbacks=fallbacks,
+            prefer=prefer,
             aging_step_s=aging_step_s,
         )
         if quota is None and budget is None:
@@ -482,6 +487,18 @@ class PostgresStore(PostgresHostOps):
     async def spent_since(self, provider: str, since: float) -> float:
         rows = await self._query(SPENT, (provider, since))
         return float(next(iter(rows[0].values())) or 0.0)
+
+    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
+        found = ranked_query(POSTGRESQL, queues)
+        return bool(queues) and bool(await self._query(found.sql, found.args, marked=True))
+
+    async def fallbacks_waiting(self) -> bool:
+        found = fallbacks_query(POSTGRESQL)
+        return bool(await self._query(found.sql, found.args, marked=True))
+
+    async def generations_since(self, owner: str, since: float) -> int:
+        rows = await self._query(GENERATIONS, (owner, since, owner, since))
+        return int(next(iter(rows[0].values())) or 0)
 
     async def cost_by_provider(self) -> dict[str, float]:
         rows = await self._query(COST_BY_PROVIDER)

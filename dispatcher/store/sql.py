@@ -80,6 +80,14 @@ SPENT = """SELECT COALESCE(SUM(COALESCE(b.cost, b.cost_estimate, 0)), 0) FROM ta
     WHERE b.owner = ? AND b.started_at >= ? AND (b.state = 'running' OR b.cost IS NOT NULL)"""
 BUDGET = f" AND COALESCE(c.cost_estimate, 0) + ({SPENT}) <= ? + 1e-9"
 
+# A web account's generations since its allowance's reset (args: owner, since,
+# owner, since): the attempts it started that ended, except those put back
+# uncharged (a usage cap met, a login wall: error kind 'requeued'), plus the
+# one it runs now. Both by index (`attempts_owner`, `tasks_spend`).
+GENERATIONS = """SELECT (SELECT COUNT(*) FROM attempts WHERE owner = ? AND started_at >= ?
+        AND (error_kind IS NULL OR error_kind <> 'requeued'))
+    + (SELECT COUNT(*) FROM tasks WHERE owner = ? AND started_at >= ? AND state = 'running')"""
+
 
 def cheapest_ready_sql(queue_count: int) -> str:
     """The smallest estimated cost among the queues' ready pending tasks (args:
@@ -166,13 +174,17 @@ def claim_sql(
     aging: str = AGING_SQLITE,
     ranked: bool = True,
     fallbacks: bool = False,
+    prefer: int = 0,
+    position: str = "instr",
 ) -> str:
     """Find and take the first ready pending task of the queues in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
     `aging` is the dialect's whole aging steps waited (`AGING_SQLITE`, `AGING_POSTGRES`).
-    Args: values, queues, [fallback patterns], now, [fence], [quota], [budget], [now, aging step].
+    Args: values, queues, [fallback patterns, [deferred_args]], now, [fence],
+    [quota], [budget], [now, aging step]. With `fallbacks`, `prefer` queues
+    are left their fallback tasks (`_deferred`).
     Without `ranked` (no pending task of the queues has a priority or a
     deadline: `ranked_sql`) the order is plain FIFO, which the queue index
     serves without sorting the whole queue.
@@ -185,12 +197,38 @@ def claim_sql(
         # Also the tasks waiting in these queues as a fallback (args: one
         # `like_pattern("|queue|")` per queue, after the queues).
         alts = " OR ".join("c.alt_queues LIKE ? ESCAPE '\\'" for _ in range(queue_count))
-        where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts})))"
+        defer = _deferred(queue_count, prefer, position) if prefer else ""
+        where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts}){defer}))"
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' AND seq = ("
         f"SELECT c.seq FROM tasks AS c WHERE c.state = 'pending' AND {where} "
         f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}) RETURNING {COLUMNS}"
     )
+
+
+def _deferred(queue_count: int, prefer: int, position: str) -> str:
+    """What a lane leaves to the free lanes of a task's earlier choices (issue
+    30): a fallback whose first choice is a `prefer` queue, or that lists a
+    `prefer` queue before every one of the claiming lane's queues it lists.
+    Args, after the LIKE patterns: the prefer queues; then per prefer queue
+    its "|queue|" and, per lane queue, that queue's, the prefer one's and
+    that queue's again. `position` is the dialect's substring position
+    (SQLite `instr`, PostgreSQL `strpos`: 0 when absent, else 1-based)."""
+    marks = ", ".join("?" for _ in range(prefer))
+    at = f"{position}(c.alt_queues, ?)"
+    before_all = " AND ".join(f"({at} = 0 OR {at} < {at})" for _ in range(queue_count))
+    earlier = " OR ".join(f"({at} > 0 AND {before_all})" for _ in range(prefer))
+    return f" AND c.queue NOT IN ({marks}) AND NOT ({earlier})"
+
+
+def deferred_args(queues: Sequence[str], prefer: Sequence[str]) -> list[str]:
+    """The arguments of `_deferred`, in its order."""
+    args = list(prefer)
+    for early in prefer:
+        args.append(f"|{early}|")
+        for queue in queues:
+            args += [f"|{queue}|", f"|{early}|", f"|{queue}|"]
+    return args
 
 
 def update_sql(

@@ -23,6 +23,7 @@ from dispatcher.store.sql import (
     AGING_SQLITE,
     FALLBACKS_WAITING,
     claim_sql,
+    deferred_args,
     like_pattern,
     pg_marks,
     ranked_sql,
@@ -42,12 +43,14 @@ class Dialect:
     # How a query names the partial index it must use: SQLite, without
     # statistics, would scan the whole queue; PostgreSQL's planner picks it.
     use_index: Callable[[str], str]
+    # The position of a substring, 0 when absent (the fallbacks' order).
+    position: str = "instr"
 
 
 SQLITE = Dialect("sqlite", lambda sql: sql, "", AGING_SQLITE, lambda index: f"INDEXED BY {index}")
 # Hosts claiming at once pass over each other's rows, never take the same one.
 POSTGRESQL = Dialect(
-    "postgresql", pg_marks, "FOR UPDATE SKIP LOCKED", AGING_POSTGRES, lambda index: ""
+    "postgresql", pg_marks, "FOR UPDATE SKIP LOCKED", AGING_POSTGRES, lambda index: "", "strpos"
 )
 
 
@@ -126,11 +129,13 @@ def task_claim(
     budget: Budget | None = None,
     ranked: bool = False,
     fallbacks: bool = False,
+    prefer: Sequence[str] = (),
     aging_step_s: float = AGING_STEP_S,
 ) -> Statement:
     """The claim of the first ready pending task of `queues` (not empty), in
     queue order (`ranked`: priority aged, deadline, FIFO; else FIFO), also
-    among tasks waiting there as a fallback when `fallbacks`."""
+    among tasks waiting there as a fallback when `fallbacks`, except those
+    left to a free lane of an earlier choice (`prefer`: its queues)."""
     columns = encode_changes({**changes, "state": State.RUNNING})
     sql = claim_sql(
         len(queues),
@@ -142,8 +147,12 @@ def task_claim(
         aging=dialect.aging,
         ranked=ranked,
         fallbacks=fallbacks,
+        prefer=len(prefer) if fallbacks else 0,
+        position=dialect.position,
     )
     alts = [like_pattern(f"|{queue}|") for queue in queues] if fallbacks else []
+    if fallbacks and prefer:
+        alts += deferred_args(queues, prefer)
     args: list[Any] = [*columns.values(), *queues, *alts, now]
     if fence is not None:
         args += [fence.account, fence.token]
