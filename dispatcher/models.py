@@ -56,6 +56,19 @@ class TaskError:
         return {"kind": self.kind, "message": self.message}
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A model a fallback task named before the one that ran it, passed over:
+    its lanes were out of budget, out of allowance, needed attention, were
+    unreachable or busy (`reason` says which, lane by lane)."""
+
+    model: str
+    reason: str
+
+    def to_json(self) -> JSON:
+        return {"model": self.model, "reason": self.reason}
+
+
 @dataclass
 class Task:
     """One generation for one model; one row in the results table."""
@@ -105,6 +118,8 @@ class Task:
     # Fallbacks: the queues of the equivalent models it also waits in; the
     # lane that takes it first makes it its model's task.
     alt_queues: tuple[str, ...] = ()
+    # The models a fallback passed over before the one that took it, and why.
+    skipped: tuple[Skipped, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -144,6 +159,7 @@ class Task:
             "deadline": self.deadline,
             "deadline_action": self.deadline_action,
             "fallbacks": [queue.split(":", 1)[1] for queue in self.alt_queues],
+            "skipped": [skip.to_json() for skip in self.skipped],
             # Unfinished tasks past their deadline are flagged where the clock
             # is known (`late_at`, the task's live info).
             "late": self.late_at(self.finished_at) if self.finished_at is not None else False,

@@ -59,6 +59,7 @@ DEFAULT_FINGERPRINT_FIELDS = (
 # ``${NAME}``, or ``${NAME:-default}`` (used when NAME is set nowhere: the
 # vendor catalog's real base URLs, which a test or a stand-in replaces).
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_RESET = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
 _HOST_ENTRY = re.compile(r"(\*\.)?[A-Za-z0-9_.-]{1,253}(:[0-9]{1,5})?")
 
 
@@ -121,6 +122,17 @@ class WebSpec(_Strict):
     # Files a page starts downloading: denied unless true; then saved in the
     # state dir, cancelled and removed past max_download_bytes.
     downloads: bool = False
+    # The account's allowance (issue 30): generations per account per day,
+    # counted from `daily_reset` ("HH:MM" UTC); the scheduler gives a used-up
+    # account no task until then. None: no allowance stated.
+    daily_limit: int | None = Field(default=None, ge=1)
+    daily_reset: str = "00:00"
+
+    @property
+    def reset_minute(self) -> int:
+        """`daily_reset` as minutes after 00:00 UTC."""
+        hours, minutes = self.daily_reset.split(":")
+        return int(hours) * 60 + int(minutes)
 
     @model_validator(mode="after")
     def _one_way_to_submit(self) -> WebSpec:
@@ -132,6 +144,10 @@ class WebSpec(_Strict):
                     f"allow_hosts entry {host!r} is not a host, host:port or *.domain "
                     "(no scheme, no path)"
                 )
+        if not _RESET.fullmatch(self.daily_reset):
+            raise ValueError(
+                f"daily_reset {self.daily_reset!r} is not a UTC time HH:MM (e.g. 00:00, 07:30)"
+            )
         for name in self.fields:
             if name == "prompt" or name in ("reference_image", "reference_images"):
                 raise ValueError(f"fields: {name!r} is not a field (it goes to `input`/`upload`)")

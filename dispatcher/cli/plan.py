@@ -123,6 +123,11 @@ def show_plan(plan: dict[str, Any]) -> None:
             f"makespan ~{fmt_seconds(total['makespan_s'])}, lower bound "
             f"{fmt_seconds(total['lower_bound_s'])} set by {escape(total['bound'])}"
         )
+    for row in plan["models"]:
+        if row.get("per_day") is not None:
+            console.print(
+                f"{escape(row['model'])}: at most {row['per_day']} a day (its accounts' allowances)"
+            )
     for stop in plan["stops"]:
         console.print(f"[yellow]{escape(stop)}[/]")
     for refusal in plan["refusals"]:

@@ -212,6 +212,9 @@ def _task_table(task: dict[str, Any]) -> Table:
         ("stage", task.get("stage") or "-"),
         ("attempt", f"{task['attempt']}/{task['max_attempts']}"),
     ]
+    # A fallback's models passed over before the one that ran it (issue 30).
+    for skip in task.get("skipped") or []:
+        rows.append(("skipped", f"{skip['model']}: {skip['reason']}"))
     if task["state"] == "pending":
         rows.append(("ahead", str(task.get("ahead", 0))))
     if task["state"] == "pending" and task.get("waiting"):

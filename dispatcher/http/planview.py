@@ -23,8 +23,9 @@ from dispatcher import strictjson
 from dispatcher.errors import InputError
 from dispatcher.models import JSON, Task
 from dispatcher.pricing import day_start
+from dispatcher.scheduling.allowances import clock_text, last_reset, next_reset
 from dispatcher.tasks.makespan import LaneSlots
-from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.tasks.planning import AllowanceLeft, BudgetLeft, ModelLoad, plan_batch
 from dispatcher.tasks.spec import parse_plan
 
 if TYPE_CHECKING:
@@ -73,8 +74,26 @@ async def plan_answer(service: Service, raw: object) -> JSON:
         deadline=deadline,
         lanes=lanes,
         order=order,
+        allowances=await _allowances(service, now),
     )
     return plan.to_json()
+
+
+async def _allowances(service: Service, now: float) -> dict[str, AllowanceLeft]:
+    """Each web account's allowance and what it started since its last reset."""
+    book = service.scheduler.allowances
+    found = {}
+    for account, allowance in (book.limits if book is not None else {}).items():
+        since = last_reset(now, allowance.reset_minute)
+        used = await service.store.generations_since(account, since)
+        found[account] = AllowanceLeft(
+            account,
+            allowance.limit,
+            used,
+            next_reset(now, allowance.reset_minute),
+            clock_text(allowance.reset_minute),
+        )
+    return found
 
 
 async def _load(

@@ -114,16 +114,6 @@ class BudgetBook:
             return None
         return found
 
-    def waiting(self, owners: Iterable[str], now: float) -> str | None:
-        """Why a task whose every lane's provider has reached its budget waits."""
-        owners = list(owners)
-        reasons = [self.reached(owner, now) for owner in owners]
-        if not owners or any(r is None for r in reasons):
-            return None
-        return "; ".join(
-            r.reason(owner) for owner, r in zip(owners, reasons, strict=True) if r is not None
-        )
-
     async def view(self, owner: str, now: float) -> dict[str, object] | None:
         """The provider's budget for a lanes answer; None when it has none."""
         limit = self.limits.get(owner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dispatcher.accounts.health import AccountState
 from dispatcher.errors import NotFound
 from dispatcher.models import JSON, Kind, State, Task
 from dispatcher.scheduling.decisions import ServingLane, eta_s, overdue_s, why_waiting
@@ -41,13 +42,8 @@ async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
         queues = (task.queue, *task.alt_queues)
         serving = [lane for queue in queues for lane in _serving(scheduler, queue)]
         waiting = why_waiting(serving, others_serving=others)
-        if waiting is None and scheduler.budgets is not None:
-            owners = [
-                lane.owner
-                for lane in scheduler.lanes.values()
-                if any(queue in lane.queues for queue in queues)
-            ]
-            waiting = scheduler.budgets.waiting(owners, scheduler.clock.now())
+        if waiting is None:
+            waiting = _held_for_the_day(scheduler, queues)
         if waiting is not None:
             info["eta_s"] = None
             info["waiting"] = waiting
@@ -78,6 +74,39 @@ async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
                 info["eta_s"] = remote_eta_s
                 info["overdue_s"] = None
     return info
+
+
+def _held_for_the_day(scheduler: Scheduler, queues: tuple[str, ...]) -> str | None:
+    """Why a task waits whose every lane has used its allowance or reached its
+    budget for the day (or is switched off or needs attention); None while
+    one lane may still take it."""
+    now = scheduler.clock.now()
+    reasons = []
+    for lane in scheduler.lanes.values():
+        if not any(queue in lane.queues for queue in queues):
+            continue
+        used = scheduler.allowances.said(lane.owner, now) if scheduler.allowances else None
+        reached = scheduler.budgets.reached(lane.owner, now) if scheduler.budgets else None
+        if used is not None:
+            reasons.append(f"{lane.name}: {used.reason()}")
+        elif reached is not None:
+            reasons.append(reached.reason(lane.owner))
+        elif (closed := _closed(scheduler, lane.owner)) is not None:
+            reasons.append(f"{lane.name} {closed}")
+        else:
+            return None
+    return "; ".join(reasons) or None
+
+
+def _closed(scheduler: Scheduler, owner: str) -> str | None:
+    """'is disabled' or 'needs attention': what only an operator ends."""
+    try:
+        state = scheduler.accounts.state(owner).state
+    except NotFound:
+        return "is removed"
+    if state is AccountState.DISABLED:
+        return "is disabled"
+    return "needs attention" if state is AccountState.NEEDS_ATTENTION else None
 
 
 def _serving(scheduler: Scheduler, queue: str) -> list[ServingLane]:
@@ -115,6 +144,22 @@ async def lanes_view(scheduler: Scheduler) -> list[JSON]:
     for lane in scheduler.lanes.values():
         account = scheduler.accounts.get(lane.owner)
         state = scheduler.accounts.state(lane.owner)
+        now = scheduler.clock.now()
+        allowance = (
+            await scheduler.allowances.view(lane.owner, now) if scheduler.allowances else None
+        )
+        shown: dict[str, object] = {
+            "state": state.state.value,
+            "until": state.until,
+            "reason": state.reason or account.reason,
+        }
+        if state.open and allowance is not None and allowance["reached"]:
+            # Switched on and well, but its generations for the day are used.
+            shown = {
+                "state": "allowance_used",
+                "until": allowance["until"],
+                "reason": allowance["reason"],
+            }
         view.append(
             {
                 "name": lane.name,
@@ -125,10 +170,8 @@ async def lanes_view(scheduler: Scheduler) -> list[JSON]:
                 "effective_concurrency": scheduler.lane_concurrency(lane),
                 "enabled": account.enabled,
                 "needs_attention": account.needs_attention,
-                "state": state.state.value,
-                "until": state.until,
+                **shown,
                 "since": state.since,
-                "reason": state.reason or account.reason,
                 "queued": sum(queued.get(queue, 0) for queue in lane.queues),
                 "running": scheduler.lane_tasks(lane.name),
                 "budget": (
@@ -136,6 +179,7 @@ async def lanes_view(scheduler: Scheduler) -> list[JSON]:
                     if scheduler.budgets is not None
                     else None
                 ),
+                "allowance": allowance,
             }
         )
         if lane.kind is Kind.WEB:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,10 +28,11 @@ from dispatcher.errors import (
     TransientError,
 )
 from dispatcher.events import AccountChanged, Event, TaskChanged
-from dispatcher.models import JSON, Kind, Stage, State, Task, TaskError
-from dispatcher.pricing import is_late
+from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
+from dispatcher.scheduling.allowances import AllowanceBook
 from dispatcher.scheduling.budgets import BudgetBook
+from dispatcher.scheduling.claimed import ready_to_start
 from dispatcher.scheduling.decisions import (
     HEARTBEAT_INTERVAL_S,
     STALE_AFTER_S,
@@ -40,6 +40,7 @@ from dispatcher.scheduling.decisions import (
     free_slots,
     plan_reclaims,
 )
+from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.laneviews import lanes_view, task_progress
 from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
@@ -54,7 +55,6 @@ from dispatcher.scheduling.running import (
 )
 from dispatcher.scheduling.runtimes import RunHistory
 from dispatcher.store.hosts import Fence, Quota
-from dispatcher.tasks.fingerprint import fingerprint
 from dispatcher.tasks.ledger import Ledger
 from dispatcher.tasks.lines import lane_prefix, log_fields
 
@@ -88,6 +88,7 @@ class Scheduler:
         claim_guard: ClaimGuard | None = None,
         shared_queues: bool = False,
         budgets: BudgetBook | None = None,
+        allowances: AllowanceBook | None = None,
     ) -> None:
         self.ledger = ledger
         self.clock = clock
@@ -121,6 +122,8 @@ class Scheduler:
         self.shared_queues = shared_queues
         # Providers' daily budgets (issue 30): checked in the claim; said here.
         self.budgets = budgets
+        # Web accounts' daily allowances (issue 30): checked before a claim.
+        self.allowances = allowances
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # Handlers only call the ledger; what it announces tells us what to do.
@@ -206,13 +209,20 @@ class Scheduler:
         if self._stopping:
             return
         await self.accounts.refresh()
-        for lane in self.lanes.values():
-            await self._fill(lane)
+        lanes = list(self.lanes.values())
+        if len(lanes) > 1 and await self.ledger.fallbacks_waiting():
+            await fill_preferring(self, lanes)
+        else:
+            for lane in lanes:
+                await self.fill(lane)
         self._wake_at_cooldown_end()
 
     def _wake_at_cooldown_end(self) -> None:
         """A cooling-down account opens by itself: a round is due at that instant."""
-        opening = self.accounts.next_opening()
+        openings = [self.accounts.next_opening()]
+        if self.allowances is not None:
+            openings.append(self.allowances.next_opening())  # a used-up account's reset
+        opening = min((at for at in openings if at is not None), default=None)
         if self._cooldown_timer is not None:
             self._cooldown_timer.cancel()
             self._cooldown_timer = None
@@ -226,7 +236,7 @@ class Scheduler:
             return lane.concurrency
         return max(1, min(lane.concurrency, self.effective_concurrency(lane)))
 
-    async def _fill(self, lane: LaneSpec) -> None:
+    async def fill(self, lane: LaneSpec, prefer: tuple[str, ...] = ()) -> None:
         """Claim and start the lane's oldest ready tasks, one per free slot."""
         current = self.lanes.get(lane.name)
         if current is None:
@@ -240,16 +250,24 @@ class Scheduler:
         if lock is None:
             lock = self._filling[lane.name] = asyncio.Lock()
         async with lock:
-            await self._fill_slots(lane)
+            await self._fill_slots(lane, prefer)
 
-    async def _fill_slots(self, lane: LaneSpec) -> None:
-        snapshot = LaneSnapshot(
+    def snapshot(self, lane: LaneSpec) -> LaneSnapshot:
+        return LaneSnapshot(
             name=lane.name,
             concurrency=self.lane_concurrency(lane),
             enabled=self.accounts.is_open(lane.owner),
-            running=len(self._lane_running[lane.name]),
+            running=len(self._lane_running.get(lane.name, ())),
         )
+
+    async def _fill_slots(self, lane: LaneSpec, prefer: tuple[str, ...]) -> None:
+        snapshot = self.snapshot(lane)
         slots = free_slots(snapshot)
+        # An allowance is counted in the store since the account's reset:
+        # serial per account (one slot, and across hosts one lease holder).
+        allowances = self.allowances
+        if slots and allowances and await allowances.used_up(lane.owner, self.clock.now()):
+            slots = 0
         fence, quota = (
             self.claim_guard(lane, snapshot.concurrency)
             if slots and self.claim_guard is not None
@@ -258,48 +276,15 @@ class Scheduler:
         budget = self.budgets.guard(lane.owner, self.clock.now()) if self.budgets else None
         for _ in range(slots):
             task = await self.ledger.claim(
-                lane.queues, lane.owner, fence=fence, quota=quota, budget=budget
+                lane.queues, lane.owner, fence=fence, quota=quota, budget=budget, prefer=prefer
             )
             if budget is not None and self.budgets is not None:
                 await self.budgets.after_claim(lane, task, self.clock.now())
             if task is None:
                 break
-            if task.queue not in lane.queues:
-                task = await self._fallback(task, lane)
-                if task is None:
-                    continue
-            if await self._too_late(task):
-                continue
-            if task.model not in self.profiles:
-                # A provider's lane outlived one of its models (removed by a
-                # reload): the task waits a while, without holding up the rest.
-                await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
-                continue
-            self._start(task, lane)
-
-    async def _fallback(self, task: Task, lane: LaneSpec) -> Task | None:
-        """A task this lane took from its fallback queues: now the task of the
-        lane's model it named (fingerprint recomputed for that model)."""
-        model = next(q.split(":", 1)[1] for q in task.alt_queues if q in lane.queues)
-        profile = self.profiles.get(model)
-        if profile is None:
-            await self.ledger.hold_unloaded(task, self.clock.scaled(self.ledger.retry_delay_s))
-            return None
-        fields = profile.fingerprint_fields
-        return await self.ledger.take_as(task, profile, fingerprint(model, task.params, fields))
-
-    async def _too_late(self, task: Task) -> bool:
-        """A task asked to be canceled rather than run late, whose turn came
-        too late to finish by its deadline (at its usual run time): canceled."""
-        if task.deadline is None or task.deadline_action != "cancel":
-            return False
-        durations = await self.recent_durations(task.model)
-        typical_s = statistics.median(durations) if durations else 0.0
-        if not is_late(deadline=task.deadline, now=self.clock.now(), expected_run_s=typical_s):
-            return False
-        why = f"its turn came too late to finish by its deadline (runs take ~{typical_s:.0f} s)"
-        await self.ledger.mark_canceled(task, error=TaskError(kind="deadline", message=why))
-        return True
+            ready = await ready_to_start(self, task, lane)
+            if ready is not None:
+                self._start(ready, lane)
 
     async def _reclaim_stale(self) -> None:
         now = self.clock.now()
@@ -452,7 +437,7 @@ class Scheduler:
         if self._stopping:
             return
         try:
-            await self._fill(lane)
+            await self.fill(lane)
         except Exception:
             log.exception(
                 "%s: starting the next task failed; the next round retries",

@@ -39,6 +39,7 @@ from dispatcher.metrics import LoopLagProbe, Metrics, live_numbers
 from dispatcher.models import JSON, Kind, State
 from dispatcher.notify.webhooks import Webhooks
 from dispatcher.profiles import ProfileProblem, read_profiles
+from dispatcher.scheduling.allowances import AllowanceBook, allowances
 from dispatcher.scheduling.budgets import BudgetBook, budget_limits
 from dispatcher.scheduling.decisions import EXPIRE_AFTER_S
 from dispatcher.scheduling.lanes import LaneSpec, build_lanes, with_added_accounts
@@ -319,6 +320,9 @@ class Service:
                 self.store,
                 events=self.events,
             ),
+            allowances=AllowanceBook(
+                allowances(self.profiles.values()), self.store.generations_since
+            ),
         )
         if web is not None:
             self.prewarm = BrowserPrewarm(
@@ -524,6 +528,8 @@ class Service:
                 self.scheduler.budgets.limits = budget_limits(
                     plan.profiles.values(), self.settings.budgets
                 )
+            if self.scheduler.allowances is not None:  # web profiles' daily_limit
+                self.scheduler.allowances.replace(allowances(plan.profiles.values()))
             await self._relane()
             await self.check_api_keys()
         for problem in found.problems:

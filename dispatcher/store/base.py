@@ -99,6 +99,9 @@ class Store(Protocol):
         quota: Quota | None = None,
         budget: Budget | None = None,
         aging_step_s: float = AGING_STEP_S,
+        prefer: Sequence[str] = (),
+        ranked: bool | None = None,
+        fallbacks: bool | None = None,
     ) -> Task | None:
         """First pending task of these queues whose `not_before` has passed, in
         queue order (`pricing.order_key`: priority aged by `aging_step_s`, then
@@ -107,7 +110,11 @@ class Store(Protocol):
         same task). With `fence`, only while that lease holds; with `quota`,
         only while fewer than `quota.limit` tasks bound to `quota.owner` run
         on all hosts together; with `budget`, only a task whose estimated cost
-        keeps the provider's spend since `budget.since` within its limit."""
+        keeps the provider's spend since `budget.since` within its limit.
+        A fallback task (waiting here as a later choice) is left to the lanes
+        of `prefer` queues when it names one of them earlier
+        (`scheduling.fallbacks`). `ranked` / `fallbacks`: what the caller knows
+        (`ranked_waiting`, `fallbacks_waiting`); None: asked here."""
 
     async def tasks_in_state(
         self, state: State, limit: int | None = None, *, host: str | None = None
@@ -183,6 +190,16 @@ class Store(Protocol):
     async def spent_since(self, provider: str, since: float) -> float:
         """Dollars the provider's tasks started since then cost (finished) or
         reserve (running, their estimate): what its daily budget counts."""
+
+    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
+        """Whether a pending task of the queues has a priority or a deadline."""
+
+    async def fallbacks_waiting(self) -> bool:
+        """Whether any pending task waits with fallback queues (`alt_queues`)."""
+
+    async def generations_since(self, owner: str, since: float) -> int:
+        """Attempts the lane owner started since then, the running one included,
+        except those put back without being charged: a web account's allowance."""
 
     async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
         """The smallest estimated cost of the groups' ready pending tasks; None: none ready."""

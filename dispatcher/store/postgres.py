@@ -42,6 +42,7 @@ from dispatcher.store.sql import (
     ACCOUNT_UPSERT,
     ACCOUNTS,
     COST_BY_PROVIDER,
+    GENERATIONS,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     LATE_SQL,
@@ -324,12 +325,16 @@ class PostgresStore(PostgresHostOps):
         quota: Quota | None = None,
         budget: Budget | None = None,
         aging_step_s: float = AGING_STEP_S,
+        prefer: Sequence[str] = (),
+        ranked: bool | None = None,
+        fallbacks: bool | None = None,
     ) -> Task | None:
         if not queues:
             return None
         # Plain FIFO (the queue index's order) unless a pending task of the
         # queues has a priority or a deadline (a sort of the whole queue
-        # then), also among fallbacks when some wait: the statement looks.
+        # then), also among fallbacks when some wait: the statement looks
+        # (`ranked` and `fallbacks`, SQLite's hints, are not needed here).
         claim = task_claim_gated(
             queues,
             now,
@@ -337,6 +342,7 @@ class PostgresStore(PostgresHostOps):
             fence=fence,
             quota=quota,
             budget=budget,
+            prefer=prefer,
             aging_step_s=aging_step_s,
         )
         if quota is None and budget is None:
@@ -533,6 +539,18 @@ class PostgresStore(PostgresHostOps):
     async def spent_since(self, provider: str, since: float) -> float:
         rows = await self._query(SPENT, (provider, since))
         return float(next(iter(rows[0].values())) or 0.0)
+
+    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
+        found = ranked_query(POSTGRESQL, queues)
+        return bool(queues) and bool(await self._query(found.sql, found.args, marked=True))
+
+    async def fallbacks_waiting(self) -> bool:
+        found = fallbacks_query(POSTGRESQL)
+        return bool(await self._query(found.sql, found.args, marked=True))
+
+    async def generations_since(self, owner: str, since: float) -> int:
+        rows = await self._query(GENERATIONS, (owner, since, owner, since))
+        return int(next(iter(rows[0].values())) or 0)
 
     async def cost_by_provider(self) -> dict[str, float]:
         rows = await self._query(COST_BY_PROVIDER)

@@ -12,6 +12,7 @@ from dispatcher.models import (
     Attempt,
     CacheEntry,
     Kind,
+    Skipped,
     Stage,
     State,
     Task,
@@ -68,6 +69,7 @@ TASK_COLUMNS = (
     "deadline_action",
     "deadline",
     "alt_queues",
+    "skipped",
 )
 
 
@@ -106,6 +108,7 @@ _ENCODERS: dict[str, Any] = {
     "force": int,
     "from_cache": int,
     "kind": lambda v: Kind(v).value,
+    "skipped": lambda v: dumps([skip.to_json() for skip in v]) if v else None,
 }
 UPDATABLE = frozenset(
     {
@@ -133,6 +136,7 @@ UPDATABLE = frozenset(
         "kind",
         "queue",
         "fingerprint",
+        "skipped",
     }
 )
 
@@ -189,6 +193,7 @@ def task_to_row(task: Task) -> dict[str, Any]:
         "deadline_action": task.deadline_action,
         "deadline": task.deadline,
         "alt_queues": "|" + "|".join(task.alt_queues) + "|" if task.alt_queues else None,
+        "skipped": _ENCODERS["skipped"](task.skipped),
     }
 
 
@@ -256,6 +261,16 @@ def row_to_task(row: RowLike) -> Task:
         deadline_action=row["deadline_action"] or "run",
         deadline=row["deadline"],
         alt_queues=tuple(q for q in (row["alt_queues"] or "").split("|") if q),
+        skipped=_skipped(_loads(row["skipped"], [], "skipped", row["id"])),
+    )
+
+
+def _skipped(value: Any) -> tuple[Skipped, ...]:
+    items = value if isinstance(value, list) else []
+    return tuple(
+        Skipped(str(item.get("model", "")), str(item.get("reason", "")))
+        for item in items
+        if isinstance(item, dict)
     )
 
 

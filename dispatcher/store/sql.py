@@ -80,6 +80,14 @@ SPENT = """SELECT COALESCE(SUM(COALESCE(b.cost, b.cost_estimate, 0)), 0) FROM ta
     WHERE b.owner = ? AND b.started_at >= ? AND (b.state = 'running' OR b.cost IS NOT NULL)"""
 BUDGET = f" AND COALESCE(c.cost_estimate, 0) + ({SPENT}) <= ? + 1e-9"
 
+# A web account's generations since its allowance's reset (args: owner, since,
+# owner, since): the attempts it started that ended, except those put back
+# uncharged (a usage cap met, a login wall: error kind 'requeued'), plus the
+# one it runs now. Both by index (`attempts_owner`, `tasks_spend`).
+GENERATIONS = """SELECT (SELECT COUNT(*) FROM attempts WHERE owner = ? AND started_at >= ?
+        AND (error_kind IS NULL OR error_kind <> 'requeued'))
+    + (SELECT COUNT(*) FROM tasks WHERE owner = ? AND started_at >= ? AND state = 'running')"""
+
 
 def cheapest_ready_sql(queue_count: int) -> str:
     """The smallest estimated cost among the queues' ready pending tasks (args:
@@ -170,13 +178,17 @@ def claim_sql(
     aging: str = AGING_SQLITE,
     ranked: bool = True,
     fallbacks: bool = False,
+    prefer: int = 0,
+    position: str = "instr",
 ) -> str:
     """Find and take the first ready pending task of the queues in one statement.
 
     `lock` is "FOR UPDATE SKIP LOCKED" on PostgreSQL (hosts claiming at once
     pass over each other's rows) and "" on SQLite (one writer at a time).
     `aging` is the dialect's whole aging steps waited (`AGING_SQLITE`, `AGING_POSTGRES`).
-    Args: values, queues, [fallback patterns], now, [fence], [quota], [budget], [now, aging step].
+    Args: values, queues, [fallback patterns, [deferred_args]], now, [fence],
+    [quota], [budget], [now, aging step]. With `fallbacks`, `prefer` queues
+    are left their fallback tasks (`_deferred`).
     Without `ranked` (no pending task of the queues has a priority or a
     deadline: `ranked_sql`) the order is plain FIFO, which the queue index
     serves without sorting the whole queue.
@@ -188,6 +200,8 @@ def claim_sql(
         order=CLAIM_ORDER.format(levels=aging) if ranked else "c.seq",
         fallbacks=fallbacks,
         lock=lock,
+        prefer=prefer,
+        position=position,
     )
     return (
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
@@ -196,17 +210,26 @@ def claim_sql(
 
 
 def claim_pick(
-    queue_count: int, guard: str, *, order: str, fallbacks: bool, lock: str, gate: str = ""
+    queue_count: int,
+    guard: str,
+    *,
+    order: str,
+    fallbacks: bool,
+    lock: str,
+    gate: str = "",
+    prefer: int = 0,
+    position: str = "instr",
 ) -> str:
-    """The SELECT of the claimed task's seq (args: queues, [fallback patterns],
-    now, [guard's]; [now, aging step] when `order` ages)."""
+    """The SELECT of the claimed task's seq (args: queues, [fallback patterns,
+    [deferred_args]], now, [guard's]; [now, aging step] when `order` ages)."""
     marks = ", ".join("?" for _ in range(queue_count))
     where = f"c.queue IN ({marks})"
     if fallbacks:
         # Also the tasks waiting in these queues as a fallback (args: one
         # `like_pattern("|queue|")` per queue, after the queues).
         alts = " OR ".join("c.alt_queues LIKE ? ESCAPE '\\'" for _ in range(queue_count))
-        where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts})))"
+        defer = _deferred(queue_count, prefer, position) if prefer else ""
+        where = f"({where} OR (c.alt_queues IS NOT NULL AND ({alts}){defer}))"
     return (
         f"SELECT c.seq FROM tasks AS c WHERE {gate}c.state = 'pending' AND {where} "
         f"AND c.not_before <= ?{guard} ORDER BY {order} LIMIT 1 {lock}"
@@ -222,6 +245,8 @@ def claim_sql_gated(
     lock: str,
     budget: bool = False,
     aging: str = AGING_POSTGRES,
+    prefer: int = 0,
+    position: str = "strpos",
 ) -> str:
     """`claim_sql` in one statement whatever the queues hold: the looks that
     pick its order (`ranked_sql`, `FALLBACKS_WAITING`) are made in the same
@@ -230,6 +255,7 @@ def claim_sql_gated(
     EXISTS once, and COALESCE stops at the first pick that finds a task).
     Args, per pick in this order: [ranked look: queues], its `claim_sql`
     args but the values: ranked (fallbacks too), FIFO with fallbacks, FIFO.
+    The two picks among fallbacks leave `prefer` queues theirs (`_deferred`).
     """
     guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
     ranked = f"EXISTS ({ranked_sql(queue_count)})"
@@ -237,7 +263,14 @@ def claim_sql_gated(
     ordered = CLAIM_ORDER.format(levels=aging)
     picks = [
         claim_pick(
-            queue_count, guard, order=ordered, fallbacks=True, lock=lock, gate=f"{ranked} AND "
+            queue_count,
+            guard,
+            order=ordered,
+            fallbacks=True,
+            lock=lock,
+            gate=f"{ranked} AND ",
+            prefer=prefer,
+            position=position,
         ),
         claim_pick(
             queue_count,
@@ -246,6 +279,8 @@ def claim_sql_gated(
             fallbacks=True,
             lock=lock,
             gate=f"NOT {ranked} AND {waiting} AND ",
+            prefer=prefer,
+            position=position,
         ),
         claim_pick(
             queue_count,
@@ -261,6 +296,31 @@ def claim_sql_gated(
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
         f"AND seq = COALESCE({coalesce}) RETURNING {COLUMNS}"
     )
+
+
+def _deferred(queue_count: int, prefer: int, position: str) -> str:
+    """What a lane leaves to the free lanes of a task's earlier choices (issue
+    30): a fallback whose first choice is a `prefer` queue, or that lists a
+    `prefer` queue before every one of the claiming lane's queues it lists.
+    Args, after the LIKE patterns: the prefer queues; then per prefer queue
+    its "|queue|" and, per lane queue, that queue's, the prefer one's and
+    that queue's again. `position` is the dialect's substring position
+    (SQLite `instr`, PostgreSQL `strpos`: 0 when absent, else 1-based)."""
+    marks = ", ".join("?" for _ in range(prefer))
+    at = f"{position}(c.alt_queues, ?)"
+    before_all = " AND ".join(f"({at} = 0 OR {at} < {at})" for _ in range(queue_count))
+    earlier = " OR ".join(f"({at} > 0 AND {before_all})" for _ in range(prefer))
+    return f" AND c.queue NOT IN ({marks}) AND NOT ({earlier})"
+
+
+def deferred_args(queues: Sequence[str], prefer: Sequence[str]) -> list[str]:
+    """The arguments of `_deferred`, in its order."""
+    args = list(prefer)
+    for early in prefer:
+        args.append(f"|{early}|")
+        for queue in queues:
+            args += [f"|{queue}|", f"|{early}|", f"|{queue}|"]
+    return args
 
 
 def update_sql(

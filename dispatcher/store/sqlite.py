@@ -51,6 +51,7 @@ from dispatcher.store.sql import (
     ACCOUNTS,
     COST_BY_PROVIDER,
     FALLBACKS_WAITING,
+    GENERATIONS,
     ID_TABLES,
     JOB_MODEL_COUNTS,
     LATE_SQL,
@@ -71,7 +72,6 @@ from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
 from dispatcher.store.taskwrites import (
     SQLITE,
-    fallbacks_query,
     ranked_query,
     task_claim,
     task_update,
@@ -265,14 +265,17 @@ class SqliteStore(SqliteHostOps):
         quota: Quota | None = None,
         budget: Budget | None = None,
         aging_step_s: float = AGING_STEP_S,
+        prefer: Sequence[str] = (),
+        ranked: bool | None = None,
+        fallbacks: bool | None = None,
     ) -> Task | None:
         if not queues:
             return None
         with self._lock:
-            fallbacks_q = fallbacks_query(SQLITE)
-            fallbacks = bool(self._query(fallbacks_q.sql, fallbacks_q.args))
-            ranked_q = ranked_query(SQLITE, queues)
-            ranked = bool(self._query(ranked_q.sql, ranked_q.args))
+            if fallbacks is None:
+                fallbacks = await self.fallbacks_waiting()
+            if ranked is None:
+                ranked = await self.ranked_waiting(queues)
             claim = task_claim(
                 SQLITE,
                 queues,
@@ -283,6 +286,7 @@ class SqliteStore(SqliteHostOps):
                 budget=budget,
                 ranked=ranked,
                 fallbacks=fallbacks,
+                prefer=prefer,
                 aging_step_s=aging_step_s,
             )
             # Find and take in one statement (atomic on its own, budget check
@@ -458,6 +462,16 @@ class SqliteStore(SqliteHostOps):
 
     async def spent_since(self, provider: str, since: float) -> float:
         return float(self._query(SPENT, (provider, since))[0][0] or 0.0)
+
+    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
+        found = ranked_query(SQLITE, queues)
+        return bool(queues) and bool(self._query(found.sql, found.args))
+
+    async def fallbacks_waiting(self) -> bool:
+        return bool(self._query(_FALLBACKS))
+
+    async def generations_since(self, owner: str, since: float) -> int:
+        return int(self._query(GENERATIONS, (owner, since, owner, since))[0][0] or 0)
 
     async def cost_by_provider(self) -> dict[str, float]:
         rows = self._query(COST_BY_PROVIDER)

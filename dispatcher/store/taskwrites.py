@@ -24,6 +24,7 @@ from dispatcher.store.sql import (
     FALLBACKS_WAITING,
     claim_sql,
     claim_sql_gated,
+    deferred_args,
     like_pattern,
     pg_marks,
     ranked_sql,
@@ -43,12 +44,14 @@ class Dialect:
     # How a query names the partial index it must use: SQLite, without
     # statistics, would scan the whole queue; PostgreSQL's planner picks it.
     use_index: Callable[[str], str]
+    # The position of a substring, 0 when absent (the fallbacks' order).
+    position: str = "instr"
 
 
 SQLITE = Dialect("sqlite", lambda sql: sql, "", AGING_SQLITE, lambda index: f"INDEXED BY {index}")
 # Hosts claiming at once pass over each other's rows, never take the same one.
 POSTGRESQL = Dialect(
-    "postgresql", pg_marks, "FOR UPDATE SKIP LOCKED", AGING_POSTGRES, lambda index: ""
+    "postgresql", pg_marks, "FOR UPDATE SKIP LOCKED", AGING_POSTGRES, lambda index: "", "strpos"
 )
 
 
@@ -145,11 +148,13 @@ def task_claim(
     budget: Budget | None = None,
     ranked: bool = False,
     fallbacks: bool = False,
+    prefer: Sequence[str] = (),
     aging_step_s: float = AGING_STEP_S,
 ) -> Statement:
     """The claim of the first ready pending task of `queues` (not empty), in
     queue order (`ranked`: priority aged, deadline, FIFO; else FIFO), also
-    among tasks waiting there as a fallback when `fallbacks`."""
+    among tasks waiting there as a fallback when `fallbacks`, except those
+    left to a free lane of an earlier choice (`prefer`: its queues)."""
     columns = encode_changes({**changes, "state": State.RUNNING})
     sql = claim_sql(
         len(queues),
@@ -161,8 +166,12 @@ def task_claim(
         aging=dialect.aging,
         ranked=ranked,
         fallbacks=fallbacks,
+        prefer=len(prefer) if fallbacks else 0,
+        position=dialect.position,
     )
     alts = [like_pattern(f"|{queue}|") for queue in queues] if fallbacks else []
+    if fallbacks and prefer:
+        alts += deferred_args(queues, prefer)
     args: list[Any] = [*columns.values(), *queues, *alts, now]
     if fence is not None:
         args += [fence.account, fence.token]
@@ -183,6 +192,7 @@ def task_claim_gated(
     fence: Fence | None,
     quota: Quota | None,
     budget: Budget | None = None,
+    prefer: Sequence[str] = (),
     aging_step_s: float = AGING_STEP_S,
 ) -> Statement:
     """PostgreSQL's claim: `task_claim` with its looks at the queues (ranked?
@@ -196,6 +206,8 @@ def task_claim_gated(
         lock=POSTGRESQL.claim_lock,
         budget=budget is not None,
         aging=POSTGRESQL.aging,
+        prefer=len(prefer),
+        position=POSTGRESQL.position,
     )
     guard: list[Any] = []
     if fence is not None:
@@ -205,6 +217,7 @@ def task_claim_gated(
     if budget is not None:
         guard += [budget.provider, budget.since, budget.limit_usd]
     alts = [like_pattern(f"|{queue}|") for queue in queues]
+    alts += deferred_args(queues, prefer) if prefer else []
     ranked = [*queues, *queues, *alts, now, *guard, now, aging_step_s]
     fallbacks = [*queues, *queues, *alts, now, *guard]
     fifo = [*queues, *queues, now, *guard]

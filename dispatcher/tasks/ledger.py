@@ -29,6 +29,7 @@ from dispatcher.models import (
     JSON,
     Attempt,
     Job,
+    Skipped,
     Stage,
     State,
     Task,
@@ -51,6 +52,7 @@ from dispatcher.tasks.reads import TaskReads
 from dispatcher.tasks.redaction import redacted
 from dispatcher.tasks.resultpaths import real_result, stored_result
 from dispatcher.tasks.spec import TaskSpec
+from dispatcher.tasks.waitflags import WaitFlags
 
 log = logging.getLogger("dispatcher.tasks")
 
@@ -100,6 +102,8 @@ class Ledger(TaskReads):
             reference_files=reference_files,
             host=host,
         )
+        # Whether a claim must look for fallbacks or sort its queues.
+        self.flags = WaitFlags(shared=shared)
         self.dedup_hits = 0
         self.retries = 0
         self.stale_reclaims = 0
@@ -250,6 +254,7 @@ class Ledger(TaskReads):
         )
 
     def _announce(self, task: Task, old: State | None, why: str = "") -> None:
+        self.flags.seen(task)
         log_transition(task, old, why)
         self.events.publish(TaskChanged(task))
 
@@ -261,11 +266,22 @@ class Ledger(TaskReads):
         fence: Fence | None = None,
         quota: Quota | None = None,
         budget: Budget | None = None,
+        prefer: Sequence[str] = (),
     ) -> Task | None:
         """The lane's next task, run by this host; under the account's lease
         (`fence`, a web account) or a provider's global `quota`, and within the
-        provider's daily `budget`, when given."""
+        provider's daily `budget`, when given; fallbacks that list a `prefer`
+        queue earlier are left to its free lane (`scheduling.fallbacks`)."""
         now = self.clock.now()
+        ranked = fallbacks = None
+        if not self.flags.shared:
+            # Several hosts (PostgreSQL): the claim statement looks itself,
+            # in the same round trip; asking first would cost two more.
+            ranked = self.flags.ranked(queues)
+            if ranked is None:
+                ranked = await self.store.ranked_waiting(queues)
+                self.flags.answered(ranked=() if ranked else queues)
+            fallbacks = await self.fallbacks_waiting()
         task = await self.store.claim_next(
             queues,
             now,
@@ -284,18 +300,23 @@ class Ledger(TaskReads):
             quota=quota,
             budget=budget,
             aging_step_s=self.clock.scaled(AGING_STEP_S),
+            prefer=prefer,
+            ranked=ranked,
+            fallbacks=fallbacks,
         )
         if task is not None:
             self._announce(task, State.PENDING)
         return task
 
-    async def take_as(self, task: Task, profile: Profile, fingerprint: str) -> Task | None:
+    async def take_as(
+        self, task: Task, profile: Profile, fingerprint: str, skipped: Sequence[Skipped] = ()
+    ) -> Task | None:
         """A fallback taken by a lane of one of its equivalent models: it is now
-        that model's task (its cache entry follows the model that runs it)."""
-        changes = {"model": profile.name, "kind": profile.kind, "queue": profile.queue}
-        return await self._write(
-            task, State.RUNNING, {**changes, "fingerprint": fingerprint}, why="fallback"
-        )
+        that model's task (its cache entry follows the model that runs it);
+        `skipped` says why the models it listed first were passed over."""
+        changes: dict[str, Any] = {"model": profile.name, "kind": profile.kind}
+        changes |= {"queue": profile.queue, "fingerprint": fingerprint, "skipped": tuple(skipped)}
+        return await self._write(task, State.RUNNING, changes, why="fallback")
 
     async def record_remote_id(self, task: Task, remote_id: str) -> Task:
         updated = await self._write(task, State.RUNNING, {"remote_id": remote_id})

@@ -14,6 +14,11 @@ profile's `expected_run_s` scaled by the time scale, else unknown. Models
 that share a lane owner share its slots and form one group; no schedule
 beats the group's lower bound max(work / slots, the longest run), which
 the plan names.
+
+Web accounts' daily allowances (`[web] daily_limit`) cap a group's capacity
+per day: when every account serving a group has one and what they have left
+today is less than the group's tasks, the plan says which allowance stops
+the batch, about when, and until which reset the rest waits.
 """
 
 from __future__ import annotations
@@ -63,11 +68,26 @@ class BudgetLeft:
         return max(0.0, self.limit_usd - self.spent_usd)
 
 
+@dataclass(frozen=True)
+class AllowanceLeft:
+    """A web account's generations per day, and how many it started today."""
+
+    account: str
+    limit: int
+    used: int
+    until: float  # its next reset, epoch seconds
+    resets_at: str  # "00:00 UTC"
+
+    @property
+    def left(self) -> int:
+        return max(0, self.limit - self.used)
+
+
 @dataclass
 class Plan:
     models: list[dict[str, Any]] = field(default_factory=list)
     total: dict[str, Any] = field(default_factory=dict)
-    stops: list[str] = field(default_factory=list)  # budgets that would stop it, and when
+    stops: list[str] = field(default_factory=list)  # budgets, allowances that would stop it
     refusals: list[str] = field(default_factory=list)  # --max-cost / --deadline unmet
 
     def to_json(self) -> dict[str, Any]:
@@ -169,12 +189,14 @@ def plan_batch(
     deadline: float | None = None,
     lanes: Sequence[LaneSlots] | None = None,
     order: Sequence[str] | None = None,
+    allowances: Mapping[str, AllowanceLeft] | None = None,
 ) -> Plan:
     """`lanes`: the open lanes (else drawn from the loads' owners and slots);
     `order`: the model of each task to run, in the batch's order (else the
     loads' order)."""
     plan = Plan()
     schedule = simulate(_runs(loads, order), _lanes_from(loads) if lanes is None else lanes)
+    allowances = allowances or {}
     for load in loads:
         plan.models.append(
             {
@@ -190,6 +212,7 @@ def plan_batch(
                 "run_s": None if load.run_s is None else round(load.run_s, 3),
                 "run_from": load.run_from if load.run_s is not None else None,
                 "capacity": load.capacity,
+                "per_day": _per_day(load, allowances),
             }
         )
     times: list[dict[str, Any]] = []
@@ -224,7 +247,9 @@ def plan_batch(
             else _unknown(times)
         ),
     }
-    plan.stops = _budget_stops(loads, budgets, times)
+    spent = _budget_stops(loads, budgets, times)
+    held = _allowance_stops(loads, allowances, times)
+    plan.stops = spent + [stop for stop, _ in held]
     if max_cost_usd is not None and cost > max_cost_usd + 1e-9:
         plan.refusals.append(f"estimated cost ${cost:,.2f} is over --max-cost ${max_cost_usd:,.2f}")
     if deadline is not None:
@@ -236,8 +261,58 @@ def plan_batch(
                 f"estimated makespan {makespan:,.0f} s ends {now + makespan - deadline:,.0f} s "
                 "after the deadline"
             )
-    plan.refusals += [f"stopped by a budget: {stop}" for stop in plan.stops]
+    plan.refusals += [f"stopped by a budget: {stop}" for stop in spent]
+    if deadline is not None:
+        plan.refusals += [
+            f"the rest waits past the deadline: {stop}" for stop, until in held if until > deadline
+        ]
     return plan
+
+
+def _per_day(load: ModelLoad, allowances: Mapping[str, AllowanceLeft]) -> int | None:
+    """Generations per day its accounts' allowances allow; None when one has none."""
+    if not load.owners or any(owner not in allowances for owner in load.owners):
+        return None
+    return sum(allowances[owner].limit for owner in load.owners)
+
+
+def _allowance_stops(
+    loads: Sequence[ModelLoad],
+    allowances: Mapping[str, AllowanceLeft],
+    times: list[dict[str, Any]],
+) -> list[tuple[str, float]]:
+    """Which accounts' allowances run out before the batch is done, about when,
+    and the reset the rest waits for (each with that reset's instant)."""
+    stops = []
+    for members in _groups(loads):
+        owners = sorted({owner for m in members for owner in m.owners})
+        if not owners or any(owner not in allowances for owner in owners):
+            continue  # an account without an allowance takes the rest
+        ahead = sum(m.queued_ahead for m in members)
+        wanted = sum(m.to_run for m in members)
+        left = sum(allowances[owner].left for owner in owners)
+        if wanted == 0 or wanted + ahead <= left:
+            continue
+        fits = max(0, left - ahead)
+        timing = next((t for t in times if members[0].model in t["models"]), None)
+        when = ""
+        if timing and timing["estimate_s"] and fits:
+            when = f", about {timing['estimate_s'] * left / (wanted + ahead):,.0f} s in"
+        first = min(owners, key=lambda owner: allowances[owner].until)
+        reset = allowances[first]
+        used = ", ".join(
+            f"{owner} {allowances[owner].used} of {allowances[owner].limit}" for owner in owners
+        )
+        stops.append(
+            (
+                f"allowance {', '.join(sorted(m.model for m in members))}/day ({used} used): "
+                f"{left} left cover{'s' if left == 1 else ''} {fits} of {wanted} tasks"
+                f"{' after ' + str(ahead) + ' queued' if ahead else ''}{when}; "
+                f"the rest waits until {reset.resets_at}",
+                reset.until,
+            )
+        )
+    return stops
 
 
 def _unknown(times: list[dict[str, Any]]) -> str:

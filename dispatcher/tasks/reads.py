@@ -12,6 +12,7 @@ from dispatcher.clock import Clock
 from dispatcher.errors import AmbiguousId, NotFound
 from dispatcher.models import Attempt, Job, JobSummary, State, Task
 from dispatcher.store import Store
+from dispatcher.tasks.waitflags import WaitFlags
 
 MIN_ID_PREFIX = 4
 MAX_CANDIDATES = 10
@@ -23,6 +24,7 @@ class TaskReads:
     host: str | None  # this host, whose stale tasks are its own to reclaim
     # Several hosts on one database: see `stale_running`.
     shared: bool
+    flags: WaitFlags  # what a claim must look for (`waitflags`)
 
     async def get(self, task_id: str) -> Task:
         """A task by its id or a unique prefix of it (4+ characters), as git does."""
@@ -82,6 +84,16 @@ class TaskReads:
         """Pending tasks of its queue ahead of this one and, with `owners`, the
         lane owners running tasks of its queue now on every host: one read."""
         return await self.store.queue_place(task.queue, task.seq, owners=owners)
+
+    async def fallbacks_waiting(self) -> bool:
+        """Whether a pending task waits with fallback queues (on any host);
+        known without asking while this host is the only writer (`waitflags`)."""
+        known = self.flags.fallbacks()
+        if known is not None:
+            return known
+        found = await self.store.fallbacks_waiting()
+        self.flags.answered(fallbacks=found)
+        return found
 
     async def queued_counts(self) -> dict[str, int]:
         return await self.store.queued_counts()

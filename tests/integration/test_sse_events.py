@@ -14,7 +14,7 @@ TASK_KEYS = {
     "stage", "attempt", "max_attempts", "cancel_requested", "force", "remote_id", "result",
     "error", "from_cache", "created_at", "started_at", "heartbeat_at", "finished_at",
     "stage_durations", "cost_estimate_usd", "cost_usd", "priority", "deadline", "deadline_action",
-    "fallbacks", "late",
+    "fallbacks", "skipped", "late",
 }  # fmt: skip
 ACCOUNT_KEYS = {
     "name", "kind", "enabled", "reason", "needs_attention", "updated_at", "state", "until", "since",

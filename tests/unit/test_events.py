@@ -60,6 +60,7 @@ def test_task_changed_is_type_task_with_the_task_answer() -> None:
             "deadline": None,
             "deadline_action": "run",
             "fallbacks": [],
+            "skipped": [],
             "late": False,
         },
     }

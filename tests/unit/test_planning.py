@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from dispatcher.tasks.makespan import LaneSlots
-from dispatcher.tasks.planning import BudgetLeft, ModelLoad, plan_batch
+from dispatcher.tasks.planning import AllowanceLeft, BudgetLeft, ModelLoad, plan_batch
 
 
 def test_models_on_separate_lanes_run_side_by_side_and_the_slowest_sets_the_makespan() -> None:
@@ -115,3 +115,29 @@ def test_an_estimate_from_the_profile_says_so() -> None:
         "new: lane capacity: 4 tasks x 3.0 s over 1 slots (from expected_run_s: no run history yet)"
     )
     assert plan.models[0]["run_from"] == "profile"
+
+
+def test_web_accounts_allowances_say_which_stops_the_batch_and_until_when() -> None:
+    chat = ModelLoad(
+        "chat", tasks=10, run_s=60.0, owners=("demo-1", "demo-2"), capacity=2, queued_ahead=2
+    )
+    left = {
+        "demo-1": AllowanceLeft("demo-1", 5, 1, 86_400.0, "00:00 UTC"),
+        "demo-2": AllowanceLeft("demo-2", 5, 3, 86_400.0, "00:00 UTC"),
+    }
+    plan = plan_batch([chat], {}, now=0.0, allowances=left).to_json()
+    assert plan["models"][0]["per_day"] == 10
+    # 6 left today: the 2 queued ahead, then 4 of the batch's 10.
+    assert plan["stops"] == [
+        "allowance chat/day (demo-1 1 of 5, demo-2 3 of 5 used): 6 left cover 4 of 10 tasks "
+        "after 2 queued, about 180 s in; the rest waits until 00:00 UTC"
+    ]
+    assert plan["ok"]  # the rest runs after the reset: no limit asked for, none unmet
+    late = plan_batch([chat], {}, now=0.0, allowances=left, deadline=3600.0).to_json()
+    assert late["refusals"] == [f"the rest waits past the deadline: {plan['stops'][0]}"]
+    # Enough left, or an account without an allowance to take the rest: no stop.
+    roomy = {**left, "demo-2": AllowanceLeft("demo-2", 50, 0, 86_400.0, "00:00 UTC")}
+    assert plan_batch([chat], {}, now=0.0, allowances=roomy).stops == []
+    one = {"demo-1": left["demo-1"]}
+    unlimited = plan_batch([chat], {}, now=0.0, allowances=one).to_json()
+    assert unlimited["stops"] == [] and unlimited["models"][0]["per_day"] is None

@@ -42,7 +42,8 @@ CREATE TABLE tasks (
     priority INTEGER NOT NULL DEFAULT 0,
     deadline_action TEXT NOT NULL DEFAULT 'run',
     deadline REAL,
-    alt_queues TEXT
+    alt_queues TEXT,
+    skipped TEXT  -- a fallback's models passed over, and why (JSON)
 );
 CREATE INDEX tasks_queue ON tasks (state, queue, seq);
 CREATE INDEX tasks_job ON tasks (job_id);
@@ -69,6 +70,7 @@ CREATE TABLE attempts (
     stage_durations TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX attempts_task ON attempts (task_id, id);
+CREATE INDEX attempts_owner ON attempts (owner, started_at);
 
 CREATE TABLE accounts (
     name TEXT PRIMARY KEY,
