@@ -63,6 +63,8 @@ from dispatcher.store.sql import (
 from dispatcher.store.taskwrites import (
     POSTGRESQL,
     Statement,
+    fallbacks_query,
+    ranked_query,
     task_claim_gated,
     task_update,
     update_with_history,
