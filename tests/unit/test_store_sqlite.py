@@ -60,7 +60,7 @@ async def test_migrate_is_idempotent_and_uses_wal(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
     await store.migrate()
-    assert await store.schema_version() == latest_version("sqlite") == 12
+    assert await store.schema_version() == latest_version("sqlite") == 13
     mode = store._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     await store.close()
