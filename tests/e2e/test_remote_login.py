@@ -23,7 +23,7 @@ from playwright.async_api import Page, expect
 from dispatcher.models import Kind
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
 from tests.support.harness import Harness, running_service
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, demo_chat_on
 from tests.support.servicecli import clean_env, run_cli
 from webrunner.browser import start_browser
 from webrunner.runner import WebRunner
@@ -42,13 +42,7 @@ ACCOUNT = "demo-1"
 
 def one_account(tmp_path: Path, time_scale: float = SCALE) -> AbstractAsyncContextManager[Harness]:
     """The service with the demo chat on one account: one browser less to start and log in."""
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    text = (REPO / "profiles" / "demo-chat.toml").read_text()
-    assert 'accounts = ["demo-1", "demo-2"]' in text
-    (profiles / "demo-chat.toml").write_text(
-        text.replace('accounts = ["demo-1", "demo-2"]', f'accounts = ["{ACCOUNT}"]')
-    )
+    demo_chat_on(tmp_path, (ACCOUNT,))
     return running_service(tmp_path, profiles=(), time_scale=time_scale)
 
 

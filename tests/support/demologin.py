@@ -83,8 +83,8 @@ class TemplatedDemo(Demo):
     async def log_in(self, web: WebRunner, urls: Mapping[str, str]) -> None:
         site = self.site
         assert site is not None, "log_in before start_servers"
-        for account, template in _templates.items():
-            site.sessions[template.token] = account
+        for user, known in _templates.items():
+            site.sessions[known.token] = user
         chat = f"{urls['DEMO_WEB_URL']}/chat"
         on_site = {
             name
