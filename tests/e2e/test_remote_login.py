@@ -38,6 +38,10 @@ pytestmark = [
 
 SCALE = 0.05
 ACCOUNT = "demo-1"
+# A wait on the service's own browser (a frame streamed, a graceful close
+# before "logged in" or "canceled"): Playwright's default 5 s is outrun by
+# a busy machine, so these get the 30 s of the file's other waits.
+SERVICE_MS = 30_000
 
 
 def one_account(tmp_path: Path, time_scale: float = SCALE) -> AbstractAsyncContextManager[Harness]:
@@ -88,7 +92,9 @@ async def open_login_link(h: Harness, page: Page) -> None:
     next_path = quote(opened.json()["path"], safe="/")
     await page.goto(f"{h.service.url}/v1/session?code={code}&next={next_path}")
     assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
-    await expect(page.get_by_test_id("login-screen")).to_have_attribute("data-frames", "1")
+    await expect(page.get_by_test_id("login-screen")).to_have_attribute(
+        "data-frames", "1", timeout=SERVICE_MS
+    )
 
 
 async def click_on_screen(h: Harness, page: Page, selector: str) -> None:
@@ -134,13 +140,15 @@ async def test_operator_logs_in_through_the_live_view_and_the_task_runs(
         await page.keyboard.type("secret")
         await expect(form.locator("input[name=password]")).to_have_value("secret")
         await page.keyboard.press("Enter")
-        await expect(service_page.page.locator("#composer")).to_be_visible()
+        await expect(service_page.page.locator("#composer")).to_be_visible(timeout=SERVICE_MS)
         assert ACCOUNT in await service_page.page.locator("header").inner_text()
         await keep_screenshot(page, "remote-login")
 
         pid = runner_of(h).logins.get(ACCOUNT).pid
         await page.get_by_test_id("login-done").click()
-        await expect(page.get_by_test_id("login-status")).to_contain_text("logged in")
+        await expect(page.get_by_test_id("login-status")).to_contain_text(
+            "logged in", timeout=SERVICE_MS
+        )
         assert pid is not None and not psutil.pid_exists(pid)
         accounts = (await h.http.get("/v1/accounts")).json()
         assert next(a for a in accounts if a["name"] == ACCOUNT)["enabled"]
@@ -169,13 +177,19 @@ async def test_cancel_closes_the_browser_and_changes_nothing(
         assert "ssh -N -L" in printed.stderr
         await page.goto(printed.stdout.strip())
         assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
-        await expect(page.get_by_test_id("login-screen")).to_have_attribute("data-frames", "1")
+        await expect(page.get_by_test_id("login-screen")).to_have_attribute(
+            "data-frames", "1", timeout=SERVICE_MS
+        )
         pid = runner_of(h).logins.get(ACCOUNT).pid
         # Done on a page that still shows the form: refused, the view stays open.
         await page.get_by_test_id("login-done").click()
-        await expect(page.get_by_test_id("login-status")).to_contain_text("not show")
+        await expect(page.get_by_test_id("login-status")).to_contain_text(
+            "not show", timeout=SERVICE_MS
+        )
         await page.get_by_test_id("login-cancel").click()
-        await expect(page.get_by_test_id("login-status")).to_contain_text("canceled")
+        await expect(page.get_by_test_id("login-status")).to_contain_text(
+            "canceled", timeout=SERVICE_MS
+        )
         assert pid is not None and not psutil.pid_exists(pid)
         accounts = (await h.http.get("/v1/accounts")).json()
         assert next(a for a in accounts if a["name"] == ACCOUNT)["needs_attention"]
