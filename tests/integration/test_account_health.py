@@ -18,6 +18,7 @@ import pytest
 from dispatcher.models import Kind
 from dispatcher.scheduling.protocol import RunContext
 from tests.support.harness import Harness, running_service
+from tests.support.helpers import demo_chat_on
 from webrunner.runner import WebRunner
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
@@ -105,8 +106,8 @@ async def test_a_capped_account_cools_down_its_task_runs_on_the_other_then_it_re
 
 
 async def test_a_human_check_and_a_logout_hold_the_task(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
-        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+    demo_chat_on(tmp_path, ("demo-1",))  # the one account the test uses
+    async with running_service(tmp_path, profiles=(), time_scale=SCALE) as h:
         await h.browsers_started()  # the check comes while the service runs
         for condition, reason in (("challenge", "challenge"), ("logged_out", "logged out")):
             await set_user(h, "demo-1", {"state": condition})
@@ -130,8 +131,8 @@ async def test_a_logout_is_not_charged_while_the_attempt_cleans_up_past_the_stal
     closes its browser (seconds on a busy machine) before the scheduler
     hears of it. Held there past the stale bound, the task must not be
     reclaimed as stale: that charged a logout an attempt, one per try."""
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
-        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+    demo_chat_on(tmp_path, ("demo-1",))  # the one account the test uses
+    async with running_service(tmp_path, profiles=(), time_scale=SCALE) as h:
         runner = h.service.runners[Kind.WEB]
         assert isinstance(runner, WebRunner)
         keep_evidence = runner._keep_evidence
@@ -182,8 +183,8 @@ async def test_failures_of_one_kind_in_a_row_take_the_account_out(tmp_path: Path
 
 
 async def test_a_stalled_page_is_reclaimed_and_retried(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=SCALE) as h:
-        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
+    demo_chat_on(tmp_path, ("demo-1",))  # the one account the test uses
+    async with running_service(tmp_path, profiles=(), time_scale=SCALE) as h:
         # stall_s 120 nominal -> 6 s: the answer stops moving, the page stays busy.
         task = await h.submit("demo-chat", "stuck [mode=stall] [duration=2]")
         deadline = time.monotonic() + 60

@@ -23,7 +23,7 @@ from dispatcher.models import Kind
 from dispatcher.settings import Settings, find_browser
 from tests.integration.test_web_lanes import account_browsers, unknown_browsers
 from tests.support.harness import Harness, running_service, serving
-from tests.support.helpers import REPO
+from tests.support.helpers import demo_chat_on
 from webrunner.browser import BrowserSession
 from webrunner.profiledirs import user_data_dir_for
 from webrunner.runner import WebRunner
@@ -149,13 +149,10 @@ async def own_site(
     sets up before the service starts."""
     site = await start_demo_web(time_scale=SCALE)
     monkeypatch.setenv("DEMO_WEB_URL", site.url)
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    text = (REPO / "profiles" / "demo-chat.toml").read_text()
-    (profiles / "demo-chat.toml").write_text(
-        text.replace('accounts = ["demo-1", "demo-2"]', 'accounts = ["demo-1"]')
+    demo_chat_on(tmp_path, ("demo-1",))
+    settings = Settings(
+        state_dir=tmp_path / "state", profiles_dir=tmp_path / "profiles", time_scale=SCALE
     )
-    settings = Settings(state_dir=tmp_path / "state", profiles_dir=profiles, time_scale=SCALE)
     try:
         yield settings, site.url
     finally:

@@ -15,6 +15,7 @@ from dispatcher.store import Store
 from dispatcher.store.hosts import LeaseRefused
 from tests.integration.test_web_lanes import account_browsers
 from tests.support.harness import Harness, running_service
+from tests.support.helpers import demo_chat_on
 from tests.support.pgdb import fresh_database
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
@@ -22,13 +23,22 @@ from webrunner.runner import WebRunner
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 
+LISTED = 'accounts = ["demo-1"]'
+
+
+def one_listed(tmp_path: Path) -> None:
+    """demo-chat lists one account (`LISTED`), which the test takes out of
+    service: a browser fewer to start and stop than its usual two."""
+    demo_chat_on(tmp_path, ("demo-1",))
+
+
 async def only_extra_serving(h: Harness) -> WebRunner:
-    """The listed accounts disabled, and "extra" logged in and added: the one
-    account serving demo-chat."""
+    """The listed account (`one_listed`) disabled, and "extra" logged in and
+    added: the one account serving demo-chat."""
     runner = h.service.runners[Kind.WEB]
     assert isinstance(runner, WebRunner)
-    for account in ("demo-1", "demo-2"):
-        await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+    disabled = await h.http.post("/v1/accounts/demo-1/disable", json={"reason": "not this one"})
+    assert disabled.status_code == 200, disabled.text
     await demo_login(
         runner.browser_executable,
         runner.user_data_dir("extra"),
@@ -77,7 +87,8 @@ def held_first_read(store: Store) -> tuple[asyncio.Event, asyncio.Event]:
 
 
 async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path: Path) -> None:
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05) as h:
         bad = [
             ({"name": "../etc", "models": ["demo-chat"]}, "name"),
             ({"name": "extra", "models": ["nope"]}, "not a loaded web model: nope"),
@@ -126,9 +137,7 @@ async def test_an_added_account_serves_at_once_and_drains_when_removed(tmp_path:
         assert gone.status_code == 404
         # A profile that lists one more account: a reload takes it on.
         source = tmp_path / "profiles" / "demo-chat.toml"
-        source.write_text(
-            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "demo-3"]')
-        )
+        source.write_text(source.read_text().replace(LISTED, 'accounts = ["demo-1", "demo-3"]'))
         answer = (await h.http.post("/v1/reload")).json()
         assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}
         lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
@@ -142,9 +151,9 @@ async def test_an_account_added_logged_out_can_be_logged_in_by_a_cookie_import(
     """The usual order on a real vendor: add the account, then log it in. The
     login routes know a run-time account (and one a reload brings) as they
     know a listed one."""
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
-        for account in ("demo-1", "demo-2"):
-            await h.http.post(f"/v1/accounts/{account}/disable", json={"reason": "not this one"})
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05) as h:
+        await h.http.post("/v1/accounts/demo-1/disable", json={"reason": "not this one"})
         added = await h.http.post("/v1/accounts", json={"name": "extra", "models": ["demo-chat"]})
         assert added.status_code == 201, added.text
         async with httpx.AsyncClient() as client:
@@ -302,16 +311,15 @@ async def test_a_reload_listing_a_draining_account_keeps_it(tmp_path: Path) -> N
     profile edited to list it, a reload. The reload takes it on (its lane
     serves again); the drain ending later must not then release its lock
     and forget its row under the profile that lists it."""
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05) as h:
         await only_extra_serving(h)
         task = await h.submit("demo-chat", "before the move [duration=20]")
         await h.wait_task(task["id"], {"running"})
         draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
         assert draining.status_code == 202, draining.text
         source = tmp_path / "profiles" / "demo-chat.toml"
-        source.write_text(
-            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
-        )
+        source.write_text(source.read_text().replace(LISTED, 'accounts = ["demo-1", "extra"]'))
         answer = (await h.http.post("/v1/reload")).json()
         assert answer["changed"] == ["demo-chat"] and answer["refused"] == {}, answer
         first = await h.wait_task(task["id"])
@@ -334,15 +342,14 @@ async def test_a_reload_during_a_removal_that_lists_the_account_keeps_it(tmp_pat
     """The same move without drain: a reload that lists the account lands
     while its removal closes its browser. Whichever goes first, the account
     ends served by the profile: locked, listed, running its tasks."""
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05) as h:
         runner = await only_extra_serving(h)
         closing, go_on = held_removals(runner)
         removing = asyncio.create_task(h.http.delete("/v1/accounts/extra"))
         await closing.wait()
         source = tmp_path / "profiles" / "demo-chat.toml"
-        source.write_text(
-            source.read_text().replace('["demo-1", "demo-2"]', '["demo-1", "demo-2", "extra"]')
-        )
+        source.write_text(source.read_text().replace(LISTED, 'accounts = ["demo-1", "extra"]'))
         reloading = asyncio.create_task(h.http.post("/v1/reload"))
         await asyncio.sleep(0.3)  # the reload is under way (or done, without the fix)
         go_on.set()
@@ -360,7 +367,8 @@ async def test_a_draining_account_takes_no_task_from_the_backlog(tmp_path: Path)
     """`accounts remove --drain` promises no new task: when its running one
     ends, the account must not take the next pending one (with a backlog
     the drain would never end)."""
-    async with running_service(tmp_path, profiles=("demo-chat",), time_scale=0.05) as h:
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05) as h:
         await only_extra_serving(h)
         first = await h.submit("demo-chat", "the one running [duration=20]")
         await h.wait_task(first["id"], {"running"})

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from demo.bootstrap import Demo
 from dispatcher.service.core import Service
 from dispatcher.settings import Settings
+from tests.support.demologin import TemplatedDemo
 from tests.support.helpers import REPO
 
 API_PROFILES = ("demo-chat-api", "demo-video", "demo-queue")
@@ -183,9 +183,13 @@ def host_service(
 
 @asynccontextmanager
 async def serving(settings: Settings) -> AsyncIterator[Harness]:
-    """The service started in process with `settings`, and a client holding its token."""
+    """The service started in process with `settings`, and a client holding its token.
+
+    The demo's web accounts come logged in from profiles logged in once per
+    test process (`tests.support.demologin`), not by a browser of their own
+    at every start."""
     async with (
-        Service(settings, demo=Demo()) as service,
+        Service(settings, demo=TemplatedDemo()) as service,
         httpx.AsyncClient(
             base_url=service.url,
             headers={"Authorization": f"Bearer {service.credentials.token}"},

@@ -43,6 +43,20 @@ def web_profile(name: str = "m-web", accounts: tuple[str, ...] = ("acct-1",)) ->
     )
 
 
+def demo_chat_on(tmp_path: Path, accounts: tuple[str, ...]) -> None:
+    """demo-chat on `accounts` rather than its two: a browser fewer to start
+    and stop for a test that uses one account. Written where
+    `tests.support.harness.running_service` collects its profiles (pass it
+    `profiles=()` for demo-chat alone)."""
+    target = tmp_path / "profiles"
+    target.mkdir(exist_ok=True)
+    text = (REPO / "profiles" / "demo-chat.toml").read_text()
+    listed = 'accounts = ["demo-1", "demo-2"]'
+    assert listed in text
+    named = ", ".join(f'"{a}"' for a in accounts)
+    (target / "demo-chat.toml").write_text(text.replace(listed, f"accounts = [{named}]"))
+
+
 def traced_demo_profile(
     tmp_path: Path, name: str, accounts: tuple[str, ...], max_attempts: int = 3
 ) -> None:
