@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,7 @@ from dispatcher.tasks.fingerprint import (
 )
 from dispatcher.tasks.intake import Intake, ResultStore
 from dispatcher.tasks.lines import lane_prefix, log_fields, log_rejected, log_transition
-from dispatcher.tasks.reads import TaskReads
+from dispatcher.tasks.operator import OperatorActions
 from dispatcher.tasks.redaction import redacted
 from dispatcher.tasks.resultpaths import real_result, stored_result
 from dispatcher.tasks.spec import TaskSpec
@@ -57,8 +56,6 @@ from dispatcher.tasks.waitflags import WaitFlags
 log = logging.getLogger("dispatcher.tasks")
 
 MAX_JOB_TASKS = 10_000
-# A job-wide cancel or retry gives the event loop a turn after this many tasks.
-JOB_WRITES_PER_TURN = 20
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class Submitted:
     deduped: bool = False
 
 
-class Ledger(TaskReads):
+class Ledger(OperatorActions):
     """Changes tasks (submit, claim, the ends of an attempt, cancel, retry); its
     reads come from `TaskReads`."""
 
@@ -514,87 +511,6 @@ class Ledger(TaskReads):
         return await self._write(
             task, plan.next_state, changes, why=f"stale: {plan.reason}", fenced=fenced
         )
-
-    # -- operator actions ------------------------------------------------------
-    async def request_cancel(self, task_id: str) -> Task:
-        """Pending tasks cancel at once; running ones are flagged for their runner."""
-        return await self._cancel(await self.get(task_id))
-
-    async def _cancel(self, task: Task) -> Task:
-        task_id = task.id
-        states.check_cancel(task.state)
-        if task.state is State.PENDING:
-            updated = await self._write(
-                task, State.CANCELED, {"finished_at": self.clock.now(), "cancel_requested": True}
-            )
-        else:
-            # An operator's request, from any host: not a write of the run.
-            updated = await self._write(
-                task, State.RUNNING, {"cancel_requested": True}, fenced=False
-            )
-            if updated is not None:
-                self.events.publish(TaskChanged(updated))
-        if updated is None:
-            # It moved between our read and our write; report where it is now.
-            return await self.get(task_id)
-        return updated
-
-    async def retry(self, task_id: str) -> Task:
-        task = await self.get(task_id)
-        states.check_retry(task.state)
-        plan = states.manual_retry(attempt=task.attempt, max_attempts=task.max_attempts)
-        updated = await self._write(
-            task,
-            State.PENDING,
-            {
-                "attempt": plan.attempt,
-                "max_attempts": plan.max_attempts,
-                "not_before": 0.0,
-                "stage": None,
-                "remote_id": None,
-                "heartbeat_at": None,
-                "finished_at": None,
-                "cancel_requested": False,
-                "owner": None,
-            },
-            why="retry requested",
-        )
-        if updated is None:
-            raise StateConflict(f"task {task_id} changed while retrying; try again")
-        self.retries += 1
-        return updated
-
-    async def cancel_job(self, job_id: str) -> list[Task]:
-        job = await self.get_job(job_id)
-        changed = []
-        for n, task in enumerate(await self.store.job_tasks(job.id), 1):
-            if task.state in (State.PENDING, State.RUNNING) and not task.cancel_requested:
-                changed.append(await self._cancel(task))
-            if n % JOB_WRITES_PER_TURN == 0:
-                # SQLite writes run on the loop's thread: a 10,000-task job
-                # cancelled in one go held the loop for seconds, long enough
-                # for the running attempts' heartbeats to go stale.
-                await asyncio.sleep(0)
-        return changed
-
-    async def retry_job(self, job_id: str) -> list[Task]:
-        """Retry a job's failed tasks; a job with none is refused, as a task
-        that did not fail is (a silent no-op read as "retried")."""
-        job = await self.get_job(job_id)
-        tasks = await self.store.job_tasks(job.id)
-        failed = [task for task in tasks if task.state is State.FAILED]
-        if not failed:
-            counts = Counter(task.state.value for task in tasks)
-            held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no tasks"
-            raise StateConflict(
-                f"job {job.id} has no failed task to retry ({held}); only failed tasks are retried"
-            )
-        retried = []
-        for n, task in enumerate(failed, 1):
-            retried.append(await self.retry(task.id))
-            if n % JOB_WRITES_PER_TURN == 0:
-                await asyncio.sleep(0)
-        return retried
 
 
 def _fence(task: Task) -> Fence | None:

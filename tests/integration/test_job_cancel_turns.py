@@ -18,7 +18,8 @@ from dispatcher.errors import PermanentError
 from dispatcher.events import EventBus
 from dispatcher.models import State
 from dispatcher.store.sqlite import SqliteStore
-from dispatcher.tasks.ledger import JOB_WRITES_PER_TURN, Ledger
+from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.operator import JOB_WRITES_PER_TURN
 from dispatcher.tasks.spec import TaskSpec
 from tests.support.helpers import api_profile
 

@@ -144,7 +144,8 @@ async def test_a_task_queued_per_provider_by_an_earlier_version_still_runs(
     store._db.execute("ALTER TABLE tasks DROP COLUMN lease_token")
     store._db.execute("ALTER TABLE jobs DROP COLUMN finish_told_at")  # 8
     store._db.execute("DROP TABLE webhook_outbox")  # 9
-    store._db.execute("DROP INDEX attempts_owner")  # 12
+    store._db.execute("DROP TABLE budget_told")  # 12
+    store._db.execute("DROP INDEX attempts_owner")  # 13
     store._db.execute("ALTER TABLE tasks DROP COLUMN skipped")
     store._db.execute("DROP INDEX tasks_spend")  # 11
     store._db.execute("DROP INDEX tasks_ranked")
