@@ -92,9 +92,11 @@ class Planned:
         return f"mixed #{self.index}"
 
     def task_body(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"prompt": self.prompt}
-        if self.kind == "api":
-            params["gen_s"] = round(self.nominal_s, 3)
+        # Every task states its generation seconds as `gen_s` (the profiles'
+        # run_s_param): the API demo generates for it; the web demo reads the
+        # prompt's directive and lets the param through, as a video page's
+        # duration field would set its render time.
+        params: dict[str, Any] = {"prompt": self.prompt, "gen_s": round(self.nominal_s, 3)}
         return {"model": self.model, "params": params, "force": True}
 
 
@@ -211,9 +213,11 @@ DEMO_EXPECTED = {WEB_MODEL: 3, "demo-chat-api": 2, "demo-video": 5}  # the bundl
 def _service_profiles(target: Path) -> Path:
     one_account = {'accounts = ["demo-1", "demo-2"]': f'accounts = ["{ACCOUNT}"]'}
     for model in (WEB_MODEL, *API_MODELS):
+        # The bundled API profiles follow gen_s already; the web one is told here.
+        follows = 'run_s_param = "gen_s"\nrun_s_per_unit = 1\n' if model == WEB_MODEL else ""
         expected = {
             f"expected_run_s = {DEMO_EXPECTED[model]}\n": (
-                f"expected_run_s = {EXPECTED_RUN_S[model]:g}\n"
+                f"expected_run_s = {EXPECTED_RUN_S[model]:g}\n{follows}"
             )
         }
         copy_profile(
@@ -222,9 +226,17 @@ def _service_profiles(target: Path) -> Path:
     return target
 
 
-async def _plan(client: httpx.AsyncClient, tasks: Sequence[Planned]) -> dict[str, Any]:
-    """`POST /v1/plan` for the batch: what the service expects it to take."""
-    answer = await call(client, "POST", "/v1/plan", json={"tasks": [t.task_body() for t in tasks]})
+async def _plan(
+    client: httpx.AsyncClient, tasks: Sequence[Planned], *, param: bool = True
+) -> dict[str, Any]:
+    """`POST /v1/plan` for the batch: what the service expects it to take
+    (`param=False`: the tasks without their gen_s, planned from the profiles'
+    typical run or the history, as a batch that states no run time is)."""
+    bodies = [t.task_body() for t in tasks]
+    if not param:
+        for body in bodies:
+            body["params"].pop("gen_s")
+    answer = await call(client, "POST", "/v1/plan", json={"tasks": bodies})
     answer.raise_for_status()
     plan: dict[str, Any] = answer.json()
     return plan
@@ -244,11 +256,17 @@ def own_durations_estimate(tasks: Sequence[Planned], scale: float) -> float:
 
 
 def plan_figures(
-    before: dict[str, Any], after: dict[str, Any], makespan_s: float, own_s: float
+    before: dict[str, Any],
+    typical: dict[str, Any],
+    after: dict[str, Any],
+    makespan_s: float,
+    own_s: float,
 ) -> dict[str, Any]:
     """The plan made before the batch against its actual makespan
-    (`plan_error` = |estimate - actual| / actual), and the plan of the same
-    batch made after it, from this run's history (what a re-run would be told)."""
+    (`plan_error` = |estimate - actual| / actual; each task's gen_s sets its
+    run time), the same plan without the param (the profiles' typical run),
+    and the plan without it made after the batch, from this run's history
+    (what a re-run would be told)."""
 
     def error(plan: dict[str, Any]) -> float | None:
         estimate = plan["total"]["makespan_s"]
@@ -262,6 +280,8 @@ def plan_figures(
         "bound": before["total"]["bound"],
         "run_s_by_model": {m["model"]: m["run_s"] for m in before["models"]},
         "plan_error": error(before),
+        "typical_estimate_s": typical["total"]["makespan_s"],
+        "typical_error": error(typical),
         "replan_from_history_estimate_s": after["total"]["makespan_s"],
         "replan_from_history_error": error(after),
         "own_durations_estimate_s": r(own_s),
@@ -394,6 +414,7 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
                 # none: then at once).
                 browser_ready_s = await _browser_ready(client, launched)
                 plan_before = await _plan(client, tasks)
+                plan_typical = await _plan(client, tasks, param=False)
                 t0 = time.time()
                 answer = await call(
                     client,
@@ -411,7 +432,7 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
                     await asyncio.sleep(0.5)
                 # The submit's own clock: created_at of the first row is the t0 that counts.
                 t0 = min(t0, min(t["created_at"] for t in job["tasks"]))
-                plan_after = await _plan(client, tasks)
+                plan_after = await _plan(client, tasks, param=False)
         web_stats = web.stats()
         api_stats = api.stats()
     rows: list[dict[str, Any]] = job["tasks"]
@@ -438,7 +459,11 @@ async def run_ours(work: Path, tasks: Sequence[Planned], scale: float) -> dict[s
     figures.update(
         {
             "plan": plan_figures(
-                plan_before, plan_after, makespan, own_durations_estimate(tasks, scale)
+                plan_before,
+                plan_typical,
+                plan_after,
+                makespan,
+                own_durations_estimate(tasks, scale),
             ),
             "startup_to_serving_s": r(startup_s),
             "startup_to_browser_ready_s": r(browser_ready_s) if browser_ready_s else None,
@@ -566,7 +591,10 @@ async def run(
             f"POST /v1/plan before the batch {_fmt(planned['estimate_s'])} vs "
             f"{_fmt(ours['makespan_s'])} = "
             + (f"{plan_error:.3f}" if plan_error is not None else "not estimated")
-            + f" (no history yet: the profiles' expected_run_s; the schedule fed each "
+            + " (no history yet: each task's gen_s sets its run time, the profiles' "
+            "run_s_param; without it, the profiles' typical expected_run_s "
+            f"{_fmt(planned['typical_estimate_s'])}, error {planned['typical_error']}; "
+            "the schedule fed each "
             f"task's own generation time {_fmt(planned['own_durations_estimate_s'])}, error "
             f"{planned['own_durations_error']}; re-planned from this run's history "
             f"{_fmt(planned['replan_from_history_estimate_s'])}, error "

@@ -344,7 +344,21 @@ class Profile(_Strict):
     # Nominal seconds one task usually runs (the vendor's or the operator's
     # figure): the plan's makespan uses it until the model has run history.
     expected_run_s: float | None = Field(default=None, gt=0, le=86_400)
+    # A task's run time follows one of its params (a video's seconds set its
+    # render time): a task with it is expected to run param x run_s_per_unit
+    # nominal seconds; one without falls back to history / expected_run_s.
+    run_s_param: str | None = Field(default=None, min_length=1)
+    run_s_per_unit: float | None = Field(default=None, gt=0, le=86_400)
     source: str = ""  # the file it came from (filled in by the loader)
+
+    @model_validator(mode="after")
+    def _run_s_param_whole(self) -> Profile:
+        if (self.run_s_param is None) != (self.run_s_per_unit is None):
+            missing = "run_s_per_unit" if self.run_s_per_unit is None else "run_s_param"
+            raise ValueError(
+                f"`run_s_param` and `run_s_per_unit` go together: `{missing}` is missing"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kind_matches_tables(self) -> Profile:

@@ -3,7 +3,8 @@
 Reads what `planning.plan_batch` needs: each task built as intake would
 build it (fingerprint, estimated cost), the batch's own duplicates, recent
 twins and cache hits, each model's expected run time (the mean of its recent
-runs here, else its profile's `expected_run_s` at the time scale), the open
+runs here, else its profile's `expected_run_s` at the time scale; a task
+with the param its profile's run time follows, its own time), the open
 lanes (slots and queues), the order the batch's tasks would wait in, the
 queues' pending tasks and the providers' spend today.
 """
@@ -25,7 +26,13 @@ from dispatcher.models import JSON, Task
 from dispatcher.pricing import day_start
 from dispatcher.scheduling.allowances import clock_text, last_reset, next_reset
 from dispatcher.tasks.makespan import LaneSlots
-from dispatcher.tasks.planning import AllowanceLeft, BudgetLeft, ModelLoad, plan_batch
+from dispatcher.tasks.planning import (
+    AllowanceLeft,
+    BudgetLeft,
+    ModelLoad,
+    param_run_s,
+    plan_batch,
+)
 from dispatcher.tasks.spec import parse_plan
 
 if TYPE_CHECKING:
@@ -135,6 +142,19 @@ async def _load(
     ]
     durations = list(await scheduler.recent_durations(model))
     run_s, run_from = _expected_run_s(service, model, durations)
+    profile = service.profiles.get(model)
+    by_id = {task.id: task for task in tasks}
+    task_run_s = tuple(
+        param_run_s(
+            by_id[task_id].params,
+            profile.run_s_param,
+            profile.run_s_per_unit,
+            service.clock.time_scale,
+        )
+        if profile is not None
+        else None
+        for task_id in running
+    )
     load = ModelLoad(
         model=model,
         tasks=len(tasks),
@@ -145,6 +165,7 @@ async def _load(
         unpriced=unpriced,
         run_s=run_s,
         run_from=run_from,
+        task_run_s=task_run_s,
         owners=tuple(sorted({lane.owner for lane in lanes})),
         capacity=sum(scheduler.lane_concurrency(lane) for lane in lanes),
         queued_ahead=queued.get(queue, 0),

@@ -10,7 +10,10 @@ the tasks already waiting, then the batch's in its order, each on the
 earliest free slot of an open lane serving its queue (a web account one
 slot, a provider its quota). A model's expected run time is the mean of its
 recent runs on this service (a lane's time is their sum), else the
-profile's `expected_run_s` scaled by the time scale, else unknown. Models
+profile's `expected_run_s` scaled by the time scale, else unknown; but a
+task carrying the param its profile's run time follows (`run_s_param`) is
+expected to run that param times `run_s_per_unit` (a video's seconds set
+its render time), each task its own time in the schedule. Models
 that share a lane owner share its slots and form one group; no schedule
 beats the group's lower bound max(work / slots, the longest run), which
 the plan names.
@@ -23,6 +26,7 @@ the batch, about when, and until which reset the rest waits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +46,10 @@ class ModelLoad:
     cost_usd: float | None = 0.0  # estimated, for the tasks that would run
     unpriced: int = 0  # tasks to run without a price table
     run_s: float | None = None  # expected run time, real seconds; None: unknown
-    run_from: str = "history"  # "history" (its recent runs) or "profile" (expected_run_s)
+    run_from: str = "history"  # "history" (its recent runs), "profile" (expected_run_s), "param"
+    # Each task to run, in the batch's order: its own expected run time (real
+    # seconds, from its run-time param), None where it has none (then run_s).
+    task_run_s: tuple[float | None, ...] = ()
     owners: tuple[str, ...] = ()  # lane owners serving it (providers, web accounts)
     capacity: int = 0  # slots of its open lanes
     queued_ahead: int = 0  # pending tasks already in its queue
@@ -55,6 +62,50 @@ class ModelLoad:
     @property
     def to_run(self) -> int:
         return max(0, self.tasks - self.duplicates - self.twins - self.cached)
+
+    @property
+    def fallback_run_s(self) -> float | None:
+        """A task's time when it has no param of its own: run_s, else (no
+        history, no expected_run_s) the mean of the param-driven times."""
+        if self.run_s is not None:
+            return self.run_s
+        known = [t for t in self.task_run_s if t is not None]
+        return sum(known) / len(known) if known else None
+
+    def run_times_s(self) -> list[float] | None:
+        """Expected run time of each task it adds to the schedule: those queued
+        ahead, then the batch's to run; None when one of them is unknown."""
+        fallback = self.fallback_run_s
+        own = list(self.task_run_s[: self.to_run])
+        own += [None] * (self.to_run - len(own))
+        times = [fallback] * self.queued_ahead + [fallback if t is None else t for t in own]
+        if any(t is None for t in times):
+            return None
+        return [t for t in times if t is not None]
+
+    @property
+    def timed_from(self) -> str:
+        """Where its times come from: "param" when any task's param sets its own."""
+        return "param" if any(t is not None for t in self.task_run_s) else self.run_from
+
+
+def param_run_s(
+    params: Mapping[str, Any], param: str | None, per_unit_s: float | None, time_scale: float
+) -> float | None:
+    """A task's expected run time (real seconds) from the param its profile's
+    run time follows; None when the profile names none or the task lacks it."""
+    if param is None or per_unit_s is None:
+        return None
+    value = params.get(param)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        units = float(value)
+    except ValueError:
+        return None
+    if not math.isfinite(units) or units < 0:
+        return None
+    return units * per_unit_s * time_scale
 
 
 @dataclass(frozen=True)
@@ -118,7 +169,8 @@ def _groups(loads: Sequence[ModelLoad]) -> list[list[ModelLoad]]:
 def _group_time(members: Sequence[ModelLoad], capacity: int, schedule: Schedule) -> dict[str, Any]:
     count = sum(m.to_run + m.queued_ahead for m in members)
     timed = [m for m in members if m.to_run + m.queued_ahead > 0]
-    unknown = [m.model for m in timed if m.run_s is None]
+    times = {m.model: m.run_times_s() for m in timed}
+    unknown = [model for model, each in times.items() if each is None]
     if count == 0:
         return {"estimate_s": 0.0, "lower_bound_s": 0.0, "bound": "nothing to run"}
     if unknown:
@@ -129,16 +181,20 @@ def _group_time(members: Sequence[ModelLoad], capacity: int, schedule: Schedule)
         }
     if capacity <= 0 or any(m.queue_name in schedule.unplaced for m in timed):
         return {"estimate_s": None, "lower_bound_s": None, "bound": "no open lane serves it"}
-    work_s = sum((m.to_run + m.queued_ahead) * (m.run_s or 0.0) for m in timed)
+    every_s = [t for each in times.values() for t in each or ()]
+    work_s = sum(every_s)
     mean_s = work_s / count
-    longest_s = max(m.run_s or 0.0 for m in timed)
+    longest_s = max(every_s, default=0.0)
     estimate_s = max(schedule.ends_s.get(m.queue_name, 0.0) for m in timed)
     by_lanes = work_s / capacity
     if by_lanes >= longest_s:
         bound = f"lane capacity: {count} tasks x {mean_s:.1f} s over {capacity} slots"
     else:
         bound = f"longest single run: {longest_s:.1f} s"
-    if any(m.run_from == "profile" for m in timed):
+    if any(m.timed_from == "param" for m in timed):
+        params = sorted({m.model for m in timed if m.timed_from == "param"})
+        bound += f" (each task's run time from its param: {', '.join(params)})"
+    elif any(m.run_from == "profile" for m in timed):
         bound += " (from expected_run_s: no run history yet)"
     return {
         "estimate_s": round(estimate_s, 3),
@@ -163,20 +219,29 @@ def _lanes_from(loads: Sequence[ModelLoad]) -> list[LaneSlots]:
 
 def _runs(loads: Sequence[ModelLoad], order: Sequence[str] | None) -> list[PlannedRun]:
     """The tasks in the order the queues serve them: those already waiting,
-    then the batch's (in `order`, the models of its tasks to run, when given)."""
-    known = {load.model: load for load in loads if load.run_s is not None}
+    then the batch's (in `order`, the models of its tasks to run, when given),
+    each with its own expected run time."""
+    times = {load.model: load.run_times_s() for load in loads}
+    known = {load.model: load for load in loads if times[load.model] is not None}
     runs = [
-        PlannedRun(load.queue_name, load.run_s)
+        PlannedRun(load.queue_name, run_s)
         for load in known.values()
-        for _ in range(load.queued_ahead)
-        if load.run_s is not None
+        for run_s in (times[load.model] or [])[: load.queued_ahead]
     ]
     if order is None:
         order = [load.model for load in loads for _ in range(load.to_run)]
+    taken = dict.fromkeys(known, 0)
     for model in order:
         load = known.get(model)
-        if load is not None and load.run_s is not None:
-            runs.append(PlannedRun(load.queue_name, load.run_s))
+        own = times.get(model)
+        if load is None or own is None:
+            continue
+        index = load.queued_ahead + taken[model]
+        taken[model] += 1
+        # More tasks in `order` than the load counted: its fallback time.
+        run_s = own[index] if index < len(own) else load.fallback_run_s
+        if run_s is not None:
+            runs.append(PlannedRun(load.queue_name, run_s))
     return runs
 
 
@@ -209,8 +274,8 @@ def plan_batch(
                 "queued_ahead": load.queued_ahead,
                 "cost_usd": None if load.cost_usd is None else round(load.cost_usd, 6),
                 "unpriced": load.unpriced,
-                "run_s": None if load.run_s is None else round(load.run_s, 3),
-                "run_from": load.run_from if load.run_s is not None else None,
+                "run_s": None if load.fallback_run_s is None else round(load.fallback_run_s, 3),
+                "run_from": load.timed_from if load.fallback_run_s is not None else None,
                 "capacity": load.capacity,
                 "per_day": _per_day(load, allowances),
             }

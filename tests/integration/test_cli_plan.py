@@ -91,19 +91,28 @@ def test_a_batch_over_its_limits_is_refused_with_the_reason_unless_told(
     assert _jobs(service) == before + 1
 
 
+def _sample(tmp_path: Path, *, gen_s: bool) -> Path:
+    """The sample batch's API models, never run here (with or without their
+    tasks' `gen_s`, the param their profiles' run time follows)."""
+    path = tmp_path / "first.jsonl"
+    sample = REPO / "demo" / "sample-batch.jsonl"
+    lines = []
+    for line in sample.read_text().splitlines():
+        if '"demo-video"' in line or '"demo-queue"' in line:
+            task = json.loads(line)
+            if not gen_s:
+                task["params"].pop("gen_s")
+            lines.append(json.dumps(task))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_a_model_without_history_is_planned_from_its_profiles_expected_run(
     service: ServiceProcess, tmp_path: Path
 ) -> None:
-    """The sample batch's API models, never run here: their profiles'
-    `expected_run_s` (demo-video 5 s, demo-queue 3 s) at the time scale 0.02."""
-    path = tmp_path / "first.jsonl"
-    sample = REPO / "demo" / "sample-batch.jsonl"
-    lines = [
-        line
-        for line in sample.read_text().splitlines()
-        if '"demo-video"' in line or '"demo-queue"' in line
-    ]
-    path.write_text("\n".join(lines) + "\n")
+    """Tasks without `gen_s`: their profiles' `expected_run_s` (demo-video 5 s,
+    demo-queue 3 s) at the time scale 0.02."""
+    path = _sample(tmp_path, gen_s=False)
     answer = json.loads(service.cli("plan", str(path), "--json").stdout)
     total = answer["total"]
     # Four 0.1 s videos through the provider's three slots: 0.2 s.
@@ -114,3 +123,18 @@ def test_a_model_without_history_is_planned_from_its_profiles_expected_run(
     said = " ".join(shown.stdout.split())
     assert "makespan ~0s, lower bound 0s set by demo-video:" in said
     assert "(from expected_run_s: no run history yet)" in said
+
+
+def test_a_task_with_its_run_time_param_is_planned_for_its_own_time(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    """The profiles say `run_s_param = "gen_s"`: each video its own gen_s
+    (3, 3, 3, 4 nominal s at 0.02), not the profile's typical 5 s."""
+    answer = json.loads(service.cli("plan", str(_sample(tmp_path, gen_s=True)), "--json").stdout)
+    total = answer["total"]
+    # Three 0.06 s videos side by side on the three slots, then the 0.08 s one.
+    assert total["makespan_s"] == 0.14
+    assert "each task's run time from its param: demo-video" in total["bound"]
+    rows = {row["model"]: row for row in answer["models"]}
+    assert rows["demo-video"]["run_from"] == "param"
+    assert rows["demo-queue"]["run_from"] == "param"
