@@ -110,7 +110,7 @@ class Sender:
         else:
             from dramatiq.brokers.redis import RedisBroker
 
-            self.dramatiq = RedisBroker(url=redis_url)  # type: ignore[no-untyped-call]
+            self.dramatiq = RedisBroker(url=redis_url)
 
     def send(self, queue: str, args: list[Any]) -> None:
         if self.name == "celery":
