@@ -193,7 +193,7 @@ def claim_sql(
     deadline: `ranked_sql`) the order is plain FIFO, which the queue index
     serves without sorting the whole queue.
     """
-    guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
+    guard = claim_guard(fenced=fenced, quota=quota, budget=budget)
     pick = claim_pick(
         queue_count,
         guard,
@@ -207,6 +207,13 @@ def claim_sql(
         f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
         f"AND seq = ({pick}) RETURNING {COLUMNS}"
     )
+
+
+def claim_guard(*, fenced: bool, quota: bool, budget: bool) -> str:
+    """What a claim must still hold: the account's lease (args: account,
+    token), room in the provider's quota (owner, limit), room in its daily
+    budget (provider, since, limit)."""
+    return (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
 
 
 def claim_pick(
@@ -257,7 +264,7 @@ def claim_sql_gated(
     args but the values: ranked (fallbacks too), FIFO with fallbacks, FIFO.
     The two picks among fallbacks leave `prefer` queues theirs (`_deferred`).
     """
-    guard = (FENCE if fenced else "") + (QUOTA if quota else "") + (BUDGET if budget else "")
+    guard = claim_guard(fenced=fenced, quota=quota, budget=budget)
     ranked = f"EXISTS ({ranked_sql(queue_count)})"
     waiting = f"EXISTS ({FALLBACKS_WAITING.format(hint='')})"
     ordered = CLAIM_ORDER.format(levels=aging)

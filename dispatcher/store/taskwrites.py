@@ -172,16 +172,22 @@ def task_claim(
     alts = [like_pattern(f"|{queue}|") for queue in queues] if fallbacks else []
     if fallbacks and prefer:
         alts += deferred_args(queues, prefer)
-    args: list[Any] = [*columns.values(), *queues, *alts, now]
+    args: list[Any] = [*columns.values(), *queues, *alts, now, *guard_args(fence, quota, budget)]
+    if ranked:
+        args += [now, aging_step_s]
+    return Statement(dialect.marks(sql), tuple(args))
+
+
+def guard_args(fence: Fence | None, quota: Quota | None, budget: Budget | None) -> list[Any]:
+    """The arguments of a claim's guard (`sql.claim_guard`), in its order."""
+    args: list[Any] = []
     if fence is not None:
         args += [fence.account, fence.token]
     if quota is not None:
         args += [quota.owner, quota.limit]
     if budget is not None:
         args += [budget.provider, budget.since, budget.limit_usd]
-    if ranked:
-        args += [now, aging_step_s]
-    return Statement(dialect.marks(sql), tuple(args))
+    return args
 
 
 def task_claim_gated(
@@ -209,13 +215,7 @@ def task_claim_gated(
         prefer=len(prefer),
         position=POSTGRESQL.position,
     )
-    guard: list[Any] = []
-    if fence is not None:
-        guard += [fence.account, fence.token]
-    if quota is not None:
-        guard += [quota.owner, quota.limit]
-    if budget is not None:
-        guard += [budget.provider, budget.since, budget.limit_usd]
+    guard = guard_args(fence, quota, budget)
     alts = [like_pattern(f"|{queue}|") for queue in queues]
     alts += deferred_args(queues, prefer) if prefer else []
     ranked = [*queues, *queues, *alts, now, *guard, now, aging_step_s]
