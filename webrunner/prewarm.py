@@ -135,7 +135,7 @@ async def prestart_browser(
         # Known to the keeper once launched: a stop or an operator's login
         # that comes now finds it (and waits for the lock held here).
         async with asyncio.timeout(START_LIMIT_S):
-            session = await runner.launch_browser(account, spec.url, log)
+            session = await runner.launch_browser(account, spec, log)
         try:
             page, loaded_at = await _checked_page(runner.clock, account, session, spec)
         except asyncio.CancelledError:

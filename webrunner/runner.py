@@ -255,13 +255,6 @@ class WebRunner(Runner):
                 return profile.web
         raise NotFound(f"no web account {account!r}; known: {', '.join(self.accounts) or 'none'}")
 
-    def _spec_at(self, account: str, url: str) -> WebSpec:
-        for name in self.models_of(account):
-            profile = self._all_profiles.get(name)
-            if profile is not None and profile.web is not None and profile.web.url == url:
-                return profile.web
-        return self.spec_for(account)
-
     def _policy(self, account: str, spec: WebSpec) -> BrowserPolicy:
         return policy_for(
             spec,
@@ -324,10 +317,10 @@ class WebRunner(Runner):
         )
 
     async def _session_for(
-        self, ctx: RunContext, account: str, url: str
+        self, ctx: RunContext, account: str, spec: WebSpec
     ) -> tuple[BrowserSession, bool]:
         """The account's open browser if it is still healthy, else a new one
-        whose first tab starts loading `url` at launch; (session, reused)."""
+        whose first tab starts loading the model's page at launch; (session, reused)."""
         session = self.keeper.session(account)
         if session is not None:
             if session.usable:
@@ -348,7 +341,7 @@ class WebRunner(Runner):
         try:
             session = await page_step(
                 ctx,
-                self.launch_browser(account, url, ctx.log),
+                self.launch_browser(account, spec, ctx.log),
                 what="starting the browser",
                 budget=Budget.after(self.clock, START_LIMIT_S, f"{START_LIMIT_S:.0f} s"),
                 # Interrupted, it kills what it launched before it passes the
@@ -360,14 +353,19 @@ class WebRunner(Runner):
             raise
         return session, False
 
-    async def launch_browser(self, account: str, url: str, log: Log) -> BrowserSession:
+    async def launch_browser(self, account: str, spec: WebSpec, log: Log) -> BrowserSession:
         """A new browser for the account (the self-check first), its first tab
-        loading `url`, known to the keeper at once and counted: a task's start
-        and one before the account's first task (`prewarm.py`) alike. Call it
-        under the account's lock."""
+        loading the model's page, known to the keeper at once and counted: a
+        task's start and one before the account's first task (`prewarm.py`)
+        alike. Call it under the account's lock.
+
+        The caller names the model's [web] table: looked up from the models
+        the account serves now, a task already running on an account whose
+        removal is draining (its models gone from the lanes) would fail."""
         assert self._playwright is not None and self._executable is not None
         user_data_dir = self.user_data_dir(account)
-        policy = self._policy(account, self._spec_at(account, url))
+        url = spec.url
+        policy = self._policy(account, spec)
         clear_downloads(user_data_dir)
         try:
             session = await start_browser(
@@ -516,7 +514,7 @@ class WebRunner(Runner):
 
     async def _ready_page(self, ctx: RunContext, run: BrowserRun, spec: WebSpec) -> PageDriver:
         """The account's browser (kept or new) with the model's page ready for a prompt."""
-        run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
+        run.session, run.reused = await self._session_for(ctx, run.account, spec)
         await self._guard(ctx, run.session, spec)
         run.tracing = spec.trace and await evidence.start_trace(run.session.context, ctx.log)
         page_budget = Budget.after(self.clock, PAGE_READY_S, f"{PAGE_READY_S:.0f} s")
@@ -531,7 +529,7 @@ class WebRunner(Runner):
                 "kept browser pid %d failed (%s); starting a new one", run.session.pid, exc
             )
             await self._kill(run.account, run.session)
-            run.session, run.reused = await self._session_for(ctx, run.account, spec.url)
+            run.session, run.reused = await self._session_for(ctx, run.account, spec)
             await self._guard(ctx, run.session, spec)
             run.driver = await self._open_page(ctx, run, spec, page_budget)
         return run.driver

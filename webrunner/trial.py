@@ -210,7 +210,7 @@ async def try_profile(
         report_stage=stage,
         record_remote_id=remote,
     )
-    session = await runner.launch_browser(account, spec.url, log)
+    session = await runner.launch_browser(account, spec, log)
     page: Page | None = None
     submitted = False
     try:

@@ -437,3 +437,30 @@ async def test_an_add_of_an_account_another_host_serves_is_refused_naming_it(
                 "/v1/accounts", json={"name": "extra", "models": ["demo-chat"]}
             )
             assert again.status_code == 201, again.text
+
+
+async def test_a_drained_account_s_running_task_starts_its_browser(tmp_path: Path) -> None:
+    """A drain takes the account's models off the lanes at once, while its
+    running task may not have started its browser yet: that start must still
+    find the model's page (it failed "no web account 'extra'" on a CI run, a
+    crashed attempt charged to a task nobody cancelled)."""
+    one_listed(tmp_path)
+    async with running_service(tmp_path, profiles=(), time_scale=0.05, browser_prewarm=False) as h:
+        runner = await only_extra_serving(h)
+        make_room = runner.memory.make_room
+        held = asyncio.Event()
+        go_on = asyncio.Event()
+
+        async def held_make_room(account: str, log: object, *, for_task: bool = True) -> bool:
+            held.set()
+            await go_on.wait()
+            return await make_room(account, log, for_task=for_task)  # type: ignore[arg-type]
+
+        runner.memory.make_room = held_make_room  # type: ignore[method-assign]
+        first = await h.submit("demo-chat", "the one running [duration=5]")
+        await asyncio.wait_for(held.wait(), 30)
+        draining = await h.http.delete("/v1/accounts/extra", params={"drain": "true"})
+        assert draining.status_code == 202, draining.text
+        go_on.set()
+        done = await h.wait_task(first["id"])
+        assert done["state"] == "success" and len(done["attempts"]) == 1, done
