@@ -68,6 +68,7 @@ SHAPES = {
     "endless": "content never ends",
     "attachment": "content never ends, sent as an attachment (a browser downloads it)",
     "drip": "content never ends, one small chunk every 20 ms",
+    "dripfile": "as drip, sent as an attachment: a download that never ends nor passes a cap",
     "longname": "content's Content-Disposition names a 300-character file",
     "dotname": "content's file name is ../../x",
     "nulname": "content's file name holds a NUL",
@@ -96,6 +97,7 @@ class HostileState:
     media: list[str] = field(default_factory=list)
     huge_bytes: int = 64 * 1024 * 1024
     download: str = ""
+    download_times: int = 1  # how many times the page starts `download`
     popups: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     open_streams: int = 0  # endless answers still being sent
@@ -107,6 +109,7 @@ class HostileState:
         self.bytes_served = 0
         self.media = []
         self.download = ""
+        self.download_times = 1
         self.popups = []
         self.images = []
 
@@ -216,6 +219,12 @@ class Hostile:
             )
         if shape == "drip":
             return StreamingResponse(self._endless(0.02), media_type="application/octet-stream")
+        if shape == "dripfile":
+            return StreamingResponse(
+                self._endless(0.02),
+                media_type="application/octet-stream",
+                headers={"Content-Disposition": 'attachment; filename="slow.bin"'},
+            )
         names = {
             "longname": "n" * 296 + ".png",
             "dotname": "../../x",
@@ -264,6 +273,7 @@ class Hostile:
         )
         extras = {
             "download": self.state.download,
+            "download_times": self.state.download_times,
             "popups": self.state.popups,
             "images": self.state.images,
         }
@@ -290,7 +300,16 @@ class Hostile:
 
     async def post_config(self, request: Request) -> Response:
         body = await request.json()
-        for key in ("elsewhere", "other", "media", "huge_bytes", "download", "popups", "images"):
+        for key in (
+            "elsewhere",
+            "other",
+            "media",
+            "huge_bytes",
+            "download",
+            "download_times",
+            "popups",
+            "images",
+        ):
             if key in body:
                 setattr(self.state, key, body[key])
         return JSONResponse({"ok": True})
@@ -329,9 +348,9 @@ document.getElementById('send').addEventListener('click', () => {
     media.append(img);
   }
   for (const url of extras.popups) window.open(url, '_blank');
-  if (extras.download) {
+  for (let i = 0; extras.download && i < extras.download_times; i++) {
     const a = document.createElement('a');
-    a.href = extras.download;
+    a.href = extras.download + (i ? '?n=' + i : '');
     a.download = 'big.bin';
     document.body.append(a);
     a.click();

@@ -9,7 +9,13 @@ operator's login, which may need a sign-in popup) we:
   profile's own `url`);
 - deny downloads, unless the profile sets `[web] downloads = true`: then
   they go into the state dir next to the browser profile, and one that
-  passes the download cap is cancelled and its file removed.
+  passes the download cap is cancelled and its file removed. Their number is
+  bounded too (`MAX_DOWNLOADS_AT_ONCE` in progress, `MAX_DOWNLOADS_PER_TASK`
+  begun), and so is their duration: a task's end (its browser kept for the
+  next) cancels what is still downloading and empties the folder, as a new
+  browser's start does, and one that begins between tasks is cancelled.
+  Nothing reads these files: a site may need its download to succeed, the
+  dispatcher's results come from the answer.
 
 Without the policy a download went to Playwright's artifacts folder under
 the system temp dir and grew unbounded while the browser lived.
@@ -102,6 +108,12 @@ def downloads_dir_for(user_data_dir: Path) -> Path:
 # the tabs opened through `own_page`.
 _GUARDS: weakref.WeakKeyDictionary[BrowserContext, Guard] = weakref.WeakKeyDictionary()
 OWN_PAGE_WAIT_S = 5.0
+# A page could start downloads one after another, each under the size cap:
+# the folder would grow by the cap per download for as long as the browser
+# is kept. Past these counts a download is cancelled as it begins.
+MAX_DOWNLOADS_AT_ONCE = 4
+MAX_DOWNLOADS_PER_TASK = 16
+SETTLE_S = 5.0
 
 
 async def own_page(context: BrowserContext) -> Page:
@@ -121,6 +133,11 @@ class Guard:
         self.popups_closed = 0
         self.blocked: list[str] = []
         self.downloads_cancelled = 0
+        # guid -> bytes received, of the downloads in progress; and how many
+        # began since the last task's end (`settle`).
+        self._downloading: dict[str, int] = {}
+        self._downloads_begun = 0
+        self._between_tasks = False  # from a task's end (`settle`) to the next `apply`
         self._cancels: set[asyncio.Task[None]] = set()
         self._cancelled: set[str] = set()
         self._own: weakref.WeakSet[Page] = weakref.WeakSet()
@@ -160,6 +177,8 @@ class Guard:
         self.popups_closed += 1  # counted once gone
 
     async def apply(self, policy: BrowserPolicy) -> None:
+        """The policy of the task about to run (each task's start)."""
+        self._between_tasks = False
         if policy == self.policy:
             return
         context = self._session.context
@@ -199,6 +218,7 @@ class Guard:
     async def _set_downloads(self, policy: BrowserPolicy) -> None:
         if self._cdp is None:
             self._cdp = await self._session.browser.new_browser_cdp_session()
+            self._cdp.on("Browser.downloadWillBegin", self._on_begin)
             self._cdp.on("Browser.downloadProgress", self._on_progress)
         target = policy.downloads_dir
         if target is None:
@@ -210,28 +230,76 @@ class Guard:
             {"behavior": "allowAndName", "downloadPath": str(target), "eventsEnabled": True},
         )
 
+    def _on_begin(self, event: dict[str, Any]) -> None:
+        policy = self.policy
+        guid = str(event.get("guid") or "")
+        if policy is None or policy.downloads_dir is None or not _GUID.fullmatch(guid):
+            return
+        self._downloads_begun += 1
+        if self._between_tasks:
+            self._cancel_download(guid, "no task was running")
+        elif len(self._downloading) >= MAX_DOWNLOADS_AT_ONCE:
+            self._cancel_download(guid, f"{MAX_DOWNLOADS_AT_ONCE} were in progress already")
+        elif self._downloads_begun > MAX_DOWNLOADS_PER_TASK:
+            self._cancel_download(guid, f"{MAX_DOWNLOADS_PER_TASK} began during this task")
+        else:
+            self._downloading[guid] = 0
+
     def _on_progress(self, event: dict[str, Any]) -> None:
         policy = self.policy
         if policy is None or policy.downloads_dir is None:
             return
+        guid = str(event.get("guid") or "")
         if event.get("state") != "inProgress":
+            self._downloading.pop(guid, None)  # completed or cancelled
             return
         received = int(event.get("receivedBytes") or 0)
-        if received <= policy.max_download_bytes:
-            return
-        guid = str(event.get("guid") or "")
+        if guid in self._downloading:
+            self._downloading[guid] = received
+        if received > policy.max_download_bytes:
+            self._cancel_download(guid, f"it passed {policy.max_download_bytes} bytes (the cap)")
+
+    def _cancel_download(self, guid: str, why: str) -> None:
+        policy = self.policy
         # Chromium names the file by the guid: a plain name, or nothing is touched.
         # Progress goes on arriving until the cancel lands: one cancel each.
-        if _GUID.fullmatch(guid) and guid not in self._cancelled and self._cdp is not None:
-            self._cancelled.add(guid)
-            self.downloads_cancelled += 1
-            log.warning(
-                "a page's download passed %d bytes (the cap); cancelled and removed",
-                policy.max_download_bytes,
-            )
-            task = asyncio.ensure_future(_cancel(self._cdp, guid, policy.downloads_dir))
-            self._cancels.add(task)
-            task.add_done_callback(self._cancels.discard)
+        if (
+            policy is None
+            or policy.downloads_dir is None
+            or self._cdp is None
+            or not _GUID.fullmatch(guid)
+            or guid in self._cancelled
+        ):
+            return
+        self._downloading.pop(guid, None)
+        self._cancelled.add(guid)
+        self.downloads_cancelled += 1
+        log.warning("a page's download was cancelled and removed: %s", why)
+        task = asyncio.ensure_future(_cancel(self._cdp, guid, policy.downloads_dir))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def settle(self) -> None:
+        """A task's end, its browser kept: what its page still downloads is
+        cancelled and the folder emptied, so no download outlives the task
+        that started it, nor adds up over the tasks a kept browser runs."""
+        policy = self.policy
+        if policy is None or policy.downloads_dir is None:
+            return
+        self._between_tasks = True
+        for guid in list(self._downloading):
+            self._cancel_download(guid, "its task has ended")
+        if self._cancels:
+            # A hung browser must not hold the task's result: what is left
+            # ends with the browser, and its next start empties the folder.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SETTLE_S):
+                    await asyncio.gather(*self._cancels, return_exceptions=True)
+        self._downloads_begun = 0
+        with contextlib.suppress(OSError):
+            for entry in policy.downloads_dir.iterdir():
+                if entry.is_symlink() or not entry.is_dir():
+                    entry.unlink()
 
 
 async def _cancel(cdp: CDPSession, guid: str, where: Path) -> None:

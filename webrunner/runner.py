@@ -502,6 +502,8 @@ class WebRunner(Runner):
         assert session is not None
         if run.tracing:
             await evidence.drop_trace(session.context)
+        if session.guard is not None:
+            await session.guard.settle()
         run.kept = self.keeper.keep(
             run.account,
             session,

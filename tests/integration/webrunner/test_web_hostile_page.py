@@ -304,3 +304,41 @@ async def test_a_popup_whose_opener_closed_first_is_closed_and_our_tabs_are_kept
     await _until("the popups of a closed opener are closed", closed)
     assert not ours.is_closed()
     assert [p.url for p in session.context.pages if "/late-" in p.url] == []
+
+
+async def test_a_page_s_downloads_are_bounded_in_number_and_end_with_their_task(
+    web: WebEnv, sites: Sites
+) -> None:
+    """Each download under the size cap, a page could still start one after
+    another, or one that never ends, for as long as the browser is kept:
+    at most `MAX_DOWNLOADS_AT_ONCE` run, and a task's end cancels the rest."""
+    await sites.show(download=f"{sites.page.url}/dripfile/jobs/x/content", download_times=6)
+    # A cap no drip reaches within the test: the size cap is not what ends them.
+    runner = await _runner(
+        web, sites, keep_alive_s=600.0, downloads=True, max_download_bytes=1024**3
+    )
+    task = _task()
+    assert (await runner.run(task, web.context(task)[0])).text == "here you go"
+    session = _kept(runner)
+    guard = session.guard
+    assert guard is not None
+
+    async def all_began() -> bool:
+        asked = [
+            r
+            for r in (await sites.stats(sites.page))["requests"]
+            if r["path"].startswith("/dripfile/")
+        ]
+        return len(asked) >= 6
+
+    await _until("the page's six downloads are asked for", all_began)
+    assert _kept(runner) is session  # its browser open for the next task
+
+    async def none_left() -> bool:
+        return bool((await sites.stats(sites.page))["open_streams"] == 0)
+
+    await _until("no download outlives its task", none_left)
+    # Each as it began (past 4 at once, or after the task) or as the task ended.
+    assert guard.downloads_cancelled == 6
+    target = downloads_dir_for(web.user_data_dir())
+    assert [p.name for p in target.iterdir()] == []
