@@ -47,8 +47,26 @@ def _input_error(message: str) -> PermanentError:
     return PermanentError(message, kind="input")
 
 
+# `image_needs` per profile spec: every attempt asks, and walking the body
+# template each time was ~1 % of an instant task's CPU. The spec is frozen,
+# and held here, so its id cannot be another's while it is cached.
+_NEEDS: dict[int, tuple[ApiSpec, frozenset[tuple[str, str]]]] = {}
+_NEEDS_MAX = 256
+
+
 def image_needs(api: ApiSpec) -> set[tuple[str, str]]:
     """The (image param, form) pairs the submit body asks for."""
+    hit = _NEEDS.get(id(api))
+    if hit is not None and hit[0] is api:
+        return set(hit[1])
+    needs = _image_needs(api)  # a config error raises: nothing cached
+    if len(_NEEDS) >= _NEEDS_MAX:  # profiles reloaded many times: start over
+        _NEEDS.clear()
+    _NEEDS[id(api)] = (api, frozenset(needs))
+    return needs
+
+
+def _image_needs(api: ApiSpec) -> set[tuple[str, str]]:
     body = api.submit.body or {}
     needs = {(name, form) for name, form in placeholders(body) if name in IMAGE_PARAMS and form}
     for name, form in needs:

@@ -21,6 +21,7 @@ incomplete.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -62,7 +63,12 @@ async def run_ours(work: Path, vendor_url: str, tasks: int) -> dict[str, Any]:
             for i in range(tasks)
         ],
     }
-    with ServiceProc(state, env, work / "service.log") as service, PeakRss(service.pid) as peak:
+    # Under BENCH_PROFILE the same service in `bench.service_child`, which profiles itself.
+    module = "bench.service_child" if os.environ.get("BENCH_PROFILE") else "dispatcher"
+    with (
+        ServiceProc(state, env, work / "service.log", module=module) as service,
+        PeakRss(service.pid) as peak,
+    ):
         # As long as the CLI gives a job to be checked and stored (JOB_TIMEOUT_S_PER_TASK).
         async with service.async_client(limit=1, timeout_s=30.0 + 0.01 * tasks) as client:
             cpu0 = service.cpu_s()

@@ -253,6 +253,7 @@ async def run_dramatiq(
 async def run_procrastinate(
     lane: Lane, tasks: int, budget_s: float, dsn: str, batch: bool = False
 ) -> None:
+    import procrastinate
     import psycopg
 
     from bench.peer_apps.procrastinate_app import app, call_vendor
@@ -263,7 +264,11 @@ async def run_procrastinate(
         ).fetchone()
         return int(row[0]) if row else 0
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # The app's connector was built at import from the first run's database
+    # (dropped after it): a second run in one process (5 then 7) timed out
+    # opening its pool against it. Each run connects to its own database.
+    connector = procrastinate.PsycopgConnector(conninfo=dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn, app.replace_connector(connector):
         with app.open():
             call_vendor.defer(i=-1)
             await _until(lambda: finished(conn) >= 1, WARM_UP_BUDGET_S)

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -258,6 +258,9 @@ def _memory_families(views: Iterable[MemoryView]) -> Iterator[Metric]:
     yield browsers
 
 
+_M = TypeVar("_M", Counter, Histogram)
+
+
 class Metrics:
     def __init__(self, read_live: Callable[[], Mapping[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -295,6 +298,9 @@ class Metrics:
             "(given up, or never written: queue full, store down)",
             registry=self.registry,
         )
+        # The labelled children of the metrics above (`_child`): as many as
+        # models x states and stages, which the profiles bound.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def on_event(self, event: Event) -> None:
         match event:
@@ -302,13 +308,22 @@ class Metrics:
                 self._finished(task)
 
     def _finished(self, task: Task) -> None:
-        self.finished.labels(task.model, task.state.value).inc()
+        self._child(self.finished, task.model, task.state.value).inc()
         if task.state is State.SUCCESS and not task.from_cache and task.started_at:
-            self.task_duration.labels(task.model).observe(
+            self._child(self.task_duration, task.model).observe(
                 max(0.0, (task.finished_at or task.started_at) - task.started_at)
             )
         for stage, seconds in task.stage_durations.items():
-            self.stage_duration.labels(task.model, stage).observe(max(0.0, seconds))
+            self._child(self.stage_duration, task.model, stage).observe(max(0.0, seconds))
+
+    def _child(self, metric: _M, *labels: str) -> _M:
+        """`metric.labels(*labels)`, looked up once: `labels` checks and
+        locks on every call, and every finished task makes several."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return cast(_M, child)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE

@@ -126,7 +126,16 @@ class Task:
         return self.state in TERMINAL_STATES
 
     def replace(self, **changes: Any) -> Task:
-        return dataclasses.replace(self, **changes)
+        """`dataclasses.replace` without its trip through `__init__` (it reads
+        and passes all 36 fields, several times a task): a shallow copy with
+        the changes, unknown names refused as `replace` refuses them."""
+        unknown = changes.keys() - _TASK_FIELDS
+        if unknown:
+            raise TypeError(f"Task has no field(s) {sorted(unknown)}")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     def to_json(self) -> JSON:
         return {
@@ -171,6 +180,9 @@ class Task:
             return False
         end = self.finished_at if self.finished_at is not None else now
         return end > self.deadline
+
+
+_TASK_FIELDS = frozenset(f.name for f in dataclasses.fields(Task))
 
 
 @dataclass

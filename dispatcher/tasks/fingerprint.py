@@ -124,7 +124,8 @@ class LocalFiles:
 
     @classmethod
     def under(cls, dirs: Sequence[Path], max_bytes: int) -> LocalFiles:
-        return cls(tuple(Path(d) for d in dirs), max_bytes)
+        # Built for every attempt: a Path given is kept, not parsed again.
+        return cls(tuple(d if isinstance(d, Path) else Path(d) for d in dirs), max_bytes)
 
     @functools.cached_property
     def dirs(self) -> tuple[Path, ...]:

@@ -76,9 +76,10 @@ def log_transition(task: Task, old: State | None, why: str = "") -> None:
     # Every transition passes here: build the line only when it is written.
     if log.isEnabledFor(logging.INFO):
         stage = task.stage.value if task.stage else None
+        lane = lane_of(task)
         log.info(
-            "%s task %s attempt %d/%d %s%s stage=%s%s",
-            lane_prefix(task),
+            "[%s] task %s attempt %d/%d %s%s stage=%s%s",
+            lane,
             task.id,
             task.attempt,
             task.max_attempts,
@@ -86,12 +87,13 @@ def log_transition(task: Task, old: State | None, why: str = "") -> None:
             task.state.value,
             stage or "-",
             f" ({why})" if why else "",
-            extra=log_fields(
-                task,
-                attempt=task.attempt,
-                max_attempts=task.max_attempts,
-                from_state=old.value if old else None,
-                state=task.state.value,
-                stage=stage,
-            ),
+            extra={
+                "lane": lane,
+                "task_id": task.id,
+                "attempt": task.attempt,
+                "max_attempts": task.max_attempts,
+                "from_state": old.value if old else None,
+                "state": task.state.value,
+                "stage": stage,
+            },
         )

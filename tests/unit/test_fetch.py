@@ -78,6 +78,10 @@ def test_the_server_name_wins_over_the_url_and_the_type_fills_in() -> None:
         b'{"\\udfff": 1}',
         b"<html>bad gateway</html>",
         b"\xff\xfe",
+        # Raw, not escaped: json.loads decodes bytes with surrogatepass, and
+        # reads UTF-16 too (the walk is skipped only for plain ASCII bodies).
+        b'{"a": "\xed\xa0\x80"}',
+        '{"a": "\ud800"}'.encode("utf-16-le", "surrogatepass"),
     ],
 )
 def test_what_is_not_strict_bounded_json_is_a_bad_answer(body: bytes) -> None:

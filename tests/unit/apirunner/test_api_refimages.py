@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from apirunner.refsend import image_needs
 from dispatcher.clock import FakeClock
 from dispatcher.errors import InputError
 from dispatcher.profile_calls import ReferenceSpec
+from dispatcher.profiles import ApiSpec
 from dispatcher.refimages import PreparedImages, UploadCache, prepare
 from dispatcher.tasks.fingerprint import LocalFiles
 
@@ -83,3 +85,27 @@ async def test_one_upload_in_flight_serves_every_waiter_until_its_ttl() -> None:
     assert await cache.get("/v1/files", image, 60, upload) == ("file_2", True)
     cache.forget("/v1/files", image, "file_1")  # a stale refusal forgets nothing newer
     assert await cache.get("/v1/files", image, 60, upload) == ("file_2", False)
+
+
+def _spec(body: dict[str, object]) -> ApiSpec:
+    return ApiSpec.model_validate(
+        {
+            "base_url": "https://vendor.example",
+            "style": "async-job",
+            "submit": {"method": "POST", "path": "/jobs", "id": "id", "body": body},
+            "status": {"path": "/jobs/{id}"},
+        }
+    )
+
+
+def test_each_spec_gets_its_own_image_forms_every_time() -> None:
+    # Asked by every attempt (and remembered per spec): a caller's set is its
+    # own, and a reloaded profile's body is read anew.
+    first = _spec({"image": "{reference_image:base64}"})
+    needs = image_needs(first)
+    assert needs == {("reference_image", "base64")}
+    needs.clear()
+    assert image_needs(first) == {("reference_image", "base64")}
+    reloaded = _spec({"image": "{reference_image:data_url}"})
+    assert image_needs(reloaded) == {("reference_image", "data_url")}
+    assert image_needs(_spec({"prompt": "{prompt}"})) == set()
