@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
@@ -38,6 +38,38 @@ LOGIN_LOOK_S = 20.0
 # Real seconds between two looks at a loading page for a gate that only a
 # regex over its text can spot (any marker with a selector wakes it at once).
 GATE_POLL_S = 0.25
+# Real seconds between two full looks while the page shows itself busy: the
+# end of a generation (the busy marker going) wakes the loop at once from the
+# page (`_UNTIL_SHOWN_CHANGES_JS`), so these looks are only for what a busy
+# page may show without ending (an error banner, a cap, a stalled answer).
+MAX_BUSY_LOOK_S = 1.0
+# Real seconds a wait in the page may overrun its own timer (a renderer busy
+# with the page's script) before we stop waiting for it and look.
+PAGE_WAIT_SLACK_S = 0.5
+
+# Resolves once the first element's visibility (as Playwright judges it: in the
+# document, `visibility: visible`, a non-empty box) differs from what it was
+# when called, or after `ms`; "gone" at once when there is no such element.
+# It runs in the page and wakes on the page's own DOM changes: waiting costs
+# the browser nothing and one protocol call, where Playwright's `wait_for`
+# re-reads the page over the protocol every 20 ms (three calls each time).
+_UNTIL_SHOWN_CHANGES_JS = """(els, ms) => new Promise(resolve => {
+    const el = els[0];
+    if (!el) { resolve("gone"); return; }
+    const shown = () => {
+        if (!el.isConnected) return false;
+        if (getComputedStyle(el).visibility !== "visible") return false;
+        const box = el.getBoundingClientRect();
+        return box.width > 0 && box.height > 0;
+    };
+    const before = shown();
+    let timer = 0;
+    const watch = new MutationObserver(() => { if (shown() !== before) end("changed"); });
+    const end = why => { watch.disconnect(); clearTimeout(timer); resolve(why); };
+    watch.observe(document, {subtree: true, childList: true, attributes: true,
+                             characterData: true});
+    timer = setTimeout(() => end("timeout"), ms);
+})"""
 
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
@@ -141,6 +173,9 @@ class PageDriver:
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
+        # Looks at a busy page: often enough to see a stall within a quarter
+        # of `stall_s`, never less often than `poll_s`.
+        self.busy_look_s = max(self.poll_s, min(MAX_BUSY_LOOK_S, self.stall_s / 4))
         self._gates_rule = GateRule.of(spec)
 
     # -- small helpers ---------------------------------------------------
@@ -485,31 +520,55 @@ class PageDriver:
             await self._until_next_look(look)
 
     async def _until_next_look(self, look: _Look) -> None:
-        """Wait `poll_s` for the next look, or less: a generation's end shows
-        as the busy marker going hidden or a done marker appearing, and a
-        Playwright wait for that wakes the loop at once (it polls the page in
-        the utility world every ~20 ms, not from here), instead of up to
-        `poll_s` late. Whatever else the page shows (an error, a logout, a
-        cap, a stall) the next look reads, as before."""
+        """Wait for the next look: until the page changes what decides the
+        end, or `poll_s` (`busy_look_s` while busy) at most.
+
+        A generation's end shows as the busy marker going hidden or a done
+        marker appearing. While the page shows itself busy, the wait runs in
+        the page (`_until_busy_changes`): it wakes at the marker's change, and
+        costs nothing meanwhile. A done marker still to come is waited for by
+        Playwright (it polls the page every ~20 ms). Whatever else the page
+        shows (an error, a logout, a cap, a stall) the next look reads."""
         spec = self.spec
-        target: Locator | None = None
-        state: Literal["hidden", "visible"] = "hidden"
         if spec.busy and look.busy:
-            target = self._loc(spec.busy).first
-        elif spec.done and not look.done:
-            # Only while the marker is hidden: one showing already would
-            # satisfy the wait at once and turn the loop into a busy poll.
-            target, state = self._loc(spec.done).first, "visible"
-        if target is None:
+            await self._until_busy_changes(spec.busy)
+            return
+        if not (spec.done and not look.done):
             await self.ctx.guard(asyncio.sleep(self.poll_s))
             return
+        # Only while the marker is hidden: one showing already would satisfy
+        # the wait at once and turn the loop into a busy poll.
+        target = self._loc(spec.done).first
         try:
             await self._call(
-                target.wait_for(state=state, timeout=self.poll_s * 1000),
+                target.wait_for(state="visible", timeout=self.poll_s * 1000),
                 "waiting for the page to change",
             )
         except TransientError as exc:
             # Nothing changed within `poll_s` (or the page navigated): look.
+            if exc.kind != "timeout" and not _navigated(exc):
+                raise
+
+    async def _until_busy_changes(self, busy: str) -> None:
+        """Until the busy marker's visibility changes, or `busy_look_s`.
+
+        Bounded here too (`PAGE_WAIT_SLACK_S` past its timer): a page whose
+        script holds the renderer, or that replaced its timers, cannot keep
+        the loop from its next look (and its stall rule)."""
+        wait_s = self.busy_look_s
+        clock = self.ctx.clock
+        bound = Budget(
+            min(self.budget.deadline, clock.monotonic() + wait_s + PAGE_WAIT_SLACK_S),
+            self.budget.label,
+        )
+        try:
+            await page_step(
+                self.ctx,
+                self._loc(busy).evaluate_all(_UNTIL_SHOWN_CHANGES_JS, wait_s * 1000),
+                what="waiting for the page to change",
+                budget=bound,
+            )
+        except TransientError as exc:
             if exc.kind != "timeout" and not _navigated(exc):
                 raise
 

@@ -159,6 +159,42 @@ async def test_the_next_page_loads_in_a_spare_tab_unless_generations_run_long(
     await runner.aclose()
 
 
+async def test_a_busy_page_costs_a_look_as_it_starts_and_ends_not_a_poll_while_it_runs(
+    web: WebEnv,
+) -> None:
+    # Looks at a busy page only every ~17 min (a quarter of stall_s): the
+    # end must come from the page itself, and the cost of the generation
+    # must not grow with its length.
+    chat = web.profiles["demo-chat"]
+    assert chat.web is not None
+    web.profiles["demo-chat"] = chat.model_copy(
+        update={"web": chat.web.model_copy(update={"stall_s": 80_000.0})}
+    )
+    runner = await web.runner(browser_keep_alive_s=0.0)  # no spare tab loading meanwhile
+    task = web.task("count the words one by one [duration=80]")  # 4 s at this scale
+    ctx, recorder = web.context(task)
+    run = asyncio.create_task(runner.run(task, ctx))
+    try:
+        await recorder.wait_for_stage(Stage.GENERATING)
+        session = runner.running_browser("demo-1")
+        assert session is not None
+        sent_before = session.pipe.commands
+        async with asyncio.timeout(60):
+            result = await asyncio.shield(run)
+        sent = session.pipe.commands - sent_before
+    finally:
+        if not run.done():
+            run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+    assert result.text == "(brief) echo: count the words one by one"
+    # A look (~15 page calls, a few protocol commands each) as it starts and
+    # one as it ends, one wait in the page between them, then the close:
+    # ~120. Playwright's wait_for polled every 20 ms instead, three commands
+    # each: ~600 in these 4 s.
+    assert sent < 250, sent
+    assert (await web.stats())["collisions"] == 0
+
+
 async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
     runner = await web.runner()
     task = web.task("a cat [media=image,video]")
