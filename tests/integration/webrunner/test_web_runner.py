@@ -22,6 +22,8 @@ from webrunner import keeper
 from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 
 if TYPE_CHECKING:
+    from playwright.async_api import Page
+
     from tests.integration.webrunner.conftest import WebEnv
     from webrunner.runner import WebRunner
 
@@ -142,19 +144,35 @@ async def test_the_next_page_loads_in_a_spare_tab_unless_generations_run_long(
     assert await _tabs_during_generation(web, runner, "one [duration=30]") == 2
     session = runner.keeper.session("demo-1")
     assert session is not None
-    deadline = time.monotonic() + 10
-    while len(session.context.pages) > 1:  # the finished conversation's tab is closed
-        assert time.monotonic() < deadline, "the last conversation's tab stayed open"
-        await asyncio.sleep(0.05)
-    (parked,) = session.context.pages
-    assert parked.url == f"{web.url}/chat" and await parked.locator(".msg").count() == 0
+    # The finished conversation's tab stays, parked: the next spare loads in it.
+    tabs = list(session.context.pages)
+    assert len(tabs) == 2
+    fresh = [tab for tab in tabs if await tab.locator(".msg").count() == 0]
+    assert [tab.url for tab in fresh] == [f"{web.url}/chat"]
+    opened: list[Page] = []
+
+    def on_page(page: Page) -> None:
+        opened.append(page)
+
+    session.context.on("page", on_page)
+
+    # The next tasks take turns in the same two tabs: no tab opened, none closed.
+    assert await _tabs_during_generation(web, runner, "two [duration=30]") == 2
+    assert await _tabs_during_generation(web, runner, "three [duration=30]") == 2
+    assert opened == [] and set(session.context.pages) == set(tabs)
 
     # Generations longer than half a pre-loaded page's freshness: no spare
-    # (it would be stale by the end); the stale one is loaded again.
+    # (it would be stale by the end); the stale one is loaded again, and the
+    # parked tab, which no spare will take, is closed.
     monkeypatch.setattr(keeper, "PRELOAD_FRESH_S", 0.5)
-    assert await _tabs_during_generation(web, runner, "two [duration=30]") == 1
+    assert await _tabs_during_generation(web, runner, "four [duration=30]") == 2
+    deadline = time.monotonic() + 10
+    while len(session.context.pages) > 1:
+        assert time.monotonic() < deadline, "the parked tab stayed open"
+        await asyncio.sleep(0.05)
+    assert await _tabs_during_generation(web, runner, "five [duration=30]") == 1
     stats = await web.stats()
-    assert stats["generations"] == 2 and stats["collisions"] == 0
+    assert stats["generations"] == 5 and stats["collisions"] == 0
     assert runner.stats().counters["browser_launches"] == 1
     await runner.aclose()
 
