@@ -187,9 +187,11 @@ async def main(accounts_n: int, tasks_n: int, work: Path) -> dict[str, Any]:
                     job_id = answer.json()["id"]
                     while True:
                         await asyncio.sleep(0.5)
-                        job = (await call(client, "GET", f"/v1/jobs/{job_id}")).json()
+                        path = f"/v1/jobs/{job_id}?tasks=none"
+                        job = (await call(client, "GET", path)).json()
                         if job["state"] != "running":
                             break
+                    job = (await call(client, "GET", f"/v1/jobs/{job_id}")).json()
                 watch.read()
                 batch1, t2 = watch.by_kind(), time.monotonic()
                 load_batch = os.getloadavg()[0]
