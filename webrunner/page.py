@@ -56,19 +56,25 @@ PAGE_WAIT_SLACK_S = 0.5
 _UNTIL_SHOWN_CHANGES_JS = """(els, ms) => new Promise(resolve => {
     const el = els[0];
     if (!el) { resolve("gone"); return; }
-    const shown = () => {
-        if (!el.isConnected) return false;
-        if (getComputedStyle(el).visibility !== "visible") return false;
-        const box = el.getBoundingClientRect();
-        return box.width > 0 && box.height > 0;
-    };
-    const before = shown();
-    let timer = 0;
-    const watch = new MutationObserver(() => { if (shown() !== before) end("changed"); });
-    const end = why => { watch.disconnect(); clearTimeout(timer); resolve(why); };
-    watch.observe(document, {subtree: true, childList: true, attributes: true,
-                             characterData: true});
-    timer = setTimeout(() => end("timeout"), ms);
+    try {
+        const shown = () => {
+            if (!el.isConnected) return false;
+            if (getComputedStyle(el).visibility !== "visible") return false;
+            const box = el.getBoundingClientRect();
+            return box.width > 0 && box.height > 0;
+        };
+        const before = shown();
+        let timer = 0;
+        const watch = new MutationObserver(() => {
+            try { if (shown() !== before) end("changed"); } catch (e) { end("unavailable"); }
+        });
+        const end = why => { watch.disconnect(); clearTimeout(timer); resolve(why); };
+        watch.observe(document, {subtree: true, childList: true, attributes: true,
+                                 characterData: true});
+        timer = setTimeout(() => end("timeout"), ms);
+    } catch (e) {
+        resolve("unavailable");  // the page replaced what this needs
+    }
 })"""
 
 _MEDIA_SOURCES_JS = """els => els.map(e =>
@@ -554,7 +560,8 @@ class PageDriver:
 
         Bounded here too (`PAGE_WAIT_SLACK_S` past its timer): a page whose
         script holds the renderer, or that replaced its timers, cannot keep
-        the loop from its next look (and its stall rule)."""
+        the loop from its next look (and its stall rule); one whose script
+        makes the wait fail gets `poll_s` between looks, as before."""
         wait_s = self.busy_look_s
         clock = self.ctx.clock
         bound = Budget(
@@ -562,15 +569,21 @@ class PageDriver:
             self.budget.label,
         )
         try:
-            await page_step(
+            why = await page_step(
                 self.ctx,
                 self._loc(busy).evaluate_all(_UNTIL_SHOWN_CHANGES_JS, wait_s * 1000),
                 what="waiting for the page to change",
                 budget=bound,
             )
         except TransientError as exc:
-            if exc.kind != "timeout" and not _navigated(exc):
-                raise
+            if exc.kind == "timeout" or _navigated(exc):
+                return  # the next look says what the page shows now
+            why = "unavailable"
+        if why == "unavailable":
+            # A page whose own script broke the wait (it replaced the
+            # observer or the timers): wait as a poll would; a browser that
+            # is gone fails the next look.
+            await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
         """Click the profile's stop control if it is showing; bounded, never raises.
