@@ -48,12 +48,13 @@ MAX_BUSY_LOOK_S = 1.0
 PAGE_WAIT_SLACK_S = 0.5
 
 # Resolves once the first element's visibility (as Playwright judges it: in the
-# document, `visibility: visible`, a non-empty box) differs from what it was
-# when called, or after `ms`; "gone" at once when there is no such element.
+# document, `visibility: visible`, a non-empty box) differs from `seen` (what
+# the last look saw), or after `ms`; "gone" at once when there is no such
+# element, "differs" at once when it differs already.
 # It runs in the page and wakes on the page's own DOM changes: waiting costs
 # the browser nothing and one protocol call, where Playwright's `wait_for`
 # re-reads the page over the protocol every 20 ms (three calls each time).
-_UNTIL_SHOWN_CHANGES_JS = """(els, ms) => new Promise(resolve => {
+_UNTIL_SHOWN_CHANGES_JS = """(els, [ms, seen]) => new Promise(resolve => {
     const el = els[0];
     if (!el) { resolve("gone"); return; }
     try {
@@ -64,6 +65,8 @@ _UNTIL_SHOWN_CHANGES_JS = """(els, ms) => new Promise(resolve => {
             return box.width > 0 && box.height > 0;
         };
         const before = shown();
+        // Changed already since the look that saw it (`seen`): wake now.
+        if (before !== seen) { resolve("differs"); return; }
         let timer = 0;
         const watch = new MutationObserver(() => {
             try { if (shown() !== before) end("changed"); } catch (e) { end("unavailable"); }
@@ -182,6 +185,9 @@ class PageDriver:
         # Looks at a busy page: often enough to see a stall within a quarter
         # of `stall_s`, never less often than `poll_s`.
         self.busy_look_s = max(self.poll_s, min(MAX_BUSY_LOOK_S, self.stall_s / 4))
+        # The last wait in the page woke at once: the marker had changed
+        # between the look and the wait (`_until_busy_changes`).
+        self._wait_differed = False
         self._gates_rule = GateRule.of(spec)
 
     # -- small helpers ---------------------------------------------------
@@ -571,7 +577,7 @@ class PageDriver:
         try:
             why = await page_step(
                 self.ctx,
-                self._loc(busy).evaluate_all(_UNTIL_SHOWN_CHANGES_JS, wait_s * 1000),
+                self._loc(busy).evaluate_all(_UNTIL_SHOWN_CHANGES_JS, [wait_s * 1000, True]),
                 what="waiting for the page to change",
                 budget=bound,
             )
@@ -579,10 +585,15 @@ class PageDriver:
             if exc.kind == "timeout" or _navigated(exc):
                 return  # the next look says what the page shows now
             why = "unavailable"
-        if why == "unavailable":
+        # The page's view of the marker against Playwright's (the look's):
+        # should they disagree (a marker whose box the page reports
+        # differently), waking at once would turn the loop into a busy poll.
+        differed, self._wait_differed = self._wait_differed, why == "differs"
+        if why == "unavailable" or (differed and why == "differs"):
             # A page whose own script broke the wait (it replaced the
-            # observer or the timers): wait as a poll would; a browser that
-            # is gone fails the next look.
+            # observer or the timers), or that the wait keeps seeing other
+            # than the looks do: wait as a poll would; a browser that is
+            # gone fails the next look.
             await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
