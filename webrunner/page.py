@@ -20,7 +20,8 @@ from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
 from webrunner.gates import GateLook, GateRule, logged_out_error
-from webrunner.pagestep import Budget, PageContext, page_step
+from webrunner.pagestep import Budget, PageContext, navigated, page_step
+from webrunner.pagewait import MAX_BUSY_LOOK_S, until_shown_changes
 
 T = TypeVar("T")
 
@@ -38,48 +39,6 @@ LOGIN_LOOK_S = 20.0
 # Real seconds between two looks at a loading page for a gate that only a
 # regex over its text can spot (any marker with a selector wakes it at once).
 GATE_POLL_S = 0.25
-# Real seconds between two full looks while the page shows itself busy: the
-# end of a generation (the busy marker going) wakes the loop at once from the
-# page (`_UNTIL_SHOWN_CHANGES_JS`), so these looks are only for what a busy
-# page may show without ending (an error banner, a cap, a stalled answer).
-MAX_BUSY_LOOK_S = 1.0
-# Real seconds a wait in the page may overrun its own timer (a renderer busy
-# with the page's script) before we stop waiting for it and look.
-PAGE_WAIT_SLACK_S = 0.5
-
-# Resolves once the first element's visibility (as Playwright judges it: in the
-# document, `visibility: visible`, a non-empty box) differs from `seen` (what
-# the last look saw), or after `ms`; "gone" at once when there is no such
-# element, "differs" at once when it differs already.
-# It runs in the page and wakes on the page's own DOM changes: waiting costs
-# the browser nothing and one protocol call, where Playwright's `wait_for`
-# re-reads the page over the protocol every 20 ms (three calls each time).
-_UNTIL_SHOWN_CHANGES_JS = """(els, [ms, seen]) => new Promise(resolve => {
-    const el = els[0];
-    if (!el) { resolve("gone"); return; }
-    try {
-        const shown = () => {
-            if (!el.isConnected) return false;
-            if (getComputedStyle(el).visibility !== "visible") return false;
-            const box = el.getBoundingClientRect();
-            return box.width > 0 && box.height > 0;
-        };
-        const before = shown();
-        // Changed already since the look that saw it (`seen`): wake now.
-        if (before !== seen) { resolve("differs"); return; }
-        let timer = 0;
-        const watch = new MutationObserver(() => {
-            try { if (shown() !== before) end("changed"); } catch (e) { end("unavailable"); }
-        });
-        const end = why => { watch.disconnect(); clearTimeout(timer); resolve(why); };
-        watch.observe(document, {subtree: true, childList: true, attributes: true,
-                                 characterData: true});
-        timer = setTimeout(() => end("timeout"), ms);
-    } catch (e) {
-        resolve("unavailable");  // the page replaced what this needs
-    }
-})"""
-
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
         ? e.querySelector('source[src]').src : '') || e.getAttribute('src') || '')"""
@@ -116,14 +75,6 @@ async def started_on(
 
 # A page that keeps navigating while we wait is broken, not signed out.
 MAX_PAGE_NAVIGATIONS = 3
-
-
-def _navigated(exc: TransientError) -> bool:
-    """Whether a page call failed because the page navigated under it."""
-    text = str(exc)
-    return exc.kind == "browser" and (
-        "Execution context was destroyed" in text or "navigation" in text.lower()
-    )
 
 
 @dataclass(frozen=True)
@@ -294,7 +245,7 @@ class PageDriver:
             except TransientError as exc:
                 if exc.kind == "timeout":
                     raise self._not_ready() from exc
-                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                if not navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
                     raise
                 navigations += 1
                 shown = False
@@ -313,7 +264,7 @@ class PageDriver:
                 )
             except TransientError as exc:
                 # Nothing showed yet (or the page navigated): look again.
-                if exc.kind != "timeout" and not _navigated(exc):
+                if exc.kind != "timeout" and not navigated(exc):
                     raise
 
     def _not_ready(self) -> TransientError:
@@ -484,7 +435,7 @@ class PageDriver:
                 # navigates: the look meets a page that is going away. Look
                 # again at the page it lands on, which says what happened,
                 # rather than spending the attempt on a browser error.
-                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                if not navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
                     raise
                 navigations += 1
                 await self._call(
@@ -558,42 +509,20 @@ class PageDriver:
             )
         except TransientError as exc:
             # Nothing changed within `poll_s` (or the page navigated): look.
-            if exc.kind != "timeout" and not _navigated(exc):
+            if exc.kind != "timeout" and not navigated(exc):
                 raise
 
     async def _until_busy_changes(self, busy: str) -> None:
-        """Until the busy marker's visibility changes, or `busy_look_s`.
-
-        Bounded here too (`PAGE_WAIT_SLACK_S` past its timer): a page whose
-        script holds the renderer, or that replaced its timers, cannot keep
-        the loop from its next look (and its stall rule); one whose script
-        makes the wait fail gets `poll_s` between looks, as before."""
-        wait_s = self.busy_look_s
-        clock = self.ctx.clock
-        bound = Budget(
-            min(self.budget.deadline, clock.monotonic() + wait_s + PAGE_WAIT_SLACK_S),
-            self.budget.label,
+        """Until the busy marker's visibility changes, or `busy_look_s`
+        (`pagewait.until_shown_changes`); `poll_s` when the page's own
+        script breaks that wait, or the wait keeps seeing the marker other
+        than the looks do (waking at once would turn the loop into a busy
+        poll)."""
+        why = await until_shown_changes(
+            self.ctx, self._loc(busy), seen=True, wait_s=self.busy_look_s, budget=self.budget
         )
-        try:
-            why = await page_step(
-                self.ctx,
-                self._loc(busy).evaluate_all(_UNTIL_SHOWN_CHANGES_JS, [wait_s * 1000, True]),
-                what="waiting for the page to change",
-                budget=bound,
-            )
-        except TransientError as exc:
-            if exc.kind == "timeout" or _navigated(exc):
-                return  # the next look says what the page shows now
-            why = "unavailable"
-        # The page's view of the marker against Playwright's (the look's):
-        # should they disagree (a marker whose box the page reports
-        # differently), waking at once would turn the loop into a busy poll.
         differed, self._wait_differed = self._wait_differed, why == "differs"
         if why == "unavailable" or (differed and why == "differs"):
-            # A page whose own script broke the wait (it replaced the
-            # observer or the timers), or that the wait keeps seeing other
-            # than the looks do: wait as a poll would; a browser that is
-            # gone fails the next look.
             await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
