@@ -39,6 +39,7 @@ LOGIN_LOOK_S = 20.0
 # Real seconds between two looks at a loading page for a gate that only a
 # regex over its text can spot (any marker with a selector wakes it at once).
 GATE_POLL_S = 0.25
+
 _MEDIA_SOURCES_JS = """els => els.map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
         ? e.querySelector('source[src]').src : '') || e.getAttribute('src') || '')"""
