@@ -56,6 +56,11 @@ class CdpPipe:
         self._taken = False
         self._relay: asyncio.Task[None] | None = None
         self._closed = False
+        # DevTools messages relayed: commands to the browser, and its replies
+        # and events. What driving a page costs the browser (and us) is
+        # mostly per message: tests count them.
+        self.commands = 0
+        self.replies = 0
 
     def child_setup(self) -> None:
         """Run in the forked child before exec: the pipes at 3 and 4, and no
@@ -151,21 +156,21 @@ class CdpPipe:
             with contextlib.suppress(WebSocketException, OSError):
                 await asyncio.wait_for(ws.close(), 2.0)
 
-    @staticmethod
-    async def _up(ws: ServerConnection, writer: asyncio.StreamWriter) -> None:
+    async def _up(self, ws: ServerConnection, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(WebSocketException, OSError):
             async for message in ws:
                 data = message.encode() if isinstance(message, str) else message
                 writer.write(data + b"\0")
+                self.commands += 1
                 await writer.drain()
 
-    @staticmethod
-    async def _down(ws: ServerConnection, reader: asyncio.StreamReader) -> None:
+    async def _down(self, ws: ServerConnection, reader: asyncio.StreamReader) -> None:
         # LimitOverrunError: a message past MAX_MESSAGE_BYTES.
         ends = (WebSocketException, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError)
         with contextlib.suppress(*ends):
             while True:
                 data = await reader.readuntil(b"\0")
+                self.replies += 1
                 await ws.send(data[:-1].decode("utf-8", errors="replace"))
 
     async def close(self) -> None:

@@ -6,10 +6,14 @@ in series with its generations. So after a task that succeeded the browser
 stays open on a fresh copy of the model's page for the account's next task.
 That copy is loaded in a spare tab while the task's generation runs (the
 page is only loaded, nothing is typed into it: one generation at a time
-still holds), and the finished conversation's tab is closed after the
-answer; when the account's generations run longer than a pre-loaded page
-stays fresh, the spare would be stale by then, so the page is loaded again
-in the same tab after the answer instead. What the keeper guarantees:
+still holds). The finished conversation's tab is kept, parked, and is the
+spare tab of the task after next: loading a page again in a tab costs
+Chromium about half of what a new tab costs (a new renderer, its
+compositor; ~150 ms of CPU against ~300 on the 2-core VM), which twenty
+accounts on two cores pay per task. When the account's generations run
+longer than a pre-loaded page stays fresh, the spare would be stale by
+then, so the page is loaded again in the same tab after the answer
+instead. What the keeper guarantees:
 
 - an account has at most one browser, and the runner knows its PID;
 - a browser started before the account's first task (`prewarm.py`) is
@@ -103,12 +107,15 @@ async def _load_in(page: Page, url: str, prime: Primer | None) -> tuple[Page | N
 
 
 async def _load_spare(
-    context: BrowserContext, url: str, prime: Primer | None
+    context: BrowserContext, parked: Page | None, url: str, prime: Primer | None
 ) -> tuple[Page | None, float | None]:
-    try:
-        page = await own_page(context)
-    except PlaywrightError:
-        return None, None
+    """The next task's page: loaded again in the parked tab, else in a new one."""
+    page = parked
+    if page is None or page.is_closed():
+        try:
+            page = await own_page(context)
+        except PlaywrightError:
+            return None, None
     return page, await _load(page, url, prime)
 
 
@@ -148,6 +155,8 @@ class BrowserKeeper:
         # Tabs of finished conversations being closed, in the background: a
         # task does not wait for them (nothing reads those tabs again).
         self._tab_closers: dict[str, list[asyncio.Task[None]]] = {}
+        # The last finished conversation's tab, kept for the next spare.
+        self._parked: dict[str, Page] = {}
         self._released: set[str] = set()
         # Tasks that have run on each account (`resume`): a browser start
         # asked for before one of them is not wanted any more.
@@ -280,7 +289,8 @@ class BrowserKeeper:
         self._spares[account] = _Preload(
             url,
             asyncio.create_task(
-                _load_spare(session.context, url, prime), name=f"spare tab for {account}"
+                _load_spare(session.context, self._parked.pop(account, None), url, prime),
+                name=f"spare tab for {account}",
             ),
         )
 
@@ -309,11 +319,16 @@ class BrowserKeeper:
         self._idle_since[account] = time.monotonic()
         closers = [t for t in self._tab_closers.get(account, []) if not t.done()]
         self._tab_closers[account] = closers
-        if spare is not None and spare.url == next_url:
-            # The finished conversation is not needed any more.
+        # A tab parked earlier and not taken by a spare since (this task had
+        # none: long generations): it would only hold memory.
+        parked = self._parked.pop(account, None)
+        if parked is not None and parked is not page:
             closers.append(
-                asyncio.create_task(_close_tab(page), name=f"close the last tab of {account}")
+                asyncio.create_task(_close_tab(parked), name=f"close a tab of {account}")
             )
+        if spare is not None and spare.url == next_url:
+            # The finished conversation's tab: the spare of the task after next.
+            self._parked[account] = page
             self._preloads[account] = spare
         else:
             self._preloads[account] = _Preload(
@@ -404,6 +419,8 @@ class BrowserKeeper:
     # -- internals ----------------------------------------------------------------
 
     async def _drop_preload(self, account: str) -> None:
+        # (Its browser is being closed or killed: the parked tab goes with it.)
+        self._parked.pop(account, None)
         tasks: list[asyncio.Task[object]] = list(self._tab_closers.pop(account, []))
         for preloads in (self._preloads, self._spares):
             preload = preloads.pop(account, None)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
@@ -20,7 +20,8 @@ from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
 from webrunner.gates import GateLook, GateRule, logged_out_error
-from webrunner.pagestep import Budget, PageContext, page_step
+from webrunner.pagestep import Budget, PageContext, navigated, page_step
+from webrunner.pagewait import MAX_BUSY_LOOK_S, until_shown_changes
 
 T = TypeVar("T")
 
@@ -75,14 +76,6 @@ async def started_on(
 
 # A page that keeps navigating while we wait is broken, not signed out.
 MAX_PAGE_NAVIGATIONS = 3
-
-
-def _navigated(exc: TransientError) -> bool:
-    """Whether a page call failed because the page navigated under it."""
-    text = str(exc)
-    return exc.kind == "browser" and (
-        "Execution context was destroyed" in text or "navigation" in text.lower()
-    )
 
 
 @dataclass(frozen=True)
@@ -141,6 +134,12 @@ class PageDriver:
         self.stable_s = stable_real
         self.poll_s = min(MAX_POLL_S, max(MIN_POLL_S, stable_real / 4))
         self.stall_s = ctx.clock.scaled(spec.stall_s)
+        # Looks at a busy page: often enough to see a stall within a quarter
+        # of `stall_s`, never less often than `poll_s`.
+        self.busy_look_s = max(self.poll_s, min(MAX_BUSY_LOOK_S, self.stall_s / 4))
+        # The last wait in the page woke at once: the marker had changed
+        # between the look and the wait (`_until_busy_changes`).
+        self._wait_differed = False
         self._gates_rule = GateRule.of(spec)
 
     # -- small helpers ---------------------------------------------------
@@ -247,7 +246,7 @@ class PageDriver:
             except TransientError as exc:
                 if exc.kind == "timeout":
                     raise self._not_ready() from exc
-                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                if not navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
                     raise
                 navigations += 1
                 shown = False
@@ -266,7 +265,7 @@ class PageDriver:
                 )
             except TransientError as exc:
                 # Nothing showed yet (or the page navigated): look again.
-                if exc.kind != "timeout" and not _navigated(exc):
+                if exc.kind != "timeout" and not navigated(exc):
                     raise
 
     def _not_ready(self) -> TransientError:
@@ -437,7 +436,7 @@ class PageDriver:
                 # navigates: the look meets a page that is going away. Look
                 # again at the page it lands on, which says what happened,
                 # rather than spending the attempt on a browser error.
-                if not _navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
+                if not navigated(exc) or navigations >= MAX_PAGE_NAVIGATIONS:
                     raise
                 navigations += 1
                 await self._call(
@@ -485,33 +484,47 @@ class PageDriver:
             await self._until_next_look(look)
 
     async def _until_next_look(self, look: _Look) -> None:
-        """Wait `poll_s` for the next look, or less: a generation's end shows
-        as the busy marker going hidden or a done marker appearing, and a
-        Playwright wait for that wakes the loop at once (it polls the page in
-        the utility world every ~20 ms, not from here), instead of up to
-        `poll_s` late. Whatever else the page shows (an error, a logout, a
-        cap, a stall) the next look reads, as before."""
+        """Wait for the next look: until the page changes what decides the
+        end, or `poll_s` (`busy_look_s` while busy) at most.
+
+        A generation's end shows as the busy marker going hidden or a done
+        marker appearing. While the page shows itself busy, the wait runs in
+        the page (`_until_busy_changes`): it wakes at the marker's change, and
+        costs nothing meanwhile. A done marker still to come is waited for by
+        Playwright (it polls the page every ~20 ms). Whatever else the page
+        shows (an error, a logout, a cap, a stall) the next look reads."""
         spec = self.spec
-        target: Locator | None = None
-        state: Literal["hidden", "visible"] = "hidden"
         if spec.busy and look.busy:
-            target = self._loc(spec.busy).first
-        elif spec.done and not look.done:
-            # Only while the marker is hidden: one showing already would
-            # satisfy the wait at once and turn the loop into a busy poll.
-            target, state = self._loc(spec.done).first, "visible"
-        if target is None:
+            await self._until_busy_changes(spec.busy)
+            return
+        if not (spec.done and not look.done):
             await self.ctx.guard(asyncio.sleep(self.poll_s))
             return
+        # Only while the marker is hidden: one showing already would satisfy
+        # the wait at once and turn the loop into a busy poll.
+        target = self._loc(spec.done).first
         try:
             await self._call(
-                target.wait_for(state=state, timeout=self.poll_s * 1000),
+                target.wait_for(state="visible", timeout=self.poll_s * 1000),
                 "waiting for the page to change",
             )
         except TransientError as exc:
             # Nothing changed within `poll_s` (or the page navigated): look.
-            if exc.kind != "timeout" and not _navigated(exc):
+            if exc.kind != "timeout" and not navigated(exc):
                 raise
+
+    async def _until_busy_changes(self, busy: str) -> None:
+        """Until the busy marker's visibility changes, or `busy_look_s`
+        (`pagewait.until_shown_changes`); `poll_s` when the page's own
+        script breaks that wait, or the wait keeps seeing the marker other
+        than the looks do (waking at once would turn the loop into a busy
+        poll)."""
+        why = await until_shown_changes(
+            self.ctx, self._loc(busy), seen=True, wait_s=self.busy_look_s, budget=self.budget
+        )
+        differed, self._wait_differed = self._wait_differed, why == "differs"
+        if why == "unavailable" or (differed and why == "differs"):
+            await self.ctx.guard(asyncio.sleep(self.poll_s))
 
     async def click_stop(self) -> bool:
         """Click the profile's stop control if it is showing; bounded, never raises.

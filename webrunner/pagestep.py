@@ -93,3 +93,11 @@ async def page_step(
         raise TransientError(f"{what}: {first_line(exc)}", kind="timeout") from exc
     except PlaywrightError as exc:
         raise TransientError(f"{what}: {first_line(exc)}", kind="browser") from exc
+
+
+def navigated(exc: TransientError) -> bool:
+    """Whether a page call failed because the page navigated under it."""
+    text = str(exc)
+    return exc.kind == "browser" and (
+        "Execution context was destroyed" in text or "navigation" in text.lower()
+    )

@@ -408,6 +408,10 @@ class WebRunner(Runner):
         )
         if preloaded is not None:
             page, fresh = preloaded.page, preloaded.fresh
+            # A spare loaded in the parked tab is behind the tab that generated
+            # meanwhile: Chromium gives a background tab no animation frames,
+            # which Playwright's checks before a click wait for (~2 s).
+            await page_step(ctx, page.bring_to_front(), what="showing the tab", budget=budget)
         else:
             page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)
             fresh = not run.reused and await started_on(ctx, page, session.start_url, spec, budget)

@@ -205,6 +205,31 @@ async def test_an_image_only_answer_without_done_finishes_once_stable(
     ]
 
 
+NO_OBSERVER = """
+document.getElementById('go').onclick = () => {
+  window.MutationObserver = undefined;  // a page (or a polyfill) that took it away
+  const q = document.getElementById('q').value;
+  const out = document.getElementById('out');
+  out.innerHTML = '<div id="busy">generating</div>';
+  setTimeout(() => {
+    out.innerHTML = '<div class="answer">echo: ' + q + '</div><span id="done">ok</span>';
+  }, 300);
+};
+"""
+
+
+async def test_a_page_that_breaks_the_wait_in_the_page_is_still_watched_to_its_answer(
+    web: WebEnv, site: Site
+) -> None:
+    # The wait for a busy page runs in the page: without what it needs, the
+    # runner looks at the page as a poll would instead of failing the attempt.
+    site.html["no-observer"] = _page(NO_OBSERVER)
+    runner = await _runner(web, _profile(site, "no-observer", busy="#busy", done="#done"))
+    task = _task("a grey heron")
+    result = await runner.run(task, web.context(task)[0])
+    assert result.text == "echo: a grey heron"
+
+
 RETRY_BUTTON = """
 document.getElementById('go').onclick = () => {
   const q = document.getElementById('q').value;

@@ -22,6 +22,8 @@ from webrunner import keeper
 from webrunner.browser import DEBUGGING_PIPE_FLAG, chromium_flags
 
 if TYPE_CHECKING:
+    from playwright.async_api import Page
+
     from tests.integration.webrunner.conftest import WebEnv
     from webrunner.runner import WebRunner
 
@@ -142,21 +144,73 @@ async def test_the_next_page_loads_in_a_spare_tab_unless_generations_run_long(
     assert await _tabs_during_generation(web, runner, "one [duration=30]") == 2
     session = runner.keeper.session("demo-1")
     assert session is not None
-    deadline = time.monotonic() + 10
-    while len(session.context.pages) > 1:  # the finished conversation's tab is closed
-        assert time.monotonic() < deadline, "the last conversation's tab stayed open"
-        await asyncio.sleep(0.05)
-    (parked,) = session.context.pages
-    assert parked.url == f"{web.url}/chat" and await parked.locator(".msg").count() == 0
+    # The finished conversation's tab stays, parked: the next spare loads in it.
+    tabs = list(session.context.pages)
+    assert len(tabs) == 2
+    fresh = [tab for tab in tabs if await tab.locator(".msg").count() == 0]
+    assert [tab.url for tab in fresh] == [f"{web.url}/chat"]
+    opened: list[Page] = []
+
+    def on_page(page: Page) -> None:
+        opened.append(page)
+
+    session.context.on("page", on_page)
+
+    # The next tasks take turns in the same two tabs: no tab opened, none closed.
+    assert await _tabs_during_generation(web, runner, "two [duration=30]") == 2
+    assert await _tabs_during_generation(web, runner, "three [duration=30]") == 2
+    assert opened == [] and set(session.context.pages) == set(tabs)
 
     # Generations longer than half a pre-loaded page's freshness: no spare
-    # (it would be stale by the end); the stale one is loaded again.
+    # (it would be stale by the end); the stale one is loaded again, and the
+    # parked tab, which no spare will take, is closed.
     monkeypatch.setattr(keeper, "PRELOAD_FRESH_S", 0.5)
-    assert await _tabs_during_generation(web, runner, "two [duration=30]") == 1
+    assert await _tabs_during_generation(web, runner, "four [duration=30]") == 2
+    deadline = time.monotonic() + 10
+    while len(session.context.pages) > 1:
+        assert time.monotonic() < deadline, "the parked tab stayed open"
+        await asyncio.sleep(0.05)
+    assert await _tabs_during_generation(web, runner, "five [duration=30]") == 1
     stats = await web.stats()
-    assert stats["generations"] == 2 and stats["collisions"] == 0
+    assert stats["generations"] == 5 and stats["collisions"] == 0
     assert runner.stats().counters["browser_launches"] == 1
     await runner.aclose()
+
+
+async def test_a_busy_page_costs_a_look_as_it_starts_and_ends_not_a_poll_while_it_runs(
+    web: WebEnv,
+) -> None:
+    # Looks at a busy page only every ~17 min (a quarter of stall_s): the
+    # end must come from the page itself, and the cost of the generation
+    # must not grow with its length.
+    chat = web.profiles["demo-chat"]
+    assert chat.web is not None
+    web.profiles["demo-chat"] = chat.model_copy(
+        update={"web": chat.web.model_copy(update={"stall_s": 80_000.0})}
+    )
+    runner = await web.runner(browser_keep_alive_s=0.0)  # no spare tab loading meanwhile
+    task = web.task("count the words one by one [duration=80]")  # 4 s at this scale
+    ctx, recorder = web.context(task)
+    run = asyncio.create_task(runner.run(task, ctx))
+    try:
+        await recorder.wait_for_stage(Stage.GENERATING)
+        session = runner.running_browser("demo-1")
+        assert session is not None
+        sent_before = session.pipe.commands
+        async with asyncio.timeout(60):
+            result = await asyncio.shield(run)
+        sent = session.pipe.commands - sent_before
+    finally:
+        if not run.done():
+            run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+    assert result.text == "(brief) echo: count the words one by one"
+    # A look (~15 page calls, a few protocol commands each) as it starts and
+    # one as it ends, one wait in the page between them, then the close:
+    # ~120. Playwright's wait_for polled every 20 ms instead, three commands
+    # each: ~600 in these 4 s.
+    assert sent < 250, sent
+    assert (await web.stats())["collisions"] == 0
 
 
 async def test_media_answers_arrive_as_files(web: WebEnv) -> None:
