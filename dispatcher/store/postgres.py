@@ -29,6 +29,7 @@ from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pglisten import host_option
+from dispatcher.store.pgplaces import Places, placed_insert
 from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
@@ -103,6 +104,7 @@ class PostgresStore(PostgresHostOps):
             },
         )
         self._opened = False
+        self._places = Places()
         self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
@@ -231,10 +233,14 @@ class PostgresStore(PostgresHostOps):
     # -- tasks -------------------------------------------------------------
     async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
         if job is None and len(tasks) == 1:
-            # The common case (one POST, one task): one statement, no transaction.
+            # The common case (one POST, one task): one statement, no
+            # transaction, the task's place in its queue read with it.
             row = task_to_row(tasks[0])
-            (one,) = await self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
-            return [tasks[0].replace(seq=int(one["seq"]))]
+            (one,) = await self._write1(
+                placed_insert(f"INSERT INTO tasks ({', '.join(row)}) VALUES ({_marks(row)})"),
+                tuple(row.values()),
+            )
+            return [self._placed(tasks[0], one)]
         seqs = []
         async with self._conn("write") as conn, conn.transaction():
             if job is not None:
@@ -252,12 +258,12 @@ class PostgresStore(PostgresHostOps):
 
     async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
         row = task_to_row(task)
-        marks = ", ".join("?" for _ in row)
         twin_args = (task.fingerprint, created_since)
         # Identical submits on two hosts serialise on their fingerprint: the
         # insert runs after the lock, so it sees a twin committed before it.
-        # One round trip: the lock, the insert unless a twin exists, and the
-        # twin (the new row itself when inserted), in one transaction.
+        # One round trip: the lock, the insert unless a twin exists (with
+        # the new task's place in its queue), and the twin (the new row
+        # itself when inserted), in one transaction.
         _, inserted, twin = await self._pipelined(
             [
                 Statement(
@@ -266,8 +272,10 @@ class PostgresStore(PostgresHostOps):
                 ),
                 Statement(
                     pg_marks(
-                        f"INSERT INTO tasks ({', '.join(row)}) SELECT {marks} "
-                        f"WHERE NOT EXISTS ({TWIN}) RETURNING seq"
+                        placed_insert(
+                            f"INSERT INTO tasks ({', '.join(row)}) SELECT {_marks(row)} "
+                            f"WHERE NOT EXISTS ({TWIN})"
+                        )
                     ),
                     (*row.values(), *twin_args),
                 ),
@@ -277,8 +285,16 @@ class PostgresStore(PostgresHostOps):
             atomic=True,
         )
         if inserted:
-            return task.replace(seq=int(inserted[0]["seq"])), True
+            return self._placed(task, inserted[0]), True
         return row_to_task(twin[0]), False
+
+    def _placed(self, task: Task, row: Row) -> Task:
+        """The inserted task with its `seq`; its place in the queue, read by
+        the insert, kept for the submit's answer (`queue_place`)."""
+        placed = task.replace(seq=int(row["seq"]))
+        if placed.state is State.PENDING:
+            self._places.put(placed.queue, placed.seq, int(row["ahead"]), int(row["owners"]))
+        return placed
 
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
@@ -439,6 +455,11 @@ class PostgresStore(PostgresHostOps):
         return int(rows[0]["n"])
 
     async def queue_place(self, queue: str, seq: int, *, owners: bool) -> tuple[int, int]:
+        # Asked for a task just inserted here (the submit's answer): its
+        # insert read the place already, no round trip of its own.
+        kept = self._places.take(queue, seq)
+        if kept is not None:
+            return kept[0], kept[1] if owners else 0
         rows = await self._query(
             "SELECT (SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? "
             "AND seq < ?) AS ahead, "
@@ -578,6 +599,10 @@ class PostgresStore(PostgresHostOps):
 
     async def delete_web_account(self, name: str) -> None:
         await self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
+
+
+def _marks(row: Mapping[str, Any]) -> str:
+    return ", ".join("?" for _ in row)
 
 
 def _job(row: Row) -> Job:
