@@ -19,12 +19,16 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from dispatcher.background import stop_background
 from dispatcher.models import Task
 from dispatcher.store.rows import row_to_task
+
+if TYPE_CHECKING:
+    from dispatcher.store.pggates import GateMirror
 
 log = logging.getLogger("dispatcher.store.listen")
 
@@ -96,11 +100,14 @@ class TaskListener:
         on_notice: Callable[[TaskNotice], None],
         *,
         on_reconnect: Callable[[], None] = lambda: None,
+        gates: GateMirror | None = None,
     ) -> None:
         self.url = url
         self.host = host
         self.on_notice = on_notice
         self.on_reconnect = on_reconnect
+        # The providers' gates, kept from their notices (`store.pggates`).
+        self.gates = gates
         self.reconnects = 0  # connections lost and made again
         self.received = 0  # notices of other hosts passed on
         self._work: asyncio.Task[None] | None = None
@@ -128,6 +135,10 @@ class TaskListener:
         )
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
+            if self.gates is not None:
+                # After LISTEN: a gate written from now on is heard.
+                cur = await conn.execute(self.gates.READ)
+                self.gates.seed((str(p), float(n)) for p, n in await cur.fetchall())
         except BaseException:
             await conn.close()
             raise
@@ -141,6 +152,8 @@ class TaskListener:
             except psycopg.Error as exc:
                 log.warning("lost the PostgreSQL listener connection (%s); reconnecting", exc)
             finally:
+                if self.gates is not None:
+                    self.gates.lost()
                 await conn.close()
             while True:
                 try:
@@ -162,6 +175,8 @@ class TaskListener:
     async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
         while True:
             async for notify in conn.notifies(timeout=PING_S):
+                if self.gates is not None and self.gates.take(notify.payload):
+                    continue
                 notice = parse_notice(notify.payload)
                 if notice is None:
                     log.warning("PostgreSQL listener: malformed notice %r", notify.payload)

@@ -28,6 +28,7 @@ from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
+from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert
 from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
@@ -105,6 +106,7 @@ class PostgresStore(PostgresHostOps):
         )
         self._opened = False
         self._places = Places()
+        self.gates = GateMirror()
         self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
