@@ -53,11 +53,15 @@ class GateMirror:
         self._gates: dict[str, float] = {}
         self.live = False
         self.heard_count = 0  # gate notices taken in
+        # The listener's connections so far: what was heard on an earlier
+        # one may have missed notices since (`store.pgquota`).
+        self.connections = 0
 
     def seed(self, gates: Iterable[tuple[str, float]]) -> None:
         """The gates as read after LISTEN began: from now on, every later one is heard."""
         for provider, not_before in gates:
             self._later(provider, float(not_before))
+        self.connections += 1
         self.live = True
 
     def take(self, payload: str) -> bool:

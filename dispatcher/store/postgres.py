@@ -31,6 +31,7 @@ from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert
+from dispatcher.store.pgquota import RUNNING_IDS, QuotaView
 from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
@@ -107,6 +108,9 @@ class PostgresStore(PostgresHostOps):
         self._opened = False
         self._places = Places()
         self.gates = GateMirror()
+        # A provider's quota known full from the last claim, while the
+        # listener (which keeps `gates` live) hears every change.
+        self.quota_view = QuotaView(self.gates)
         self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
@@ -333,7 +337,11 @@ class PostgresStore(PostgresHostOps):
         # own, without BEGIN/COMMIT round trips.
         one = update_with_history(write)
         rows = await self._write1(one.sql, one.args, marked=True)
-        return row_to_task(rows[0]) if rows else None
+        if not rows:
+            return None
+        task = row_to_task(rows[0])
+        self.quota_view.saw(task)
+        return task
 
     async def claim_next(
         self,
@@ -369,22 +377,26 @@ class PostgresStore(PostgresHostOps):
             rows = await self._write1(claim.sql, claim.args, marked=True)
             return row_to_task(rows[0]) if rows else None
         provider = quota.owner if quota is not None else budget.provider if budget else ""
+        if quota is not None and self.quota_view.skip(provider, quota.limit, now):
+            return None  # full, as the last claim read and nothing heard since
         # The count of running tasks (or the day's spend) and the claim must
         # be one step across hosts: claims under one provider's quota or
         # budget take turns. The claim statement starts after the lock, so it
         # counts every claim committed before: no overspend by a race. Sent
-        # as one pipeline, the lock is held for the server's work only.
-        _, rows = await self._pipelined(
-            [
-                Statement(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"quota:{provider}",),
-                ),
-                claim,
-            ],
-            what="claim",
-            atomic=True,
-        )
+        # as one pipeline, the lock is held for the server's work only; under
+        # a quota, the provider's running tasks read last (`quota_view`).
+        statements = [
+            Statement(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"quota:{provider}",),
+            ),
+            claim,
+        ]
+        if quota is not None:
+            statements.append(Statement(RUNNING_IDS, (provider,)))
+        _, rows, *running = await self._pipelined(statements, what="claim", atomic=True)
+        if quota is not None:
+            self.quota_view.claimed(provider, quota.limit, running[0][0]["ids"], now)
         return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
