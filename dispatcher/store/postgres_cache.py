@@ -13,7 +13,7 @@ in memory:
 - the entries put but not written yet. A put was a round trip per task
   (issue 31); a writer thread now writes the puts of `FLUSH_S` together, one
   round trip (a pipeline), and the index answers them from memory meanwhile.
-  A crash loses at most those entries: later misses, and their files, not
+  A crash loses at most those entries (half a second's): later misses, and their files, not
   listed by the index, are deleted at the next start (as for a crash between
   a result's files and its row).
 
@@ -44,8 +44,9 @@ log = logging.getLogger("dispatcher.store.cache")
 
 CONNECT_TIMEOUT_S = 10
 # How long a put waits for others to share its round trip (real seconds):
-# at 100 results a second, ten a round trip.
-FLUSH_S = 0.1
+# at 100 results a second, fifty a round trip; sooner once `FLUSH_AT` wait.
+FLUSH_S = 0.5
+FLUSH_AT = 64
 
 
 class PostgresCacheIndex(SqlCacheIndex):
@@ -184,7 +185,9 @@ class PostgresCacheIndex(SqlCacheIndex):
                 if self._closing:
                     return
                 # The puts of the next FLUSH_S share this one's round trip.
-                self._due.wait_for(lambda: self._closing, timeout=FLUSH_S)
+                self._due.wait_for(
+                    lambda: self._closing or len(self._pending) >= FLUSH_AT, timeout=FLUSH_S
+                )
             self.flush()
 
     def close(self) -> None:
