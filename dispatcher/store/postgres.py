@@ -12,7 +12,6 @@ psycopg errors become `StoreError` here, at the edge.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from dispatcher.errors import StoreError
-from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.models import Attempt, Job, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
@@ -35,39 +34,25 @@ from dispatcher.store.pgquota import RUNNING_IDS, QuotaView
 from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
+from dispatcher.store.postgres_jobs import PostgresJobOps
 from dispatcher.store.rows import (
-    row_to_account,
     row_to_attempt,
     row_to_task,
     task_to_row,
 )
 from dispatcher.store.sql import (
-    ACCOUNT_UPSERT,
-    ACCOUNTS,
-    COST_BY_PROVIDER,
-    GENERATIONS,
     ID_TABLES,
-    JOB_MODEL_COUNTS,
-    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
-    SPENT,
     STALE_RUNNING,
     TWIN,
-    WEB_ACCOUNT_PUT,
-    WEB_ACCOUNTS,
-    account_args,
-    cheapest_ready_sql,
     insert_sql,
-    list_jobs_sql,
     list_tasks_where,
     pg_marks,
 )
 from dispatcher.store.taskwrites import (
     POSTGRESQL,
     Statement,
-    fallbacks_query,
-    ranked_query,
     task_claim_gated,
     task_update,
     update_with_history,
@@ -82,7 +67,7 @@ POOL_MAX = 10
 CONNECT_TIMEOUT_S = 10.0
 
 
-class PostgresStore(PostgresHostOps):
+class PostgresStore(PostgresJobOps, PostgresHostOps):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
@@ -507,117 +492,6 @@ class PostgresStore(PostgresHostOps):
         rows = await self._query(TWIN, (fingerprint, created_since))
         return row_to_task(rows[0]) if rows else None
 
-    # -- jobs ----------------------------------------------------------------
-    async def get_job(self, job_id: str) -> Job | None:
-        rows = await self._query(
-            "SELECT id, name, created_at, seq FROM jobs WHERE id = ?", (job_id,)
-        )
-        return _job(rows[0]) if rows else None
-
-    async def job_tasks(self, job_id: str) -> list[Task]:
-        rows = await self._query(f"{SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
-        return [row_to_task(r) for r in rows]
-
-    async def job_counts(self, job_id: str) -> dict[State, int]:
-        rows = await self._query(
-            "SELECT state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
-        )
-        return {State(r["state"]): int(r["n"]) for r in rows}
-
-    async def job_model_counts(self, job_id: str) -> dict[tuple[str, State], int]:
-        rows = await self._query(JOB_MODEL_COUNTS, (job_id,))
-        return {(r["model"], State(r["state"])): int(r["n"]) for r in rows}
-
-    async def list_jobs(
-        self,
-        *,
-        states: Sequence[JobState] = (),
-        text: str | None = None,
-        before_seq: int | None = None,
-        limit: int = 50,
-    ) -> list[Job]:
-        sql, args = list_jobs_sql(
-            [JobState(x).value for x in states], text, before_seq, seq_column="seq"
-        )
-        return [_job(r) for r in await self._query(sql, (*args, limit))]
-
-    async def job_summaries(
-        self, job_ids: Sequence[str], now: float | None = None
-    ) -> dict[str, JobSummary]:
-        summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
-        if not summaries:
-            return summaries
-        rows = await self._query(
-            "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
-            f"MAX(finished_at) AS finished, SUM(cost) AS usd, {LATE_SQL} AS late "
-            "FROM tasks WHERE job_id = ANY(?) GROUP BY job_id, state",
-            (-1.0 if now is None else now, list(summaries)),
-        )
-        for r in rows:
-            summary = summaries[r["job_id"]]
-            summary.counts[State(r["state"])] = int(r["n"])
-            summary.from_cache += int(r["cached"] or 0)
-            summary.cost_usd += float(r["usd"] or 0.0)
-            summary.late += int(r["late"] or 0)
-            finished = r["finished"]
-            if finished is not None and (
-                summary.last_finished_at is None or finished > summary.last_finished_at
-            ):
-                summary.last_finished_at = float(finished)
-        return summaries
-
-    async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
-        if not queues:
-            return None
-        rows = await self._query(cheapest_ready_sql(len(queues)), (*queues, now))
-        value = next(iter(rows[0].values())) if rows else None
-        return None if value is None else float(value)
-
-    async def spent_since(self, provider: str, since: float) -> float:
-        rows = await self._query(SPENT, (provider, since))
-        return float(next(iter(rows[0].values())) or 0.0)
-
-    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
-        found = ranked_query(POSTGRESQL, queues)
-        return bool(queues) and bool(await self._query(found.sql, found.args, marked=True))
-
-    async def fallbacks_waiting(self) -> bool:
-        found = fallbacks_query(POSTGRESQL)
-        return bool(await self._query(found.sql, found.args, marked=True))
-
-    async def generations_since(self, owner: str, since: float) -> int:
-        rows = await self._query(GENERATIONS, (owner, since, owner, since))
-        return int(next(iter(rows[0].values())) or 0)
-
-    async def cost_by_provider(self) -> dict[str, float]:
-        rows = await self._query(COST_BY_PROVIDER)
-        return {r["owner"]: float(r["usd"] or 0.0) for r in rows}
-
-    # -- accounts ------------------------------------------------------------
-    async def get_accounts(self) -> dict[str, Account]:
-        rows = await self._query(ACCOUNTS)
-        return {r["name"]: row_to_account(r) for r in rows}
-
-    async def upsert_account(self, account: Account) -> None:
-        await self._write1(ACCOUNT_UPSERT, account_args(account))
-
-    async def delete_account(self, name: str) -> None:
-        await self._write1("DELETE FROM accounts WHERE name = ?", (name,))
-
-    async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
-        rows = await self._query(WEB_ACCOUNTS)
-        return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
-
-    async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
-        await self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
-
-    async def delete_web_account(self, name: str) -> None:
-        await self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
-
 
 def _marks(row: Mapping[str, Any]) -> str:
     return ", ".join("?" for _ in row)
-
-
-def _job(row: Row) -> Job:
-    return Job(id=row["id"], name=row["name"], created_at=row["created_at"], seq=row["seq"])
