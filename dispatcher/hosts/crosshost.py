@@ -97,10 +97,11 @@ class RemoteTasks:
         if None in batch:
             running = await self.store.tasks_in_state(State.RUNNING, host=self.host)
             found += [(t, "") for t in running if t.cancel_requested and t.id not in last]
-        view = self.store.quota_view if isinstance(self.store, PostgresStore) else None
+        view = self.store.claim_view if isinstance(self.store, PostgresStore) else None
         for task, origin in found:
             if view is not None:
-                # Before the scheduler hears it: a quota freed is claimed.
+                # Before the scheduler hears it: a task pending, a quota
+                # freed, is claimed.
                 view.saw(task)
             self.published += 1
             self.events.publish(TaskChanged(task, origin=origin))

@@ -27,10 +27,10 @@ from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
+from dispatcher.store.pgclaimview import ANY_PENDING, RUNNING_IDS, ClaimView
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert
-from dispatcher.store.pgquota import RUNNING_IDS, QuotaView
 from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
@@ -93,9 +93,10 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         self._opened = False
         self._places = Places()
         self.gates = GateMirror()
-        # A provider's quota known full from the last claim, while the
-        # listener (which keeps `gates` live) hears every change.
-        self.quota_view = QuotaView(self.gates)
+        # Claims known to find nothing (nothing pending, a quota full) from
+        # the last claim, while the listener (which keeps `gates` live)
+        # hears every change.
+        self.claim_view = ClaimView(self.gates)
         self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
@@ -232,6 +233,12 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
                 tuple(row.values()),
             )
             return [self._placed(tasks[0], one)]
+        stored = await self._insert_many(tasks, job)
+        for task in stored:
+            self.claim_view.saw(task)
+        return stored
+
+    async def _insert_many(self, tasks: Sequence[Task], job: Job | None) -> list[Task]:
         seqs = []
         async with self._conn("write") as conn, conn.transaction():
             if job is not None:
@@ -283,6 +290,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         """The inserted task with its `seq`; its place in the queue, read by
         the insert, kept for the submit's answer (`queue_place`)."""
         placed = task.replace(seq=int(row["seq"]))
+        self.claim_view.saw(placed)
         if placed.state is State.PENDING:
             self._places.put(placed.queue, placed.seq, int(row["ahead"]), int(row["owners"]))
         return placed
@@ -325,7 +333,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         if not rows:
             return None
         task = row_to_task(rows[0])
-        self.quota_view.saw(task)
+        self.claim_view.saw(task)
         return task
 
     async def claim_next(
@@ -344,6 +352,9 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
     ) -> Task | None:
         if not queues:
             return None
+        if self.claim_view.skip(quota.owner if quota else None, quota.limit if quota else 0, now):
+            return None  # nothing to claim, as the last claim read and nothing heard since
+        sent_at_change = self.claim_view.changes
         # Plain FIFO (the queue index's order) unless a pending task of the
         # queues has a priority or a deadline (a sort of the whole queue
         # then), also among fallbacks when some wait: the statement looks
@@ -358,30 +369,30 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
             prefer=prefer,
             aging_step_s=aging_step_s,
         )
-        if quota is None and budget is None:
-            rows = await self._write1(claim.sql, claim.args, marked=True)
-            return row_to_task(rows[0]) if rows else None
         provider = quota.owner if quota is not None else budget.provider if budget else ""
-        if quota is not None and self.quota_view.skip(provider, quota.limit, now):
-            return None  # full, as the last claim read and nothing heard since
-        # The count of running tasks (or the day's spend) and the claim must
-        # be one step across hosts: claims under one provider's quota or
-        # budget take turns. The claim statement starts after the lock, so it
-        # counts every claim committed before: no overspend by a race. Sent
-        # as one pipeline, the lock is held for the server's work only; under
-        # a quota, the provider's running tasks read last (`quota_view`).
-        statements = [
-            Statement(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"quota:{provider}",),
-            ),
-            claim,
-        ]
+        # After the claim, in the same round trip: whether any task is still
+        # pending, and under a quota the provider's running tasks (`claim_view`).
+        after = [Statement(ANY_PENDING, ())]
         if quota is not None:
-            statements.append(Statement(RUNNING_IDS, (provider,)))
-        _, rows, *running = await self._pipelined(statements, what="claim", atomic=True)
+            after.append(Statement(RUNNING_IDS, (provider,)))
+        if quota is None and budget is None:
+            rows, *read = await self._pipelined([claim, *after], what="claim")
+        else:
+            # The count of running tasks (or the day's spend) and the claim
+            # must be one step across hosts: claims under one provider's quota
+            # or budget take turns. The claim statement starts after the lock,
+            # so it counts every claim committed before: no overspend by a
+            # race. Sent as one pipeline, the lock is held for the server's
+            # work only.
+            lock = Statement(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
+            )
+            _, rows, *read = await self._pipelined([lock, claim, *after], what="claim", atomic=True)
+        view = self.claim_view
+        view.claimed(bool(read[0][0]["any"]), now, sent_at_change=sent_at_change)
         if quota is not None:
-            self.quota_view.claimed(provider, quota.limit, running[0][0]["ids"], now)
+            ids = read[1][0]["ids"]
+            view.quota_read(provider, quota.limit, ids, now, sent_at_change=sent_at_change)
         return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:

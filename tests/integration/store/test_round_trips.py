@@ -222,7 +222,7 @@ async def test_a_full_quota_is_not_asked_again_until_a_task_of_it_ends(
         assert await store.claim_next(["g"], 5.2, RUN, quota=quota) is None
         assert await store.claim_next(["g"], 5.3, RUN, quota=quota) is None
         assert trips(store, before) == 0
-        assert store.quota_view.skipped == 3
+        assert store.claim_view.skipped == 3
         # A larger quota asks.
         bigger = await store.claim_next(["g"], 5.3, RUN, quota=Quota("demo", 2))
         assert bigger is not None
@@ -287,3 +287,30 @@ async def store_listening(store: PostgresStore) -> TaskListener:
     listener = TaskListener(store.url, store.host, lambda _: None, gates=store.gates)
     await listener.start()
     return listener
+
+
+async def test_nothing_pending_is_not_asked_again_until_a_task_is(store: PostgresStore) -> None:
+    other = await open_store(store.url, "h2")
+    events = EventBus()
+    relay = RemoteTasks(store.url, "h1", store, events)
+    await relay.start()
+    try:
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.0, RUN) is None  # asks: nothing pending
+        assert await store.claim_next(["g"], 5.1, RUN) is None
+        assert await store.claim_next(["other"], 5.2, RUN, quota=Quota("demo", 3)) is None
+        assert trips(store, before) == 1
+        # This host's submit: the next claim asks, and gets it.
+        await store.insert_unless_twin(_task("mine"), created_since=0.0)
+        claimed = await store.claim_next(["g"], 5.3, RUN)
+        assert claimed is not None and claimed.id == "mine"
+        # Another host's submit, heard through the relay before its bus hears it.
+        heard = asyncio.Event()
+        events.listen(lambda event: heard.set())
+        await other.insert_tasks([_task("theirs")])
+        await asyncio.wait_for(heard.wait(), 10)
+        claimed = await store.claim_next(["g"], 5.4, RUN)
+        assert claimed is not None and claimed.id == "theirs"
+    finally:
+        await relay.aclose()
+        await other.close()

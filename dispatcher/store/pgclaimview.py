@@ -1,0 +1,128 @@
+"""Claims known to find nothing, answered without asking (PostgreSQL).
+
+Every new task wakes every host's scheduler, and a freed slot claims at
+once: with three hosts, ~0.8 claims a task found the provider's global
+quota full, and on one host ~0.1-0.2 found no task pending at all
+(benchmark 6, issue 31), each a round trip. A claim now also reads, in its
+pipeline (no round trip of its own), whether any task is pending anywhere
+and, under a quota, the ids of the provider's running tasks. This view
+keeps what that says:
+
+- nothing pending: every claim answers "nothing" here until a task is
+  seen pending (this host's insert or write, another host's notice);
+- a provider's quota full: its claims answer "nothing" here until one of
+  those running tasks is seen to stop.
+
+It holds only while the listener is connected (every notice heard, on the
+same connection as when the claim read: `Listening`) and for `KEEP_S` of
+the claims' clock at most (a retry's `not_before` passing makes no notice:
+a claim asks again after it). Wrong only one way, briefly: a notice older
+than the claim's read can add a running task that ended meanwhile, until
+the notice of its end, which follows it on the channel, takes it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from dispatcher.models import State, Task
+
+# How long a claim's answer is believed without asking (the claims' clock,
+# seconds): the scheduler's tick looks again after it anyway.
+KEEP_S = 1.0
+
+ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'pending') AS any"
+RUNNING_IDS = "SELECT array_agg(id) AS ids FROM tasks WHERE state = 'running' AND owner = %s"
+
+
+class Listening(Protocol):
+    """Whether the listener hears every notice now, and since which connection."""
+
+    @property
+    def live(self) -> bool: ...
+
+    @property
+    def connections(self) -> int: ...
+
+
+@dataclass
+class _Seen:
+    at: float  # the claims' clock
+    connection: int
+
+
+@dataclass
+class _Full(_Seen):
+    running: set[str]
+
+
+class ClaimView:
+    def __init__(self, listening: Listening) -> None:
+        self._listening = listening
+        self._empty: _Seen | None = None
+        self._full: dict[str, _Full] = {}
+        self.skipped = 0  # claims answered here, without a round trip
+        # Tasks seen pending or stopped so far: a claim's read is kept only
+        # if none was seen while it was on its way (it may predate them).
+        self.changes = 0
+
+    def _holds(self, seen: _Seen, now: float) -> bool:
+        return (
+            self._listening.live
+            and seen.connection == self._listening.connections
+            and 0 <= now - seen.at < KEEP_S
+        )
+
+    def skip(self, quota_owner: str | None, limit: int, now: float) -> bool:
+        """True when the claim would find nothing: nothing pending, or its quota full."""
+        if self._empty is not None:
+            if self._holds(self._empty, now):
+                self.skipped += 1
+                return True
+            self._empty = None
+        if quota_owner is None:
+            return False
+        full = self._full.get(quota_owner)
+        if full is None:
+            return False
+        if not self._holds(full, now) or len(full.running) < limit:
+            del self._full[quota_owner]
+            return False
+        self.skipped += 1
+        return True
+
+    def claimed(self, any_pending: bool, now: float, *, sent_at_change: int) -> None:
+        """What a claim read after it (sent when `changes` was `sent_at_change`):
+        whether any task is pending anywhere."""
+        if not any_pending and self._keeps(sent_at_change):
+            self._empty = _Seen(now, self._listening.connections)
+
+    def quota_read(
+        self, owner: str, limit: int, running: list[str] | None, now: float, *, sent_at_change: int
+    ) -> None:
+        """What a claim under the quota read after it: the provider's running tasks."""
+        ids = set(running or ())
+        if len(ids) >= limit and self._keeps(sent_at_change):
+            self._full[owner] = _Full(now, self._listening.connections, ids)
+        else:
+            self._full.pop(owner, None)
+
+    def _keeps(self, sent_at_change: int) -> bool:
+        return self._listening.live and self.changes == sent_at_change
+
+    def saw(self, task: Task) -> None:
+        """A task as written (here, or by another host: its notice)."""
+        if task.state is not State.RUNNING:
+            self.changes += 1
+        if task.state is State.PENDING:
+            self._empty = None
+        if not self._full:
+            return
+        if task.state is State.RUNNING:
+            full = self._full.get(task.owner or "")
+            if full is not None:
+                full.running.add(task.id)
+            return
+        for full in self._full.values():
+            full.running.discard(task.id)
