@@ -16,13 +16,17 @@ keeps what that says:
 It holds only while the listener is connected (every notice heard, on the
 same connection as when the claim read: `Listening`) and for `KEEP_S` of
 the claims' clock at most (a retry's `not_before` passing makes no notice:
-a claim asks again after it). Wrong only one way, briefly: a notice older
-than the claim's read can add a running task that ended meanwhile, until
-the notice of its end, which follows it on the channel, takes it out.
+a claim asks again after it). What is seen while a claim is on its way may
+be newer than its read: a task seen pending then voids "nothing pending",
+a task seen stopped is taken out of the running tasks it read. Wrong only
+one way, briefly: a notice older than the claim's read can add a running
+task that ended meanwhile, until the notice of its end, which follows it on
+the channel, takes it out.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +35,9 @@ from dispatcher.models import State, Task
 # How long a claim's answer is believed without asking (the claims' clock,
 # seconds): the scheduler's tick looks again after it anyway.
 KEEP_S = 1.0
+
+# Tasks seen stopped, kept for the claims on their way meanwhile.
+STOPPED_KEPT = 1024
 
 ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'pending') AS any"
 RUNNING_IDS = "SELECT array_agg(id) AS ids FROM tasks WHERE state = 'running' AND owner = %s"
@@ -44,6 +51,12 @@ class Listening(Protocol):
 
     @property
     def connections(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Sent:
+    pending: int
+    stopped: int
 
 
 @dataclass
@@ -63,9 +76,12 @@ class ClaimView:
         self._empty: _Seen | None = None
         self._full: dict[str, _Full] = {}
         self.skipped = 0  # claims answered here, without a round trip
-        # Tasks seen pending or stopped so far: a claim's read is kept only
-        # if none was seen while it was on its way (it may predate them).
-        self.changes = 0
+        # What was seen while a claim was on its way, which its read may
+        # predate: tasks pending (then "nothing pending" is not kept), tasks
+        # stopped (taken out of the running tasks it read), by number.
+        self._pending_seen = 0
+        self._stopped_seen = 0
+        self._stopped: deque[tuple[int, str]] = deque(maxlen=STOPPED_KEPT)
 
     def _holds(self, seen: _Seen, now: float) -> bool:
         return (
@@ -92,31 +108,37 @@ class ClaimView:
         self.skipped += 1
         return True
 
-    def claimed(self, any_pending: bool, now: float, *, sent_at_change: int) -> None:
-        """What a claim read after it (sent when `changes` was `sent_at_change`):
-        whether any task is pending anywhere."""
-        if not any_pending and self._keeps(sent_at_change):
+    def sending(self) -> Sent:
+        """What was seen when a claim is sent (for `claimed` and `quota_read`)."""
+        return Sent(self._pending_seen, self._stopped_seen)
+
+    def claimed(self, any_pending: bool, now: float, sent: Sent) -> None:
+        """What a claim read after it: whether any task is pending anywhere."""
+        if not any_pending and self._listening.live and self._pending_seen == sent.pending:
             self._empty = _Seen(now, self._listening.connections)
 
     def quota_read(
-        self, owner: str, limit: int, running: list[str] | None, now: float, *, sent_at_change: int
+        self, owner: str, limit: int, running: list[str] | None, now: float, sent: Sent
     ) -> None:
         """What a claim under the quota read after it: the provider's running tasks."""
         ids = set(running or ())
-        if len(ids) >= limit and self._keeps(sent_at_change):
+        if self._stopped_seen > sent.stopped:
+            if len(self._stopped) < self._stopped_seen - sent.stopped:
+                ids = set()  # more stopped meanwhile than kept: not known
+            ids -= {task_id for n, task_id in self._stopped if n > sent.stopped}
+        if self._listening.live and len(ids) >= limit:
             self._full[owner] = _Full(now, self._listening.connections, ids)
         else:
             self._full.pop(owner, None)
 
-    def _keeps(self, sent_at_change: int) -> bool:
-        return self._listening.live and self.changes == sent_at_change
-
     def saw(self, task: Task) -> None:
         """A task as written (here, or by another host: its notice)."""
-        if task.state is not State.RUNNING:
-            self.changes += 1
         if task.state is State.PENDING:
+            self._pending_seen += 1
             self._empty = None
+        if task.state is not State.RUNNING:
+            self._stopped_seen += 1
+            self._stopped.append((self._stopped_seen, task.id))
         if not self._full:
             return
         if task.state is State.RUNNING:

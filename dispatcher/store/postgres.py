@@ -354,7 +354,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
             return None
         if self.claim_view.skip(quota.owner if quota else None, quota.limit if quota else 0, now):
             return None  # nothing to claim, as the last claim read and nothing heard since
-        sent_at_change = self.claim_view.changes
+        sent = self.claim_view.sending()
         # Plain FIFO (the queue index's order) unless a pending task of the
         # queues has a priority or a deadline (a sort of the whole queue
         # then), also among fallbacks when some wait: the statement looks
@@ -388,11 +388,9 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
             )
             _, rows, *read = await self._pipelined([lock, claim, *after], what="claim", atomic=True)
-        view = self.claim_view
-        view.claimed(bool(read[0][0]["any"]), now, sent_at_change=sent_at_change)
+        self.claim_view.claimed(bool(read[0][0]["any"]), now, sent)
         if quota is not None:
-            ids = read[1][0]["ids"]
-            view.quota_read(provider, quota.limit, ids, now, sent_at_change=sent_at_change)
+            self.claim_view.quota_read(provider, quota.limit, read[1][0]["ids"], now, sent)
         return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
