@@ -85,6 +85,13 @@ def parse_notice(payload: str) -> TaskNotice | None:
     )
 
 
+def own_prefix(host: str) -> str:
+    """How a row's notice written by `host` starts (`json_build_object`'s
+    text, migration 0009). A host whose name PostgreSQL escapes otherwise
+    than `json.dumps` is not matched: its notices are decoded and dropped."""
+    return f'{{"host" : {json.dumps(host, ensure_ascii=False)}, "row" : '
+
+
 def listener_name(host: str) -> str:
     """The listening connection's `application_name` (what `pg_stat_activity` shows)."""
     return f"dispatcher-listen {host}"[:63]
@@ -173,8 +180,14 @@ class TaskListener:
             self.on_reconnect()
 
     async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        # Every host hears its own writes too: a notice carrying a row is
+        # known as one of ours by its start, without decoding the row (on one
+        # host, every notice; a JSON parse and a Task built each).
+        own = own_prefix(self.host)
         while True:
             async for notify in conn.notifies(timeout=PING_S):
+                if notify.payload.startswith(own):
+                    continue  # this host's own write: not decoded to be dropped
                 if self.gates is not None and self.gates.take(notify.payload):
                     continue
                 notice = parse_notice(notify.payload)

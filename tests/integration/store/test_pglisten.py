@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
+
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store
-from dispatcher.store.pglisten import TaskListener, TaskNotice, parse_notice
+from dispatcher.store.pglisten import (
+    CHANNEL,
+    TaskListener,
+    TaskNotice,
+    own_prefix,
+    parse_notice,
+)
 from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import fresh_database
 
@@ -140,3 +148,20 @@ async def test_a_gate_set_on_one_host_is_read_on_another_without_a_round_trip() 
         assert reader.round_trips.total - before == 1
         await setter.close()
         await reader.close()
+
+
+async def test_a_hosts_own_row_notice_is_known_by_its_start() -> None:
+    with fresh_database() as url:
+        listening = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        await listening.execute(f"LISTEN {CHANNEL}")
+        try:
+            for n, host in enumerate(("bench-0", ODD_HOST, 'quote " host')):
+                writer = await open_store(url, host)
+                await writer.insert_tasks([_task(f"t{n}")])
+                await writer.close()
+                gen = listening.notifies(timeout=10, stop_after=1)
+                (notice,) = [n.payload async for n in gen]
+                assert notice.startswith(own_prefix(host))
+                assert not notice.startswith(own_prefix(host + "x"))
+        finally:
+            await listening.close()
