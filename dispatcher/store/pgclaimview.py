@@ -125,7 +125,11 @@ class ClaimView:
         if self._stopped_seen > sent.stopped:
             if len(self._stopped) < self._stopped_seen - sent.stopped:
                 ids = set()  # more stopped meanwhile than kept: not known
-            ids -= {task_id for n, task_id in self._stopped if n > sent.stopped}
+            # Newest last: only the tail seen since the claim was sent.
+            for n, task_id in reversed(self._stopped):
+                if n <= sent.stopped:
+                    break
+                ids.discard(task_id)
         if self._listening.live and len(ids) >= limit:
             self._full[owner] = _Full(now, self._listening.connections, ids)
         else:

@@ -31,7 +31,13 @@ from dispatcher.store.pgclaimview import ANY_PENDING, RUNNING_IDS, ClaimView
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert
-from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
+from dispatcher.store.pgtrips import (
+    CountingConnection,
+    CountingCursor,
+    RoundTrips,
+    count_on,
+    has_rows,
+)
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.postgres_jobs import PostgresJobOps
@@ -161,7 +167,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         """Run one statement (`?` marks, or PostgreSQL's own when `marked`)."""
         async with self._conn(what) as conn:
             cur = await conn.execute(sql if marked else pg_marks(sql), args)
-            return await cur.fetchall() if cur.description else []
+            return await cur.fetchall() if has_rows(cur) else []
 
     async def _pipelined(
         self, statements: Sequence[Statement], *, what: str, atomic: bool = False
@@ -185,7 +191,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
                 with contextlib.suppress(psycopg.Error):
                     await conn.rollback()
                 raise
-            return [await cur.fetchall() if cur.description else [] for cur in cursors]
+            return [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
 
     async def _write1(
         self, sql: str, args: Sequence[Any] = (), *, marked: bool = False

@@ -36,7 +36,7 @@ from psycopg.rows import dict_row
 from dispatcher.errors import StoreError
 from dispatcher.models import CacheEntry
 from dispatcher.store.cachesql import PUT, SqlCacheIndex
-from dispatcher.store.pgtrips import RoundTrips, statement_label
+from dispatcher.store.pgtrips import RoundTrips, has_rows, statement_label
 from dispatcher.store.rows import RowLike
 from dispatcher.store.sql import pg_marks
 
@@ -86,7 +86,7 @@ class PostgresCacheIndex(SqlCacheIndex):
                 conn = self._connection()
                 self._count(sql)
                 cur = conn.execute(pg_marks(sql), args)
-                return list(cur.fetchall()) if cur.description else []
+                return list(cur.fetchall()) if has_rows(cur) else []
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL cache index access failed: {exc}") from exc
 
