@@ -9,7 +9,10 @@ keeps one connection listening, turns each notice of another host into a
 `TaskNotice` for its callback, and reconnects after a lost connection: the
 notices sent meanwhile are gone, so it says so (`on_reconnect`) and the
 caller looks again at what matters (the scheduler's round and heartbeats
-read the rows anyway; they are the fallback for a lost notice).
+read the rows anyway; they are the fallback for a lost notice). A
+provider's Retry-After gate is announced on the same channel; those notices
+go to the store's `GateMirror` (`store.pggates`), which is live while this
+connection is.
 """
 
 from __future__ import annotations
