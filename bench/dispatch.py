@@ -84,14 +84,14 @@ async def submit_all(
     return start, time.time(), latencies
 
 
-async def wait_drained(client: httpx.AsyncClient, timeout_s: float) -> bool:
-    """True once no lane has queued or running work."""
+async def wait_drained(client: httpx.AsyncClient, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """True once no lane has queued or running work (asked every `poll_s`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         lanes = (await call(client, "GET", "/v1/lanes")).json()
         if all(lane["queued"] == 0 and not lane["running"] for lane in lanes):
             return True
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(poll_s)
     return False
 
 

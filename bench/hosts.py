@@ -21,7 +21,8 @@ the lanes), p50 and p99. On PostgreSQL, per task submitted: the round trips
 the hosts made meanwhile (each service is `bench.service_child`, which
 dumps its store's count, `store/pgtrips.py`, by statement) against the
 task's transitions + 1 (the insert), and the CPU of the database's backends
-serving them (`pg_stat_activity` pids, psutil). Issue 31's targets: one
+serving them (`pg_stat_activity` pids, psutil); on every set-up, the
+services' own CPU per task. Issue 31's targets: one
 host on PostgreSQL >= `PG_VS_SQLITE` x SQLite's tasks/s, three hosts >= one,
 round trips <= transitions + 1. Then the claim latency proper:
 `Store.claim_next` timed over `CLAIMS` pending tasks on each backend, one
@@ -71,6 +72,10 @@ SUBMIT_BUDGET_S = 45.0
 PG_VS_SQLITE = 0.6
 THREE_VS_ONE = 1.0
 DRAIN_BUDGET_S = 30.0
+# The harness's own look at the lanes (each a read of the queues' counts on
+# PostgreSQL): not a cost of the tasks, so seldom. The figures come from the
+# task rows, not from when the drain was seen.
+DRAIN_POLL_S = 0.5
 
 
 @contextlib.contextmanager
@@ -158,6 +163,7 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
                     )
                 )
             trips0 = await asyncio.to_thread(round_trips, services) if url else Counter()
+            service_cpu0 = sum(service.cpu_s() for service in services)
             cpu0 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
             # The same light submitting client as benchmark 3 (`bench.lightclient`).
             clients = [
@@ -173,9 +179,12 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
                 await stack.enter_async_context(service.async_client(limit=1))
                 for service in services
             ]
-            drained = all([await wait_drained(reader, DRAIN_BUDGET_S) for reader in readers])
+            drained = all(
+                [await wait_drained(reader, DRAIN_BUDGET_S, DRAIN_POLL_S) for reader in readers]
+            )
             trips = (await asyncio.to_thread(round_trips, services)) - trips0 if url else Counter()
             cpu1 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
+            service_cpu_s = sum(service.cpu_s() for service in services) - service_cpu0
     rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
     done = [t for t in rows if t["state"] == "success"]
     last = max((t["finished_at"] for t in done), default=float("nan"))
@@ -210,6 +219,8 @@ async def one_setup(work: Path, label: str, hosts: int, url: str | None) -> dict
         "queue_wait_p50_ms": r(percentile(claim, 50) * 1000, 1),
         "queue_wait_p99_ms": r(percentile(claim, 99) * 1000, 1),
         "tasks_per_host": per_host if hosts > 1 else None,
+        # The services' own CPU (HTTP, scheduling, the store's client side), all hosts.
+        "service_cpu_ms_per_task": r(service_cpu_s * 1000 / max(1, len(rows)), 3),
         "database": database,
     }
 
@@ -312,7 +323,8 @@ async def run(work: Path) -> BenchResult:
             f"hosts: tasks/s ({name.replace('_', ' ')})",
             "reported",
             f"{s['tasks_per_s']} tasks/s; queue wait p50 {s['queue_wait_p50_ms']} ms, "
-            f"p99 {s['queue_wait_p99_ms']} ms ({s['succeeded']}/{TASKS} done)",
+            f"p99 {s['queue_wait_p99_ms']} ms ({s['succeeded']}/{TASKS} done); "
+            f"service CPU {s['service_cpu_ms_per_task']} ms/task",
             None,
         )
         for name, s in setups.items()

@@ -25,6 +25,7 @@ from dispatcher.events import EventBus, TaskChanged
 from dispatcher.models import State, Task
 from dispatcher.store import Store
 from dispatcher.store.pglisten import TaskListener, TaskNotice
+from dispatcher.store.postgres import PostgresStore
 
 log = logging.getLogger("dispatcher.hosts.crosshost")
 
@@ -39,7 +40,14 @@ class RemoteTasks:
         self.store = store
         self.events = events
         self._queue: asyncio.Queue[TaskNotice | None] = asyncio.Queue()
-        self.listener = TaskListener(url, host, self._queue.put_nowait, on_reconnect=self._caught)
+        self.listener = TaskListener(
+            url,
+            host,
+            self._queue.put_nowait,
+            on_reconnect=self._caught,
+            # The gates' notices keep the store's copy (its `get_gate` reads no row then).
+            gates=store.gates if isinstance(store, PostgresStore) else None,
+        )
         self._relay: asyncio.Task[None] | None = None
         self.published = 0
 
@@ -89,7 +97,12 @@ class RemoteTasks:
         if None in batch:
             running = await self.store.tasks_in_state(State.RUNNING, host=self.host)
             found += [(t, "") for t in running if t.cancel_requested and t.id not in last]
+        view = self.store.claim_view if isinstance(self.store, PostgresStore) else None
         for task, origin in found:
+            if view is not None:
+                # Before the scheduler hears it: a task pending, a quota
+                # freed, is claimed.
+                view.saw(task)
             self.published += 1
             self.events.publish(TaskChanged(task, origin=origin))
 

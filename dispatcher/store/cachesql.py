@@ -19,6 +19,14 @@ from dispatcher.models import CacheEntry
 from dispatcher.store.rows import RowLike, row_to_cache_entry
 
 _COLUMNS = "fingerprint, model, result, size_bytes, created_at, last_used_at"
+# An entry put, replacing an older one of its fingerprint and host.
+PUT = (
+    f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (fingerprint, host) DO UPDATE SET "
+    "model = excluded.model, result = excluded.result, "
+    "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
+    "last_used_at = excluded.last_used_at"
+)
 
 
 class SqlCacheIndex:
@@ -45,21 +53,17 @@ class SqlCacheIndex:
         return False  # a read says (SQLite's is inline: `ResultCache.miss_here`)
 
     def cache_put(self, entry: CacheEntry) -> None:
-        self._run(
-            f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (fingerprint, host) DO UPDATE SET "
-            "model = excluded.model, result = excluded.result, "
-            "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
-            "last_used_at = excluded.last_used_at",
-            (
-                self._host,
-                entry.fingerprint,
-                entry.model,
-                json.dumps(entry.result),
-                entry.size_bytes,
-                entry.created_at,
-                entry.last_used_at,
-            ),
+        self._run(PUT, self._put_args(entry))
+
+    def _put_args(self, entry: CacheEntry) -> tuple[Any, ...]:
+        return (
+            self._host,
+            entry.fingerprint,
+            entry.model,
+            json.dumps(entry.result),
+            entry.size_bytes,
+            entry.created_at,
+            entry.last_used_at,
         )
 
     def cache_touch(self, fingerprint: str, last_used_at: float) -> None:

@@ -9,7 +9,10 @@ keeps one connection listening, turns each notice of another host into a
 `TaskNotice` for its callback, and reconnects after a lost connection: the
 notices sent meanwhile are gone, so it says so (`on_reconnect`) and the
 caller looks again at what matters (the scheduler's round and heartbeats
-read the rows anyway; they are the fallback for a lost notice).
+read the rows anyway; they are the fallback for a lost notice). A
+provider's Retry-After gate is announced on the same channel; those notices
+go to the store's `GateMirror` (`store.pggates`), which is live while this
+connection is.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from dispatcher.background import stop_background
 from dispatcher.models import Task
 from dispatcher.store.rows import row_to_task
+
+if TYPE_CHECKING:
+    from dispatcher.store.pggates import GateMirror
 
 log = logging.getLogger("dispatcher.store.listen")
 
@@ -81,6 +88,13 @@ def parse_notice(payload: str) -> TaskNotice | None:
     )
 
 
+def own_prefix(host: str) -> str:
+    """How a row's notice written by `host` starts (`json_build_object`'s
+    text, migration 0009). A host whose name PostgreSQL escapes otherwise
+    than `json.dumps` is not matched: its notices are decoded and dropped."""
+    return f'{{"host" : {json.dumps(host, ensure_ascii=False)}, "row" : '
+
+
 def listener_name(host: str) -> str:
     """The listening connection's `application_name` (what `pg_stat_activity` shows)."""
     return f"dispatcher-listen {host}"[:63]
@@ -96,11 +110,14 @@ class TaskListener:
         on_notice: Callable[[TaskNotice], None],
         *,
         on_reconnect: Callable[[], None] = lambda: None,
+        gates: GateMirror | None = None,
     ) -> None:
         self.url = url
         self.host = host
         self.on_notice = on_notice
         self.on_reconnect = on_reconnect
+        # The providers' gates, kept from their notices (`store.pggates`).
+        self.gates = gates
         self.reconnects = 0  # connections lost and made again
         self.received = 0  # notices of other hosts passed on
         self._work: asyncio.Task[None] | None = None
@@ -128,6 +145,10 @@ class TaskListener:
         )
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
+            if self.gates is not None:
+                # After LISTEN: a gate written from now on is heard.
+                cur = await conn.execute(self.gates.READ)
+                self.gates.seed((str(p), float(n)) for p, n in await cur.fetchall())
         except BaseException:
             await conn.close()
             raise
@@ -141,6 +162,8 @@ class TaskListener:
             except psycopg.Error as exc:
                 log.warning("lost the PostgreSQL listener connection (%s); reconnecting", exc)
             finally:
+                if self.gates is not None:
+                    self.gates.lost()
                 await conn.close()
             while True:
                 try:
@@ -160,8 +183,16 @@ class TaskListener:
             self.on_reconnect()
 
     async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        # Every host hears its own writes too: a notice carrying a row is
+        # known as one of ours by its start, without decoding the row (on one
+        # host, every notice; a JSON parse and a Task built each).
+        own = own_prefix(self.host)
         while True:
             async for notify in conn.notifies(timeout=PING_S):
+                if notify.payload.startswith(own):
+                    continue  # this host's own write: not decoded to be dropped
+                if self.gates is not None and self.gates.take(notify.payload):
+                    continue
                 notice = parse_notice(notify.payload)
                 if notice is None:
                     log.warning("PostgreSQL listener: malformed notice %r", notify.payload)

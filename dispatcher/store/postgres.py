@@ -12,7 +12,6 @@ psycopg errors become `StoreError` here, at the edge.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,49 +21,44 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from dispatcher.errors import StoreError
-from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
+from dispatcher.models import Attempt, Job, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
+from dispatcher.store.pgclaimview import ANY_PENDING, RUNNING_IDS, ClaimView
+from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
-from dispatcher.store.pgtrips import CountingConnection, CountingCursor, RoundTrips, count_on
+from dispatcher.store.pgplaces import Places, placed_insert
+from dispatcher.store.pgtrips import (
+    CountingConnection,
+    CountingCursor,
+    RoundTrips,
+    count_on,
+    has_rows,
+)
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
+from dispatcher.store.postgres_jobs import PostgresJobOps
 from dispatcher.store.rows import (
-    row_to_account,
     row_to_attempt,
     row_to_task,
     task_to_row,
 )
 from dispatcher.store.sql import (
-    ACCOUNT_UPSERT,
-    ACCOUNTS,
-    COST_BY_PROVIDER,
-    GENERATIONS,
     ID_TABLES,
-    JOB_MODEL_COUNTS,
-    LATE_SQL,
     RECENT_DURATIONS,
     SELECT_TASK,
-    SPENT,
     STALE_RUNNING,
     TWIN,
-    WEB_ACCOUNT_PUT,
-    WEB_ACCOUNTS,
-    account_args,
-    cheapest_ready_sql,
     insert_sql,
-    list_jobs_sql,
     list_tasks_where,
     pg_marks,
 )
 from dispatcher.store.taskwrites import (
     POSTGRESQL,
     Statement,
-    fallbacks_query,
-    ranked_query,
     task_claim_gated,
     task_update,
     update_with_history,
@@ -79,7 +73,7 @@ POOL_MAX = 10
 CONNECT_TIMEOUT_S = 10.0
 
 
-class PostgresStore(PostgresHostOps):
+class PostgresStore(PostgresJobOps, PostgresHostOps):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
@@ -103,6 +97,12 @@ class PostgresStore(PostgresHostOps):
             },
         )
         self._opened = False
+        self._places = Places()
+        self.gates = GateMirror()
+        # Claims known to find nothing (nothing pending, a quota full) from
+        # the last claim, while the listener (which keeps `gates` live)
+        # hears every change.
+        self.claim_view = ClaimView(self.gates)
         self._cache_index = PostgresCacheIndex(url, host, self.round_trips)
         self._outbox = SqlOutbox(
             self._outbox_run, self._outbox_batch, lock="FOR UPDATE SKIP LOCKED"
@@ -167,7 +167,7 @@ class PostgresStore(PostgresHostOps):
         """Run one statement (`?` marks, or PostgreSQL's own when `marked`)."""
         async with self._conn(what) as conn:
             cur = await conn.execute(sql if marked else pg_marks(sql), args)
-            return await cur.fetchall() if cur.description else []
+            return await cur.fetchall() if has_rows(cur) else []
 
     async def _pipelined(
         self, statements: Sequence[Statement], *, what: str, atomic: bool = False
@@ -191,7 +191,7 @@ class PostgresStore(PostgresHostOps):
                 with contextlib.suppress(psycopg.Error):
                     await conn.rollback()
                 raise
-            return [await cur.fetchall() if cur.description else [] for cur in cursors]
+            return [await cur.fetchall() if has_rows(cur) else [] for cur in cursors]
 
     async def _write1(
         self, sql: str, args: Sequence[Any] = (), *, marked: bool = False
@@ -231,10 +231,20 @@ class PostgresStore(PostgresHostOps):
     # -- tasks -------------------------------------------------------------
     async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
         if job is None and len(tasks) == 1:
-            # The common case (one POST, one task): one statement, no transaction.
+            # The common case (one POST, one task): one statement, no
+            # transaction, the task's place in its queue read with it.
             row = task_to_row(tasks[0])
-            (one,) = await self._write1(insert_sql(row, "?", "seq"), tuple(row.values()))
-            return [tasks[0].replace(seq=int(one["seq"]))]
+            (one,) = await self._write1(
+                placed_insert(f"INSERT INTO tasks ({', '.join(row)}) VALUES ({_marks(row)})"),
+                tuple(row.values()),
+            )
+            return [self._placed(tasks[0], one)]
+        stored = await self._insert_many(tasks, job)
+        for task in stored:
+            self.claim_view.saw(task)
+        return stored
+
+    async def _insert_many(self, tasks: Sequence[Task], job: Job | None) -> list[Task]:
         seqs = []
         async with self._conn("write") as conn, conn.transaction():
             if job is not None:
@@ -252,12 +262,12 @@ class PostgresStore(PostgresHostOps):
 
     async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
         row = task_to_row(task)
-        marks = ", ".join("?" for _ in row)
         twin_args = (task.fingerprint, created_since)
         # Identical submits on two hosts serialise on their fingerprint: the
         # insert runs after the lock, so it sees a twin committed before it.
-        # One round trip: the lock, the insert unless a twin exists, and the
-        # twin (the new row itself when inserted), in one transaction.
+        # One round trip: the lock, the insert unless a twin exists (with
+        # the new task's place in its queue), and the twin (the new row
+        # itself when inserted), in one transaction.
         _, inserted, twin = await self._pipelined(
             [
                 Statement(
@@ -266,8 +276,10 @@ class PostgresStore(PostgresHostOps):
                 ),
                 Statement(
                     pg_marks(
-                        f"INSERT INTO tasks ({', '.join(row)}) SELECT {marks} "
-                        f"WHERE NOT EXISTS ({TWIN}) RETURNING seq"
+                        placed_insert(
+                            f"INSERT INTO tasks ({', '.join(row)}) SELECT {_marks(row)} "
+                            f"WHERE NOT EXISTS ({TWIN})"
+                        )
                     ),
                     (*row.values(), *twin_args),
                 ),
@@ -277,8 +289,17 @@ class PostgresStore(PostgresHostOps):
             atomic=True,
         )
         if inserted:
-            return task.replace(seq=int(inserted[0]["seq"])), True
+            return self._placed(task, inserted[0]), True
         return row_to_task(twin[0]), False
+
+    def _placed(self, task: Task, row: Row) -> Task:
+        """The inserted task with its `seq`; its place in the queue, read by
+        the insert, kept for the submit's answer (`queue_place`)."""
+        placed = task.replace(seq=int(row["seq"]))
+        self.claim_view.saw(placed)
+        if placed.state is State.PENDING:
+            self._places.put(placed.queue, placed.seq, int(row["ahead"]), int(row["owners"]))
+        return placed
 
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._query(f"{SELECT_TASK} WHERE id = ?", (task_id,))
@@ -315,7 +336,11 @@ class PostgresStore(PostgresHostOps):
         # own, without BEGIN/COMMIT round trips.
         one = update_with_history(write)
         rows = await self._write1(one.sql, one.args, marked=True)
-        return row_to_task(rows[0]) if rows else None
+        if not rows:
+            return None
+        task = row_to_task(rows[0])
+        self.claim_view.saw(task)
+        return task
 
     async def claim_next(
         self,
@@ -333,6 +358,9 @@ class PostgresStore(PostgresHostOps):
     ) -> Task | None:
         if not queues:
             return None
+        if self.claim_view.skip(quota.owner if quota else None, quota.limit if quota else 0, now):
+            return None  # nothing to claim, as the last claim read and nothing heard since
+        sent = self.claim_view.sending()
         # Plain FIFO (the queue index's order) unless a pending task of the
         # queues has a priority or a deadline (a sort of the whole queue
         # then), also among fallbacks when some wait: the statement looks
@@ -347,26 +375,28 @@ class PostgresStore(PostgresHostOps):
             prefer=prefer,
             aging_step_s=aging_step_s,
         )
-        if quota is None and budget is None:
-            rows = await self._write1(claim.sql, claim.args, marked=True)
-            return row_to_task(rows[0]) if rows else None
         provider = quota.owner if quota is not None else budget.provider if budget else ""
-        # The count of running tasks (or the day's spend) and the claim must
-        # be one step across hosts: claims under one provider's quota or
-        # budget take turns. The claim statement starts after the lock, so it
-        # counts every claim committed before: no overspend by a race. Sent
-        # as one pipeline, the lock is held for the server's work only.
-        _, rows = await self._pipelined(
-            [
-                Statement(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"quota:{provider}",),
-                ),
-                claim,
-            ],
-            what="claim",
-            atomic=True,
-        )
+        # After the claim, in the same round trip: whether any task is still
+        # pending, and under a quota the provider's running tasks (`claim_view`).
+        after = [Statement(ANY_PENDING, ())]
+        if quota is not None:
+            after.append(Statement(RUNNING_IDS, (provider,)))
+        if quota is None and budget is None:
+            rows, *read = await self._pipelined([claim, *after], what="claim")
+        else:
+            # The count of running tasks (or the day's spend) and the claim
+            # must be one step across hosts: claims under one provider's quota
+            # or budget take turns. The claim statement starts after the lock,
+            # so it counts every claim committed before: no overspend by a
+            # race. Sent as one pipeline, the lock is held for the server's
+            # work only.
+            lock = Statement(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
+            )
+            _, rows, *read = await self._pipelined([lock, claim, *after], what="claim", atomic=True)
+        self.claim_view.claimed(bool(read[0][0]["any"]), now, sent)
+        if quota is not None:
+            self.claim_view.quota_read(provider, quota.limit, read[1][0]["ids"], now, sent)
         return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
@@ -439,6 +469,11 @@ class PostgresStore(PostgresHostOps):
         return int(rows[0]["n"])
 
     async def queue_place(self, queue: str, seq: int, *, owners: bool) -> tuple[int, int]:
+        # Asked for a task just inserted here (the submit's answer): its
+        # insert read the place already, no round trip of its own.
+        kept = self._places.take(queue, seq)
+        if kept is not None:
+            return kept[0], kept[1] if owners else 0
         rows = await self._query(
             "SELECT (SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? "
             "AND seq < ?) AS ahead, "
@@ -472,113 +507,6 @@ class PostgresStore(PostgresHostOps):
         rows = await self._query(TWIN, (fingerprint, created_since))
         return row_to_task(rows[0]) if rows else None
 
-    # -- jobs ----------------------------------------------------------------
-    async def get_job(self, job_id: str) -> Job | None:
-        rows = await self._query(
-            "SELECT id, name, created_at, seq FROM jobs WHERE id = ?", (job_id,)
-        )
-        return _job(rows[0]) if rows else None
 
-    async def job_tasks(self, job_id: str) -> list[Task]:
-        rows = await self._query(f"{SELECT_TASK} WHERE job_id = ? ORDER BY seq", (job_id,))
-        return [row_to_task(r) for r in rows]
-
-    async def job_counts(self, job_id: str) -> dict[State, int]:
-        rows = await self._query(
-            "SELECT state, COUNT(*) AS n FROM tasks WHERE job_id = ? GROUP BY state", (job_id,)
-        )
-        return {State(r["state"]): int(r["n"]) for r in rows}
-
-    async def job_model_counts(self, job_id: str) -> dict[tuple[str, State], int]:
-        rows = await self._query(JOB_MODEL_COUNTS, (job_id,))
-        return {(r["model"], State(r["state"])): int(r["n"]) for r in rows}
-
-    async def list_jobs(
-        self,
-        *,
-        states: Sequence[JobState] = (),
-        text: str | None = None,
-        before_seq: int | None = None,
-        limit: int = 50,
-    ) -> list[Job]:
-        sql, args = list_jobs_sql(
-            [JobState(x).value for x in states], text, before_seq, seq_column="seq"
-        )
-        return [_job(r) for r in await self._query(sql, (*args, limit))]
-
-    async def job_summaries(
-        self, job_ids: Sequence[str], now: float | None = None
-    ) -> dict[str, JobSummary]:
-        summaries = {job_id: JobSummary(counts={}) for job_id in job_ids}
-        if not summaries:
-            return summaries
-        rows = await self._query(
-            "SELECT job_id, state, COUNT(*) AS n, SUM(from_cache) AS cached, "
-            f"MAX(finished_at) AS finished, SUM(cost) AS usd, {LATE_SQL} AS late "
-            "FROM tasks WHERE job_id = ANY(?) GROUP BY job_id, state",
-            (-1.0 if now is None else now, list(summaries)),
-        )
-        for r in rows:
-            summary = summaries[r["job_id"]]
-            summary.counts[State(r["state"])] = int(r["n"])
-            summary.from_cache += int(r["cached"] or 0)
-            summary.cost_usd += float(r["usd"] or 0.0)
-            summary.late += int(r["late"] or 0)
-            finished = r["finished"]
-            if finished is not None and (
-                summary.last_finished_at is None or finished > summary.last_finished_at
-            ):
-                summary.last_finished_at = float(finished)
-        return summaries
-
-    async def cheapest_ready(self, queues: Sequence[str], now: float) -> float | None:
-        if not queues:
-            return None
-        rows = await self._query(cheapest_ready_sql(len(queues)), (*queues, now))
-        value = next(iter(rows[0].values())) if rows else None
-        return None if value is None else float(value)
-
-    async def spent_since(self, provider: str, since: float) -> float:
-        rows = await self._query(SPENT, (provider, since))
-        return float(next(iter(rows[0].values())) or 0.0)
-
-    async def ranked_waiting(self, queues: Sequence[str]) -> bool:
-        found = ranked_query(POSTGRESQL, queues)
-        return bool(queues) and bool(await self._query(found.sql, found.args, marked=True))
-
-    async def fallbacks_waiting(self) -> bool:
-        found = fallbacks_query(POSTGRESQL)
-        return bool(await self._query(found.sql, found.args, marked=True))
-
-    async def generations_since(self, owner: str, since: float) -> int:
-        rows = await self._query(GENERATIONS, (owner, since, owner, since))
-        return int(next(iter(rows[0].values())) or 0)
-
-    async def cost_by_provider(self) -> dict[str, float]:
-        rows = await self._query(COST_BY_PROVIDER)
-        return {r["owner"]: float(r["usd"] or 0.0) for r in rows}
-
-    # -- accounts ------------------------------------------------------------
-    async def get_accounts(self) -> dict[str, Account]:
-        rows = await self._query(ACCOUNTS)
-        return {r["name"]: row_to_account(r) for r in rows}
-
-    async def upsert_account(self, account: Account) -> None:
-        await self._write1(ACCOUNT_UPSERT, account_args(account))
-
-    async def delete_account(self, name: str) -> None:
-        await self._write1("DELETE FROM accounts WHERE name = ?", (name,))
-
-    async def get_web_accounts(self) -> dict[str, tuple[str, ...]]:
-        rows = await self._query(WEB_ACCOUNTS)
-        return {r["name"]: tuple(json.loads(r["models"])) for r in rows}
-
-    async def put_web_account(self, name: str, models: Sequence[str], added_at: float) -> None:
-        await self._write1(WEB_ACCOUNT_PUT, (name, json.dumps(sorted(models)), added_at))
-
-    async def delete_web_account(self, name: str) -> None:
-        await self._write1("DELETE FROM web_accounts WHERE name = ?", (name,))
-
-
-def _job(row: Row) -> Job:
-    return Job(id=row["id"], name=row["name"], created_at=row["created_at"], seq=row["seq"])
+def _marks(row: Mapping[str, Any]) -> str:
+    return ", ".join("?" for _ in row)

@@ -4,13 +4,28 @@ Synchronous like every `CacheIndex` (the cache calls it from worker
 threads): one plain psycopg connection of its own, opened at first use and
 shared by those threads under a lock.
 
-Only this host writes its rows, so the index keeps their fingerprints in
-memory (read once, at first use, then kept with each put and delete): a
-miss, nearly every new task, is then known without a round trip.
+Only this host reads and writes its rows, so the index keeps what it needs
+in memory:
+
+- the fingerprints it holds (read once, at first use, then kept with each
+  put and delete): a miss, nearly every new task, is known without a round
+  trip;
+- the entries put but not written yet. A put was a round trip per task
+  (issue 31); a writer thread now writes the puts of `FLUSH_S` together, one
+  round trip (a pipeline), and the index answers them from memory meanwhile.
+  A crash loses at most those entries (half a second's): later misses, and their files, not
+  listed by the index, are deleted at the next start (as for a crash between
+  a result's files and its row).
+
+Two locks: `_lock` for the memory (never held across a round trip, so
+`known_absent` does not wait), `_io` for the connection (taken first when
+both are needed).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,12 +35,18 @@ from psycopg.rows import dict_row
 
 from dispatcher.errors import StoreError
 from dispatcher.models import CacheEntry
-from dispatcher.store.cachesql import SqlCacheIndex
-from dispatcher.store.pgtrips import RoundTrips, statement_label
+from dispatcher.store.cachesql import PUT, SqlCacheIndex
+from dispatcher.store.pgtrips import RoundTrips, has_rows, statement_label
 from dispatcher.store.rows import RowLike
 from dispatcher.store.sql import pg_marks
 
+log = logging.getLogger("dispatcher.store.cache")
+
 CONNECT_TIMEOUT_S = 10
+# How long a put waits for others to share its round trip (real seconds):
+# at 100 results a second, fifty a round trip; sooner once `FLUSH_AT` wait.
+FLUSH_S = 0.5
+FLUSH_AT = 64
 
 
 class PostgresCacheIndex(SqlCacheIndex):
@@ -33,36 +54,55 @@ class PostgresCacheIndex(SqlCacheIndex):
         super().__init__(host, scoped=True)
         self._url = url
         self._trips = trips
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._io = threading.Lock()
         self._conn: psycopg.Connection[dict[str, Any]] | None = None
         # This host's fingerprints (None until first read; under `_lock`).
         self._held: set[str] | None = None
+        # Entries put, not written yet (under `_lock`).
+        self._pending: dict[str, CacheEntry] = {}
+        self._due = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self._closing = False
+
+    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
+        """The index's connection (`_io` held)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self._url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=CONNECT_TIMEOUT_S,
+            )
+        return self._conn
+
+    def _count(self, sql: str) -> None:
+        if self._trips is not None:
+            self._trips.add("cache index: " + statement_label(sql))
 
     def _run(self, sql: str, args: Sequence[Any] = ()) -> list[RowLike]:
-        with self._lock:
+        with self._io:
             try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = psycopg.connect(
-                        self._url,
-                        autocommit=True,
-                        row_factory=dict_row,
-                        connect_timeout=CONNECT_TIMEOUT_S,
-                    )
-                if self._trips is not None:
-                    self._trips.add("cache index: " + statement_label(sql))
-                cur = self._conn.execute(pg_marks(sql), args)
-                return list(cur.fetchall()) if cur.description else []
+                conn = self._connection()
+                self._count(sql)
+                cur = conn.execute(pg_marks(sql), args)
+                return list(cur.fetchall()) if has_rows(cur) else []
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL cache index access failed: {exc}") from exc
 
     def _fingerprints(self) -> set[str]:
-        if self._held is None:
+        """This host's fingerprints, read at first use (never under `_lock`)."""
+        held = self._held
+        if held is None:
             rows = self._run("SELECT fingerprint FROM cache_entries WHERE host = ?", (self._host,))
-            self._held = {str(r["fingerprint"]) for r in rows}
-        return self._held
+            with self._lock:
+                if self._held is None:
+                    self._held = {str(r["fingerprint"]) for r in rows} | set(self._pending)
+                held = self._held
+        return held
 
     def known_absent(self, fingerprint: str) -> bool:
-        # Never waits: a worker thread may hold the lock for a round trip.
+        # Never waits: a put or a delete may hold the lock for an instant.
         if not self._lock.acquire(blocking=False):
             return False
         try:
@@ -71,24 +111,96 @@ class PostgresCacheIndex(SqlCacheIndex):
             self._lock.release()
 
     def cache_get(self, fingerprint: str) -> CacheEntry | None:
+        held = self._fingerprints()
         with self._lock:
-            if fingerprint not in self._fingerprints():
+            if fingerprint not in held:
                 return None
+            pending = self._pending.get(fingerprint)
+        if pending is not None:
+            return pending
         return super().cache_get(fingerprint)
 
     def cache_put(self, entry: CacheEntry) -> None:
-        super().cache_put(entry)
+        """Kept at once (later reads see it); written with the others of
+        `FLUSH_S` by the writer thread."""
+        held = self._fingerprints()
         with self._lock:
-            self._fingerprints().add(entry.fingerprint)
+            held.add(entry.fingerprint)
+            self._pending[entry.fingerprint] = entry
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_due, name="pg-cache-writer", daemon=True
+                )
+                self._writer.start()
+            self._due.notify()
+
+    def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
+        with self._lock:
+            pending = self._pending.get(fingerprint)
+            if pending is not None:
+                # Not written yet: written with its new use.
+                self._pending[fingerprint] = dataclasses.replace(pending, last_used_at=last_used_at)
+                return
+        super().cache_touch(fingerprint, last_used_at)
 
     def cache_delete(self, fingerprint: str) -> None:
-        super().cache_delete(fingerprint)
+        # Out of memory first: a write in flight holds `_io`, so the delete
+        # below runs after it and the row does not come back.
+        held = self._fingerprints()
         with self._lock:
-            self._fingerprints().discard(fingerprint)
+            self._pending.pop(fingerprint, None)
+            held.discard(fingerprint)
+        super().cache_delete(fingerprint)
+
+    def cache_entries(self) -> list[CacheEntry]:
+        self.flush()
+        return super().cache_entries()
+
+    def flush(self) -> None:
+        """Write the entries put so far: one round trip for all of them."""
+        with self._io:
+            with self._lock:
+                batch = list(self._pending.values())
+            if not batch:
+                return
+            try:
+                conn = self._connection()
+                self._count(PUT)
+                with conn.cursor() as cur:
+                    # executemany sends them as one pipeline: one round trip.
+                    cur.executemany(pg_marks(PUT), [self._put_args(e) for e in batch])
+            except psycopg.Error as exc:
+                # Dropped, not retried: a cache entry lost is a later miss.
+                log.warning("cache: %d entries not written to PostgreSQL: %s", len(batch), exc)
+            with self._lock:
+                for entry in batch:
+                    # A newer put (or use) of the same fingerprint stays due.
+                    if self._pending.get(entry.fingerprint) is entry:
+                        del self._pending[entry.fingerprint]
+
+    def _write_due(self) -> None:
+        while True:
+            with self._lock:
+                self._due.wait_for(lambda: bool(self._pending) or self._closing)
+                if self._closing:
+                    return
+                # The puts of the next FLUSH_S share this one's round trip.
+                self._due.wait_for(
+                    lambda: self._closing or len(self._pending) >= FLUSH_AT, timeout=FLUSH_S
+                )
+            self.flush()
 
     def close(self) -> None:
         with self._lock:
+            writer, self._writer = self._writer, None
+            self._closing = True
+            self._due.notify_all()
+        if writer is not None:
+            writer.join()
+        self.flush()
+        with self._io, self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
             self._held = None
+            self._closing = False

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from dispatcher.store import sql
 from dispatcher.store.hosts import Host, Lease, LeaseRefused
+from dispatcher.store.pggates import GATE_SET, GateMirror
 from dispatcher.store.rowmaps import row_to_host, row_to_lease
 
 # What each host runs (PostgreSQL only: on SQLite one host runs everything it knows).
@@ -35,6 +36,9 @@ def display_url(url: str) -> str:
 
 
 class PostgresHostOps:
+    # The providers' gates as this host's listener hears them (live once it listens).
+    gates: GateMirror
+
     async def _query(
         self, sql: str, args: Sequence[Any] = (), *, what: str = "read"
     ) -> list[dict[str, Any]]:
@@ -104,8 +108,13 @@ class PostgresHostOps:
 
     # -- a provider's Retry-After gate ------------------------------------------------
     async def set_gate(self, provider: str, not_before: float) -> None:
-        await self._write1(sql.GATE_SET, (provider, not_before))
+        # Its notice tells the other hosts' listeners (`store.pggates`).
+        await self._write1(GATE_SET, (provider, not_before), marked=True)
+        self.gates.heard(provider, not_before)
 
     async def get_gate(self, provider: str) -> float:
+        heard = self.gates.get(provider)
+        if heard is not None:
+            return heard  # the listener is connected: every gate set is heard
         rows = await self._query(sql.GATE_GET, (provider,))
         return float(rows[0]["not_before"]) if rows else 0.0

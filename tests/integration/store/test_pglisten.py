@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
+
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store
-from dispatcher.store.pglisten import TaskListener, TaskNotice, parse_notice
+from dispatcher.store.pglisten import (
+    CHANNEL,
+    TaskListener,
+    TaskNotice,
+    own_prefix,
+    parse_notice,
+)
+from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import fresh_database
 
 ODD_HOST = "rack 2\\node 7"  # a space and a backslash: escaped in the connection options
@@ -99,3 +108,60 @@ async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
         finally:
             await listener.aclose()
             await writer.close()
+
+
+async def test_a_gate_set_on_one_host_is_read_on_another_without_a_round_trip() -> None:
+    with fresh_database() as url:
+        setter = await open_store(url, "h1")
+        reader = await open_store(url, "h2")
+        assert isinstance(setter, PostgresStore) and isinstance(reader, PostgresStore)
+        # A gate set before the listener starts is read with its LISTEN.
+        await setter.set_gate("prov", 100.0)
+        heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
+        listener = TaskListener(url, "h2", heard.put_nowait, gates=reader.gates)
+        try:
+            # Without a listener the gate is read from the database.
+            before = reader.round_trips.total
+            assert await reader.get_gate("prov") == 100.0
+            assert reader.round_trips.total - before == 1
+            await listener.start()
+            await setter.set_gate("prov", 150.0)
+            await setter.set_gate("prov", 120.0)  # earlier: the gate stays at 150
+            await setter.set_gate("other", 50.0)
+            # Notices arrive in commit order: once a later task's is heard,
+            # the gates' were taken in.
+            await setter.insert_tasks([_task("after")])
+            await asyncio.wait_for(heard.get(), 10)
+            assert reader.gates.heard_count == 2
+            before = reader.round_trips.total
+            assert await reader.get_gate("prov") == 150.0
+            assert await reader.get_gate("other") == 50.0
+            assert await reader.get_gate("never") == 0.0
+            assert reader.round_trips.total - before == 0
+            # Gate notices are not task notices.
+            assert listener.received == 1
+        finally:
+            await listener.aclose()
+        # Not listening: the database again.
+        before = reader.round_trips.total
+        assert await reader.get_gate("prov") == 150.0
+        assert reader.round_trips.total - before == 1
+        await setter.close()
+        await reader.close()
+
+
+async def test_a_hosts_own_row_notice_is_known_by_its_start() -> None:
+    with fresh_database() as url:
+        listening = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        await listening.execute(f"LISTEN {CHANNEL}")
+        try:
+            for n, host in enumerate(("bench-0", ODD_HOST, 'quote " host')):
+                writer = await open_store(url, host)
+                await writer.insert_tasks([_task(f"t{n}")])
+                await writer.close()
+                gen = listening.notifies(timeout=10, stop_after=1)
+                (notice,) = [n.payload async for n in gen]
+                assert notice.startswith(own_prefix(host))
+                assert not notice.startswith(own_prefix(host + "x"))
+        finally:
+            await listening.close()

@@ -8,14 +8,19 @@ Counted by the store itself (`PostgresStore.round_trips`), on a real server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
+from dispatcher.events import Event, EventBus, TaskChanged
+from dispatcher.hosts.crosshost import RemoteTasks
 from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
 from dispatcher.store import open_store
 from dispatcher.store.hosts import Quota
+from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
+from dispatcher.store.postgres_cache import PostgresCacheIndex
 from tests.support.pgdb import fresh_database
 
 RUN = {"owner": "demo", "host": "h1"}
@@ -143,3 +148,169 @@ async def test_a_cache_miss_is_known_without_a_round_trip(store: PostgresStore) 
     assert index.cache_get("fp-new") == entry
     index.cache_delete("fp-new")
     assert index.known_absent("fp-new")
+
+
+async def test_a_submit_answer_reads_its_place_with_the_insert(store: PostgresStore) -> None:
+    await store.insert_tasks([_task("first"), _task("second")])
+    assert await store.claim_next(["g"], 5.0, RUN) is not None  # "first" runs: one owner
+    before = store.round_trips.total
+    third, inserted = await store.insert_unless_twin(_task("third"), created_since=0.0)
+    assert inserted
+    # The place in the answer to the submit: "second" ahead, one owner serving.
+    assert await store.queue_place("g", third.seq, owners=True) == (1, 1)
+    assert trips(store, before) == 1
+    # Asked again later, it is read afresh (another task claimed meanwhile).
+    assert await store.claim_next(["g"], 5.0, RUN) is not None
+    before = store.round_trips.total
+    assert await store.queue_place("g", third.seq, owners=False) == (0, 0)
+    assert trips(store, before) == 1
+    # A forced task (no twin check) too.
+    (fourth,) = await store.insert_tasks([_task("fourth")])
+    before = store.round_trips.total
+    assert await store.queue_place("g", fourth.seq, owners=False) == (1, 0)
+    assert trips(store, before) == 0
+
+
+def _entry(fingerprint: str, used_at: float = 1.0) -> CacheEntry:
+    return CacheEntry(
+        fingerprint=fingerprint,
+        model="m",
+        result={"text": fingerprint, "files": [], "meta": {}},
+        size_bytes=2,
+        created_at=1.0,
+        last_used_at=used_at,
+    )
+
+
+async def test_results_kept_in_the_cache_are_written_together(store: PostgresStore) -> None:
+    index = store.cache_index
+    assert isinstance(index, PostgresCacheIndex)
+    assert index.cache_get("fp-warm") is None  # the first use reads this host's rows
+    before = store.round_trips.total
+    for n in range(10):
+        index.cache_put(_entry(f"fp-{n}"))
+    index.cache_touch("fp-3", 7.0)
+    # Answered from memory before they are written.
+    assert index.cache_get("fp-3") == _entry("fp-3", 7.0)
+    index.flush()
+    index.flush()  # nothing left: no round trip
+    assert trips(store, before) == 1
+    # Written, as kept: another index of this host reads them.
+    index.cache_delete("fp-9")
+    index.close()
+    again = PostgresCacheIndex(store.url, "h1")
+    try:
+        entries = {e.fingerprint: e for e in again.cache_entries()}
+        assert sorted(entries) == sorted(f"fp-{n}" for n in range(9))
+        assert entries["fp-3"].last_used_at == 7.0
+    finally:
+        again.close()
+
+
+async def test_a_full_quota_is_not_asked_again_until_a_task_of_it_ends(
+    store: PostgresStore,
+) -> None:
+    listening = await store_listening(store)
+    try:
+        await store.insert_tasks([_task("a"), _task("b"), _task("c")])
+        quota = Quota("demo", 1)
+        a = await store.claim_next(["g"], 5.0, RUN, quota=quota)
+        assert a is not None
+        # Full, as the claim that filled it read: the next ones need no round trip.
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.1, RUN, quota=quota) is None
+        assert await store.claim_next(["g"], 5.2, RUN, quota=quota) is None
+        assert await store.claim_next(["g"], 5.3, RUN, quota=quota) is None
+        assert trips(store, before) == 0
+        assert store.claim_view.skipped == 3
+        # A larger quota asks.
+        bigger = await store.claim_next(["g"], 5.3, RUN, quota=Quota("demo", 2))
+        assert bigger is not None
+        # The provider's task ends here: the next claim asks, and gets "c".
+        done = await store.update_task(
+            a.id, expect_state=State.RUNNING, changes={"state": State.SUCCESS}
+        )
+        assert done is not None
+        claimed = await store.claim_next(["g"], 5.4, RUN, quota=Quota("demo", 2))
+        assert claimed is not None and claimed.id == "c"
+        # Believed for a second of the claims' clock at most.
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.5, RUN, quota=Quota("demo", 2)) is None
+        assert await store.claim_next(["g"], 5.6, RUN, quota=Quota("demo", 2)) is None
+        assert trips(store, before) == 0
+        assert await store.claim_next(["g"], 7.0, RUN, quota=Quota("demo", 2)) is None
+        assert trips(store, before) == 1
+    finally:
+        await listening.aclose()
+    # Not listening: every claim asks.
+    before = store.round_trips.total
+    assert await store.claim_next(["g"], 7.1, RUN, quota=Quota("demo", 2)) is None
+    assert await store.claim_next(["g"], 7.2, RUN, quota=Quota("demo", 2)) is None
+    assert trips(store, before) == 2
+
+
+async def test_another_hosts_end_frees_the_quota_known_full(store: PostgresStore) -> None:
+    other = await open_store(store.url, "h2")
+    events = EventBus()
+    relay = RemoteTasks(store.url, "h1", store, events)
+    await relay.start()
+    try:
+        await store.insert_tasks([_task("a"), _task("b")])
+        quota = Quota("demo", 1)
+        theirs = await other.claim_next(["g"], 5.0, {"owner": "demo", "host": "h2"}, quota=quota)
+        assert theirs is not None
+        assert await store.claim_next(["g"], 5.0, RUN, quota=quota) is None
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.1, RUN, quota=quota) is None
+        assert trips(store, before) == 0
+        # h2's task ends: its notice reaches h1's view before h1's bus hears it.
+        heard = asyncio.Event()
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, TaskChanged) and event.task.state is State.SUCCESS:
+                heard.set()
+
+        events.listen(on_event)
+        await other.update_task(
+            theirs.id, expect_state=State.RUNNING, changes={"state": State.SUCCESS}
+        )
+        await asyncio.wait_for(heard.wait(), 10)
+        mine = await store.claim_next(["g"], 5.2, RUN, quota=quota)
+        assert mine is not None and mine.id == "b"
+    finally:
+        await relay.aclose()
+        await other.close()
+
+
+async def store_listening(store: PostgresStore) -> TaskListener:
+    """A listener keeping the store's view live, as the service's relay does."""
+    listener = TaskListener(store.url, store.host, lambda _: None, gates=store.gates)
+    await listener.start()
+    return listener
+
+
+async def test_nothing_pending_is_not_asked_again_until_a_task_is(store: PostgresStore) -> None:
+    other = await open_store(store.url, "h2")
+    events = EventBus()
+    relay = RemoteTasks(store.url, "h1", store, events)
+    await relay.start()
+    try:
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.0, RUN) is None  # asks: nothing pending
+        assert await store.claim_next(["g"], 5.1, RUN) is None
+        assert await store.claim_next(["other"], 5.2, RUN, quota=Quota("demo", 3)) is None
+        assert trips(store, before) == 1
+        # This host's submit: the next claim asks, and gets it.
+        await store.insert_unless_twin(_task("mine"), created_since=0.0)
+        claimed = await store.claim_next(["g"], 5.3, RUN)
+        assert claimed is not None and claimed.id == "mine"
+        # Another host's submit, heard through the relay before its bus hears it.
+        heard = asyncio.Event()
+        events.listen(lambda event: heard.set())
+        await other.insert_tasks([_task("theirs")])
+        await asyncio.wait_for(heard.wait(), 10)
+        claimed = await store.claim_next(["g"], 5.4, RUN)
+        assert claimed is not None and claimed.id == "theirs"
+    finally:
+        await relay.aclose()
+        await other.close()

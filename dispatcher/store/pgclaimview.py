@@ -1,0 +1,154 @@
+"""Claims known to find nothing, answered without asking (PostgreSQL).
+
+Every new task wakes every host's scheduler, and a freed slot claims at
+once: with three hosts, ~0.8 claims a task found the provider's global
+quota full, and on one host ~0.1-0.2 found no task pending at all
+(benchmark 6, issue 31), each a round trip. A claim now also reads, in its
+pipeline (no round trip of its own), whether any task is pending anywhere
+and, under a quota, the ids of the provider's running tasks. This view
+keeps what that says:
+
+- nothing pending: every claim answers "nothing" here until a task is
+  seen pending (this host's insert or write, another host's notice);
+- a provider's quota full: its claims answer "nothing" here until one of
+  those running tasks is seen to stop.
+
+It holds only while the listener is connected (every notice heard, on the
+same connection as when the claim read: `Listening`) and for `KEEP_S` of
+the claims' clock at most (a retry's `not_before` passing makes no notice:
+a claim asks again after it). What is seen while a claim is on its way may
+be newer than its read: a task seen pending then voids "nothing pending",
+a task seen stopped is taken out of the running tasks it read. Wrong only
+one way, briefly: a notice older than the claim's read can add a running
+task that ended meanwhile, until the notice of its end, which follows it on
+the channel, takes it out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from dispatcher.models import State, Task
+
+# How long a claim's answer is believed without asking (the claims' clock,
+# seconds): the scheduler's tick looks again after it anyway.
+KEEP_S = 1.0
+
+# Tasks seen stopped, kept for the claims on their way meanwhile.
+STOPPED_KEPT = 1024
+
+ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'pending') AS any"
+RUNNING_IDS = "SELECT array_agg(id) AS ids FROM tasks WHERE state = 'running' AND owner = %s"
+
+
+class Listening(Protocol):
+    """Whether the listener hears every notice now, and since which connection."""
+
+    @property
+    def live(self) -> bool: ...
+
+    @property
+    def connections(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Sent:
+    pending: int
+    stopped: int
+
+
+@dataclass
+class _Seen:
+    at: float  # the claims' clock
+    connection: int
+
+
+@dataclass
+class _Full(_Seen):
+    running: set[str]
+
+
+class ClaimView:
+    def __init__(self, listening: Listening) -> None:
+        self._listening = listening
+        self._empty: _Seen | None = None
+        self._full: dict[str, _Full] = {}
+        self.skipped = 0  # claims answered here, without a round trip
+        # What was seen while a claim was on its way, which its read may
+        # predate: tasks pending (then "nothing pending" is not kept), tasks
+        # stopped (taken out of the running tasks it read), by number.
+        self._pending_seen = 0
+        self._stopped_seen = 0
+        self._stopped: deque[tuple[int, str]] = deque(maxlen=STOPPED_KEPT)
+
+    def _holds(self, seen: _Seen, now: float) -> bool:
+        return (
+            self._listening.live
+            and seen.connection == self._listening.connections
+            and 0 <= now - seen.at < KEEP_S
+        )
+
+    def skip(self, quota_owner: str | None, limit: int, now: float) -> bool:
+        """True when the claim would find nothing: nothing pending, or its quota full."""
+        if self._empty is not None:
+            if self._holds(self._empty, now):
+                self.skipped += 1
+                return True
+            self._empty = None
+        if quota_owner is None:
+            return False
+        full = self._full.get(quota_owner)
+        if full is None:
+            return False
+        if not self._holds(full, now) or len(full.running) < limit:
+            del self._full[quota_owner]
+            return False
+        self.skipped += 1
+        return True
+
+    def sending(self) -> Sent:
+        """What was seen when a claim is sent (for `claimed` and `quota_read`)."""
+        return Sent(self._pending_seen, self._stopped_seen)
+
+    def claimed(self, any_pending: bool, now: float, sent: Sent) -> None:
+        """What a claim read after it: whether any task is pending anywhere."""
+        if not any_pending and self._listening.live and self._pending_seen == sent.pending:
+            self._empty = _Seen(now, self._listening.connections)
+
+    def quota_read(
+        self, owner: str, limit: int, running: list[str] | None, now: float, sent: Sent
+    ) -> None:
+        """What a claim under the quota read after it: the provider's running tasks."""
+        ids = set(running or ())
+        if self._stopped_seen > sent.stopped:
+            if len(self._stopped) < self._stopped_seen - sent.stopped:
+                ids = set()  # more stopped meanwhile than kept: not known
+            # Newest last: only the tail seen since the claim was sent.
+            for n, task_id in reversed(self._stopped):
+                if n <= sent.stopped:
+                    break
+                ids.discard(task_id)
+        if self._listening.live and len(ids) >= limit:
+            self._full[owner] = _Full(now, self._listening.connections, ids)
+        else:
+            self._full.pop(owner, None)
+
+    def saw(self, task: Task) -> None:
+        """A task as written (here, or by another host: its notice)."""
+        if task.state is State.PENDING:
+            self._pending_seen += 1
+            self._empty = None
+        if task.state is not State.RUNNING:
+            self._stopped_seen += 1
+            self._stopped.append((self._stopped_seen, task.id))
+        if not self._full:
+            return
+        if task.state is State.RUNNING:
+            full = self._full.get(task.owner or "")
+            if full is not None:
+                full.running.add(task.id)
+            return
+        for full in self._full.values():
+            full.running.discard(task.id)
