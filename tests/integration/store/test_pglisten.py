@@ -7,7 +7,7 @@ import asyncio
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store
 from dispatcher.store.pglisten import TaskListener, TaskNotice, parse_notice
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 ODD_HOST = "rack 2\\node 7"  # a space and a backslash: escaped in the connection options
 
@@ -33,7 +33,7 @@ def test_a_notice_reads_back_with_a_host_holding_spaces() -> None:
 
 
 async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         writer = await open_store(url, ODD_HOST)
         heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
         other = TaskListener(url, "listener-host", heard.put_nowait)
@@ -79,7 +79,7 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
 
 
 async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         writer = await open_store(url, "writer")
         heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
         listener = TaskListener(url, "listener-host", heard.put_nowait)
