@@ -131,7 +131,7 @@ def _unfinished(url: str, since: float, logs: dict[str, str]) -> str:
 def _batch() -> list[dict[str, Any]]:
     rng = random.Random(12)
     api = [
-        {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": rng.uniform(6, 14)}}
+        {"model": "demo-video", "params": {"prompt": f"clip {i}", "gen_s": rng.uniform(3, 7)}}
         for i in range(API_TASKS)
     ]
     web = [
