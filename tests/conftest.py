@@ -5,34 +5,47 @@ import pytest
 # `make test` runs the files on two workers (pytest-xdist, `--dist loadfile
 # --no-loadscope-reorder`): a file goes to whichever worker is free, in the
 # order collected. The files that take longest on a 2-core machine (tens of
-# seconds each, measured with `--durations=0`) are collected first, so that
+# seconds each, measured with `--durations=0` and summed by file; last on
+# 2026-12-03, a full run at load 15-25) are collected first, longest first
+# (test_multi_host is one test of about a minute: started late, it alone
+# would be the tail), so that
 # none of them starts last and leaves one worker idle while the other runs
 # it; the many short files then even out the two workers' ends. A file not
 # listed keeps its usual place after these; a renamed one only loses its
 # head start.
 HEAVY_FIRST = (
-    "tests/e2e/test_remote_login.py",
-    "tests/integration/test_web_accounts_runtime.py",
     "tests/e2e/test_multi_host.py",
     "tests/integration/test_browser_prewarm.py",
+    "tests/e2e/test_remote_login.py",
+    "tests/integration/test_web_accounts_runtime.py",
     "tests/integration/test_account_health.py",
-    "tests/e2e/test_dashboard_pages.py",
-    "tests/integration/test_web_lanes.py",
-    "tests/integration/store/test_account_leases.py",
-    "tests/integration/webrunner/test_web_real_sites.py",
-    "tests/integration/test_ledger_stateful.py",
-    "tests/e2e/test_recovery_kill.py",
     "tests/e2e/test_api_fuzz.py",
-    "tests/integration/test_failure_evidence.py",
-    "tests/integration/test_cli.py",
-    "tests/integration/webrunner/test_web_runner.py",
-    "tests/integration/test_http_connections.py",
-    "tests/integration/webrunner/test_web_hostile_page.py",
     "tests/integration/test_cli_history.py",
-    "tests/integration/store/test_service_postgres.py",
-    "tests/integration/test_browser_faults.py",
-    "tests/integration/webrunner/test_web_gradio.py",
+    "tests/integration/test_cli_intake.py",
+    "tests/integration/webrunner/test_web_real_sites.py",
+    "tests/integration/test_web_lanes.py",
+    "tests/integration/test_allowances_fallbacks.py",
+    "tests/integration/test_cli.py",
     "tests/integration/test_cli_reload.py",
+    "tests/integration/test_cli_plan.py",
+    "tests/integration/webrunner/test_web_gradio.py",
+    "tests/e2e/test_recovery_kill.py",
+    "tests/e2e/test_dashboard_pages.py",
+    "tests/integration/test_ledger_stateful.py",
+    "tests/integration/test_job_view.py",
+    "tests/e2e/test_sigterm.py",
+    "tests/integration/test_browser_faults.py",
+    "tests/integration/store/test_contract.py",
+    "tests/e2e/test_demo_run.py",
+    "tests/integration/apirunner/test_api_hostile_vendor.py",
+    "tests/integration/store/test_account_leases.py",
+    "tests/integration/test_decode_budget.py",
+    "tests/integration/test_gradio_login.py",
+    "tests/integration/test_failure_evidence.py",
+    "tests/integration/test_http_connections.py",
+    "tests/integration/webrunner/test_web_runner.py",
+    "tests/integration/webrunner/test_web_hostile_page.py",
+    "tests/integration/store/test_service_postgres.py",
     "tests/integration/apirunner/test_api_poll_history.py",
 )
 

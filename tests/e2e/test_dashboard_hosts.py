@@ -14,7 +14,7 @@ from playwright.async_api import expect
 
 from tests.e2e.dashboard_browser import Browser, keep_screenshot, sign_in
 from tests.support.harness import host_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = [
     pytest.mark.browser,
@@ -30,7 +30,7 @@ SCALE = 0.2
 async def test_another_hosts_result_is_said_to_be_there_and_the_hosts_are_listed(
     tmp_path: Path, browser: Browser
 ) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with (
             host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a,
             host_service(tmp_path, "host-b", ("demo-video",), url, SCALE) as b,

@@ -270,10 +270,19 @@ def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) ->
             while not [j for j in client.get("/v1/jobs").json()["items"] if j["name"] == "held"]:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-        time.sleep(3.0)  # the watcher checks closed lanes every 2 s
+        # The watcher checks closed lanes every 2 s: its line says it saw this
+        # one (read as it comes, not after a fixed wait that a busy machine
+        # can outrun); the lane is enabled only then.
+        assert watcher.stdout is not None
+        before = []
+        for line in watcher.stdout:  # ends at its exit (the assertion below says why)
+            before.append(line)
+            if line.startswith("waiting: lane api:demo-queue"):
+                break
         on = service.cli("accounts", "enable", "demo-queue", "--json")
         assert on.returncode == 0 and json.loads(on.stdout)["enabled"] is True
-        out, err = watcher.communicate(timeout=60)
+        rest, err = watcher.communicate(timeout=60)
+        out = "".join(before) + rest
     finally:
         if watcher.poll() is None:
             watcher.kill()

@@ -12,7 +12,7 @@ from typing import Any
 
 from tests.integration.test_webhooks import SECRET, Receiver, receiver
 from tests.support.harness import Harness, host_service, running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 PRICE_USD = 0.01  # demo-chat-api's [pricing] per_request
 
@@ -104,7 +104,7 @@ async def test_costs_are_recorded_and_a_budget_stops_what_would_cross_it(
 async def test_a_budget_holds_exactly_under_three_hosts_on_one_postgresql(
     tmp_path: Path,
 ) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with AsyncExitStack() as stack:
             hosts = [
                 await stack.enter_async_context(
@@ -127,7 +127,7 @@ async def test_a_budget_holds_exactly_under_three_hosts_on_one_postgresql(
 
 async def test_three_hosts_tell_a_reached_budget_once(tmp_path: Path) -> None:
     """Each host finds the budget reached on its own; the receivers hear it once."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with receiver() as hook, AsyncExitStack() as stack:
             hosts = [
                 await stack.enter_async_context(

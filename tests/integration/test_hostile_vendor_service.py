@@ -28,7 +28,7 @@ from dispatcher.logs import JsonFormatter, RedactingFilter
 from dispatcher.service.core import Service
 from dispatcher.service.serving import RunningServer
 from dispatcher.settings import Settings
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 KEY = "sk-hostile-" + "7" * 32
 SCALE = 0.02
@@ -103,7 +103,7 @@ def database_url(dialect: str, tmp_path: Path) -> Iterator[str | None]:
     if dialect == "sqlite":
         yield None  # the state dir's own SQLite file
     else:
-        with fresh_database() as url:
+        with migrated_database() as url:
             yield url
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.harness import Harness, running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 
 def strict(text: str) -> Any:
@@ -136,7 +136,10 @@ async def test_a_nul_from_a_client_is_a_4xx_on_both_stores(tmp_path: Path, diale
     with contextlib.ExitStack() as stack:
         extra: dict[str, Any] = {}
         if dialect == "postgresql":
-            extra = {"database_url": stack.enter_context(fresh_database()), "host_id": "nul-host"}
+            extra = {
+                "database_url": stack.enter_context(migrated_database()),
+                "host_id": "nul-host",
+            }
         async with running_service(tmp_path, **extra) as h:
             account = (await h.http.get("/v1/accounts")).json()[0]["name"]
             task = {"model": "demo-chat-api", "params": {"prompt": "a\u0000b"}}

@@ -16,7 +16,7 @@ from dispatcher.store.hosts import LeaseRefused
 from tests.integration.test_web_lanes import account_browsers
 from tests.support.harness import Harness, running_service
 from tests.support.helpers import demo_chat_on
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 from webrunner.lock import AccountLock
 from webrunner.runner import WebRunner
 
@@ -260,7 +260,7 @@ async def test_a_login_finishing_as_its_account_is_removed_leaves_no_ghost_row(
     `accounts remove` landing during it must not see the account come back:
     listed by GET /v1/accounts, its row in the database, with no lane and
     nothing that removes it any more."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with running_service(
             tmp_path, profiles=("demo-chat",), time_scale=0.05, database_url=url
         ) as h:
@@ -389,7 +389,7 @@ async def test_two_adds_of_one_account_at_once_keep_both_models(tmp_path: Path) 
     """Each add serves what was stored plus what it names; on PostgreSQL the
     read is a round trip, and two adds at once must not each write their own
     list over the other's (both answered 201, one model silently dropped)."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with running_service(
             tmp_path, profiles=("demo-chat", "demo-reasoner"), time_scale=0.05, database_url=url
         ) as h:
@@ -416,7 +416,7 @@ async def test_an_add_of_an_account_another_host_serves_is_refused_naming_it(
     """On a shared database, an account whose lease another live host holds
     would only be listed as refused here: the add says so (409, naming the
     host) instead of answering 201 "added"."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with running_service(
             tmp_path, profiles=("demo-chat",), time_scale=0.05, database_url=url
         ) as h:

@@ -6,17 +6,21 @@ from pathlib import Path
 import pytest
 
 from dispatcher.store import Store, open_store
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import fresh_database, migrated_database
 
 OpenStore = Callable[..., Awaitable[Store]]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new database of the param's kind: on PostgreSQL already migrated (a
+    copy of a template), unless the test is marked `empty_database` (one that
+    checks the migrations themselves)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'contract.db'}"
     else:
-        with fresh_database() as url:
+        empty = request.node.get_closest_marker("empty_database") is not None
+        with fresh_database() if empty else migrated_database() as url:
             yield url
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import Harness, running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -20,7 +20,7 @@ PROFILES = ("demo-chat-api", "demo-chat")
 async def test_a_second_host_is_refused_an_account_until_its_owner_lets_it_go(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         first = running_service(
             tmp_path / "one",
             profiles=PROFILES,
@@ -72,7 +72,7 @@ async def test_an_account_removed_on_its_host_moves_to_another_without_a_restart
     running all along, adds the account and serves it."""
     for name in ("one", "two"):
         (tmp_path / name).mkdir()
-    with fresh_database() as url:
+    with migrated_database() as url:
         hosts = [
             running_service(
                 tmp_path / name,

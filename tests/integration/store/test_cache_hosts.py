@@ -13,12 +13,12 @@ from pathlib import Path
 from dispatcher.clock import FakeClock
 from dispatcher.store import open_store
 from dispatcher.tasks.cache import ResultCache
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 
 async def test_each_host_sees_keeps_and_evicts_only_its_own_cache_entries(tmp_path: Path) -> None:
     clock = FakeClock()
-    with fresh_database() as url:
+    with migrated_database() as url:
         store_a, store_b = await open_store(url, "host-a"), await open_store(url, "host-b")
         try:
             made = tmp_path / "made.bin"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from dispatcher.models import (
     Account,
     Attempt,
@@ -25,7 +27,7 @@ from dispatcher.store import Store, open_store
 from dispatcher.store.hosts import Fence, Lease, LeaseRefused, Quota
 from dispatcher.store.migrations import latest_version
 from tests.integration.store.conftest import OpenStore
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 
 def _task(
@@ -57,6 +59,7 @@ def _task(
 RUN = {"owner": "prov", "host": "h1"}
 
 
+@pytest.mark.empty_database
 async def test_migrations_reach_the_latest_version_and_rerun_as_no_ops(
     open_stores: OpenStore, database_url: str
 ) -> None:
@@ -403,7 +406,7 @@ async def test_cache_index_round_trip(store: Store) -> None:
 
 async def test_a_cache_entry_belongs_to_the_host_holding_its_files() -> None:
     """PostgreSQL only: on SQLite one host holds every entry."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         a, b = await open_store(url, "host-a"), await open_store(url, "host-b")
         try:
             entry = CacheEntry("fp", "m", {"text": "x"}, 3, created_at=1.0, last_used_at=1.0)
@@ -427,7 +430,7 @@ async def test_a_cache_entry_belongs_to_the_host_holding_its_files() -> None:
 
 async def test_queue_positions_count_every_hosts_tasks() -> None:
     """PostgreSQL only (SQLite serves one host): the positions are the database's."""
-    with fresh_database() as url:
+    with migrated_database() as url:
         a, b = await open_store(url, "host-a"), await open_store(url, "host-b")
         try:
             first = await a.insert_tasks([_task("x1"), _task("x2")])

@@ -24,7 +24,7 @@ from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State
 from dispatcher.store.pglisten import listener_name
 from tests.support.harness import Harness, running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -37,7 +37,7 @@ PROMPT_S = 1.0
 async def two_hosts(
     tmp_path: Path, a_profiles: tuple[str, ...], b_profiles: tuple[str, ...], **overrides: Any
 ) -> AsyncIterator[tuple[Harness, Harness, str]]:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with AsyncExitStack() as stack:
             hosts = []
             for name, profiles in (("host-a", a_profiles), ("host-b", b_profiles)):

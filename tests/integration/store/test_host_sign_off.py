@@ -13,7 +13,7 @@ from dispatcher.hosts.watch import HostWatch
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import Store, open_store
 from dispatcher.store.hosts import Lease
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 
 def _watch(store: Store, clock: FakeClock, host: str, dead: list[str]) -> HostWatch:
@@ -45,7 +45,7 @@ async def test_a_clean_stop_is_not_a_death_unless_it_leaves_jobs_running(
     leaves_a_job_running: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    with fresh_database() as url:
+    with migrated_database() as url:
         a_store, b_store = await open_store(url, "a"), await open_store(url, "b")
         try:
             dead: list[str] = []
@@ -85,7 +85,7 @@ async def test_an_account_released_while_its_lease_renews_is_not_reported_lost(
     lease is in flight: the heartbeat goes on (no crash that stops the
     service) and does not report a lease lost or close a lane for it."""
     clock = FakeClock()
-    with fresh_database() as url:
+    with migrated_database() as url:
         store = await open_store(url, "a")
         try:
             lost: list[str] = []
@@ -132,7 +132,7 @@ async def test_a_beat_that_fails_unexpectedly_does_not_end_the_heartbeat(
     beats still renew the host's leases (without them, another host would
     take its accounts while their tasks still run here)."""
     clock = FakeClock(time_scale=0.001)
-    with fresh_database() as url:
+    with migrated_database() as url:
         store = await open_store(url, "a")
         try:
             watch = _watch(store, clock, "a", [])

@@ -23,7 +23,7 @@ import pytest
 from dispatcher.store import Store, open_store
 from tests.support.harness import Harness, host_service, running_service
 from tests.support.helpers import REPO
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 from tests.support.servicecli import clean_env, run_cli
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,7 +54,7 @@ async def beating(store: Store, host: str) -> None:
 async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
     tmp_path: Path,
 ) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         # A third host that holds a web account's lease (its browsers are its
         # own). It beats like the others: registered once, it went silent past
         # the 18 s stale bound while a loaded machine ran the CLI, and was
@@ -115,7 +115,7 @@ async def test_every_host_lists_all_hosts_with_their_accounts_and_running_tasks(
 
 
 async def test_a_result_made_on_another_host_is_said_to_be_there(tmp_path: Path) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with (
             host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a,
             host_service(tmp_path, "host-b", ("demo-video",), url, SCALE) as b,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import host_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,7 +25,7 @@ SCALE = 0.2
 async def test_a_host_accepts_a_model_another_host_runs_until_that_host_stops(
     tmp_path: Path,
 ) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with host_service(tmp_path, "host-a", ("demo-chat-api",), url, SCALE) as a:
             b_service = host_service(tmp_path, "host-b", ("demo-video",), url, SCALE)
             b = await b_service.__aenter__()

@@ -16,7 +16,7 @@ from dispatcher.store.pglisten import (
     parse_notice,
 )
 from dispatcher.store.postgres import PostgresStore
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 ODD_HOST = "rack 2\\node 7"  # a space and a backslash: escaped in the connection options
 
@@ -42,7 +42,7 @@ def test_a_notice_reads_back_with_a_host_holding_spaces() -> None:
 
 
 async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         writer = await open_store(url, ODD_HOST)
         heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
         other = TaskListener(url, "listener-host", heard.put_nowait)
@@ -88,7 +88,7 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
 
 
 async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         writer = await open_store(url, "writer")
         heard: asyncio.Queue[TaskNotice] = asyncio.Queue()
         listener = TaskListener(url, "listener-host", heard.put_nowait)
@@ -111,7 +111,7 @@ async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
 
 
 async def test_a_gate_set_on_one_host_is_read_on_another_without_a_round_trip() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         setter = await open_store(url, "h1")
         reader = await open_store(url, "h2")
         assert isinstance(setter, PostgresStore) and isinstance(reader, PostgresStore)
@@ -151,7 +151,7 @@ async def test_a_gate_set_on_one_host_is_read_on_another_without_a_round_trip() 
 
 
 async def test_a_hosts_own_row_notice_is_known_by_its_start() -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         listening = await psycopg.AsyncConnection.connect(url, autocommit=True)
         await listening.execute(f"LISTEN {CHANNEL}")
         try:

@@ -21,7 +21,7 @@ from dispatcher.store.hosts import Quota
 from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
 from dispatcher.store.postgres_cache import PostgresCacheIndex
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 RUN = {"owner": "demo", "host": "h1"}
 
@@ -41,7 +41,7 @@ def _task(task_id: str, *, priority: int = 0, fingerprint: str | None = None) ->
 
 @pytest.fixture
 async def store() -> AsyncIterator[PostgresStore]:
-    with fresh_database() as url:
+    with migrated_database() as url:
         opened = await open_store(url, "h1")
         assert isinstance(opened, PostgresStore)
         try:

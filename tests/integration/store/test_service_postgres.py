@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.support.harness import running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -23,7 +23,7 @@ PROFILES = ("demo-chat-api", "demo-video", "demo-chat")
 
 
 async def test_the_service_runs_api_and_web_tasks_on_postgresql(tmp_path: Path) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with running_service(
             tmp_path, profiles=PROFILES, time_scale=SCALE, database_url=url, host_id="pg-host-1"
         ) as h:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.test_webhooks import SECRET, Receiver, receiver
 from tests.support.harness import Harness, running_service
-from tests.support.pgdb import fresh_database
+from tests.support.pgdb import migrated_database
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ async def _job(h: Harness, name: str, model: str) -> str:
 
 
 async def test_hosts_share_the_outbox_and_deliver_each_event_once(tmp_path: Path) -> None:
-    with fresh_database() as url:
+    with migrated_database() as url:
         async with receiver() as hook, AsyncExitStack() as b_stack:
             hook.down = True
             settings: dict[str, Any] = {
