@@ -1,6 +1,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis's default deadline (200 ms an example) is a timed assertion: on
+# a busy CI machine a plain example overran it (`DeadlineExceeded` in
+# test_fingerprint under two workers). What the properties check is not
+# speed: speed lives in bench/.
+settings.register_profile("dispatcher", deadline=None)
+settings.load_profile("dispatcher")
 
 # `make test` runs the files on two workers (pytest-xdist, `--dist loadfile
 # --no-loadscope-reorder`): a file goes to whichever worker is free, in the
