@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from playwright.async_api import Page
 
-from dispatcher.errors import RunError
+from dispatcher.errors import RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.scheduling.protocol import ResultFile, RunResult
 from dispatcher.tasks.artifacts import Retention
@@ -15,6 +19,11 @@ from webrunner import evidence
 from webrunner.browser import BrowserSession, Log
 from webrunner.gates import worth_a_login_look
 from webrunner.page import PageDriver
+
+T = TypeVar("T")
+# Real seconds between two looks at a kept browser's process while a page
+# call on it is awaited (`while_alive`).
+DEAD_LOOK_S = 0.25
 
 
 @dataclass
@@ -125,3 +134,25 @@ async def login_look(
             held.kind,
         )
     return held
+
+
+async def while_alive(session: BrowserSession, work: Awaitable[T]) -> T:
+    """`work`, unless the browser's process exits first: a kept browser
+    killed while idle (the OOM killer, an operator) may leave its pipe open
+    in a surviving child for a while, and a page call on it waits without
+    a timeout of its own. The caller then starts a new browser."""
+    job = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=DEAD_LOOK_S)
+            if done:
+                return job.result()
+            if not session.alive:
+                raise TransientError(
+                    f"the kept browser (pid {session.pid}) has exited", kind="browser"
+                )
+    finally:
+        if not job.done():
+            job.cancel()
+            with contextlib.suppress(BaseException):
+                await job

@@ -55,6 +55,7 @@ from webrunner.browserrun import (
     keep_evidence,
     login_look,
     run_result,
+    while_alive,
 )
 from webrunner.fields import set_fields
 from webrunner.guard import (
@@ -402,7 +403,7 @@ class WebRunner(Runner):
         assert session is not None
         preloaded = await page_step(
             ctx,
-            self.keeper.preloaded(ctx.owner, spec.url),
+            while_alive(session, self.keeper.preloaded(ctx.owner, spec.url)),
             what=f"loading {spec.url}",
             budget=budget,
         )

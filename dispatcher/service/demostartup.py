@@ -63,4 +63,9 @@ async def _stop_all(servers: list[RunningServer]) -> None:
     # other the demo's three servers added ~0.5 s to every stop.
     running = list(servers)
     servers.clear()
-    await asyncio.gather(*(server.stop() for server in running))
+    # Each stop runs to its end before a failure of another is raised: one
+    # left running would hold its socket past the loop's close.
+    results = await asyncio.gather(*(server.stop() for server in running), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

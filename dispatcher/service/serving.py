@@ -328,14 +328,18 @@ class RunningServer:
 
     async def stop(self) -> None:
         self.server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(self.task), timeout=5)
-        if not self.task.done():
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-        if self.sock is not None:
-            self.sock.close()
+        try:
+            # A server slower than this to end (a loaded machine) is cancelled
+            # below: a TimeoutError here left its listening socket open.
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.task), timeout=5)
+            if not self.task.done():
+                self.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self.task
+        finally:
+            if self.sock is not None:
+                self.sock.close()
 
 
 async def start_server(
