@@ -269,10 +269,12 @@ document.getElementById('go').onclick = () => {
   let i = 0;
   const tick = () => {
     out.querySelector('.answer').textContent = words.slice(0, ++i).join(' ');
-    if (i < words.length) setTimeout(tick, 30);
+    if (i < words.length) setTimeout(tick, 150);
     else document.getElementById('busy').remove();
   };
-  setTimeout(tick, 100);
+  // Busy for ~1 s: a look on a loaded machine must be able to see it (shown
+  // for ~0.2 s, a CI run's looks missed it and the answer waited `stable_ms`).
+  setTimeout(tick, 500);
 };
 """
 
