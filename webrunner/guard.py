@@ -133,9 +133,9 @@ class Guard:
         self.popups_closed = 0
         self.blocked: list[str] = []
         self.downloads_cancelled = 0
-        # guid -> bytes received, of the downloads in progress; and how many
-        # began since the last task's end (`settle`).
-        self._downloading: dict[str, int] = {}
+        # The guids of the downloads in progress, and how many began since
+        # the last task's end (`settle`).
+        self._downloading: set[str] = set()
         self._downloads_begun = 0
         self._between_tasks = False  # from a task's end (`settle`) to the next `apply`
         self._cancels: set[asyncio.Task[None]] = set()
@@ -243,7 +243,7 @@ class Guard:
         elif self._downloads_begun > MAX_DOWNLOADS_PER_TASK:
             self._cancel_download(guid, f"{MAX_DOWNLOADS_PER_TASK} began during this task")
         else:
-            self._downloading[guid] = 0
+            self._downloading.add(guid)
 
     def _on_progress(self, event: dict[str, Any]) -> None:
         policy = self.policy
@@ -251,11 +251,9 @@ class Guard:
             return
         guid = str(event.get("guid") or "")
         if event.get("state") != "inProgress":
-            self._downloading.pop(guid, None)  # completed or cancelled
+            self._downloading.discard(guid)  # completed or cancelled
             return
         received = int(event.get("receivedBytes") or 0)
-        if guid in self._downloading:
-            self._downloading[guid] = received
         if received > policy.max_download_bytes:
             self._cancel_download(guid, f"it passed {policy.max_download_bytes} bytes (the cap)")
 
@@ -271,7 +269,7 @@ class Guard:
             or guid in self._cancelled
         ):
             return
-        self._downloading.pop(guid, None)
+        self._downloading.discard(guid)
         self._cancelled.add(guid)
         self.downloads_cancelled += 1
         log.warning("a page's download was cancelled and removed: %s", why)
