@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 
 from bench.common import DemoProc, fresh_dir
-from bench.mixed import API_CONCURRENCY, Outcome, Planned, login
+from bench.mixed import login
+from bench.mixed_batch import API_CONCURRENCY, Outcome, Planned
 
 MAX_ATTEMPTS = 3
 API_KEY = "baseline-key"

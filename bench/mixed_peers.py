@@ -14,7 +14,7 @@ service's browser is up; each task is published by name from this client
 
 Per task the jobs write to Redis when the provider accepted it (API) or the
 prompt was sent (web), when it finished, whether it succeeded, and its
-attempts; `bench.mixed.analyse` turns them into the same figures as ours.
+attempts; `bench.mixed_batch.analyse` turns them into the same figures as ours.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import REPO, Check, DemoProc, fresh_dir
-from bench.mixed import API_CONCURRENCY, Outcome, Planned, analyse, login
+from bench.mixed import login
+from bench.mixed_batch import API_CONCURRENCY, Outcome, Planned, analyse
 from bench.peer_apps import mixed_jobs as jobs
 from bench.peers import _script, _stop
 

@@ -37,6 +37,7 @@ HEAVY_FIRST = (
     "tests/integration/test_cli_reload.py",
     "tests/integration/test_cli_plan.py",
     "tests/integration/webrunner/test_web_gradio.py",
+    "tests/integration/webrunner/test_web_site_forms.py",
     "tests/e2e/test_recovery_kill.py",
     "tests/e2e/test_dashboard_pages.py",
     "tests/integration/test_ledger_stateful.py",

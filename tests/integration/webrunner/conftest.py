@@ -31,8 +31,9 @@ from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Stage, Task, new_id
 from dispatcher.profiles import load_profiles
 from dispatcher.scheduling.protocol import RunContext
-from dispatcher.service.serving import RunningServer
+from dispatcher.service.serving import RunningServer, start_server
 from dispatcher.settings import Settings, find_browser
+from tests.integration.webrunner.localsite import Site, site_app
 from webrunner.profiledirs import user_data_dir_for
 from webrunner.runner import WebRunner
 
@@ -264,3 +265,13 @@ async def web(
     for proc in leftovers:
         proc.kill()
     assert not leftovers, f"Chromium left running on the test's profiles: {leftovers}"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def site() -> AsyncIterator[Site]:
+    pages: dict[str, str] = {}
+    server = await start_server(site_app(pages))
+    try:
+        yield Site(server, pages)
+    finally:
+        await server.stop()

@@ -10,141 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 from playwright._impl import browser as browser_impl
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
 
 from demo.api_media import png_bytes
 from dispatcher.errors import (
     AccountHold,
     AuthError,
-    PermanentError,
     RunError,
     TaskCanceled,
     TransientError,
 )
-from dispatcher.models import Kind, Task, new_id
-from dispatcher.profiles import Profile
 from dispatcher.scheduling.protocol import Interruption
-from dispatcher.service.serving import RunningServer, start_server
-from tests.support.servicecli import clean_env
+from tests.integration.webrunner.localsite import (
+    RETRY_BUTTON,
+    Site,
+    page_html,
+    site_profile,
+    site_task,
+    start_runner,
+)
 from webrunner import evidence
-from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
     from tests.integration.webrunner.conftest import WebEnv
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
-
-MODEL = "site"
-
-
-@dataclass
-class Site:
-    """A local site whose one page each test writes (`html`)."""
-
-    server: RunningServer
-    html: dict[str, str] = field(default_factory=dict)
-
-    def url(self, name: str) -> str:
-        return f"{self.server.url}/p/{name}"
-
-
-def _app(site_pages: dict[str, str]) -> Starlette:
-    async def page(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name not in site_pages:
-            return Response("no such page", status_code=404)
-        return HTMLResponse(site_pages[name])
-
-    async def image(request: Request) -> Response:
-        return Response(png_bytes(request.path_params["seed"]), media_type="image/png")
-
-    async def revoked(request: Request) -> Response:
-        # The site's own backend: the session was revoked elsewhere.
-        return JSONResponse({"error": "session expired"}, status_code=401)
-
-    return Starlette(
-        routes=[
-            Route("/p/{name}", page),
-            Route("/img/{seed}.png", image),
-            Route("/api/generate", revoked, methods=["POST"]),
-        ]
-    )
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def site() -> AsyncIterator[Site]:
-    pages: dict[str, str] = {}
-    server = await start_server(_app(pages))
-    try:
-        yield Site(server, pages)
-    finally:
-        await server.stop()
-
-
-COMPOSER = """<div id="app"><textarea id="q"></textarea><button id="go">Go</button>
-<div id="out"></div></div>"""
-
-
-def _page(script: str, body: str = COMPOSER) -> str:
-    return f"<!doctype html><html><body>{body}<script>{script}</script></body></html>"
-
-
-def _profile(site: Site, page: str, **web: Any) -> Profile:
-    return Profile.model_validate(
-        {
-            "name": MODEL,
-            "kind": "web",
-            "accounts": ["demo-1"],
-            "max_attempts": 3,
-            "web": {
-                "url": site.url(page),
-                "logged_in": "#app",
-                "input": "#q",
-                "submit": "#go",
-                "answer": "#out .answer",
-                # Nominal: 100 s is 5 s real at the tests' scale, far beyond
-                # what a finished answer needs when its `done` marker shows.
-                "stable_ms": 100_000,
-                "timeout_s": 400,
-                **web,
-            },
-        }
-    )
-
-
-async def _runner(web: WebEnv, profile: Profile) -> WebRunner:
-    web.profiles = {profile.name: profile}
-    runner = WebRunner(web.settings, web.profiles, web.clock, playwright=web.driver)
-    web.runners.append(runner)
-    await runner.start()
-    return runner
-
-
-def _task(prompt: str = "a red fox") -> Task:
-    task_id = new_id()
-    return Task(
-        id=task_id,
-        model=MODEL,
-        kind=Kind.WEB,
-        queue=f"web:{MODEL}",
-        params={"prompt": prompt},
-        fingerprint=f"fp-{task_id}",
-        created_at=0.0,
-    )
 
 
 # -- answers of any kind -------------------------------------------------------
@@ -165,8 +60,8 @@ document.getElementById('go').onclick = () => {
 async def test_an_image_only_answer_finishes_when_done_shows_and_stores_no_text(
     web: WebEnv, site: Site
 ) -> None:
-    site.html["image"] = _page(IMAGE_ONLY)
-    profile = _profile(
+    site.html["image"] = page_html(IMAGE_ONLY)
+    profile = site_profile(
         site,
         "image",
         busy="#busy",
@@ -175,8 +70,8 @@ async def test_an_image_only_answer_finishes_when_done_shows_and_stores_no_text(
         done="#out .answer img.result",
         stable_ms=100_000,
     )
-    runner = await _runner(web, profile)
-    task = _task("seed-7")
+    runner = await start_runner(web, profile)
+    task = site_task("seed-7")
     result = await runner.run(task, web.context(task)[0])
     assert not result.text, "an image-only answer stores no text result"
     assert len(result.files) == 1
@@ -186,8 +81,8 @@ async def test_an_image_only_answer_finishes_when_done_shows_and_stores_no_text(
 async def test_an_image_only_answer_without_done_finishes_once_stable(
     web: WebEnv, site: Site
 ) -> None:
-    site.html["image"] = _page(IMAGE_ONLY)
-    profile = _profile(
+    site.html["image"] = page_html(IMAGE_ONLY)
+    profile = site_profile(
         site,
         "image",
         busy="#busy",
@@ -196,8 +91,8 @@ async def test_an_image_only_answer_without_done_finishes_once_stable(
         stable_ms=1000,
         timeout_s=400,
     )
-    runner = await _runner(web, profile)
-    task = _task("seed-8")
+    runner = await start_runner(web, profile)
+    task = site_task("seed-8")
     result = await runner.run(task, web.context(task)[0])
     assert not result.text
     assert [hashlib.sha256(Path(f.path).read_bytes()).hexdigest() for f in result.files] == [
@@ -223,39 +118,22 @@ async def test_a_page_that_breaks_the_wait_in_the_page_is_still_watched_to_its_a
 ) -> None:
     # The wait for a busy page runs in the page: without what it needs, the
     # runner looks at the page as a poll would instead of failing the attempt.
-    site.html["no-observer"] = _page(NO_OBSERVER)
-    runner = await _runner(web, _profile(site, "no-observer", busy="#busy", done="#done"))
-    task = _task("a grey heron")
+    site.html["no-observer"] = page_html(NO_OBSERVER)
+    runner = await start_runner(web, site_profile(site, "no-observer", busy="#busy", done="#done"))
+    task = site_task("a grey heron")
     result = await runner.run(task, web.context(task)[0])
     assert result.text == "echo: a grey heron"
-
-
-RETRY_BUTTON = """
-document.getElementById('go').onclick = () => {
-  const q = document.getElementById('q').value;
-  const out = document.getElementById('out');
-  out.innerHTML = '<div class="answer"></div>';
-  const words = ('echo: ' + q).split(' ');
-  let i = 0;
-  const tick = () => {
-    out.firstChild.textContent = words.slice(0, ++i).join(' ');
-    if (i < words.length) setTimeout(tick, 30);
-    else out.insertAdjacentHTML('beforeend', '<button id="retry">Retry</button>');
-  };
-  tick();
-};
-"""
 
 
 async def test_a_done_marker_with_other_text_than_the_answer_counts_once_visible(
     web: WebEnv, site: Site
 ) -> None:
-    site.html["retry"] = _page(RETRY_BUTTON)
+    site.html["retry"] = page_html(RETRY_BUTTON)
     # `done` is a Retry button (its text is not the answer's); without it
     # counting, the answer would wait `stable_ms` and then time out.
-    profile = _profile(site, "retry", done="#retry", stable_ms=1_000_000, timeout_s=100)
-    runner = await _runner(web, profile)
-    task = _task("two words")
+    profile = site_profile(site, "retry", done="#retry", stable_ms=1_000_000, timeout_s=100)
+    runner = await start_runner(web, profile)
+    task = site_task("two words")
     result = await runner.run(task, web.context(task)[0])
     assert result.text == "echo: two words"
 
@@ -282,13 +160,15 @@ document.getElementById('go').onclick = () => {
 async def test_a_done_marker_that_never_hid_counts_once_the_page_was_busy(
     web: WebEnv, site: Site
 ) -> None:
-    site.html["send"] = _page(SEND_STAYS)
+    site.html["send"] = page_html(SEND_STAYS)
     # `done` is the send button, which this page never hides (a look may
     # also just miss it hidden). Seen busy, then not: the answer is done at
     # once; waiting `stable_ms` instead would run into the timeout.
-    profile = _profile(site, "send", busy="#busy", done="#go", stable_ms=1_000_000, timeout_s=100)
-    runner = await _runner(web, profile)
-    task = _task("three short words")
+    profile = site_profile(
+        site, "send", busy="#busy", done="#go", stable_ms=1_000_000, timeout_s=100
+    )
+    runner = await start_runner(web, profile)
+    task = site_task("three short words")
     result = await runner.run(task, web.context(task)[0])
     assert result.text == "echo: three short words"
 
@@ -299,7 +179,7 @@ async def test_a_done_marker_that_never_hid_counts_once_the_page_was_busy(
 def _later(html: str) -> str:
     """A page that replaces itself with `html` a moment after it loads, as a
     CDN's interstitial or a site's own redirect does: no login marker ever."""
-    return _page(f"setTimeout(() => {{ document.body.innerHTML = {html!r}; }}, 150);", body="")
+    return page_html(f"setTimeout(() => {{ document.body.innerHTML = {html!r}; }}, 150);", body="")
 
 
 GATES = {
@@ -336,8 +216,8 @@ async def test_a_gate_that_replaces_the_whole_page_holds_the_account_at_once(
 ) -> None:
     html, keys, error, kind = GATES[gate]
     site.html[gate] = _later(html)
-    runner = await _runner(web, _profile(site, gate, **keys))
-    task = _task()
+    runner = await start_runner(web, site_profile(site, gate, **keys))
+    task = site_task()
     ctx, recorder = web.context(task)
     with pytest.raises(error) as raised:
         await runner.run(task, ctx)
@@ -364,12 +244,12 @@ document.getElementById('go').onclick = async () => {
 async def test_a_session_revoked_on_a_loaded_page_is_a_logout_not_a_page_error(
     web: WebEnv, site: Site, banner: bool
 ) -> None:
-    site.html["revoked"] = _page(REVOKED)
+    site.html["revoked"] = page_html(REVOKED)
     keys: dict[str, Any] = {"logged_out_text": "(?i)session expired"}
     if banner:
         keys["error"] = ".error-badge"
-    runner = await _runner(web, _profile(site, "revoked", **keys))
-    task = _task()
+    runner = await start_runner(web, site_profile(site, "revoked", **keys))
+    task = site_task()
     with pytest.raises(AuthError, match="session expired"):
         await runner.run(task, web.context(task)[0])
 
@@ -388,11 +268,11 @@ document.getElementById('go').onclick = () => {
 async def test_a_failed_attempts_screenshot_and_html_are_both_kept_while_a_spare_tab_loads(
     web: WebEnv, site: Site, caplog: pytest.LogCaptureFixture
 ) -> None:
-    site.html["fails"] = _page(FAILS_LATER)
+    site.html["fails"] = page_html(FAILS_LATER)
     # Keep-alive on (the settings' default): the next task's page loads in a
     # spare tab while this one generates, and this one's tab goes to the back.
-    runner = await _runner(web, _profile(site, "fails", error=".oops"))
-    task = _task()
+    runner = await start_runner(web, site_profile(site, "fails", error=".oops"))
+    task = site_task()
     ctx, _ = web.context(task)
     with (
         caplog.at_level(logging.INFO, logger=web.log_name),
@@ -409,13 +289,13 @@ async def test_a_failed_attempts_screenshot_and_html_are_both_kept_while_a_spare
 async def test_the_html_is_kept_when_the_screenshot_runs_out_of_time(
     web: WebEnv, site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    site.html["fails"] = _page(FAILS_LATER)
+    site.html["fails"] = page_html(FAILS_LATER)
     # A screenshot that cannot finish in its bound (a tab in the back on a
     # busy machine took 3.7 s): the HTML, read in milliseconds, has its own.
     monkeypatch.setattr(evidence, "SCREENSHOT_S", 0.0, raising=False)
     monkeypatch.setattr(evidence, "CAPTURE_S", 0.0, raising=False)  # the shared bound of old
-    runner = await _runner(web, _profile(site, "fails", error=".oops"))
-    task = _task()
+    runner = await start_runner(web, site_profile(site, "fails", error=".oops"))
+    task = site_task()
     ctx, _ = web.context(task)
     with pytest.raises(TransientError, match="E42"):
         await runner.run(task, ctx)
@@ -474,148 +354,3 @@ async def test_a_cancel_at_any_moment_of_browser_start_ends_the_task_canceled(
     finally:
         loop.set_exception_handler(previous)
     assert not unhandled, unhandled
-
-
-# -- forms: [web.fields] -------------------------------------------------------
-
-FORM = """<div id="app">
-<textarea id="q"></textarea>
-<input id="seed" type="number" value="-1">
-<textarea id="neg"></textarea>
-<input id="steps" type="range" min="1" max="50" value="20">
-<select id="size"><option value="512">512 px</option><option value="768">768 px</option></select>
-<label><input id="hd" type="checkbox"> HD</label>
-<input id="ref" type="file">
-<button id="go">Go</button><div id="out"></div></div>"""
-
-FORM_JS = """
-const order = [];
-for (const id of ['seed', 'neg', 'steps', 'size', 'hd', 'ref']) {
-  document.getElementById(id).addEventListener('input', () => {
-    if (!order.includes(id)) order.push(id);
-  });
-}
-const $ = id => document.getElementById(id);
-$('go').onclick = () => {
-  const got = {prompt: $('q').value, seed: $('seed').value, neg: $('neg').value,
-    steps: $('steps').value, size: $('size').value, hd: $('hd').checked,
-    ref: $('ref').files.length ? $('ref').files[0].name : null, order: order};
-  $('out').innerHTML = '<div class="answer"></div>';
-  $('out').firstChild.textContent = JSON.stringify(got);
-  $('out').insertAdjacentHTML('beforeend', '<span id="fin">ok</span>');
-};
-"""
-
-FIELDS = {
-    "seed": "#seed",
-    "negative_prompt": "#neg",
-    "steps": "#steps",
-    "size": "#size",
-    "hd": "#hd",
-    "init_image": "#ref",
-}
-
-
-async def test_fields_are_set_in_the_profiles_order_and_reach_the_page(
-    web: WebEnv, site: Site
-) -> None:
-    site.html["form"] = _page(FORM_JS, body=FORM)
-    inputs = web.settings.resolved_input_dirs[0]
-    inputs.mkdir(parents=True, exist_ok=True)
-    (inputs / "start.png").write_bytes(png_bytes("start"))
-    runner = await _runner(web, _profile(site, "form", fields=FIELDS, done="#fin"))
-    task = _task("a lighthouse")
-    task.params.update(
-        seed=42,
-        negative_prompt="blurry, text",
-        steps=37,
-        size="768 px",
-        hd=True,
-        init_image="start.png",
-    )
-    result = await runner.run(task, web.context(task)[0])
-    assert result.text is not None
-    assert json.loads(result.text) == {
-        "prompt": "a lighthouse",
-        "seed": "42",
-        "neg": "blurry, text",
-        "steps": "37",
-        "size": "768",
-        "hd": True,
-        "ref": "start.png",
-        "order": ["seed", "neg", "steps", "size", "hd", "ref"],
-    }
-
-
-async def test_a_value_the_page_will_not_show_fails_naming_the_field(
-    web: WebEnv, site: Site
-) -> None:
-    site.html["form"] = _page(FORM_JS, body=FORM)
-    runner = await _runner(web, _profile(site, "form", fields=FIELDS, done="#fin"))
-    task = _task()
-    task.params["steps"] = 500  # the slider stops at 50
-    with pytest.raises(PermanentError, match=r"field steps .* shows '50'"):
-        await runner.run(task, web.context(task)[0])
-
-
-# -- dispatcher profiles try -----------------------------------------------------
-
-
-async def _try(tmp_path: Path, site: Site, page: str, **web: Any) -> tuple[int, str, Path]:
-    """`dispatcher profiles try site "two words"` in a second process, as an operator runs it."""
-    profiles = tmp_path / "try-profiles"
-    profiles.mkdir(exist_ok=True)
-    spec = _profile(site, page, **web).web
-    assert spec is not None
-    lines = ['name = "site"', 'kind = "web"', 'accounts = ["demo-1"]', "[web]"]
-    for key, value in spec.model_dump(exclude_defaults=True).items():
-        lines.append(f"{key} = {json.dumps(value)}")
-    (profiles / "site.toml").write_text("\n".join(lines) + "\n")
-    out = tmp_path / "shots"
-    env = clean_env({"DISPATCHER_STATE_DIR": str(tmp_path / "try-state")})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "dispatcher",
-        "profiles",
-        "try",
-        "site",
-        "two words",
-        "--profiles-dir",
-        str(profiles),
-        "--out",
-        str(out),
-        env=env,
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, output.decode(), out
-
-
-async def test_profiles_try_prints_each_step_with_a_screenshot(tmp_path: Path, site: Site) -> None:
-    site.html["retry"] = _page(RETRY_BUTTON)
-    code, output, out = await _try(tmp_path, site, "retry", done="#retry", timeout_s=60)
-    assert code == 0, output
-    steps = ["browser started", "page loaded, logged in", "submitted", "answer growing", "done"]
-    positions = [output.find(step) for step in steps]
-    assert -1 not in positions and positions == sorted(positions), output
-    assert "answer: 'echo: two words'" in output
-    shots = sorted(p.name for p in out.glob("*.png"))
-    assert len(shots) >= 4 and shots[0].startswith("01-page-loaded"), shots
-
-
-async def test_profiles_try_names_the_selector_that_matched_nothing(
-    tmp_path: Path, site: Site
-) -> None:
-    site.html["retry"] = _page(RETRY_BUTTON)
-    # The answer is `#out .answer`; this profile looks for `#out .reply`.
-    code, output, out = await _try(
-        tmp_path, site, "retry", answer="#out .reply", done="#retry", timeout_s=2
-    )
-    assert code == 1, output
-    assert "`answer` = '#out .reply' matches nothing; nearest: '#out' holds" in output
-    assert "echo: two words" in output  # what the page shows there
-    assert any(p.name.endswith("-failed.png") for p in out.glob("*.png"))
