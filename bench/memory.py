@@ -160,13 +160,19 @@ class CycleSize:
     why: str = ""  # why it is smaller than a full cycle, or skipped
 
 
-def cycle_size(cycle: int, tasks: int, done: list[dict[str, Any]], left_s: float) -> CycleSize:
-    """How many tasks the next cycle submits in the `left_s` the budget leaves.
+def cycle_size(
+    cycle: int, tasks: int, done: list[dict[str, Any]], left_s: float, cycles: int = CYCLES
+) -> CycleSize:
+    """How many tasks cycle `cycle` (from 0) submits in the `left_s` the budget leaves.
 
-    The warm-up cycles are full or nothing: they fill what is bounded on
-    purpose. After them a slow run (a loaded machine) shrinks its cycles
-    to what the time left covers at the pace the last cycle kept, down to
-    `MIN_CYCLE_TASKS`, rather than skipping: growth is read per task.
+    The time left is planned for all the cycles still to run, not spent by
+    this one: a slow run (a loaded machine) that gave its fourth cycle all
+    the time left had none for the fifth, and growth needs both. The
+    warm-up cycles are full or nothing (they fill what is bounded on
+    purpose), and run only when the time left also covers the cycles after
+    them at `MIN_CYCLE_TASKS` each; those then share what is left equally,
+    at the pace the last cycle kept, down to `MIN_CYCLE_TASKS` (fewer, and
+    RSS's wander swamps the slope). A cycle that cannot run says why.
     """
     if not done:
         return CycleSize(tasks)
@@ -175,23 +181,33 @@ def cycle_size(cycle: int, tasks: int, done: list[dict[str, Any]], left_s: float
         return CycleSize(0, f"cycle {cycle} did not drain within the budget")
     # Submit, drain and the two settles, per task, with a margin.
     per_task_s = (last["submit_s"] + last["drain_s"] + 4.0) / max(1, last["submitted"])
-    fits = int(left_s / (per_task_s * 1.5)) // CHUNK * CHUNK
+    covered = int(left_s / (per_task_s * 1.5))
     pace = f"{last['submitted'] / (last['submit_s'] + last['drain_s']):.0f} tasks/s"
+    measured = max(0, cycles - max(cycle, WARM_CYCLES))  # the cycles after the warm-up left
     if cycle < WARM_CYCLES:
-        if fits >= tasks:
+        warm = (WARM_CYCLES - cycle) * tasks
+        needed = warm + measured * MIN_CYCLE_TASKS
+        if covered >= needed:
             return CycleSize(tasks)
         return CycleSize(
             0,
-            f"the warm-up needs {WARM_CYCLES} x {tasks:,} tasks; at {pace} the "
-            f"{left_s:.0f} s left of the budget cover {fits:,}",
+            f"the warm-up's {warm:,} tasks left and {measured} cycles of at least "
+            f"{MIN_CYCLE_TASKS:,} after it need {needed:,}; at {pace} the {left_s:.0f} s "
+            f"left of the budget cover {covered:,} (BENCH_MEMORY_BUDGET_S gives more)",
         )
-    if fits >= tasks:
+    share = min(tasks, covered // max(1, measured) // CHUNK * CHUNK)
+    if share >= tasks:
         return CycleSize(tasks)
-    if fits < MIN_CYCLE_TASKS:
+    if share < MIN_CYCLE_TASKS:
         return CycleSize(
-            0, f"at {pace} the {left_s:.0f} s left cover fewer than {MIN_CYCLE_TASKS:,} tasks"
+            0,
+            f"at {pace} the {left_s:.0f} s left cover {covered:,} tasks, fewer than "
+            f"{max(1, measured)} cycles of {MIN_CYCLE_TASKS:,}",
         )
-    return CycleSize(fits, f"{fits:,} tasks, what the {left_s:.0f} s left cover at {pace}")
+    return CycleSize(
+        share,
+        f"{share:,} tasks: the {left_s:.0f} s left shared by {max(1, measured)} cycles at {pace}",
+    )
 
 
 def another_cycle(cycle_figures: list[dict[str, Any]], tasks: int, window: int) -> str:
@@ -250,7 +266,7 @@ async def run(
                             break
                         notes.append(why)
                     left = budget_s - (time.monotonic() - started)
-                    size = cycle_size(cycle, tasks, cycle_figures, left)
+                    size = cycle_size(cycle, tasks, cycle_figures, left, cycles)
                     if size.tasks == 0:
                         notes.append(f"cycle {cycle + 1} skipped: {size.why}")
                         break

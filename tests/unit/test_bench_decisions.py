@@ -120,9 +120,34 @@ def test_a_slow_run_shrinks_the_cycles_after_the_warm_up_instead_of_skipping() -
     done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES)]
     full = cycle_size(WARM_CYCLES, 10_000, done, left_s=200.0)
     assert full.tasks == 10_000 and not full.why
-    shrunk = cycle_size(WARM_CYCLES, 10_000, done, left_s=40.0)
+    shrunk = cycle_size(WARM_CYCLES, 10_000, done, left_s=60.0)
     assert MIN_CYCLE_TASKS <= shrunk.tasks < 10_000
     assert "left" in shrunk.why
+
+
+def test_the_time_left_is_shared_by_the_cycles_still_to_run() -> None:
+    # The slow run of 2026-12-03: its fourth cycle took all the time left
+    # (7,000 tasks) and the fifth, which growth needs, had none.
+    done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES)]
+    per_task_s = (40.0 + 4.0) / 10_000 * 1.5
+    left_s = 14_500 * per_task_s
+    fourth = cycle_size(WARM_CYCLES, 10_000, done, left_s=left_s, cycles=WARM_CYCLES + 2)
+    assert MIN_CYCLE_TASKS <= fourth.tasks <= 7_000
+    done.append(_cycle(fourth.tasks, 40.0 * fourth.tasks / 10_000, 90.0))
+    left_s -= fourth.tasks * per_task_s
+    fifth = cycle_size(WARM_CYCLES + 1, 10_000, done, left_s=left_s, cycles=WARM_CYCLES + 2)
+    assert fifth.tasks >= MIN_CYCLE_TASKS
+
+
+def test_the_warm_up_does_not_start_what_leaves_no_time_for_the_cycles_after_it() -> None:
+    # Enough for the last warm-up cycle, not for the two measured after it.
+    done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES - 1)]
+    left_s = 15_000 * (40.0 + 4.0) / 10_000 * 1.5
+    skipped = cycle_size(WARM_CYCLES - 1, 10_000, done, left_s=left_s, cycles=WARM_CYCLES + 2)
+    assert skipped.tasks == 0
+    assert "warm-up" in skipped.why and "BENCH_MEMORY_BUDGET_S" in skipped.why
+    room = cycle_size(WARM_CYCLES - 1, 10_000, done, left_s=2 * left_s, cycles=WARM_CYCLES + 2)
+    assert room.tasks == 10_000
 
 
 def test_the_warm_up_is_never_shrunk_and_a_skip_says_why() -> None:
