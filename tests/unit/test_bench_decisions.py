@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench.batch import batch_checks, batch_figures
+from bench.hosts import median_run
 from bench.memory import (
     MIN_CYCLE_TASKS,
     WARM_CYCLES,
@@ -180,3 +181,16 @@ def test_a_leak_grows_in_any_window() -> None:
     cycles = [_cycle(10_000, 1, 80.0 + 2 * i) for i in range(7)]
     assert growth_per_cycle(cycles, 10_000, window=3) == pytest.approx(2.0)
     assert another_cycle(cycles, 10_000, window=3)
+
+
+def test_a_set_up_of_several_rounds_stands_by_its_median_round_whole() -> None:
+    rounds = [
+        {"tasks_per_s": 171.0, "database": {"round_trips_per_task": 3.4}},
+        {"tasks_per_s": 140.0, "database": {"round_trips_per_task": 3.9}},
+        {"tasks_per_s": 190.0, "database": {"round_trips_per_task": 3.1}},
+    ]
+    median = median_run(rounds)
+    assert median["tasks_per_s"] == 171.0
+    assert median["database"] == {"round_trips_per_task": 3.4}  # that round's own figures
+    assert median["tasks_per_s_rounds"] == [171.0, 140.0, 190.0]
+    assert median_run(rounds[:2])["tasks_per_s"] == 140.0  # an even count: the lower middle
