@@ -12,6 +12,7 @@ from bench.batch import batch_checks, batch_figures
 from bench.hosts import median_run
 from bench.memory import (
     MIN_CYCLE_TASKS,
+    PACE_MARGIN,
     WARM_CYCLES,
     another_cycle,
     cycle_size,
@@ -130,7 +131,7 @@ def test_the_time_left_is_shared_by_the_cycles_still_to_run() -> None:
     # The slow run of 2026-12-03: its fourth cycle took all the time left
     # (7,000 tasks) and the fifth, which growth needs, had none.
     done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES)]
-    per_task_s = (40.0 + 4.0) / 10_000 * 1.5
+    per_task_s = (40.0 + 4.0) / 10_000 * PACE_MARGIN
     left_s = 14_500 * per_task_s
     fourth = cycle_size(WARM_CYCLES, 10_000, done, left_s=left_s, cycles=WARM_CYCLES + 2)
     assert MIN_CYCLE_TASKS <= fourth.tasks <= 7_000
@@ -143,7 +144,7 @@ def test_the_time_left_is_shared_by_the_cycles_still_to_run() -> None:
 def test_the_warm_up_does_not_start_what_leaves_no_time_for_the_cycles_after_it() -> None:
     # Enough for the last warm-up cycle, not for the two measured after it.
     done = [_cycle(10_000, 40.0, 90.0) for _ in range(WARM_CYCLES - 1)]
-    left_s = 15_000 * (40.0 + 4.0) / 10_000 * 1.5
+    left_s = 15_000 * (40.0 + 4.0) / 10_000 * PACE_MARGIN
     skipped = cycle_size(WARM_CYCLES - 1, 10_000, done, left_s=left_s, cycles=WARM_CYCLES + 2)
     assert skipped.tasks == 0
     assert "warm-up" in skipped.why and "BENCH_MEMORY_BUDGET_S" in skipped.why
