@@ -177,7 +177,7 @@ def cycle_size(
     warm-up cycles are full or nothing (they fill what is bounded on
     purpose), and run only when the time left also covers the cycles after
     them at `MIN_CYCLE_TASKS` each; those then share what is left equally,
-    at the pace the last cycle kept, down to `MIN_CYCLE_TASKS` (fewer, and
+    at the pace the cycles so far kept, down to `MIN_CYCLE_TASKS` (fewer, and
     RSS's wander swamps the slope). A cycle that cannot run says why.
     """
     if not done:
@@ -185,10 +185,13 @@ def cycle_size(
     last = done[-1]
     if not last["drained"]:
         return CycleSize(0, f"cycle {cycle} did not drain within the budget")
-    # Submit, drain and the two settles, per task, with a margin.
-    per_task_s = (last["submit_s"] + last["drain_s"] + 4.0) / max(1, last["submitted"])
-    covered = int(left_s / (per_task_s * PACE_MARGIN))
-    pace = f"{last['submitted'] / (last['submit_s'] + last['drain_s']):.0f} tasks/s"
+    # Submit, drain and the two settles, per task, over every cycle so far: a
+    # loaded machine's pace comes and goes (one run drained at 460, then 219
+    # tasks/s), and the last cycle alone gave up on a run that had the time.
+    spent_s = sum(c["submit_s"] + c["drain_s"] + 4.0 for c in done)
+    submitted = max(1, sum(c["submitted"] for c in done))
+    covered = int(left_s / (spent_s / submitted * PACE_MARGIN))
+    pace = f"{submitted / (spent_s - 4.0 * len(done)):.0f} tasks/s"
     measured = max(0, cycles - max(cycle, WARM_CYCLES))  # the cycles after the warm-up left
     if cycle < WARM_CYCLES:
         warm = (WARM_CYCLES - cycle) * tasks

@@ -195,3 +195,10 @@ def test_a_set_up_of_several_rounds_stands_by_its_median_round_whole() -> None:
     assert median["database"] == {"round_trips_per_task": 3.4}  # that round's own figures
     assert median["tasks_per_s_rounds"] == [171.0, 140.0, 190.0]
     assert median_run(rounds[:2])["tasks_per_s"] == 140.0  # an even count: the lower middle
+
+
+def test_a_pace_that_comes_and_goes_is_read_over_every_cycle_so_far() -> None:
+    # A loaded run: the first cycle drained in 24 s, the second in 48.
+    done = [_cycle(10_000, 24.0, 90.0), _cycle(10_000, 48.0, 90.0)]
+    third = cycle_size(2, 10_000, done, left_s=105.0, cycles=WARM_CYCLES + 2)
+    assert third.tasks == 10_000
