@@ -14,7 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -23,10 +23,14 @@ from rich.table import Table
 from dispatcher.cli.output import JsonFlag, console, err, fitted, print_json
 from dispatcher.cli.plumbing import EXIT_USAGE, fail, load_settings, options
 from dispatcher.errors import ConfigError
-from dispatcher.profiles import Profile, read_profiles, referenced_variables
-from dispatcher.settings import BUNDLED_PROFILES_DIR
 
-CATALOG_DIR = BUNDLED_PROFILES_DIR / "vendors"
+if TYPE_CHECKING:
+    from dispatcher.profiles import Profile
+
+# The bundled catalog, beside the bundled demo profiles (settings'
+# BUNDLED_PROFILES_DIR, named here without importing the settings: every
+# command of the CLI imports this module, most never read a profile).
+CATALOG_DIR = Path(__file__).resolve().parent.parent.parent / "profiles" / "vendors"
 # What a narrow terminal leaves out first (ranks as in output.fitted).
 LIST_COLUMNS = (
     ("NAME", 0),
@@ -83,6 +87,10 @@ def _keys(profile: Profile) -> tuple[str, ...]:
 
 def catalog(catalog_dir: Path, profiles_dir: Path) -> list[Entry]:
     """Every catalog profile, and whether the profiles dir serves it."""
+    # Imported here: building the profile models costs ~0.1 s of every CLI
+    # call's start, and only `profiles list|add` read them.
+    from dispatcher.profiles import read_profiles, referenced_variables
+
     found = read_profiles(catalog_dir)
     if found.problems:
         raise ConfigError(f"the catalog is broken: {found.problems[0]}")
