@@ -42,7 +42,7 @@ from dispatcher.scheduling.decisions import (
 )
 from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
-from dispatcher.scheduling.laneviews import lanes_view, task_progress
+from dispatcher.scheduling.laneviews import QueuedCounts, lanes_view, task_progress
 from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
 from dispatcher.scheduling.running import (
     Canceled,
@@ -132,6 +132,8 @@ class Scheduler:
         self.allowances = allowances
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # The lanes view's queue counts, read again after a task changed.
+        self.queued = QueuedCounts(ledger.queued_counts)
         # Handlers only call the ledger; what it announces tells us what to do.
         ledger.events.listen(self._on_event)
 
@@ -631,7 +633,10 @@ class Scheduler:
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:
         """A task became pending or an account changed: a round may start
-        work. A cancel was asked for a running task: its runner is told."""
+        work. A cancel was asked for a running task: its runner is told.
+        Any task change: the queue counts are read again."""
+        if isinstance(event, TaskChanged):
+            self.queued.changed()
         match event:
             case AccountChanged():
                 self.wake()
