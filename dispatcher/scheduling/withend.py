@@ -26,12 +26,15 @@ LOCKED, no `prefer`, as the refill's):
 
 The claimed task starts as a refill's would (`ready_to_start`, then
 `_start`), under the lane's fill lock, once the ended run's slot is given
-back. The end write, its claim and that start run shielded from a cancel of
-the ended run's asyncio task; a task claimed while the scheduler began to
-stop, or while the lane was dropped (a reload), is given back (pending
-again, same attempt). Only if the process dies between the claim and the
-start is the task left running without a runner: the stale bound (90 s)
-reclaims it, as any claim cut short.
+back. When the pair fails (one transaction: neither is written), the ledger
+writes the end alone and the refill claims, as without the pairing.
+
+The end write, its claim and that start run shielded from a cancel of the
+ended run's asyncio task; a task claimed while the scheduler began to stop,
+or while the lane was dropped (a reload), is given back (pending again,
+same attempt). Only if the process dies between the claim and the start is
+the task left running without a runner: the stale bound (90 s) reclaims
+it, as any claim cut short.
 """
 
 from __future__ import annotations

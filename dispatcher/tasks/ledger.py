@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.clock import Clock
-from dispatcher.errors import InputError, RunError, StateConflict
+from dispatcher.errors import InputError, RunError, StateConflict, StoreError
 from dispatcher.events import EventBus, TaskChanged
 from dispatcher.logs import scrub
 from dispatcher.models import (
@@ -225,9 +225,20 @@ class Ledger(OperatorActions):
         both = None
         if with_end is not None and not with_end.sent:
             # The lane's next claim in the same round trip (`scheduling.withend`).
-            both = await self.store.finish_and_claim(
-                task.id, **write, claim=self._next_claim(with_end)
-            )
+            try:
+                both = await self.store.finish_and_claim(
+                    task.id, **write, claim=self._next_claim(with_end)
+                )
+            except StoreError as exc:
+                # Neither was written (one transaction): the end alone, as
+                # ever, so that a failing claim never costs the run's outcome.
+                log.warning(
+                    "%s task %s: end and next claim failed (%s)",
+                    lane_prefix(task),
+                    task.id,
+                    exc,
+                    extra=log_fields(task, attempt=task.attempt),
+                )
         if both is None:
             updated = await self.store.update_task(task.id, **write)
         else:

@@ -19,6 +19,7 @@ import pytest
 
 from dispatcher.accounts.switches import AccountBook
 from dispatcher.clock import FakeClock
+from dispatcher.errors import StoreError
 from dispatcher.events import EventBus
 from dispatcher.models import Attempt, Kind, State, Task
 from dispatcher.scheduling.decisions import LaneSnapshot
@@ -81,6 +82,7 @@ class PairingStore(SqliteStore):
         self.pairs = 0
         self.claims = 0
         self.hold: asyncio.Event | None = None  # set: the pair waits for it
+        self.fail = False  # the pair fails, writing nothing (PostgreSQL's transaction)
 
     async def finish_and_claim(
         self,
@@ -96,6 +98,8 @@ class PairingStore(SqliteStore):
     ) -> EndedAndClaimed | None:
         if self.hold is not None:
             await self.hold.wait()
+        if self.fail:
+            raise StoreError("PostgreSQL end and claim failed: the server went away")
         self.pairs += 1
         done = await self.update_task(
             task_id,
@@ -209,3 +213,19 @@ async def test_a_task_claimed_while_the_scheduler_stops_is_given_back(world: Wor
     # Claimed with the end, then given back: pending again, same attempt.
     back = await world.ledger.get(tasks[1].id)
     assert back.state is State.PENDING and back.attempt == 1
+
+
+async def test_a_failed_end_and_claim_ends_the_run_alone_and_the_refill_claims(
+    world: World,
+) -> None:
+    tasks = [await world.submit(f"p{i}") for i in range(2)]
+    await world.scheduler.round()
+    await world.settle()
+    world.store.fail = True
+    world.runner.finish("p0")
+    await world.settle()
+    # The outcome is not lost to the claim's failure: written on its own,
+    # and the freed slot claimed as before the pairing existed.
+    assert (await world.ledger.get(tasks[0].id)).state is State.SUCCESS
+    assert world.store.pairs == 0 and world.store.claims == 2
+    assert world.runner.started == ["p0", "p1"]
