@@ -3,6 +3,7 @@ why it waits), and every lane's state. Reads only; the scheduler decides."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from dispatcher.accounts.health import AccountState
@@ -13,6 +14,39 @@ from dispatcher.scheduling.protocol import MemoryView
 
 if TYPE_CHECKING:
     from dispatcher.scheduling.scheduler import Scheduler
+
+# How long queue counts read while no task changed are answered again without
+# reading (nominal seconds, scaled): a task change heard since re-reads at
+# once; this bounds what a change not heard (a lost notice) can hide.
+QUEUED_KEEP_S = 5.0
+
+
+class QueuedCounts:
+    """Pending tasks per queue for the lanes view, read again only after a
+    task changed (the ledger's events: this host's writes and, on
+    PostgreSQL, the other hosts' notices) or after `QUEUED_KEEP_S`: a look
+    every half second at idle lanes (the dashboard, a harness) costs no
+    query. A read in flight when a change is heard is not kept."""
+
+    def __init__(self, read: Callable[[], Awaitable[dict[str, int]]]) -> None:
+        self._read = read
+        self._changes = 0
+        self._kept: tuple[int, float, dict[str, int]] | None = None
+        self.reads = 0
+
+    def changed(self) -> None:
+        self._changes += 1
+
+    async def get(self, now: float, keep_s: float) -> dict[str, int]:
+        """The counts, as of `now` (a monotonic clock) or a read since the last change."""
+        kept = self._kept
+        if kept is not None and kept[0] == self._changes and 0 <= now - kept[1] < keep_s:
+            return dict(kept[2])
+        changes = self._changes
+        self.reads += 1
+        counts = await self._read()
+        self._kept = (changes, now, dict(counts)) if changes == self._changes else None
+        return counts
 
 
 async def task_progress(scheduler: Scheduler, task: Task) -> JSON:
@@ -136,7 +170,9 @@ def _mb(value: int) -> float:
 async def lanes_view(scheduler: Scheduler) -> list[JSON]:
     """Every lane: owner, models, quota, state, queue, what runs, its budget;
     a web lane also its open browser's memory and the browsers' budget."""
-    queued = await scheduler.ledger.queued_counts()
+    queued = await scheduler.queued.get(
+        scheduler.clock.monotonic(), scheduler.clock.scaled(QUEUED_KEEP_S)
+    )
     memory = await memory_views(scheduler)
     browsers = {owner: size for view in memory for owner, size in view.browsers.items()}
     budget_mb = _mb(memory[0].budget_bytes) if memory else None

@@ -42,7 +42,7 @@ from dispatcher.scheduling.decisions import (
 )
 from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
-from dispatcher.scheduling.laneviews import lanes_view, task_progress
+from dispatcher.scheduling.laneviews import QueuedCounts, lanes_view, task_progress
 from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
 from dispatcher.scheduling.running import (
     Canceled,
@@ -54,6 +54,7 @@ from dispatcher.scheduling.running import (
     unrecorded,
 )
 from dispatcher.scheduling.runtimes import RunHistory
+from dispatcher.scheduling.withend import ClaimWithEnd, claim_with_end
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.tasks.ledger import Ledger
 from dispatcher.tasks.lines import lane_prefix, log_fields
@@ -65,6 +66,11 @@ log = logging.getLogger("dispatcher.scheduling.scheduler")
 ClaimGuard = Callable[[LaneSpec, int], tuple[Fence | None, Quota | None]]
 
 RECENT_RUNS = 20  # run times per model behind an ETA
+# How often a round looks for stale running tasks (nominal seconds, scaled
+# like the heartbeat): stale means `STALE_AFTER_S` (90 s) without a beat, so
+# a look every 5 s finds one at most 5 s later, and on PostgreSQL it saves a
+# query every tick (0.5 s).
+STALE_LOOK_S = 5.0
 
 
 def polls(profile: Profile) -> bool:
@@ -126,6 +132,8 @@ class Scheduler:
         self.allowances = allowances
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # The lanes view's queue counts, read again after a task changed.
+        self.queued = QueuedCounts(ledger.queued_counts)
         # Handlers only call the ledger; what it announces tells us what to do.
         ledger.events.listen(self._on_event)
 
@@ -137,6 +145,10 @@ class Scheduler:
     @property
     def stale_s(self) -> float:
         return self.clock.scaled(STALE_AFTER_S)
+
+    @property
+    def stale_look_s(self) -> float:
+        return self.clock.scaled(STALE_LOOK_S)
 
     @property
     def tick_s(self) -> float:
@@ -200,11 +212,11 @@ class Scheduler:
     # -- the round ---------------------------------------------------------------
     async def round(self) -> None:
         self.rounds += 1
-        # Staleness is a matter of tens of seconds: looking once per tick is
-        # as prompt as looking at every wake, and a query cheaper per task.
+        # Staleness is a matter of tens of seconds: a look every few seconds
+        # is as prompt as one at every wake, and a query cheaper per task.
         now = self.clock.monotonic()
         if now >= self._next_reclaim:
-            self._next_reclaim = now + self.tick_s
+            self._next_reclaim = now + self.stale_look_s
             await self._reclaim_stale()
         if self._stopping:
             return
@@ -245,12 +257,15 @@ class Scheduler:
             # new task, or the next pending one kept it busy.
             return
         lane = current
-        # Uncontended (always, on SQLite) the lock is taken without a yield.
-        lock = self._filling.get(lane.name)
-        if lock is None:
-            lock = self._filling[lane.name] = asyncio.Lock()
-        async with lock:
+        async with self._fill_lock(lane.name):
             await self._fill_slots(lane, prefer)
+
+    def _fill_lock(self, name: str) -> asyncio.Lock:
+        # Uncontended (always, on SQLite) the lock is taken without a yield.
+        lock = self._filling.get(name)
+        if lock is None:
+            lock = self._filling[name] = asyncio.Lock()
+        return lock
 
     def snapshot(self, lane: LaneSpec) -> LaneSnapshot:
         return LaneSnapshot(
@@ -413,14 +428,68 @@ class Scheduler:
                         await stop_background(beat)
             if outcome is not None:
                 # The outcome's write is an await (a round trip on PostgreSQL):
-                # a reclaim or shutdown cancelling us meanwhile must not lose it.
-                await asyncio.shield(self._record(running, outcome))
+                # a reclaim or shutdown cancelling us meanwhile must not lose
+                # it, nor the next task claimed with it.
+                await asyncio.shield(self._end_run(running, outcome))
         finally:
             # The slot is given back once the outcome is on record, so that a
             # lane's runs never appear to overlap (a web account runs one at
             # a time): a round in between would start the next one early.
             self._release_slot(running)
             await self._refill(running.lane)
+
+    async def _end_run(self, running: Running, outcome: Outcome) -> None:
+        """The outcome on record, with the lane's next claim when it rides
+        along (`withend`); the task it claimed started in the freed slot."""
+        with_end = self._claim_with_end(running, failed=isinstance(outcome, RunError))
+        await self._record(running, outcome, with_end)
+        if with_end is not None and with_end.claimed is not None:
+            await self._start_claimed(running, with_end.claimed)
+
+    def _claim_with_end(self, running: Running, *, failed: bool) -> ClaimWithEnd | None:
+        lane = self.lanes.get(running.lane.name)
+        if lane is None:
+            return None
+        snapshot = self.snapshot(lane)  # the ending run still holds its slot
+        fence, quota = (
+            self.claim_guard(lane, snapshot.concurrency)
+            if self.claim_guard is not None
+            else (None, None)
+        )
+        budgets = self.budgets
+        budgeted = budgets is not None and budgets.guard(lane.owner, self.clock.now()) is not None
+        return claim_with_end(
+            lane,
+            snapshot,
+            fence=fence,
+            quota=quota,
+            budgeted=budgeted,
+            stopping=self._stopping,
+            failed=failed,
+        )
+
+    async def _start_claimed(self, running: Running, task: Task) -> None:
+        """Start a task claimed with `running`'s end, as a refill would start
+        it, in the slot `running` gives back; given back when the lane is gone
+        or the scheduler stopping."""
+        lane = self.lanes.get(running.lane.name)
+        try:
+            if lane is None or self._stopping:
+                self._release_slot(running)
+                await self.ledger.requeue(task, "claimed as its lane stopped taking tasks")
+                return
+            async with self._fill_lock(lane.name):
+                self._release_slot(running)
+                ready = await ready_to_start(self, task, lane)
+                if ready is not None:
+                    self._start(ready, lane)
+        except Exception:
+            log.exception(
+                "%s: starting the next task failed; the next round retries",
+                running.lane.name,
+                extra={"lane": running.lane.name},
+            )
+            self.wake()
 
     def _release_slot(self, running: Running) -> None:
         lane_running = self._lane_running[running.lane.name]
@@ -485,11 +554,14 @@ class Scheduler:
             return
         await self.ledger.requeue(task, "service shut down before it finished")
 
-    async def _record(self, running: Running, outcome: Outcome) -> None:
+    async def _record(
+        self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
+    ) -> None:
         """Write the outcome, or else end the attempt without it (`attempt.unrecorded`):
-        left running, it would go stale and be submitted again from scratch."""
+        left running, it would go stale and be submitted again from scratch.
+        `with_end`: the lane's next claim, sent with the outcome's write."""
         try:
-            await self._finish(running, outcome)
+            await self._finish(running, outcome, with_end)
         except Exception as exc:
             running.ctx.log.exception("recording how the attempt ended failed")
             try:
@@ -504,13 +576,17 @@ class Scheduler:
             except Exception:
                 running.ctx.log.exception("ending the attempt failed too; the stale bound will")
 
-    async def _finish(self, running: Running, outcome: Outcome) -> None:
+    async def _finish(
+        self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
+    ) -> None:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
         match outcome:
             case RunResult():
                 self.health.succeeded(running.lane.owner)
-                done = await self.ledger.succeed(task, outcome.to_json(), durations)
+                done = await self.ledger.succeed(
+                    task, outcome.to_json(), durations, with_end=with_end
+                )
                 if done is not None and done.state is State.SUCCESS and done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
                     (await self.recent_durations(done.model)).appendleft(run_s)
@@ -519,7 +595,7 @@ class Scheduler:
                             done.model, done.params, run_s / self.clock.time_scale
                         )
             case Canceled():
-                await self.ledger.mark_canceled(task, durations)
+                await self.ledger.mark_canceled(task, durations, with_end=with_end)
             case RunError():
                 await self._failed(running, outcome, durations)
 
@@ -557,7 +633,10 @@ class Scheduler:
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:
         """A task became pending or an account changed: a round may start
-        work. A cancel was asked for a running task: its runner is told."""
+        work. A cancel was asked for a running task: its runner is told.
+        Any task change: the queue counts are read again."""
+        if isinstance(event, TaskChanged):
+            self.queued.changed()
         match event:
             case AccountChanged():
                 self.wake()

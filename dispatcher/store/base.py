@@ -13,13 +13,37 @@ which must not block the event loop. The SQLite backend answers them inline
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
+
+
+@dataclass(frozen=True)
+class NextClaim:
+    """A lane's next claim, sent with the end write of the run that freed its
+    slot (`Store.finish_and_claim`): `claim_next`'s arguments, the same claim."""
+
+    queues: tuple[str, ...]
+    now: float
+    changes: Mapping[str, Any]
+    fence: Fence | None = None
+    quota: Quota | None = None
+    budget: Budget | None = None
+    aging_step_s: float = AGING_STEP_S
+    prefer: tuple[str, ...] = field(default=())
+
+
+class EndedAndClaimed(NamedTuple):
+    """What `finish_and_claim` wrote: the task as ended (None: the write was
+    refused, as `update_task`'s), and the task claimed (None: none)."""
+
+    ended: Task | None
+    claimed: Task | None
 
 
 class Store(Protocol):
@@ -64,6 +88,25 @@ class Store(Protocol):
         `ended` is written to the attempt history in the same transaction, only
         when the change applies. With `fence`, only while that account's lease
         still has that token (a write of an earlier holder is refused: None)."""
+
+    async def finish_and_claim(
+        self,
+        task_id: str,
+        *,
+        expect_state: State,
+        expect_attempt: int | None = None,
+        changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
+        fence: Fence | None = None,
+        claim: NextClaim,
+    ) -> EndedAndClaimed | None:
+        """`update_task` (a run's end write), then `claim_next(claim)`, in one
+        exchange with the server where that saves one (PostgreSQL: one
+        pipeline, one transaction; the claim runs whether or not the write
+        applied, and sees it when it did). None: not done, nothing written
+        (SQLite, or a claim known to find nothing): the caller makes the two
+        calls itself."""
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         """The task's ended attempts, oldest first."""

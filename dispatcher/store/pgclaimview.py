@@ -90,8 +90,12 @@ class ClaimView:
             and 0 <= now - seen.at < KEEP_S
         )
 
-    def skip(self, quota_owner: str | None, limit: int, now: float) -> bool:
-        """True when the claim would find nothing: nothing pending, or its quota full."""
+    def skip(
+        self, quota_owner: str | None, limit: int, now: float, *, ending: str | None = None
+    ) -> bool:
+        """True when the claim would find nothing: nothing pending, or its quota
+        full; `ending`: a running task the claim's own transaction ends first
+        (its slot counts as free)."""
         if self._empty is not None:
             if self._holds(self._empty, now):
                 self.skipped += 1
@@ -104,6 +108,8 @@ class ClaimView:
             return False
         if not self._holds(full, now) or len(full.running) < limit:
             del self._full[quota_owner]
+            return False
+        if ending in full.running and len(full.running) - 1 < limit:
             return False
         self.skipped += 1
         return True

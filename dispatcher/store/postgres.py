@@ -23,11 +23,12 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from dispatcher.errors import StoreError
 from dispatcher.models import Attempt, Job, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
+from dispatcher.store.base import EndedAndClaimed, NextClaim
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
 from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
-from dispatcher.store.pgclaimview import ANY_PENDING, RUNNING_IDS, ClaimView
+from dispatcher.store.pgclaimview import ANY_PENDING, RUNNING_IDS, ClaimView, Sent
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert
@@ -342,6 +343,49 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         self.claim_view.saw(task)
         return task
 
+    async def finish_and_claim(
+        self,
+        task_id: str,
+        *,
+        expect_state: State,
+        expect_attempt: int | None = None,
+        changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
+        fence: Fence | None = None,
+        claim: NextClaim,
+    ) -> EndedAndClaimed | None:
+        quota = claim.quota
+        if not claim.queues or self.claim_view.skip(
+            quota.owner if quota else None, quota.limit if quota else 0, claim.now, ending=task_id
+        ):
+            # The claim would find nothing (nothing pending; the quota full
+            # even without this task): the end write alone, as ever.
+            return None
+        write = task_update(
+            POSTGRESQL,
+            task_id,
+            expect_state=expect_state,
+            expect_attempt=expect_attempt,
+            changes=changes,
+            unless_cancel_requested=unless_cancel_requested,
+            ended=ended,
+            fence=fence,
+        )
+        sent = self.claim_view.sending()
+        claiming = self._claim_statements(claim)
+        # One transaction, one round trip: the end write first, so the claim
+        # (its quota count included) sees the slot it freed; a failure of
+        # either writes neither (the caller then ends the run on its own).
+        rows, *answers = await self._pipelined(
+            [update_with_history(write), *claiming], what="end and claim", atomic=True
+        )
+        done = row_to_task(rows[0]) if rows else None
+        if done is not None:
+            self.claim_view.saw(done)
+        claimed = self._claimed(claim, answers, sent)
+        return EndedAndClaimed(done, claimed)
+
     async def claim_next(
         self,
         queues: Sequence[str],
@@ -365,38 +409,59 @@ class PostgresStore(PostgresJobOps, PostgresHostOps):
         # queues has a priority or a deadline (a sort of the whole queue
         # then), also among fallbacks when some wait: the statement looks
         # (`ranked` and `fallbacks`, SQLite's hints, are not needed here).
-        claim = task_claim_gated(
-            queues,
-            now,
-            changes,
-            fence=fence,
+        claim = NextClaim(
+            tuple(queues), now, changes, fence, quota, budget, aging_step_s, tuple(prefer)
+        )
+        statements = self._claim_statements(claim)
+        # Under a provider's quota or budget: the lock, the claim, the reads
+        # after it, as one transaction (`_claim_statements`).
+        answers = await self._pipelined(
+            statements, what="claim", atomic=quota is not None or budget is not None
+        )
+        return self._claimed(claim, answers, sent)
+
+    def _claim_statements(self, claim: NextClaim) -> list[Statement]:
+        """A claim's statements, sent as one pipeline: under a provider's quota
+        or budget the advisory lock first (then in one transaction), the claim,
+        and after it whether any task is still pending and, under a quota, the
+        provider's running tasks (`claim_view`)."""
+        quota, budget = claim.quota, claim.budget
+        statement = task_claim_gated(
+            claim.queues,
+            claim.now,
+            claim.changes,
+            fence=claim.fence,
             quota=quota,
             budget=budget,
-            prefer=prefer,
-            aging_step_s=aging_step_s,
+            prefer=claim.prefer,
+            aging_step_s=claim.aging_step_s,
         )
-        provider = quota.owner if quota is not None else budget.provider if budget else ""
-        # After the claim, in the same round trip: whether any task is still
-        # pending, and under a quota the provider's running tasks (`claim_view`).
         after = [Statement(ANY_PENDING, ())]
         if quota is not None:
-            after.append(Statement(RUNNING_IDS, (provider,)))
+            after.append(Statement(RUNNING_IDS, (quota.owner,)))
         if quota is None and budget is None:
-            rows, *read = await self._pipelined([claim, *after], what="claim")
-        else:
-            # The count of running tasks (or the day's spend) and the claim
-            # must be one step across hosts: claims under one provider's quota
-            # or budget take turns. The claim statement starts after the lock,
-            # so it counts every claim committed before: no overspend by a
-            # race. Sent as one pipeline, the lock is held for the server's
-            # work only.
-            lock = Statement(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
-            )
-            _, rows, *read = await self._pipelined([lock, claim, *after], what="claim", atomic=True)
-        self.claim_view.claimed(bool(read[0][0]["any"]), now, sent)
+            return [statement, *after]
+        # The count of running tasks (or the day's spend) and the claim must
+        # be one step across hosts: claims under one provider's quota or
+        # budget take turns. The claim statement starts after the lock, so it
+        # counts every claim committed before: no overspend by a race. Sent
+        # as one pipeline, the lock is held for the server's work only.
+        provider = quota.owner if quota is not None else budget.provider if budget else ""
+        lock = Statement(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
+        )
+        return [lock, statement, *after]
+
+    def _claimed(self, claim: NextClaim, answers: list[list[Row]], sent: Sent) -> Task | None:
+        """The claimed task from its statements' answers (`_claim_statements`),
+        what they read after it kept in `claim_view`."""
+        quota = claim.quota
+        rows, pending, *running = answers[-3:] if quota is not None else answers[-2:]
+        self.claim_view.claimed(bool(pending[0]["any"]), claim.now, sent)
         if quota is not None:
-            self.claim_view.quota_read(provider, quota.limit, read[1][0]["ids"], now, sent)
+            self.claim_view.quota_read(
+                quota.owner, quota.limit, running[0][0]["ids"], claim.now, sent
+            )
         return row_to_task(rows[0]) if rows else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:

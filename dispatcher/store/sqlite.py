@@ -35,6 +35,7 @@ from dispatcher.models import (
     Task,
 )
 from dispatcher.pricing import AGING_STEP_S, Budget
+from dispatcher.store.base import EndedAndClaimed, NextClaim
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
@@ -254,6 +255,21 @@ class SqliteStore(SqliteHostOps):
             self.writes.add(task_id)
             self._pending.track(expect_state.value, rows[0])
         return row_to_task(rows[0])
+
+    async def finish_and_claim(
+        self,
+        task_id: str,
+        *,
+        expect_state: State,
+        expect_attempt: int | None = None,
+        changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
+        fence: Fence | None = None,
+        claim: NextClaim,
+    ) -> EndedAndClaimed | None:
+        # In-process: no round trip to save; the caller writes, then claims.
+        return None
 
     async def claim_next(
         self,

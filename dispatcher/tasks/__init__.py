@@ -9,6 +9,7 @@ form params (`webfields`) and the plan of a batch before it runs (`planning`,
 with its simulated schedule in `makespan`).
 
 May import: the shared top-level modules, `store`, `scheduling.decisions` (pure
-rules), `hosts.modelcards` (models other hosts run), `http.limits` and
-`http.bodies` (the request shapes a batch file shares with the API).
+rules), `scheduling.withend` (a lane's claim sent with an end write),
+`hosts.modelcards` (models other hosts run), `http.limits` and `http.bodies`
+(the request shapes a batch file shares with the API).
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.clock import Clock
-from dispatcher.errors import InputError, RunError, StateConflict
+from dispatcher.errors import InputError, RunError, StateConflict, StoreError
 from dispatcher.events import EventBus, TaskChanged
 from dispatcher.logs import scrub
 from dispatcher.models import (
@@ -38,7 +38,9 @@ from dispatcher.models import (
 from dispatcher.pricing import AGING_STEP_S, Budget, finished_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.scheduling.decisions import Reclaim
+from dispatcher.scheduling.withend import ClaimWithEnd
 from dispatcher.store import Store
+from dispatcher.store.base import NextClaim
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.strictjson import storable_text
 from dispatcher.tasks import states
@@ -207,27 +209,62 @@ class Ledger(OperatorActions):
         why: str = "",
         unless_cancel_requested: bool = False,
         fenced: bool = True,
+        with_end: ClaimWithEnd | None = None,
     ) -> Task | None:
         states.check_transition(task.state, new_state)
         changes = redacted(changes)
         why = storable_text(scrub(why))
-        updated = await self.store.update_task(
-            task.id,
-            expect_state=task.state,
-            expect_attempt=task.attempt,
-            changes={**changes, "state": new_state},
-            unless_cancel_requested=unless_cancel_requested,
-            ended=self._ended(task, new_state, changes, why),
-            fence=_fence(task) if fenced else None,
-        )
+        write: dict[str, Any] = {
+            "expect_state": task.state,
+            "expect_attempt": task.attempt,
+            "changes": {**changes, "state": new_state},
+            "unless_cancel_requested": unless_cancel_requested,
+            "ended": self._ended(task, new_state, changes, why),
+            "fence": _fence(task) if fenced else None,
+        }
+        both = None
+        if with_end is not None and not with_end.sent:
+            # The lane's next claim in the same round trip (`scheduling.withend`).
+            try:
+                both = await self.store.finish_and_claim(
+                    task.id, **write, claim=self._next_claim(with_end)
+                )
+            except StoreError as exc:
+                # Neither was written (one transaction): the end alone, as
+                # ever, so that a failing claim never costs the run's outcome.
+                log.warning(
+                    "%s task %s: end and next claim failed (%s)",
+                    lane_prefix(task),
+                    task.id,
+                    exc,
+                    extra=log_fields(task, attempt=task.attempt),
+                )
+        if both is None:
+            updated = await self.store.update_task(task.id, **write)
+        else:
+            updated = both.ended
+            assert with_end is not None
+            with_end.sent, with_end.claimed = True, both.claimed
         if updated is None:
             if not unless_cancel_requested:
                 current = await self.store.get_task(task.id)
                 log_rejected(task, new_state, current, why, fenced=_fence(task) is not None)
-            return None
-        if new_state is not task.state:
+        elif new_state is not task.state:
             self._announce(updated, task.state, why)
+        if both is not None and both.claimed is not None:
+            self._announce(both.claimed, State.PENDING)
         return updated
+
+    def _next_claim(self, with_end: ClaimWithEnd) -> NextClaim:
+        """What `claim` would send for the lane (`scheduling.withend`)."""
+        now = self.clock.now()
+        return NextClaim(
+            with_end.queues,
+            now,
+            self._claim_changes(with_end.owner, None, now),
+            quota=with_end.quota,
+            aging_step_s=self.clock.scaled(AGING_STEP_S),
+        )
 
     def _ended(
         self, task: Task, new_state: State, changes: Mapping[str, Any], why: str
@@ -282,17 +319,7 @@ class Ledger(OperatorActions):
         task = await self.store.claim_next(
             queues,
             now,
-            {
-                "owner": owner,
-                "stage": Stage.DISPATCHED,
-                "started_at": now,
-                "heartbeat_at": now,
-                "stage_started_at": now,
-                "stage_durations": {},
-                "error": None,
-                "host": self.host,
-                "lease_token": fence.token if fence is not None else None,
-            },
+            self._claim_changes(owner, fence, now),
             fence=fence,
             quota=quota,
             budget=budget,
@@ -304,6 +331,20 @@ class Ledger(OperatorActions):
         if task is not None:
             self._announce(task, State.PENDING)
         return task
+
+    def _claim_changes(self, owner: str, fence: Fence | None, now: float) -> dict[str, Any]:
+        """What a claim writes on the task it takes: this host runs it from now."""
+        return {
+            "owner": owner,
+            "stage": Stage.DISPATCHED,
+            "started_at": now,
+            "heartbeat_at": now,
+            "stage_started_at": now,
+            "stage_durations": {},
+            "error": None,
+            "host": self.host,
+            "lease_token": fence.token if fence is not None else None,
+        }
 
     async def take_as(
         self, task: Task, profile: Profile, fingerprint: str, skipped: Sequence[Skipped] = ()
@@ -337,7 +378,12 @@ class Ledger(OperatorActions):
         )
 
     async def succeed(
-        self, task: Task, result: JSON, stage_durations: Mapping[str, float]
+        self,
+        task: Task,
+        result: JSON,
+        stage_durations: Mapping[str, float],
+        *,
+        with_end: ClaimWithEnd | None = None,
     ) -> Task | None:
         """Write the result; then keep it in the cache for identical tasks.
 
@@ -345,7 +391,8 @@ class Ledger(OperatorActions):
         Linking or copying its files is file work: a thread does it while
         the loop serves every other lane. A result without files is one
         upsert of a local index, kept on the loop's thread when nothing
-        else needs doing (`ResultCache.store_text_here`).
+        else needs doing (`ResultCache.store_text_here`). `with_end`: the
+        lane's next claim, sent with this write (`scheduling.withend`).
         """
         done = await self._end_attempt(
             task,
@@ -360,6 +407,7 @@ class Ledger(OperatorActions):
                 "cost": finished_cost_usd(task.cost_estimate, result),
             },
             what="result",
+            with_end=with_end,
         )
         cache = self.intake.cache
         if cache is None or done is None or done.state is not State.SUCCESS:
@@ -376,7 +424,14 @@ class Ledger(OperatorActions):
         return done
 
     async def _end_attempt(
-        self, task: Task, new_state: State, changes: Mapping[str, Any], *, what: str, why: str = ""
+        self,
+        task: Task,
+        new_state: State,
+        changes: Mapping[str, Any],
+        *,
+        what: str,
+        why: str = "",
+        with_end: ClaimWithEnd | None = None,
     ) -> Task | None:
         """Write how a running attempt ended, unless a cancel was asked for meanwhile.
 
@@ -384,7 +439,9 @@ class Ledger(OperatorActions):
         case); only a refused write reads the row to find out why. A cancel
         wins over the attempt's outcome: the task ends canceled.
         """
-        done = await self._write(task, new_state, changes, why=why, unless_cancel_requested=True)
+        done = await self._write(
+            task, new_state, changes, why=why, unless_cancel_requested=True, with_end=with_end
+        )
         if done is not None:
             return done
         current = await self.store.get_task(task.id)
@@ -454,13 +511,15 @@ class Ledger(OperatorActions):
         task: Task,
         stage_durations: Mapping[str, float] | None = None,
         error: TaskError | None = None,  # why, when nobody asked (a missed deadline)
+        *,
+        with_end: ClaimWithEnd | None = None,
     ) -> Task | None:
         changes: dict[str, Any] = {"finished_at": self.clock.now()}
         if error is not None:
             changes["error"] = error
         if stage_durations is not None:
             changes["stage_durations"] = dict(stage_durations)
-        return await self._write(task, State.CANCELED, changes)
+        return await self._write(task, State.CANCELED, changes, with_end=with_end)
 
     async def requeue(
         self, task: Task, why: str, *, forget_remote: bool = False, fenced: bool = True

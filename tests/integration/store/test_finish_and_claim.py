@@ -1,0 +1,233 @@
+"""A run's end write and its lane's next claim in one round trip (issue 31).
+
+`Store.finish_and_claim` on PostgreSQL: one pipeline, one transaction; the
+claim is the one `claim_next` would have made (order, quota across hosts),
+counted by the store itself (`PostgresStore.round_trips`) on a real server.
+SQLite declines: the caller makes the two calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.models import Attempt, Kind, State, Task
+from dispatcher.store import open_store
+from dispatcher.store.base import NextClaim
+from dispatcher.store.hosts import Quota
+from dispatcher.store.postgres import PostgresStore
+from dispatcher.store.sqlite import SqliteStore
+from tests.support.pgdb import migrated_database
+
+QUEUE = "g"
+
+
+def _task(task_id: str, *, priority: int = 0, created_at: float = 1.0) -> Task:
+    return Task(
+        id=task_id,
+        model="m",
+        kind=Kind.API,
+        queue=QUEUE,
+        params={"prompt": task_id},
+        fingerprint=f"fp-{task_id}",
+        created_at=created_at,
+        priority=priority,
+    )
+
+
+def _run(host: str) -> dict[str, Any]:
+    return {"owner": "demo", "host": host}
+
+
+def _success(now: float) -> dict[str, Any]:
+    return {"state": State.SUCCESS, "result": {"text": "ok"}, "finished_at": now, "stage": None}
+
+
+async def _pg(url: str, host: str) -> PostgresStore:
+    store = await open_store(url, host)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[PostgresStore]:
+    with migrated_database() as url:
+        opened = await _pg(url, "h1")
+        try:
+            yield opened
+        finally:
+            await opened.close()
+
+
+async def _finish_and_claim(
+    store: PostgresStore | SqliteStore, running: Task, now: float, **claim: Any
+) -> Any:
+    return await store.finish_and_claim(
+        running.id,
+        expect_state=State.RUNNING,
+        expect_attempt=running.attempt,
+        changes=_success(now),
+        unless_cancel_requested=True,
+        ended=Attempt(
+            task_id=running.id,
+            attempt=running.attempt,
+            queue=running.queue,
+            owner="demo",
+            outcome=State.SUCCESS,
+            started_at=running.started_at,
+            ended_at=now,
+        ),
+        claim=NextClaim((QUEUE,), now, _run(store.host), **claim),
+    )
+
+
+async def test_the_end_and_the_next_claim_are_one_round_trip(store: PostgresStore) -> None:
+    await store.insert_tasks([_task("t1"), _task("t2"), _task("t3")])
+    running = await store.claim_next([QUEUE], 5.0, _run("h1"), quota=Quota("demo", 2))
+    assert running is not None and running.id == "t1"
+
+    before = store.round_trips.total
+    both = await _finish_and_claim(store, running, 6.0, quota=Quota("demo", 2))
+    assert store.round_trips.total - before == 1
+    assert both is not None
+    assert both.ended is not None and both.ended.state is State.SUCCESS
+    assert both.claimed is not None and both.claimed.id == "t2"
+    assert both.claimed.state is State.RUNNING and both.claimed.host == "h1"
+    # Both written: the history row of the ended attempt too.
+    assert [a.outcome for a in await store.task_attempts("t1")] == [State.SUCCESS]
+    assert (await store.get_task("t2")) == both.claimed
+    # Without a quota (nor budget) as well: one round trip.
+    before = store.round_trips.total
+    both = await _finish_and_claim(store, both.claimed, 7.0)
+    assert store.round_trips.total - before == 1
+    assert both is not None and both.claimed is not None and both.claimed.id == "t3"
+
+
+async def test_the_claimed_task_is_the_one_claim_next_would_claim() -> None:
+    """Two databases alike: one ends a run then claims, the other does both
+    at once; the same task is claimed (priorities and their aging, FIFO)."""
+    tasks = [
+        _task("low", priority=0, created_at=1.0),
+        _task("high", priority=5, created_at=3.0),
+        _task("mid", priority=2, created_at=2.0),
+    ]
+    claimed: list[list[str]] = []
+    for together in (False, True):
+        with migrated_database() as url:
+            store = await _pg(url, "h1")
+            try:
+                await store.insert_tasks([_task("first", priority=9), *tasks])
+                running = await store.claim_next([QUEUE], 5.0, _run("h1"))
+                assert running is not None and running.id == "first"
+                order = []
+                for step in range(3):
+                    now = 6.0 + step
+                    if together:
+                        both = await _finish_and_claim(store, running, now)
+                        assert both is not None
+                        nxt = both.claimed
+                    else:
+                        await store.update_task(
+                            running.id,
+                            expect_state=State.RUNNING,
+                            changes=_success(now),
+                        )
+                        nxt = await store.claim_next([QUEUE], now, _run("h1"))
+                    assert nxt is not None
+                    order.append(nxt.id)
+                    running = nxt
+                claimed.append(order)
+            finally:
+                await store.close()
+    assert claimed[0] == claimed[1] == ["high", "mid", "low"]
+
+
+async def test_a_refused_end_write_still_claims_and_says_so(store: PostgresStore) -> None:
+    await store.insert_tasks([_task("t1"), _task("t2")])
+    running = await store.claim_next([QUEUE], 5.0, _run("h1"))
+    assert running is not None
+    # A cancel asked meanwhile: the end write (unless_cancel_requested) is refused.
+    await store.update_task("t1", expect_state=State.RUNNING, changes={"cancel_requested": True})
+    both = await _finish_and_claim(store, running, 6.0)
+    assert both is not None and both.ended is None
+    assert both.claimed is not None and both.claimed.id == "t2"
+    current = await store.get_task("t1")
+    assert current is not None and current.state is State.RUNNING
+    assert await store.task_attempts("t1") == []
+
+
+async def test_a_claim_known_to_find_nothing_is_not_sent(store: PostgresStore) -> None:
+    # The listener live, as a service runs it: the view keeps what claims read.
+    store.gates.seed([])
+    await store.insert_tasks([_task("t1")])
+    running = await store.claim_next([QUEUE], 5.0, _run("h1"))
+    assert running is not None
+    # That claim read that nothing is pending now.
+    before = store.round_trips.total
+    assert await _finish_and_claim(store, running, 5.2) is None  # declined: nothing sent
+    assert store.round_trips.total == before
+    current = await store.get_task("t1")
+    assert current is not None and current.state is State.RUNNING
+
+
+async def test_the_quota_holds_with_two_hosts_ending_and_claiming_at_once() -> None:
+    """Two hosts, quota 2 over both: each ends its runs with the next claim
+    while the other claims on its own; never more than 2 run."""
+    limit = 2
+    with migrated_database() as url:
+        h1, h2 = await _pg(url, "h1"), await _pg(url, "h2")
+        try:
+            await h1.insert_tasks([_task(f"t{i:03d}", created_at=float(i)) for i in range(40)])
+            peaks: list[int] = []
+
+            async def running_now() -> int:
+                return len(await h1.tasks_in_state(State.RUNNING))
+
+            async def host(store: PostgresStore) -> None:
+                mine = await store.claim_next(
+                    [QUEUE], 5.0, _run(store.host), quota=Quota("demo", limit)
+                )
+                for step in range(30):
+                    now = 6.0 + step
+                    if mine is None:
+                        mine = await store.claim_next(
+                            [QUEUE], now, _run(store.host), quota=Quota("demo", limit)
+                        )
+                        await asyncio.sleep(0)
+                        continue
+                    both = await _finish_and_claim(store, mine, now, quota=Quota("demo", limit))
+                    if both is None:  # declined (quota known full): end alone
+                        await store.update_task(
+                            mine.id, expect_state=State.RUNNING, changes=_success(now)
+                        )
+                        mine = None
+                    else:
+                        mine = both.claimed
+                    peaks.append(await running_now())
+
+            await asyncio.gather(host(h1), host(h2))
+            assert peaks and max(peaks) <= limit
+            done = await h1.tasks_in_state(State.SUCCESS)
+            assert len(done) >= 20  # both hosts made progress
+            assert len({t.id for t in done}) == len(done)
+        finally:
+            await h1.close()
+            await h2.close()
+
+
+async def test_sqlite_declines_and_writes_nothing(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "d.db")
+    await store.migrate()
+    try:
+        await store.insert_tasks([_task("t1"), _task("t2")])
+        running = await store.claim_next([QUEUE], 5.0, _run(""))
+        assert running is not None
+        assert await _finish_and_claim(store, running, 6.0) is None
+        states = {t.id: t.state for t in await store.list_tasks()}
+        assert states == {"t1": State.RUNNING, "t2": State.PENDING}
+    finally:
+        await store.close()
