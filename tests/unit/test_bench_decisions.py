@@ -3,12 +3,16 @@ still measures memory growth. Pure functions of figures, no processes."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
+from bench.common import BenchResult, Check
 from bench.hosts import median_run
 from bench.memory import (
     MIN_CYCLE_TASKS,
@@ -202,3 +206,34 @@ def test_a_pace_that_comes_and_goes_is_read_over_every_cycle_so_far() -> None:
     done = [_cycle(10_000, 24.0, 90.0), _cycle(10_000, 48.0, 90.0)]
     third = cycle_size(2, 10_000, done, left_s=105.0, cycles=WARM_CYCLES + 2)
     assert third.tasks == 10_000
+
+
+def _result_file(directory: Path, name: str, checks: list[Check]) -> None:
+    result = BenchResult(name, name, {}, checks, calibration={"load_avg_1m": 0.5})
+    (directory / f"{name}.json").write_text(json.dumps(result.to_json()))
+
+
+def test_the_summary_holds_every_target_of_the_latest_runs_own_run_included(
+    tmp_path: Path,
+) -> None:
+    # `make bench` wrote mixed and its own wall time; `accounts` ran on its own.
+    _result_file(
+        tmp_path,
+        "mixed",
+        [Check("mixed: makespan", "<= 1.02 x", "1.024 x", False), Check("web", "-", "x", None)],
+    )
+    _result_file(tmp_path, "accounts", [Check("accounts: PSS", "<= 4500 MB", "4340", True)])
+    _result_file(tmp_path, HARNESS, [Check("make bench", "<= 600 s", "495 s", True)])
+
+    summary = build_summary(tmp_path, ["mixed", "hosts", "accounts", HARNESS])
+
+    assert [(t["bench"], t["met"]) for t in summary["targets"]] == [
+        ("mixed", False),
+        ("accounts", True),
+        (HARNESS, True),
+    ]
+    assert summary["not_met"] == ["mixed: makespan"]
+    assert summary["not_run"] == ["hosts"]
+    assert [r["name"] for r in summary["reported"]] == ["web"]
+    assert "met" not in summary["reported"][0]
+    assert summary["targets"][0]["calibration"] == {"load_avg_1m": 0.5}
