@@ -232,6 +232,9 @@ def _web_breakdown(
         "first_task_page_load_and_login_check_s": (
             r(page_ready[first]) if first is not None else None
         ),
+        "first_task_parts_s": (
+            {k: r(v[first]) for k, v in sorted(parts.items())} if first is not None else None
+        ),
         "warm_task_overhead_mean_s": r(mean(warm)),
         "per_task_overhead_mean_s": r(mean(overheads)),
         "per_task_overhead_total_s": r(sum(overheads)),
