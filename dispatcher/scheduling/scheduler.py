@@ -31,6 +31,7 @@ from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.scheduling.allowances import AllowanceBook
+from dispatcher.scheduling.beats import HeartbeatBatch, next_beat_in_s
 from dispatcher.scheduling.budgets import BudgetBook
 from dispatcher.scheduling.claimed import ready_to_start
 from dispatcher.scheduling.decisions import (
@@ -134,6 +135,8 @@ class Scheduler:
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
         # The lanes view's queue counts, read again after a task changed.
         self.queued = QueuedCounts(ledger.queued_counts)
+        # The running tasks' beats, due together, written together (`beats`).
+        self.beats = HeartbeatBatch(lambda due: self.ledger.heartbeats(due))
         # Handlers only call the ledger; what it announces tells us what to do.
         ledger.events.listen(self._on_event)
 
@@ -192,6 +195,7 @@ class Scheduler:
                 works.append(work)
         if works:
             await asyncio.gather(*works, return_exceptions=True)
+        await self.beats.aclose()
 
     def lane_tasks(self, name: str) -> list[str]:
         """Ids of the tasks running in a lane (also one dropped from `lanes`)."""
@@ -409,8 +413,9 @@ class Scheduler:
         # The heartbeat loop starts when the first beat is due: most API tasks
         # are over long before, and a timer costs less than a task per run.
         beats: list[asyncio.Task[None]] = []
-        first_beat = asyncio.get_running_loop().call_later(
-            self.heartbeat_s,
+        loop = asyncio.get_running_loop()
+        first_beat = loop.call_later(
+            next_beat_in_s(loop.time(), self.heartbeat_s),
             lambda: beats.append(asyncio.create_task(self._heartbeats(running, runner))),
         )
         try:
@@ -613,13 +618,14 @@ class Scheduler:
             await self.health.count_failure(running.lane.owner, error)
 
     async def _heartbeats(self, running: Running, runner: Runner) -> None:
-        """Started when the first beat is due (one heartbeat after the start)."""
+        """Started when the first beat is due (on the host's grid, `beats`)."""
+        loop = asyncio.get_running_loop()
         written_beat = running.started_monotonic
         while self.running.get(running.task.id) is running:
             if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
                 # Otherwise no sign of life since the last write: let staleness speak.
                 written_beat = running.ctx.last_beat_monotonic
-                seen = await self.ledger.heartbeat(running.task, running.live.stage)
+                seen = await self.beats.beat(running.task, running.live.stage)
                 if seen is not None:
                     running.task = seen
             else:
@@ -628,7 +634,7 @@ class Scheduler:
                 # The fallback for a cancel whose notice was lost (asked on
                 # another host while our listener was reconnecting).
                 running.ctx.interrupt(Interruption.CANCELED)
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(next_beat_in_s(loop.time(), self.heartbeat_s))
 
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
+from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
@@ -107,6 +108,13 @@ class Store(Protocol):
         applied, and sees it when it did). None: not done, nothing written
         (SQLite, or a claim known to find nothing): the caller makes the two
         calls itself."""
+
+    async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
+        """The beats due at once (`store.beats`), each `update_task`'s
+        compare-and-set of `heartbeat_at` and `stage` on a running attempt
+        (fenced by its lease when it has one): the tasks as written, in the
+        beats' order, None where a beat was refused. PostgreSQL: one
+        statement for all."""
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         """The task's ended attempts, oldest first."""

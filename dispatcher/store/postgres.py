@@ -39,6 +39,7 @@ from dispatcher.store.pgtrips import (
     count_on,
     has_rows,
 )
+from dispatcher.store.postgres_beats import PostgresBeatOps
 from dispatcher.store.postgres_cache import PostgresCacheIndex
 from dispatcher.store.postgres_hosts import PostgresHostOps, display_url
 from dispatcher.store.postgres_jobs import PostgresJobOps
@@ -74,7 +75,7 @@ POOL_MAX = 10
 CONNECT_TIMEOUT_S = 10.0
 
 
-class PostgresStore(PostgresJobOps, PostgresHostOps):
+class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host

@@ -36,6 +36,7 @@ from dispatcher.models import (
 )
 from dispatcher.pricing import AGING_STEP_S, Budget
 from dispatcher.store.base import EndedAndClaimed, NextClaim
+from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
 from dispatcher.store.hosts import Fence, Quota
@@ -270,6 +271,19 @@ class SqliteStore(SqliteHostOps):
     ) -> EndedAndClaimed | None:
         # In-process: no round trip to save; the caller writes, then claims.
         return None
+
+    async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
+        # In-process: nothing to batch; each beat is `update_task`'s write.
+        return [
+            await self.update_task(
+                beat.task_id,
+                expect_state=State.RUNNING,
+                expect_attempt=beat.attempt,
+                changes={"heartbeat_at": beat.at, "stage": beat.stage},
+                fence=beat.fence,
+            )
+            for beat in beats
+        ]
 
     async def claim_next(
         self,

@@ -41,6 +41,7 @@ from dispatcher.scheduling.decisions import Reclaim
 from dispatcher.scheduling.withend import ClaimWithEnd
 from dispatcher.store import Store
 from dispatcher.store.base import NextClaim
+from dispatcher.store.beats import Heartbeat
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.strictjson import storable_text
 from dispatcher.tasks import states
@@ -373,9 +374,21 @@ class Ledger(OperatorActions):
         )
 
     async def heartbeat(self, task: Task, stage: Stage | None) -> Task | None:
-        return await self._write(
-            task, State.RUNNING, {"heartbeat_at": self.clock.now(), "stage": stage}
+        (seen,) = await self.heartbeats([(task, stage)])
+        return seen
+
+    async def heartbeats(self, beats: Sequence[tuple[Task, Stage | None]]) -> list[Task | None]:
+        """Running tasks' signs of life, written together (`store.beats`):
+        each as it is now, None where its attempt or its lease moved on."""
+        now = self.clock.now()
+        written = await self.store.heartbeat_tasks(
+            [Heartbeat(task.id, task.attempt, now, stage, _fence(task)) for task, stage in beats]
         )
+        for (task, _), seen in zip(beats, written, strict=True):
+            if seen is None:
+                current = await self.store.get_task(task.id)
+                log_rejected(task, State.RUNNING, current, "", fenced=_fence(task) is not None)
+        return written
 
     async def succeed(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,18 +152,20 @@ async def test_a_heartbeat_that_loses_its_cancel_does_not_hold_the_outcome(tmp_p
     # the task stayed running with fresh heartbeats until the service stopped.
     async with _world(tmp_path, time_scale=0.001) as world:  # a beat every 15 ms
         ledger = world.ledger
-        write_beat = ledger.heartbeat
+        write_beats = ledger.heartbeats
         beating = asyncio.Event()
 
-        async def heartbeat_losing_cancels(task: Task, stage: Stage | None) -> Task | None:
+        async def heartbeats_losing_cancels(
+            beats: Sequence[tuple[Task, Stage | None]],
+        ) -> list[Task | None]:
             beating.set()
             # Waiting for a free database connection, which arrives in the
             # same turn as the cancel: the cancel is lost.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(3600)
-            return await write_beat(task, stage)
+            return await write_beats(beats)
 
-        ledger.heartbeat = heartbeat_losing_cancels  # type: ignore[method-assign]
+        ledger.heartbeats = heartbeats_losing_cancels  # type: ignore[method-assign]
         finished = asyncio.Event()
 
         def on_event(event: Event) -> None:
