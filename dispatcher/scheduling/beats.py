@@ -22,9 +22,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from dispatcher.background import stop_background
+from dispatcher.errors import StoreError
 from dispatcher.models import Stage, Task
+from dispatcher.scheduling.protocol import Interruption, Runner
+from dispatcher.scheduling.running import Running
+
+if TYPE_CHECKING:
+    from dispatcher.scheduling.scheduler import Scheduler
 
 Beat = tuple[Task, Stage | None]
 WriteBeats = Callable[[Sequence[Beat]], Awaitable[list[Task | None]]]
@@ -92,4 +99,32 @@ class HeartbeatBatch:
         self._due = []
 
 
-__all__ = ["Beat", "HeartbeatBatch", "next_beat_in_s"]
+async def keep_beating(scheduler: Scheduler, running: Running, runner: Runner) -> None:
+    """A running task's heartbeats, from its first (on the host's grid) for
+    as long as it runs; a cancel its beat's answer shows reaches its run."""
+    loop = asyncio.get_running_loop()
+    written_beat = running.started_monotonic
+    while scheduler.running.get(running.task.id) is running:
+        try:
+            seen = None
+            if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
+                # Otherwise no sign of life since the last write: let staleness speak.
+                written_beat = running.ctx.last_beat_monotonic
+                seen = await scheduler.beats.beat(running.task, running.live.stage)
+                if seen is not None:
+                    running.task = seen
+            else:
+                seen = await scheduler.ledger.current(running.task.id)
+        except StoreError as exc:
+            # A database that hiccups must not end the beating (nor, raised
+            # when the run ends, its outcome's write): the next beat tries
+            # again, and only a silence of the stale bound reclaims the task.
+            running.ctx.log.warning("heartbeat not written (%s); the next one tries again", exc)
+        if seen is not None and seen.cancel_requested:
+            # The fallback for a cancel whose notice was lost (asked on
+            # another host while our listener was reconnecting).
+            running.ctx.interrupt(Interruption.CANCELED)
+        await asyncio.sleep(next_beat_in_s(loop.time(), scheduler.heartbeat_s))
+
+
+__all__ = ["Beat", "HeartbeatBatch", "keep_beating", "next_beat_in_s"]

@@ -31,7 +31,7 @@ from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.scheduling.allowances import AllowanceBook
-from dispatcher.scheduling.beats import HeartbeatBatch, next_beat_in_s
+from dispatcher.scheduling.beats import HeartbeatBatch, keep_beating, next_beat_in_s
 from dispatcher.scheduling.budgets import BudgetBook
 from dispatcher.scheduling.claimed import ready_to_start
 from dispatcher.scheduling.decisions import (
@@ -416,7 +416,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         first_beat = loop.call_later(
             next_beat_in_s(loop.time(), self.heartbeat_s),
-            lambda: beats.append(asyncio.create_task(self._heartbeats(running, runner))),
+            lambda: beats.append(asyncio.create_task(keep_beating(self, running, runner))),
         )
         try:
             try:
@@ -616,25 +616,6 @@ class Scheduler:
             # Only web accounts: a provider's bad spell (5xx, timeouts)
             # passes by itself, and retries already space out its tasks.
             await self.health.count_failure(running.lane.owner, error)
-
-    async def _heartbeats(self, running: Running, runner: Runner) -> None:
-        """Started when the first beat is due (on the host's grid, `beats`)."""
-        loop = asyncio.get_running_loop()
-        written_beat = running.started_monotonic
-        while self.running.get(running.task.id) is running:
-            if not runner.beats_required or running.ctx.last_beat_monotonic > written_beat:
-                # Otherwise no sign of life since the last write: let staleness speak.
-                written_beat = running.ctx.last_beat_monotonic
-                seen = await self.beats.beat(running.task, running.live.stage)
-                if seen is not None:
-                    running.task = seen
-            else:
-                seen = await self.ledger.current(running.task.id)
-            if seen is not None and seen.cancel_requested:
-                # The fallback for a cancel whose notice was lost (asked on
-                # another host while our listener was reconnecting).
-                running.ctx.interrupt(Interruption.CANCELED)
-            await asyncio.sleep(next_beat_in_s(loop.time(), self.heartbeat_s))
 
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatcher.errors import StoreError
 from dispatcher.models import Kind, Stage, State, Task
 from dispatcher.scheduling.beats import Beat, HeartbeatBatch, next_beat_in_s
 from tests.unit.test_scheduler import _world
@@ -151,3 +152,36 @@ async def test_the_running_tasks_of_a_host_beat_in_one_write_each_period(tmp_pat
         assert 3 <= world.scheduler.beats.writes <= 10
         for model in ("m-a", "m-b"):
             world.runner.finish(f"long {model}")
+
+
+async def test_a_beat_the_database_refused_is_tried_again_and_the_outcome_still_lands(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _world(tmp_path, time_scale=0.004) as world:
+        ledger = world.ledger
+        write_beats = ledger.heartbeats
+        failures = 0
+        beat_after_failure = asyncio.Event()
+
+        async def flaky(beats: Sequence[Beat]) -> list[Task | None]:
+            nonlocal failures
+            if failures < 2:
+                failures += 1
+                raise StoreError("PostgreSQL is restarting")
+            beat_after_failure.set()
+            return await write_beats(beats)
+
+        ledger.heartbeats = flaky  # type: ignore[method-assign]
+        task = await world.submit("m-a", "beats through a hiccup")
+        await world.scheduler.round()
+        world.scheduler.clock.advance(100.0)  # type: ignore[attr-defined]
+        await asyncio.wait_for(beat_after_failure.wait(), timeout=10)
+
+        assert (await ledger.get(task.id)).heartbeat_at == world.scheduler.clock.now()
+        assert "heartbeat not written (PostgreSQL is restarting)" in caplog.text
+        world.runner.finish("beats through a hiccup")
+        for _ in range(200):
+            if (await ledger.get(task.id)).state is State.SUCCESS:
+                break
+            await asyncio.sleep(0.01)
+        assert (await ledger.get(task.id)).state is State.SUCCESS
