@@ -10,25 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.models import Kind, Stage, State, Task
+from dispatcher.models import Stage, State, Task
 from dispatcher.store import Store, open_store
 from dispatcher.store.beats import Heartbeat
 from dispatcher.store.hosts import Fence, Lease
 from dispatcher.store.postgres import PostgresStore
 from tests.integration.store.conftest import OpenStore
 from tests.support.pgdb import migrated_database
+from tests.support.tasks import api_task
 
 
 def _task(task_id: str, queue: str) -> Task:
-    return Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
-        queue=queue,
-        params={"prompt": task_id},
-        fingerprint=f"fp-{task_id}",
-        created_at=1.0,
-    )
+    return api_task(task_id, queue=queue)
 
 
 async def _running(store: Store, queue: str, changes: dict[str, Any], **guard: Any) -> Task:

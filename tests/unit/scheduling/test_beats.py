@@ -13,22 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher.errors import StoreError
-from dispatcher.models import Kind, Stage, State, Task
+from dispatcher.models import Stage, State, Task
 from dispatcher.scheduling.beats import Beat, HeartbeatBatch, next_beat_in_s
+from tests.support.tasks import api_task
 from tests.unit.test_scheduler import _world
 
 
 def _task(task_id: str) -> Task:
-    return Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
-        queue="g",
-        params={},
-        fingerprint=task_id,
-        created_at=0.0,
-        state=State.RUNNING,
-    )
+    return api_task(task_id, state=State.RUNNING)
 
 
 @given(
