@@ -11,9 +11,9 @@ May import: the shared top-level modules only; everything else imports it.
 from __future__ import annotations
 
 from dispatcher.errors import ConfigError
-from dispatcher.store.base import Store
+from dispatcher.store.base import NextClaim, Store, TaskWrite
 
-__all__ = ["Store", "dialect_of", "open_store"]
+__all__ = ["NextClaim", "Store", "TaskWrite", "dialect_of", "open_store"]
 
 
 def dialect_of(url: str) -> str:

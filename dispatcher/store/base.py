@@ -13,7 +13,7 @@ which must not block the event loop. The SQLite backend answers them inline
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
@@ -22,6 +22,23 @@ from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
+
+
+@dataclass(frozen=True)
+class TaskWrite:
+    """One compare-and-set end or state write of a task: `update_task`'s
+    arguments as one object, so that a write sent with a claim
+    (`Store.finish_and_claim`) and one sent alone are the same write."""
+
+    task_id: str
+    # Keyword-only from here, as in `update_task`: `changes` has no default.
+    _: KW_ONLY
+    expect_state: State
+    expect_attempt: int | None = None
+    changes: Mapping[str, Any]
+    unless_cancel_requested: bool = False
+    ended: Attempt | None = None
+    fence: Fence | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,45 @@ class EndedAndClaimed(NamedTuple):
     claimed: Task | None
 
 
-class Store(Protocol):
+class TaskWriter(Protocol):
+    """`update_task`, spelled once for every backend: its keywords made one
+    `TaskWrite`, which the backend writes (`write_task`). A backend subclasses
+    this to inherit `update_task`; `Store` includes it."""
+
+    async def update_task(
+        self,
+        task_id: str,
+        *,
+        expect_state: State,
+        expect_attempt: int | None = None,
+        changes: Mapping[str, Any],
+        unless_cancel_requested: bool = False,
+        ended: Attempt | None = None,
+        fence: Fence | None = None,
+    ) -> Task | None:
+        """CAS: apply `changes` only if state (and attempt) still match, and, with
+        `unless_cancel_requested`, only if nobody has asked to cancel the task.
+        `ended` is written to the attempt history in the same transaction, only
+        when the change applies. With `fence`, only while that account's lease
+        still has that token (a write of an earlier holder is refused: None)."""
+        return await self.write_task(
+            TaskWrite(
+                task_id,
+                expect_state=expect_state,
+                expect_attempt=expect_attempt,
+                changes=changes,
+                unless_cancel_requested=unless_cancel_requested,
+                ended=ended,
+                fence=fence,
+            )
+        )
+
+    async def write_task(self, write: TaskWrite) -> Task | None:
+        """`update_task` with its arguments as one object: the task as written,
+        or None when it was refused (what each backend implements)."""
+
+
+class Store(TaskWriter, Protocol):
     async def migrate(self) -> None:
         """Apply the dialect's migrations not applied yet (see `store.migrations`)."""
 
@@ -73,41 +128,13 @@ class Store(Protocol):
     async def get_tasks(self, task_ids: Sequence[str]) -> list[Task]:
         """The tasks of these ids that exist, oldest first (one read for many)."""
 
-    async def update_task(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-    ) -> Task | None:
-        """CAS: apply `changes` only if state (and attempt) still match, and, with
-        `unless_cancel_requested`, only if nobody has asked to cancel the task.
-        `ended` is written to the attempt history in the same transaction, only
-        when the change applies. With `fence`, only while that account's lease
-        still has that token (a write of an earlier holder is refused: None)."""
-
-    async def finish_and_claim(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-        claim: NextClaim,
-    ) -> EndedAndClaimed | None:
-        """`update_task` (a run's end write), then `claim_next(claim)`, in one
-        exchange with the server where that saves one (PostgreSQL: one
-        pipeline, one transaction; the claim runs whether or not the write
-        applied, and sees it when it did). None: not done, nothing written
-        (SQLite, or a claim known to find nothing): the caller makes the two
-        calls itself."""
+    async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
+        """`write` (a run's end write, as `update_task` makes it), then
+        `claim_next(claim)`, in one exchange with the server where that saves
+        one (PostgreSQL: one pipeline, one transaction; the claim runs whether
+        or not the write applied, and sees it when it did). None: not done,
+        nothing written (SQLite, or a claim known to find nothing): the caller
+        makes the two calls itself (`write_task(write)`, then the claim)."""
 
     async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
         """The beats due at once (`store.beats`), each `update_task`'s

@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from dispatcher.errors import StoreError
 from dispatcher.models import Attempt, Job, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
-from dispatcher.store.base import EndedAndClaimed, NextClaim
+from dispatcher.store.base import EndedAndClaimed, NextClaim, TaskWrite, TaskWriter
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
@@ -75,7 +75,7 @@ POOL_MAX = 10
 CONNECT_TIMEOUT_S = 10.0
 
 
-class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps):
+class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter):
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
@@ -313,79 +313,41 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps):
         rows = await self._query(f"{SELECT_TASK} WHERE id = ANY(?) ORDER BY seq", (list(task_ids),))
         return [row_to_task(r) for r in rows]
 
-    async def update_task(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-    ) -> Task | None:
-        write = task_update(
-            POSTGRESQL,
-            task_id,
-            expect_state=expect_state,
-            expect_attempt=expect_attempt,
-            changes=changes,
-            unless_cancel_requested=unless_cancel_requested,
-            ended=ended,
-            fence=fence,
-        )
-        # One statement (the history row, if any, in its WITH): atomic on its
-        # own, without BEGIN/COMMIT round trips.
-        one = update_with_history(write)
-        rows = await self._write1(one.sql, one.args, marked=True)
-        if not rows:
-            return None
-        task = row_to_task(rows[0])
-        self.claim_view.saw(task)
-        return task
+    async def write_task(self, write: TaskWrite) -> Task | None:
+        one = _write_statement(write)
+        return self._written(await self._write1(one.sql, one.args, marked=True))
 
-    async def finish_and_claim(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-        claim: NextClaim,
-    ) -> EndedAndClaimed | None:
+    async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         quota = claim.quota
         if not claim.queues or self.claim_view.skip(
-            quota.owner if quota else None, quota.limit if quota else 0, claim.now, ending=task_id
+            quota.owner if quota else None,
+            quota.limit if quota else 0,
+            claim.now,
+            ending=write.task_id,
         ):
             # The claim would find nothing (nothing pending; the quota full
             # even without this task): the end write alone, as ever.
             return None
-        write = task_update(
-            POSTGRESQL,
-            task_id,
-            expect_state=expect_state,
-            expect_attempt=expect_attempt,
-            changes=changes,
-            unless_cancel_requested=unless_cancel_requested,
-            ended=ended,
-            fence=fence,
-        )
         sent = self.claim_view.sending()
         claiming = self._claim_statements(claim)
         # One transaction, one round trip: the end write first, so the claim
         # (its quota count included) sees the slot it freed; a failure of
         # either writes neither (the caller then ends the run on its own).
         rows, *answers = await self._pipelined(
-            [update_with_history(write), *claiming], what="end and claim", atomic=True
+            [_write_statement(write), *claiming], what="end and claim", atomic=True
         )
-        done = row_to_task(rows[0]) if rows else None
-        if done is not None:
-            self.claim_view.saw(done)
+        done = self._written(rows)
         claimed = self._claimed(claim, answers, sent)
         return EndedAndClaimed(done, claimed)
+
+    def _written(self, rows: list[Row]) -> Task | None:
+        """The task a write returned (None: it was refused), kept in
+        `claim_view` (it may have left or joined the pending tasks)."""
+        if not rows:
+            return None
+        task = row_to_task(rows[0])
+        self.claim_view.saw(task)
+        return task
 
     async def claim_next(
         self,
@@ -576,3 +538,10 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps):
 
 def _marks(row: Mapping[str, Any]) -> str:
     return ", ".join("?" for _ in row)
+
+
+def _write_statement(write: TaskWrite) -> Statement:
+    """A task write as one statement (the history row, if any, in its WITH):
+    atomic on its own, without BEGIN/COMMIT round trips, alone or first in
+    `finish_and_claim`'s pipeline."""
+    return update_with_history(task_update(POSTGRESQL, write))

@@ -35,7 +35,7 @@ from dispatcher.models import (
     Task,
 )
 from dispatcher.pricing import AGING_STEP_S, Budget
-from dispatcher.store.base import EndedAndClaimed, NextClaim
+from dispatcher.store.base import EndedAndClaimed, NextClaim, TaskWrite, TaskWriter
 from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
@@ -83,7 +83,7 @@ from dispatcher.store.taskwrites import (
 _FALLBACKS = FALLBACKS_WAITING.format(hint="INDEXED BY tasks_fallback")
 
 
-class SqliteStore(SqliteHostOps):
+class SqliteStore(SqliteHostOps, TaskWriter):
     """The `Store` on one SQLite file.
 
     Its coroutines run the SQLite calls inline, without a thread hop: the
@@ -222,53 +222,24 @@ class SqliteStore(SqliteHostOps):
         rows = self._query(f"{SELECT_TASK} WHERE id IN ({marks}) ORDER BY seq", tuple(task_ids))
         return [row_to_task(r) for r in rows]
 
-    async def update_task(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-    ) -> Task | None:
-        write = task_update(
-            SQLITE,
-            task_id,
-            expect_state=expect_state,
-            expect_attempt=expect_attempt,
-            changes=changes,
-            unless_cancel_requested=unless_cancel_requested,
-            ended=ended,
-            fence=fence,
-        )
+    async def write_task(self, write: TaskWrite) -> Task | None:
+        statements = task_update(SQLITE, write)
         with self._lock:
-            if write.history is None:
-                rows = self._write1(write.update.sql, write.update.args)
+            if statements.history is None:
+                rows = self._write1(statements.update.sql, statements.update.args)
             else:
+                # The history row only if the compare-and-set matched: one transaction.
                 with self._tx() as db:
-                    rows = db.execute(write.update.sql, write.update.args).fetchall()
+                    rows = db.execute(statements.update.sql, statements.update.args).fetchall()
                     if rows:
-                        db.execute(write.history.sql, write.history.args)
+                        db.execute(statements.history.sql, statements.history.args)
             if not rows:
                 return None
-            self.writes.add(task_id)
-            self._pending.track(expect_state.value, rows[0])
+            self.writes.add(write.task_id)
+            self._pending.track(write.expect_state.value, rows[0])
         return row_to_task(rows[0])
 
-    async def finish_and_claim(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-        claim: NextClaim,
-    ) -> EndedAndClaimed | None:
+    async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         # In-process: no round trip to save; the caller writes, then claims.
         return None
 

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.models import Attempt, State
+from dispatcher.models import State
 from dispatcher.pricing import AGING_STEP_S, Budget
+from dispatcher.store.base import TaskWrite
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.rows import attempt_to_row, encode_changes
 from dispatcher.store.sql import (
@@ -73,32 +74,23 @@ class TaskUpdate:
     history_columns: tuple[str, ...] = ()
 
 
-def task_update(
-    dialect: Dialect,
-    task_id: str,
-    *,
-    expect_state: State,
-    expect_attempt: int | None,
-    changes: Mapping[str, Any],
-    unless_cancel_requested: bool,
-    ended: Attempt | None,
-    fence: Fence | None,
-) -> TaskUpdate:
-    columns = encode_changes(changes)
+def task_update(dialect: Dialect, write: TaskWrite) -> TaskUpdate:
+    """`write` as SQL: the one place a `TaskWrite` becomes statements."""
+    columns = encode_changes(write.changes)
     sql = update_sql(
         columns,
-        attempt=expect_attempt is not None,
-        unless_cancel=unless_cancel_requested,
-        fenced=fence is not None,
+        attempt=write.expect_attempt is not None,
+        unless_cancel=write.unless_cancel_requested,
+        fenced=write.fence is not None,
     )
-    args: list[Any] = [*columns.values(), task_id, expect_state.value]
-    if expect_attempt is not None:
-        args.append(expect_attempt)
-    if fence is not None:
-        args += [fence.account, fence.token]
-    if ended is None:
+    args: list[Any] = [*columns.values(), write.task_id, write.expect_state.value]
+    if write.expect_attempt is not None:
+        args.append(write.expect_attempt)
+    if write.fence is not None:
+        args += [write.fence.account, write.fence.token]
+    if write.ended is None:
         return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), None)
-    row = attempt_to_row(ended)
+    row = attempt_to_row(write.ended)
     history = Statement(
         dialect.marks(
             f"INSERT INTO attempts ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})"

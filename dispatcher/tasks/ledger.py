@@ -40,7 +40,7 @@ from dispatcher.profiles import Profile
 from dispatcher.scheduling.decisions import Reclaim
 from dispatcher.scheduling.withend import ClaimWithEnd
 from dispatcher.store import Store
-from dispatcher.store.base import NextClaim
+from dispatcher.store.base import NextClaim, TaskWrite
 from dispatcher.store.beats import Heartbeat
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.strictjson import storable_text
@@ -215,21 +215,20 @@ class Ledger(OperatorActions):
         states.check_transition(task.state, new_state)
         changes = redacted(changes)
         why = storable_text(scrub(why))
-        write: dict[str, Any] = {
-            "expect_state": task.state,
-            "expect_attempt": task.attempt,
-            "changes": {**changes, "state": new_state},
-            "unless_cancel_requested": unless_cancel_requested,
-            "ended": self._ended(task, new_state, changes, why),
-            "fence": _fence(task) if fenced else None,
-        }
+        write = TaskWrite(
+            task.id,
+            expect_state=task.state,
+            expect_attempt=task.attempt,
+            changes={**changes, "state": new_state},
+            unless_cancel_requested=unless_cancel_requested,
+            ended=self._ended(task, new_state, changes, why),
+            fence=_fence(task) if fenced else None,
+        )
         both = None
         if with_end is not None and not with_end.sent:
             # The lane's next claim in the same round trip (`scheduling.withend`).
             try:
-                both = await self.store.finish_and_claim(
-                    task.id, **write, claim=self._next_claim(with_end)
-                )
+                both = await self.store.finish_and_claim(write, self._next_claim(with_end))
             except StoreError as exc:
                 # Neither was written (one transaction): the end alone, as
                 # ever, so that a failing claim never costs the run's outcome.
@@ -241,7 +240,7 @@ class Ledger(OperatorActions):
                     extra=log_fields(task, attempt=task.attempt),
                 )
         if both is None:
-            updated = await self.store.update_task(task.id, **write)
+            updated = await self.store.write_task(write)
         else:
             updated = both.ended
             assert with_end is not None

@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.models import Attempt, Kind, State, Task
 from dispatcher.store import open_store
-from dispatcher.store.base import NextClaim
+from dispatcher.store.base import NextClaim, TaskWrite
 from dispatcher.store.hosts import Quota
 from dispatcher.store.postgres import PostgresStore
 from dispatcher.store.sqlite import SqliteStore
@@ -67,21 +67,23 @@ async def _finish_and_claim(
     store: PostgresStore | SqliteStore, running: Task, now: float, **claim: Any
 ) -> Any:
     return await store.finish_and_claim(
-        running.id,
-        expect_state=State.RUNNING,
-        expect_attempt=running.attempt,
-        changes=_success(now),
-        unless_cancel_requested=True,
-        ended=Attempt(
-            task_id=running.id,
-            attempt=running.attempt,
-            queue=running.queue,
-            owner="demo",
-            outcome=State.SUCCESS,
-            started_at=running.started_at,
-            ended_at=now,
+        TaskWrite(
+            running.id,
+            expect_state=State.RUNNING,
+            expect_attempt=running.attempt,
+            changes=_success(now),
+            unless_cancel_requested=True,
+            ended=Attempt(
+                task_id=running.id,
+                attempt=running.attempt,
+                queue=running.queue,
+                owner="demo",
+                outcome=State.SUCCESS,
+                started_at=running.started_at,
+                ended_at=now,
+            ),
         ),
-        claim=NextClaim((QUEUE,), now, _run(store.host), **claim),
+        NextClaim((QUEUE,), now, _run(store.host), **claim),
     )
 
 

@@ -21,12 +21,12 @@ from dispatcher.accounts.switches import AccountBook
 from dispatcher.clock import FakeClock
 from dispatcher.errors import StoreError
 from dispatcher.events import EventBus
-from dispatcher.models import Attempt, Kind, State, Task
+from dispatcher.models import Kind, State, Task
 from dispatcher.scheduling.decisions import LaneSnapshot
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.scheduler import Scheduler
 from dispatcher.scheduling.withend import ClaimWithEnd, claim_with_end
-from dispatcher.store.base import EndedAndClaimed, NextClaim
+from dispatcher.store.base import EndedAndClaimed, NextClaim, TaskWrite
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.sqlite import SqliteStore
 from dispatcher.tasks.ledger import Ledger
@@ -84,32 +84,13 @@ class PairingStore(SqliteStore):
         self.hold: asyncio.Event | None = None  # set: the pair waits for it
         self.fail = False  # the pair fails, writing nothing (PostgreSQL's transaction)
 
-    async def finish_and_claim(
-        self,
-        task_id: str,
-        *,
-        expect_state: State,
-        expect_attempt: int | None = None,
-        changes: Mapping[str, Any],
-        unless_cancel_requested: bool = False,
-        ended: Attempt | None = None,
-        fence: Fence | None = None,
-        claim: NextClaim,
-    ) -> EndedAndClaimed | None:
+    async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         if self.hold is not None:
             await self.hold.wait()
         if self.fail:
             raise StoreError("PostgreSQL end and claim failed: the server went away")
         self.pairs += 1
-        done = await self.update_task(
-            task_id,
-            expect_state=expect_state,
-            expect_attempt=expect_attempt,
-            changes=changes,
-            unless_cancel_requested=unless_cancel_requested,
-            ended=ended,
-            fence=fence,
-        )
+        done = await self.write_task(write)
         claimed = await super().claim_next(
             claim.queues, claim.now, claim.changes, quota=claim.quota, prefer=claim.prefer
         )
