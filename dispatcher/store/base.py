@@ -14,14 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from dispatcher.models import Account, Attempt, Job, JobState, JobSummary, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
-from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Host, Lease, LeaseRefused, Quota
 from dispatcher.store.outbox import WebhookOutbox
+
+if TYPE_CHECKING:
+    # Only named in a signature: `store.beats` builds its SQL from `taskwrites`,
+    # which imports this module.
+    from dispatcher.store.beats import Heartbeat
 
 
 @dataclass(frozen=True)
