@@ -289,7 +289,8 @@ def test_accounts_switches_and_lanes(service: ServiceProcess, tmp_path: Path) ->
             watcher.communicate()
     assert watcher.returncode == 0, out + err
     assert "waiting: lane api:demo-queue is disabled: quota used up" in out
-    assert "python -m dispatcher accounts enable demo-queue" in out
+    # The command as this interpreter is called (`python`, `python3`, a venv's path).
+    assert " -m dispatcher accounts enable demo-queue" in out
 
 
 def test_dashboard_prints_a_one_time_url_and_never_the_token(service: ServiceProcess) -> None:
