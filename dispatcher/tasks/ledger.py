@@ -383,10 +383,14 @@ class Ledger(OperatorActions):
         written = await self.store.heartbeat_tasks(
             [Heartbeat(task.id, task.attempt, now, stage, _fence(task)) for task, stage in beats]
         )
-        for (task, _), seen in zip(beats, written, strict=True):
-            if seen is None:
-                current = await self.store.get_task(task.id)
-                log_rejected(task, State.RUNNING, current, "", fenced=_fence(task) is not None)
+        refused = [task for (task, _), seen in zip(beats, written, strict=True) if seen is None]
+        if refused:
+            # What the rows hold now, for the lines: one read for all of them.
+            now_held = {t.id: t for t in await self.store.get_tasks([t.id for t in refused])}
+            for task in refused:
+                log_rejected(
+                    task, State.RUNNING, now_held.get(task.id), "", fenced=_fence(task) is not None
+                )
         return written
 
     async def succeed(
