@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urljoin
 
@@ -20,8 +19,10 @@ from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
 from webrunner.gates import GateLook, GateRule, logged_out_error
+from webrunner.looks import Look, PageReads, before_of, look_of, ready_of
 from webrunner.pagestep import Budget, PageContext, navigated, page_step
 from webrunner.pagewait import MAX_BUSY_LOOK_S, until_shown_changes
+from webrunner.snapshot import Probe, Seen, Snapshot, plain_css
 
 T = TypeVar("T")
 
@@ -78,20 +79,6 @@ async def started_on(
 MAX_PAGE_NAVIGATIONS = 3
 
 
-@dataclass(frozen=True)
-class _Look:
-    """A generating page as one look saw it."""
-
-    error: bool
-    logged_out: bool
-    busy: bool
-    text: str | None  # the latest answer's text
-    done: bool  # the `done` marker is visible
-    done_text: str | None  # the `done` marker's text
-    media: int  # how many media elements the answer has so far
-    hold: GateLook
-
-
 def login_markers(page: Page, spec: WebSpec) -> Locator:
     """What a loaded page shows first: the logged-in marker, or the logged-out one."""
     either = page.locator(spec.logged_in)
@@ -107,10 +94,13 @@ async def prime(page: Page, spec: WebSpec) -> None:
     a page pre-loaded for the next task pays that before the task needs it.
     The task still checks the page itself (`PageDriver.open`)."""
     either = login_markers(page, spec)
-    # The utility world (actionability checks, `fill`), then the main world
-    # (`evaluate_all`: the looks' text reads).
+    # The utility world (actionability checks, `fill`), then the main world:
+    # a snapshot's call where the page allows one (`snapshot.py`), else the
+    # selector engine the looks' locators need there.
     await either.first.is_visible()
-    await page.locator(spec.answer).evaluate_all("els => els.length")
+    answer = Snapshot([Probe.of(spec.answer)])
+    if not (answer.plain and await answer.read(page) is not None):
+        await page.locator(spec.answer).evaluate_all("els => els.length")
 
 
 class PageDriver:
@@ -141,6 +131,12 @@ class PageDriver:
         # between the look and the wait (`_until_busy_changes`).
         self._wait_differed = False
         self._gates_rule = GateRule.of(spec)
+        # Each read below is one call into the page while it allows
+        # (`snapshot.py`); after one it refuses, locators for this task.
+        self._snapshots = True
+        # A snapshot has read this page: no shadow root on it when it did.
+        self._snapshot_read = False
+        self._reads = PageReads(spec, self._gates_rule)
 
     # -- small helpers ---------------------------------------------------
 
@@ -173,6 +169,14 @@ class PageDriver:
             self._loc(selector).evaluate_all("els => els.map(e => e.innerText)"), what
         )
         return str(texts[0]).strip() if texts else None
+
+    async def _read(self, snapshot: Snapshot, what: str) -> list[Seen] | None:
+        """The snapshot's probes in one call, or None: read them by locators."""
+        if not (snapshot.plain and self._snapshots):
+            return None
+        seen = await self._call(snapshot.read(self.page), what)
+        self._snapshots = self._snapshot_read = seen is not None
+        return seen
 
     def _logged_out_error(self) -> AuthError:
         return logged_out_error(self.spec, self.ctx.owner)
@@ -232,17 +236,12 @@ class PageDriver:
         `logged_out_text` over the page's text) is read again each
         `GATE_POLL_S`.
         """
-        spec = self.spec
         clock = self.ctx.clock
         gates = self._gates(either)
         navigations = 0
         while True:
             try:
-                shown, logged_out, hold = await asyncio.gather(
-                    self._call(either.first.is_visible(), "checking that it is logged in"),
-                    self._visible(spec.logged_out, "checking for the logged-out marker"),
-                    self._hold_look(),
-                )
+                shown, logged_out, hold = await self._ready_look(either)
             except TransientError as exc:
                 if exc.kind == "timeout":
                     raise self._not_ready() from exc
@@ -267,6 +266,16 @@ class PageDriver:
                 # Nothing showed yet (or the page navigated): look again.
                 if exc.kind != "timeout" and not navigated(exc):
                     raise
+
+    async def _ready_look(self, either: Locator) -> tuple[bool, bool, GateLook]:
+        seen = await self._read(self._reads.ready, "checking that it is logged in")
+        if seen is not None:
+            return ready_of(seen)
+        return await asyncio.gather(
+            self._call(either.first.is_visible(), "checking that it is logged in"),
+            self._visible(self.spec.logged_out, "checking for the logged-out marker"),
+            self._hold_look(),
+        )
 
     def _not_ready(self) -> TransientError:
         spec = self.spec
@@ -303,16 +312,30 @@ class PageDriver:
             said if banner_shown else None,
         )
 
+    async def _before_look(self) -> tuple[str | None, bool, int]:
+        """The answer's text, the done marker and the media before the prompt."""
+        seen = await self._read(self._reads.before, "reading the page before the prompt")
+        if seen is not None:
+            return before_of(seen)
+        return await asyncio.gather(
+            self._text(self.spec.answer, "reading the previous answer"),
+            self._visible(self.spec.done, "checking the done marker"),
+            self._media_count(),
+        )
+
     async def _raise_hold(self, look: GateLook) -> None:
         """A human check, a usage cap or a logout on the page: the account, not the task."""
         error = self._gates_rule.verdict(look, self.ctx.owner, self.ctx.clock.now())
         if error is not None:
             raise error
 
-    async def _look(self) -> _Look:
+    async def _look(self) -> Look:
         """All the markers of a generating page at once: the calls travel
         together to the browser, so a look costs one round trip, not eight."""
         spec = self.spec
+        seen = await self._read(self._reads.look, "looking at the page")
+        if seen is not None:
+            return look_of(seen)
         (error, logged_out, busy, text, done, done_text), media, hold = await asyncio.gather(
             asyncio.gather(
                 self._visible(spec.error, "checking for an error banner"),
@@ -325,7 +348,7 @@ class PageDriver:
             self._media_count(),
             self._hold_look(),
         )
-        return _Look(error, logged_out, busy, text, done, done_text, media, hold)
+        return Look(error, logged_out, busy, text, done, done_text, media, hold)
 
     async def _media_count(self) -> int:
         """How many media elements the answer has: a look counts them, and
@@ -352,10 +375,8 @@ class PageDriver:
             await self.attach(images)
         box = self._loc(spec.input).first
         # Independent calls: sent together, they cost one round trip.
-        before, self._done_before, self._media_before, _ = await asyncio.gather(
-            self._text(spec.answer, "reading the previous answer"),
-            self._visible(spec.done, "checking the done marker"),
-            self._media_count(),
+        (before, self._done_before, self._media_before), _ = await asyncio.gather(
+            self._before_look(),
             self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt"),
         )
         self.ctx.check_canceled()
@@ -483,7 +504,7 @@ class PageDriver:
                 return text or None
             await self._until_next_look(look)
 
-    async def _until_next_look(self, look: _Look) -> None:
+    async def _until_next_look(self, look: Look) -> None:
         """Wait for the next look: until the page changes what decides the
         end, or `poll_s` (`busy_look_s` while busy) at most.
 
@@ -520,7 +541,12 @@ class PageDriver:
         than the looks do (waking at once would turn the loop into a busy
         poll)."""
         why = await until_shown_changes(
-            self.ctx, self._loc(busy), seen=True, wait_s=self.busy_look_s, budget=self.budget
+            self.ctx,
+            self._loc(busy),
+            seen=True,
+            wait_s=self.busy_look_s,
+            budget=self.budget,
+            css=plain_css(busy) if self._snapshot_read else None,
         )
         differed, self._wait_differed = self._wait_differed, why == "differs"
         if why == "unavailable" or (differed and why == "differs"):

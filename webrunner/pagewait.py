@@ -58,11 +58,33 @@ _UNTIL_SHOWN_CHANGES_JS = """(els, [ms, seen]) => new Promise(resolve => {
     }
 })"""
 
+# The same wait for an element a plain CSS selector finds (`snapshot.py`):
+# one call, without Playwright's selector engine in the page's main world
+# (installing it costs each freshly loaded page ~25-40 ms of CPU).
+_UNTIL_SHOWN_CHANGES_BY_CSS_JS = (
+    """([css, nth, ms, seen]) => {
+    let els = Array.from(document.querySelectorAll(css));
+    if (nth !== null) {
+        const at = nth < 0 ? els.length + nth : nth;
+        els = at >= 0 && at < els.length ? [els[at]] : [];
+    }
+    return ("""
+    + _UNTIL_SHOWN_CHANGES_JS
+    + """)(els, [ms, seen]);
+}"""
+)
+
 Woke = Literal["changed", "timeout", "gone", "differs", "unavailable", "interrupted"]
 
 
 async def until_shown_changes(
-    ctx: PageContext, target: Locator, *, seen: bool, wait_s: float, budget: Budget
+    ctx: PageContext,
+    target: Locator,
+    *,
+    seen: bool,
+    wait_s: float,
+    budget: Budget,
+    css: tuple[str, int | None] | None = None,
 ) -> Woke:
     """Until the visibility of `target`'s first match differs from `seen`,
     or `wait_s`: why it woke. "differs": it did already when the wait began;
@@ -70,14 +92,17 @@ async def until_shown_changes(
     observer or the timers); "interrupted": the page navigated, or did not
     answer within `PAGE_WAIT_SLACK_S` past the wait's own timer (a renderer
     held by the page's script), or `budget` ran out. Other browser errors
-    raise."""
+    raise. `css`: the target as plain CSS and its `nth`, on a page known to
+    have no shadow root (its last snapshot read it): found in the page."""
     bound = Budget(
         min(budget.deadline, ctx.clock.monotonic() + wait_s + PAGE_WAIT_SLACK_S), budget.label
     )
     try:
         why = await page_step(
             ctx,
-            target.evaluate_all(_UNTIL_SHOWN_CHANGES_JS, [wait_s * 1000, seen]),
+            target.page.evaluate(_UNTIL_SHOWN_CHANGES_BY_CSS_JS, [*css, wait_s * 1000, seen])
+            if css is not None
+            else target.evaluate_all(_UNTIL_SHOWN_CHANGES_JS, [wait_s * 1000, seen]),
             what="waiting for the page to change",
             budget=bound,
         )

@@ -1,0 +1,90 @@
+"""What a task reads of a model's page, each read in one call into it.
+
+A task reads its page three ways: the login check (is it logged in, or does
+a gate show), the page before the prompt (the previous answer, a done
+marker, media already there), and each look while it generates. `PageReads`
+compiles a profile's markers into one snapshot for each (`snapshot.py`) and
+turns what a snapshot saw into what the driver decides on; a page that must
+be read by locators is the driver's own fallback (`page.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dispatcher.profiles import WebSpec
+from webrunner.gates import GateLook, GateRule
+from webrunner.snapshot import Probe, Seen, Snapshot
+
+
+@dataclass(frozen=True)
+class Look:
+    """A generating page as one look saw it."""
+
+    error: bool
+    logged_out: bool
+    busy: bool
+    text: str | None  # the latest answer's text
+    done: bool  # the `done` marker is visible
+    done_text: str | None  # the `done` marker's text
+    media: int  # how many media elements the answer has so far
+    hold: GateLook
+
+
+class PageReads:
+    """A profile's three reads, compiled once per task."""
+
+    def __init__(self, spec: WebSpec, rule: GateRule) -> None:
+        hold = (
+            Probe.of(spec.challenge, text=True),
+            Probe.of(spec.limit, text=True),
+            Probe.of("body" if rule.body_needed else None, text=True),
+            Probe.of(rule.banner, text=True),
+        )
+        login = Probe(tuple(s for s in (spec.logged_in, spec.logged_out) if s))
+        self.ready = Snapshot((login, Probe.of(spec.logged_out), *hold))
+        self.before = Snapshot(
+            (Probe.of(spec.answer, text=True), Probe.of(spec.done), Probe.of(spec.media))
+        )
+        self.look = Snapshot(
+            (
+                Probe.of(spec.error),
+                Probe.of(spec.logged_out),
+                Probe.of(spec.busy),
+                Probe.of(spec.answer, text=True),
+                Probe.of(spec.done, text=True),
+                Probe.of(spec.media),
+                *hold,
+            )
+        )
+
+
+def hold_of(seen: Sequence[Seen]) -> GateLook:
+    challenge, limit, body, banner = seen
+    return GateLook(challenge.shown_text, limit.shown_text, body.text, banner.shown_text)
+
+
+def ready_of(seen: Sequence[Seen]) -> tuple[bool, bool, GateLook]:
+    """Logged in or out shown (either marker), the logged-out marker, the gates."""
+    return seen[0].visible, seen[1].visible, hold_of(seen[2:])
+
+
+def before_of(seen: Sequence[Seen]) -> tuple[str | None, bool, int]:
+    """The previous answer's text, the done marker shown, the media count."""
+    answer, done, media = seen
+    return answer.text, done.visible, media.count
+
+
+def look_of(seen: Sequence[Seen]) -> Look:
+    error, logged_out, busy, answer, done, media = seen[:6]
+    return Look(
+        error.visible,
+        logged_out.visible,
+        busy.visible,
+        answer.text,
+        done.visible,
+        done.text,
+        media.count,
+        hold_of(seen[6:]),
+    )
