@@ -12,9 +12,10 @@ until its own footprint is known (kept after its first task, or gone). When
 only running browsers could make room, the start waits for a browser to be
 handed back (`settled`) or gone, re-checking every `WAIT_POLL_S`.
 
-A start before an account's first task (`prewarm.py`) closes nothing and
-never waits: it is skipped when there is no room, and the task starts the
-browser later, under the rule above.
+A start before an account's first task (`prewarm.py`) closes nothing: while
+other such starts are in flight (their size still a guess) it waits for
+them, and once none is it is skipped when there is no room; the task starts
+the browser later, under the rule above.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class BrowserMemory:
         self._lock = asyncio.Lock()
         # Starts counted before their browser's own footprint is known: account -> bytes.
         self._reserved: dict[str, int] = {}
+        # Of those, the starts before any task (`make_room(for_task=False)`).
+        self._early: set[str] = set()
         self._largest_seen = 0
         self._changed = asyncio.Event()
         keeper.watcher = self
@@ -112,11 +115,13 @@ class BrowserMemory:
     def settled(self, account: str) -> None:
         """The account's browser was handed back (kept, idle): measure it from now on."""
         self._reserved.pop(account, None)
+        self._early.discard(account)
         self._wake()
 
     def gone(self, account: str) -> None:
         """The account's browser is closed, or its start failed."""
         self._reserved.pop(account, None)
+        self._early.discard(account)
         self._wake()
 
     def _wake(self) -> None:
@@ -192,7 +197,12 @@ class BrowserMemory:
         may start (counted from now on). For a task, idle browsers are closed
         first if needed, and it waits while only running ones could make room
         (a cancel ends the wait). For a start before any task (`for_task`
-        False): False at once when there is no room without closing any."""
+        False): nothing is closed; while other such starts are in flight it
+        waits for them (a young browser is counted as the largest kept one,
+        or `DEFAULT_BROWSER_BYTES` before any is: twenty lanes opening at
+        once would find room for fewer than fit), and False once none is and
+        there is still no room. A task's start is never waited for here: its
+        browser may run a generation for minutes before it settles."""
         said_waiting = False
         while True:
             changed = self._changed
@@ -204,6 +214,8 @@ class BrowserMemory:
                         await self._close(room.close, account, measured, log)
                         continue  # measured again: the freed memory is counted out
                     self._reserved[account] = new_bytes
+                    if not for_task:
+                        self._early.add(account)
                     if room.alone and room.counted_bytes > self.budget_bytes:
                         log.warning(
                             "browser memory budget %d MB is below one browser (~%d MB with "
@@ -214,7 +226,12 @@ class BrowserMemory:
                         )
                     return True
             if not for_task:
-                return False
+                if not any(other != account for other in self._early):
+                    return False
+                # Settling (or failing), each in-flight start wakes this wait.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), WAIT_POLL_S)
+                continue
             if not said_waiting:
                 said_waiting = True
                 log.info(
