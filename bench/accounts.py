@@ -181,18 +181,21 @@ async def login_all(browser: str, state: Path, web_url: str) -> None:
     await asyncio.gather(*(one(account) for account in ACCOUNTS))
 
 
-async def _browsers_ready(service: ServiceProc) -> float:
-    """Seconds until the service has started every account's browser ahead of its tasks."""
+async def _browsers_ready(service: ServiceProc) -> tuple[float, int]:
+    """Seconds until the service has started every account's browser ahead of
+    its tasks (or `BROWSERS_READY_WAIT_S`), and how many it had started then."""
     t0 = time.monotonic()
     deadline = t0 + BROWSERS_READY_WAIT_S
+    started = 0
     async with service.async_client(limit=2) as client:
         while time.monotonic() < deadline:
             text = (await call(client, "GET", "/metrics")).text
             found = re.search(r"^dispatcher_browser_prestarts_total (\S+)$", text, re.M)
-            if found is not None and float(found.group(1)) >= len(ACCOUNTS):
+            started = int(float(found.group(1))) if found is not None else 0
+            if started >= len(ACCOUNTS):
                 break
             await asyncio.sleep(0.5)
-    return time.monotonic() - t0
+    return time.monotonic() - t0, started
 
 
 def leftovers(browser_root: str) -> list[int]:
@@ -270,7 +273,7 @@ async def run(work: Path) -> BenchResult:
         }
         load_before = os.getloadavg()[0]
         with ServiceProc(state, env, work / "service.log") as service:
-            ready_s = await _browsers_ready(service)
+            ready_s, prestarted = await _browsers_ready(service)
             with Sampler(service.pid, browser_root) as sampler:
                 cpu0, wall0 = cpu_of(process_tree(service.pid)), time.monotonic()
                 rows, counters = await run_batch(service, nominal, scale)
@@ -294,6 +297,8 @@ async def run(work: Path) -> BenchResult:
         {
             "logins_s": r(login_s, 1),
             "browsers_ready_s": r(ready_s, 1),
+            # Fewer than the accounts: the rest start at their first task, in the batch.
+            "browsers_prestarted_before_batch": prestarted,
             "stop_s": r(stop_s, 1),
             "cpu_service_tree_per_s": r(cpu_s / batch_wall_s, 2),
             # What the batch needs of the host's cores at the least: the
