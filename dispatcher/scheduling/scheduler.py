@@ -589,16 +589,21 @@ class Scheduler:
         match outcome:
             case RunResult():
                 self.health.succeeded(running.lane.owner)
+                if polls(running.ctx.profile) and task.started_at:
+                    # Before the write: a job of the same shape claimed while it
+                    # (or the cache's file work after it) is awaited polls by this
+                    # run already. The vendor ran it this long, written or not.
+                    self.run_history.record(
+                        task.model,
+                        task.params,
+                        (self.clock.now() - task.started_at) / self.clock.time_scale,
+                    )
                 done = await self.ledger.succeed(
                     task, outcome.to_json(), durations, with_end=with_end
                 )
                 if done is not None and done.state is State.SUCCESS and done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
                     (await self.recent_durations(done.model)).appendleft(run_s)
-                    if polls(running.ctx.profile):
-                        self.run_history.record(
-                            done.model, done.params, run_s / self.clock.time_scale
-                        )
             case Canceled():
                 await self.ledger.mark_canceled(task, durations, with_end=with_end)
             case RunError():
