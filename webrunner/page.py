@@ -131,11 +131,10 @@ class PageDriver:
         # between the look and the wait (`_until_busy_changes`).
         self._wait_differed = False
         self._gates_rule = GateRule.of(spec)
-        # Each read below is one call into the page while it allows
-        # (`snapshot.py`); after one it refuses, locators for this task.
-        self._snapshots = True
-        # A snapshot has read this page: no shadow root on it when it did.
-        self._snapshot_read = False
+        # Whether snapshots read this page (`snapshot.py`): None until one
+        # tries; True once one did (no shadow root then); False once one was
+        # refused, and the rest of the task reads by locators.
+        self._plain_page: bool | None = None
         self._reads = PageReads(spec, self._gates_rule)
 
     # -- small helpers ---------------------------------------------------
@@ -172,10 +171,10 @@ class PageDriver:
 
     async def _read(self, snapshot: Snapshot, what: str) -> list[Seen] | None:
         """The snapshot's probes in one call, or None: read them by locators."""
-        if not (snapshot.plain and self._snapshots):
+        if not snapshot.plain or self._plain_page is False:
             return None
         seen = await self._call(snapshot.read(self.page), what)
-        self._snapshots = self._snapshot_read = seen is not None
+        self._plain_page = seen is not None
         return seen
 
     def _logged_out_error(self) -> AuthError:
@@ -546,7 +545,7 @@ class PageDriver:
             seen=True,
             wait_s=self.busy_look_s,
             budget=self.budget,
-            css=plain_css(busy) if self._snapshot_read else None,
+            css=plain_css(busy) if self._plain_page else None,
         )
         differed, self._wait_differed = self._wait_differed, why == "differs"
         if why == "unavailable" or (differed and why == "differs"):

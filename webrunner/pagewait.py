@@ -15,6 +15,7 @@ from playwright.async_api import Locator
 
 from dispatcher.errors import TransientError
 from webrunner.pagestep import Budget, PageContext, navigated, page_step
+from webrunner.snapshot import PICK_JS
 
 # Real seconds between two full looks while the page shows itself busy: the
 # end of a generation (the busy marker going) wakes the loop at once from the
@@ -62,16 +63,11 @@ _UNTIL_SHOWN_CHANGES_JS = """(els, [ms, seen]) => new Promise(resolve => {
 # one call, without Playwright's selector engine in the page's main world
 # (installing it costs each freshly loaded page ~25-40 ms of CPU).
 _UNTIL_SHOWN_CHANGES_BY_CSS_JS = (
-    """([css, nth, ms, seen]) => {
-    let els = Array.from(document.querySelectorAll(css));
-    if (nth !== null) {
-        const at = nth < 0 ? els.length + nth : nth;
-        els = at >= 0 && at < els.length ? [els[at]] : [];
-    }
-    return ("""
+    "([css, nth, ms, seen]) => ("
     + _UNTIL_SHOWN_CHANGES_JS
-    + """)(els, [ms, seen]);
-}"""
+    + ")(("
+    + PICK_JS
+    + ")(css, nth), [ms, seen])"
 )
 
 Woke = Literal["changed", "timeout", "gone", "differs", "unavailable", "interrupted"]

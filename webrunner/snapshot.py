@@ -115,9 +115,23 @@ class Snapshot:
         return seen
 
 
+# The elements a plain CSS selector and its `nth` pick, in document order;
+# throws on a selector the page's CSS parser refuses. Also the busy wait's
+# (`pagewait.py`).
+PICK_JS = """(css, nth) => {
+  const els = Array.from(document.querySelectorAll(css));
+  if (nth === null) return els;
+  const at = nth < 0 ? els.length + nth : nth;
+  return at >= 0 && at < els.length ? [els[at]] : [];
+}"""
+
 # Returns null (read by locators instead) for a page with an open shadow
 # root or a selector its CSS parser refuses.
-_READ_JS = """probes => {
+_READ_JS = (
+    """probes => {
+  const pick = """
+    + PICK_JS
+    + """;
   const everything = document.querySelectorAll('*');
   for (let i = 0; i < everything.length; i++) {
     if (everything[i].shadowRoot) return null;
@@ -143,17 +157,11 @@ _READ_JS = """probes => {
   for (const [selectors, wantText] of probes) {
     let found = [];
     for (const [css, nth] of selectors) {
-      let els;
       try {
-        els = Array.from(document.querySelectorAll(css));
+        found = found.concat(pick(css, nth));
       } catch (e) {
         return null;
       }
-      if (nth !== null) {
-        const at = nth < 0 ? els.length + nth : nth;
-        els = at >= 0 && at < els.length ? [els[at]] : [];
-      }
-      found = found.concat(els);
     }
     if (selectors.length > 1) {
       found = Array.from(new Set(found)).sort((a, b) =>
@@ -165,3 +173,4 @@ _READ_JS = """probes => {
   }
   return out;
 }"""
+)
