@@ -61,7 +61,7 @@ Closer = Callable[[BrowserSession, Log], Awaitable[None]]
 # After the page has loaded: a first read of it, so that Playwright's own
 # scripts are in place in the new document before a task needs them (the
 # first call into each of a document's worlds costs ~25-40 ms; see
-# `PageDriver.prime`). It must not change the page.
+# `looks.prime`). It must not change the page.
 Primer = Callable[[Page], Awaitable[None]]
 
 

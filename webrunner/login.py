@@ -29,7 +29,7 @@ from dispatcher.errors import InputError, NotFound, StateConflict
 from dispatcher.profiles import WebSpec
 from webrunner.browser import BrowserSession, start_browser
 from webrunner.browserrun import close_logged
-from webrunner.page import login_markers
+from webrunner.looks import login_markers
 
 if TYPE_CHECKING:
     from webrunner.runner import WebRunner

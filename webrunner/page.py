@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 from urllib.parse import urljoin
 
@@ -18,11 +18,12 @@ from playwright.async_api import FilePayload, Locator, Page
 from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
+from webrunner import actions
 from webrunner.gates import GateLook, GateRule, logged_out_error
-from webrunner.looks import Look, PageReads, before_of, look_of, ready_of
+from webrunner.looks import Look, PageReads, before_of, login_markers, look_of, ready_of
 from webrunner.pagestep import Budget, PageContext, navigated, page_step
 from webrunner.pagewait import MAX_BUSY_LOOK_S, until_shown_changes
-from webrunner.snapshot import Probe, Seen, Snapshot, plain_css
+from webrunner.snapshot import Seen, Snapshot, plain_css
 
 T = TypeVar("T")
 
@@ -77,30 +78,6 @@ async def started_on(
 
 # A page that keeps navigating while we wait is broken, not signed out.
 MAX_PAGE_NAVIGATIONS = 3
-
-
-def login_markers(page: Page, spec: WebSpec) -> Locator:
-    """What a loaded page shows first: the logged-in marker, or the logged-out one."""
-    either = page.locator(spec.logged_in)
-    if spec.logged_out:
-        either = either.or_(page.locator(spec.logged_out))
-    return either
-
-
-async def prime(page: Page, spec: WebSpec) -> None:
-    """Read a freshly loaded page once, changing nothing, as a task's first
-    calls would: Playwright sets its scripts up in each of a document's
-    worlds on the first call into it (~25-40 ms each on the 2-core VM), and
-    a page pre-loaded for the next task pays that before the task needs it.
-    The task still checks the page itself (`PageDriver.open`)."""
-    either = login_markers(page, spec)
-    # The utility world (actionability checks, `fill`), then the main world:
-    # a snapshot's call where the page allows one (`snapshot.py`), else the
-    # selector engine the looks' locators need there.
-    await either.first.is_visible()
-    answer = Snapshot([Probe.of(spec.answer)])
-    if not (answer.plain and await answer.read(page) is not None):
-        await page.locator(spec.answer).evaluate_all("els => els.length")
 
 
 class PageDriver:
@@ -376,21 +353,48 @@ class PageDriver:
         # Independent calls: sent together, they cost one round trip.
         (before, self._done_before, self._media_before), _ = await asyncio.gather(
             self._before_look(),
-            self._call(box.fill(message, timeout=self._remaining_ms(30)), "typing the prompt"),
+            self._act(
+                lambda: actions.fill(self.page, spec.input, message),
+                lambda: box.fill(message, timeout=self._remaining_ms(30)),
+                "typing the prompt",
+            ),
         )
         self.ctx.check_canceled()
         if spec.submit:
-            await self._call(
-                self._loc(spec.submit).first.click(timeout=self._remaining_ms(30)),
+            submit = spec.submit
+            await self._act(
+                lambda: actions.click(self.page, submit),
+                lambda: self._loc(submit).first.click(timeout=self._remaining_ms(30)),
                 "clicking submit",
             )
         else:
-            assert spec.submit_key is not None  # the profile validator guarantees one
-            await self._call(
-                box.press(spec.submit_key, timeout=self._remaining_ms(30)), "pressing submit"
+            key = spec.submit_key
+            assert key is not None  # the profile validator guarantees one
+            await self._act(
+                lambda: actions.press(self.page, spec.input, key),
+                lambda: box.press(key, timeout=self._remaining_ms(30)),
+                "pressing submit",
             )
         self.submitted = True
         return before
+
+    async def _act(
+        self,
+        direct: Callable[[], Awaitable[bool]],
+        by_locator: Callable[[], Awaitable[None]],
+        what: str,
+    ) -> None:
+        """Act on the page directly (`actions.py`) where it allows that now,
+        else by Playwright's locator, which waits for the element (also on
+        the page a navigation meanwhile brings)."""
+        if self._plain_page is not False:
+            try:
+                if await self._call(direct(), what):
+                    return
+            except TransientError as exc:
+                if not navigated(exc):
+                    raise
+        await self._call(by_locator(), what)
 
     async def attach(self, images: Sequence[Prepared]) -> None:
         """Give the page the images as picked files, then wait until it shows

@@ -39,7 +39,8 @@ from dispatcher.scheduling.protocol import timed_out
 from dispatcher.scheduling.running import TaskLog
 from webrunner.browser import BrowserSession
 from webrunner.keeper import PRIME_TIMEOUT_S
-from webrunner.page import PAGE_READY_S, PageDriver, prime, started_on
+from webrunner.looks import prime
+from webrunner.page import PAGE_READY_S, PageDriver, started_on
 from webrunner.pagestep import Budget
 from webrunner.runner import START_LIMIT_S, WebRunner
 

@@ -68,9 +68,10 @@ from webrunner.guard import (
 from webrunner.keeper import BrowserKeeper
 from webrunner.lock import AccountLock
 from webrunner.login import LoginDesk
+from webrunner.looks import prime
 from webrunner.media import download_media
 from webrunner.memorygate import BrowserMemory
-from webrunner.page import PAGE_READY_S, PageDriver, compose_message, prime, started_on
+from webrunner.page import PAGE_READY_S, PageDriver, compose_message, started_on
 from webrunner.pagestep import Budget, page_step
 from webrunner.profiledirs import check_account_name, user_data_dir_for
 
@@ -411,7 +412,8 @@ class WebRunner(Runner):
             page, fresh = preloaded.page, preloaded.fresh
             # A spare loaded in the parked tab is behind the tab that generated
             # meanwhile: Chromium gives a background tab no animation frames,
-            # which Playwright's checks before a click wait for (~2 s).
+            # which the checks before a click wait for (Playwright's ~2 s;
+            # `actions.py` gives up after 50 ms and falls back to those).
             await page_step(ctx, page.bring_to_front(), what="showing the tab", budget=budget)
         else:
             page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)

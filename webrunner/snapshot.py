@@ -125,17 +125,19 @@ PICK_JS = """(css, nth) => {
   return at >= 0 && at < els.length ? [els[at]] : [];
 }"""
 
-# Returns null (read by locators instead) for a page with an open shadow
-# root or a selector its CSS parser refuses.
-_READ_JS = (
-    """probes => {
-  const pick = """
-    + PICK_JS
-    + """;
+# Whether the page has an open shadow root, which `querySelectorAll` does not
+# enter and Playwright's CSS does. Also the actions' (`actions.py`).
+HAS_SHADOW_JS = """() => {
   const everything = document.querySelectorAll('*');
   for (let i = 0; i < everything.length; i++) {
-    if (everything[i].shadowRoot) return null;
+    if (everything[i].shadowRoot) return true;
   }
+  return false;
+}"""
+
+# Whether an element is visible by Playwright's rule. Also the actions'
+# (`actions.py`).
+VISIBLE_JS = """(() => {
   const hasBox = r => r.width > 0 && r.height > 0;
   const visible = el => {
     const style = getComputedStyle(el);
@@ -153,6 +155,22 @@ _READ_JS = (
     if (!el.checkVisibility() || style.visibility !== 'visible') return false;
     return hasBox(el.getBoundingClientRect());
   };
+  return visible;
+})()"""
+
+# Returns null (read by locators instead) for a page with an open shadow
+# root or a selector its CSS parser refuses.
+_READ_JS = (
+    """probes => {
+  const pick = """
+    + PICK_JS
+    + """;
+  if (("""
+    + HAS_SHADOW_JS
+    + """)()) return null;
+  const visible = """
+    + VISIBLE_JS
+    + """;
   const out = [];
   for (const [selectors, wantText] of probes) {
     let found = [];

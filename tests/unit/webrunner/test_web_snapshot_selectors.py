@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.profiles import WebSpec
+from webrunner.looks import acts_directly
 from webrunner.snapshot import plain_css
 
 
@@ -42,3 +44,25 @@ def test_css_with_at_most_a_last_nth_is_plain(
 )
 def test_playwright_s_own_syntax_is_not_plain(selector: str) -> None:
     assert plain_css(selector) is None
+
+
+def _spec(**web: str | None) -> WebSpec:
+    base = {"url": "https://chat.example/", "logged_in": "#app", "answer": ".answer"}
+    return WebSpec.model_validate({**base, **web})
+
+
+@pytest.mark.parametrize(
+    ("web", "direct"),
+    [
+        ({"input": "#q", "submit": "#go"}, True),
+        ({"input": "textarea >> nth=0", "submit_key": "Enter"}, True),
+        ({"input": "#q", "submit": "button:has-text('Send')"}, True),  # refused in the page
+        ({"input": "#q", "submit": "text=Send"}, False),
+        ({"input": "role=textbox", "submit": "#go"}, False),
+    ],
+)
+def test_a_task_types_and_sends_directly_only_with_css_for_both(
+    web: dict[str, str], direct: bool
+) -> None:
+    # Not direct: the spare tab is primed for Playwright's actions as well.
+    assert acts_directly(_spec(**web)) is direct
