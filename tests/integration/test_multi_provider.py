@@ -208,7 +208,10 @@ async def test_shots_of_a_comfyui_model_on_two_servers_render_on_both(tmp_path: 
         text += f'\n[api.providers.gpu-b]\nbase_url = "{b.url}"\n'
         (tmp_path / "profiles").mkdir()
         (tmp_path / "profiles" / "two-gpus.toml").write_text(text, encoding="utf-8")
-        async with running_service(tmp_path, profiles=("demo-comfy",)) as h:
+        # Two servers and the service share one event loop on a busy CI: at
+        # the default 0.02 a task is stale after 1.8 s without a heartbeat,
+        # and a 2.4 s stall of the machine once reclaimed both shots running.
+        async with running_service(tmp_path, profiles=("demo-comfy",), time_scale=0.05) as h:
             lanes = {lane["name"]: lane for lane in (await h.http.get("/v1/lanes")).json()}
             assert lanes["api:gpu-a"]["concurrency"] == lanes["api:gpu-b"]["concurrency"] == 1
             shots = [

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 import pytest_asyncio
-from playwright.async_api import Playwright, async_playwright
+from playwright.async_api import Page, Playwright, async_playwright
 
 from demo.web_model import demo_login, start_demo_web
 from dispatcher.clock import SystemClock
@@ -275,3 +275,14 @@ async def site() -> AsyncIterator[Site]:
         yield Site(server, pages)
     finally:
         await server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def page(driver: Playwright, browser_path: str) -> AsyncIterator[Page]:
+    """A tab of a bare Chromium (no runner, no profile) that a module's
+    tests write their pages into (`set_content`)."""
+    browser = await driver.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+    try:
+        yield await browser.new_page()
+    finally:
+        await browser.close()

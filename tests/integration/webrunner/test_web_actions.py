@@ -6,12 +6,10 @@ whenever Playwright would not act at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Page, Playwright
+from playwright.async_api import Page
 
 from tests.integration.webrunner.localsite import (
     Site,
@@ -60,15 +58,6 @@ FIELDS = """
 <div style="height:3000px"></div>
 <button id="below">Below the fold</button>
 """
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def page(driver: Playwright, browser_path: str) -> AsyncIterator[Page]:
-    browser = await driver.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-    try:
-        yield await browser.new_page()
-    finally:
-        await browser.close()
 
 
 async def load(page: Page, body: str = FIELDS) -> None:

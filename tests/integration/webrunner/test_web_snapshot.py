@@ -8,12 +8,10 @@ the same real page in Chromium, and the answers must agree.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import pytest
-import pytest_asyncio
-from playwright.async_api import Page, Playwright
+from playwright.async_api import Page
 
 from tests.integration.webrunner.localsite import (
     Site,
@@ -73,15 +71,6 @@ SELECTORS = (
     "#missing",
     "body",
 )
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def page(driver: Playwright, browser_path: str) -> AsyncIterator[Page]:
-    browser = await driver.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-    try:
-        yield await browser.new_page()
-    finally:
-        await browser.close()
 
 
 async def by_locators(page: Page, selectors: tuple[str, ...], text: bool) -> Seen:
