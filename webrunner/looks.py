@@ -44,8 +44,7 @@ class PageReads:
             Probe.of("body" if rule.body_needed else None, text=True),
             Probe.of(rule.banner, text=True),
         )
-        login = Probe(tuple(s for s in (spec.logged_in, spec.logged_out) if s))
-        self.ready = Snapshot((login, Probe.of(spec.logged_out), *hold))
+        self.ready = Snapshot((login_probe(spec), Probe.of(spec.logged_out), *hold))
         self.before = Snapshot(
             (Probe.of(spec.answer, text=True), Probe.of(spec.done), Probe.of(spec.media))
         )
@@ -100,6 +99,11 @@ def login_markers(page: Page, spec: WebSpec) -> Locator:
     return either
 
 
+def login_probe(spec: WebSpec) -> Probe:
+    """`login_markers` as a snapshot's probe."""
+    return Probe(tuple(s for s in (spec.logged_in, spec.logged_out) if s))
+
+
 def acts_directly(spec: WebSpec) -> bool:
     """Whether a task types and sends without Playwright's checking script
     where the page allows it (`actions.py`): plain CSS for the prompt box
@@ -117,9 +121,7 @@ async def prime(page: Page, spec: WebSpec) -> None:
 
     A page a snapshot reads needs only its main world set up, if the task
     also types and sends directly; else the world(s) its locators use."""
-    markers = Snapshot(
-        [Probe((spec.logged_in, *filter(None, [spec.logged_out]))), Probe.of(spec.answer)]
-    )
+    markers = Snapshot([login_probe(spec), Probe.of(spec.answer)])
     plain = markers.plain and await markers.read(page) is not None
     if plain and acts_directly(spec):
         return
