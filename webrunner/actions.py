@@ -14,16 +14,20 @@ would before acting (visible, enabled, editable, not covered, not moving),
 focuses it, and answers where to click; then the keystrokes and the mouse
 events go as DevTools input events, the same ones Playwright sends. When
 the check fails (not shown yet, disabled, covered, moving, a selector only
-Playwright's engine reads) the call answers None, and the caller acts by
-Playwright's locators, which wait and report as before.
+Playwright's engine reads, the page navigating under it) the call answers
+None, and the caller acts by Playwright's locators, which wait and report as
+before. Once the keys or the click have gone, nothing is tried again.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
+from webrunner.pagestep import navigation_error
 from webrunner.snapshot import HAS_SHADOW_JS, PICK_JS, VISIBLE_JS, plain_css
 
 # The element the selector picks first, if the page may be acted on
@@ -115,18 +119,26 @@ _CLICK_POINT_JS = (
 )
 
 
-def _target(selector: str) -> list[object] | None:
-    picked = plain_css(selector)
-    return None if picked is None else [picked[0], picked[1]]
+async def _check(page: Page, js: str, arg: list[Any]) -> Any:
+    """The page's answer to a check before acting; None when the page
+    navigated under it (the locator then waits for the new page). Only the
+    check is given up this way: once keys or a click have gone, an error is
+    the caller's, never a second try that could send the prompt twice."""
+    try:
+        return await page.evaluate(js, arg)
+    except PlaywrightError as exc:
+        if navigation_error(str(exc)):
+            return None
+        raise
 
 
 async def focus(page: Page, selector: str, *, select: bool) -> bool:
     """Focus the selector's first element if it takes typed text (and select
     its content, as `fill` does); False: act by locators instead."""
-    arg = _target(selector)
-    if arg is None:
+    picked = plain_css(selector)
+    if picked is None:
         return False
-    return await page.evaluate(_FOCUS_JS, [*arg, select]) is True
+    return await _check(page, _FOCUS_JS, [*picked, select]) is True
 
 
 async def fill(page: Page, selector: str, text: str) -> bool:
@@ -152,10 +164,10 @@ async def press(page: Page, selector: str, key: str) -> bool:
 async def click(page: Page, selector: str) -> bool:
     """Click the centre of the element with DevTools' mouse events; False:
     it is not ready to be clicked (or the page must be read by locators)."""
-    arg = _target(selector)
-    if arg is None:
+    picked = plain_css(selector)
+    if picked is None:
         return False
-    point = await page.evaluate(_CLICK_POINT_JS, arg)
+    point = await _check(page, _CLICK_POINT_JS, [*picked])
     # The page's answer is checked for shape: its builtins may be replaced.
     if not (
         isinstance(point, list)

@@ -386,14 +386,9 @@ class PageDriver:
     ) -> None:
         """Act on the page directly (`actions.py`) where it allows that now,
         else by Playwright's locator, which waits for the element (also on
-        the page a navigation meanwhile brings)."""
-        if self._plain_page is not False:
-            try:
-                if await self._call(direct(), what):
-                    return
-            except TransientError as exc:
-                if not navigated(exc):
-                    raise
+        the page a navigation during the direct check brings)."""
+        if self._plain_page is not False and await self._call(direct(), what):
+            return
         await self._call(by_locator(), what)
 
     async def attach(self, images: Sequence[Prepared]) -> None:

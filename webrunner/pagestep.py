@@ -97,7 +97,9 @@ async def page_step(
 
 def navigated(exc: TransientError) -> bool:
     """Whether a page call failed because the page navigated under it."""
-    text = str(exc)
-    return exc.kind == "browser" and (
-        "Execution context was destroyed" in text or "navigation" in text.lower()
-    )
+    return exc.kind == "browser" and navigation_error(str(exc))
+
+
+def navigation_error(text: str) -> bool:
+    """Whether a Playwright error's text says the page navigated under the call."""
+    return "Execution context was destroyed" in text or "navigation" in text.lower()

@@ -413,7 +413,7 @@ class WebRunner(Runner):
             # A spare loaded in the parked tab is behind the tab that generated
             # meanwhile: Chromium gives a background tab no animation frames,
             # which the checks before a click wait for (Playwright's ~2 s;
-            # `actions.py` gives up after 50 ms and falls back to those).
+            # `actions.py` waits 50 ms at most for one).
             await page_step(ctx, page.bring_to_front(), what="showing the tab", budget=budget)
         else:
             page = await page_step(ctx, session.page(), what="opening a tab", budget=budget)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page
 
 from tests.integration.webrunner.localsite import (
@@ -178,3 +179,13 @@ async def test_a_task_whose_send_button_is_covered_at_first_still_sends(
     task = site_task("a grey heron")
     result = await runner.run(task, web.context(task)[0])
     assert result.text == "echo: a grey heron"
+
+
+async def test_a_check_the_page_navigates_under_is_left_to_the_locators(page: Page) -> None:
+    await load(page)
+    # The page reloads while the check waits: no answer, so the caller acts
+    # by the locator on the new page; any other error still raises.
+    navigating = "() => { location.reload(); return new Promise(() => {}); }"
+    assert await actions._check(page, navigating, []) is None
+    with pytest.raises(PlaywrightError, match="broken page"):
+        await actions._check(page, "() => { throw new Error('broken page'); }", [])
