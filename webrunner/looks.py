@@ -15,9 +15,15 @@ from dataclasses import dataclass
 
 from playwright.async_api import Locator, Page
 
+from dispatcher.errors import PermanentError
 from dispatcher.profiles import WebSpec
 from webrunner.gates import GateLook, GateRule
-from webrunner.snapshot import Probe, Seen, Snapshot, plain_css
+from webrunner.snapshot import MAX_TEXT_CHARS, Probe, Seen, Snapshot, plain_css
+
+# The most media one answer may show: an image model's batch is 1-8. The
+# URLs of more would cross into us (a `data:` URL can be megabytes each),
+# and each would be a download.
+MAX_MEDIA = 64
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,23 @@ def look_of(seen: Sequence[Seen]) -> Look:
         done.text,
         media.count,
         hold_of(seen[6:]),
+    )
+
+
+def answer_too_long() -> PermanentError:
+    """A page's answer past MAX_TEXT_CHARS: not retried, since another
+    generation would be paid for and end the same way."""
+    return PermanentError(
+        f"the page's answer is longer than {MAX_TEXT_CHARS:,} characters "
+        "(the most a task reads of a page's text)",
+        kind="too_large",
+    )
+
+
+def too_many_media(count: int) -> PermanentError:
+    return PermanentError(
+        f"the page's answer shows {count} media elements; a task takes {MAX_MEDIA} at most",
+        kind="too_large",
     )
 
 

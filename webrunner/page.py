@@ -18,12 +18,12 @@ from playwright.async_api import FilePayload, Locator, Page
 from dispatcher.errors import AccountHold, AuthError, RunError, TransientError
 from dispatcher.profiles import WebSpec
 from dispatcher.refimages import Prepared
-from webrunner import actions
+from webrunner import actions, looks
 from webrunner.gates import GateLook, GateRule, logged_out_error
 from webrunner.looks import Look, PageReads, before_of, login_markers, look_of, ready_of
 from webrunner.pagestep import Budget, PageContext, navigated, page_step
 from webrunner.pagewait import MAX_BUSY_LOOK_S, until_shown_changes
-from webrunner.snapshot import Seen, Snapshot, plain_css
+from webrunner.snapshot import Seen, Snapshot, first_text, plain_css, too_long
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ LOGIN_LOOK_S = 20.0
 # regex over its text can spot (any marker with a selector wakes it at once).
 GATE_POLL_S = 0.25
 
-_MEDIA_SOURCES_JS = """els => els.map(e =>
+_MEDIA_SOURCES_JS = """(els, most) => els.slice(0, most + 1).map(e =>
     e.currentSrc || e.src || (e.querySelector && e.querySelector('source[src]')
         ? e.querySelector('source[src]').src : '') || e.getAttribute('src') || '')"""
 
@@ -141,10 +141,7 @@ class PageDriver:
         """The inner text of the first match, None when nothing matches (or no selector)."""
         if not selector:
             return None
-        texts = await self._call(
-            self._loc(selector).evaluate_all("els => els.map(e => e.innerText)"), what
-        )
-        return str(texts[0]).strip() if texts else None
+        return await self._call(first_text(self._loc(selector)), what)
 
     async def _read(self, snapshot: Snapshot, what: str) -> list[Seen] | None:
         """The snapshot's probes in one call, or None: read them by locators."""
@@ -339,7 +336,8 @@ class PageDriver:
         if not self.spec.media:
             return []
         sources = await self._call(
-            self._loc(self.spec.media).evaluate_all(_MEDIA_SOURCES_JS), "listing media results"
+            self._loc(self.spec.media).evaluate_all(_MEDIA_SOURCES_JS, looks.MAX_MEDIA),
+            "listing media results",
         )
         return [str(src) for src in sources]
 
@@ -473,6 +471,8 @@ class PageDriver:
                 )
             if logged_out:
                 raise self._logged_out_error()
+            if too_long(text):
+                raise looks.answer_too_long()
             now = clock.monotonic()
             media = look.media
             if text != last_text or media != last_media:
@@ -584,5 +584,7 @@ class PageDriver:
             # one round trip fewer after every text answer.
             return []
         sources = await self._media_list()
+        if len(sources) > looks.MAX_MEDIA:
+            raise looks.too_many_media(max(self.finished_media or 0, len(sources)))
         base = self.page.url
         return [urljoin(base, str(src)) for src in sources if src]

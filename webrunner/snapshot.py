@@ -16,6 +16,11 @@ other `>>` step) or a shadow root on the page makes `read` answer None, and
 the caller reads by locators instead. Visibility is Playwright's rule: a
 non-empty box, `checkVisibility()`, `visibility: visible`, and for a
 `display: contents` element a visible child element or text.
+
+A page is untrusted and its text may be any size: every text read, by a
+snapshot or by a locator (`first_text`), is cut in the page to
+`MAX_TEXT_CHARS` and one character more, which tells the reader that the
+element held more (`too_long`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from playwright.async_api import Page
+from playwright.async_api import Locator, Page
+
+# The most of one element's text a read brings out of the page. An answer
+# that long is ~250,000 tokens, beyond any chat model's; a page showing more
+# is broken or hostile, and its text would cross DevTools, the driver and
+# us on every look.
+MAX_TEXT_CHARS = 1_000_000
 
 _NTH_STEP = re.compile(r"^\s*nth\s*=\s*(-?\d+)\s*$")
 # `text=...`, `xpath=...`, `role=...`, `css=...`: an engine Playwright picks by name.
@@ -70,7 +81,9 @@ class Seen:
 
     count: int
     visible: bool
-    text: str | None  # the first match's innerText, stripped; None: no match or not asked
+    # The first match's innerText, stripped, cut after MAX_TEXT_CHARS + 1;
+    # None: no match or not asked.
+    text: str | None
 
     @property
     def shown_text(self) -> str | None:
@@ -99,7 +112,7 @@ class Snapshot:
 
     async def read(self, page: Page) -> list[Seen] | None:
         """One call into the page; None when it must be read by locators."""
-        raw = await page.evaluate(_READ_JS, self._arg)
+        raw = await page.evaluate(_READ_JS, [self._arg, MAX_TEXT_CHARS])
         # The answer comes from a page we do not trust to leave the
         # builtins alone: anything but the expected shape falls back.
         if not isinstance(raw, list) or len(raw) != len(self.probes):
@@ -111,8 +124,33 @@ class Snapshot:
             count, visible, text = item
             if not isinstance(count, int) or not isinstance(visible, bool):
                 return None
-            seen.append(Seen(count, visible, None if text is None else str(text).strip()))
+            seen.append(Seen(count, visible, None if text is None else _stripped(text)))
         return seen
+
+
+def too_long(text: str | None) -> bool:
+    """Whether a text read from the page was cut: the element held more than
+    MAX_TEXT_CHARS characters."""
+    return text is not None and len(text) > MAX_TEXT_CHARS
+
+
+# The first element's innerText, cut in the page (a locator's `evaluate_all`).
+_FIRST_TEXT_JS = """(els, maxChars) =>
+  els.length ? [String(els[0].innerText ?? '').trim().slice(0, maxChars + 1)] : []"""
+
+
+def _stripped(text: object) -> str:
+    # Trimmed in the page before the cut: a cut text keeps its last
+    # character, which tells it was cut.
+    cut = str(text)
+    return cut if len(cut) > MAX_TEXT_CHARS else cut.strip()
+
+
+async def first_text(locator: Locator) -> str | None:
+    """The inner text of the locator's first match, stripped and cut as a
+    snapshot's are; None when nothing matches."""
+    texts = await locator.evaluate_all(_FIRST_TEXT_JS, MAX_TEXT_CHARS)
+    return _stripped(texts[0]) if texts else None
 
 
 # The elements a plain CSS selector and its `nth` pick, in document order;
@@ -161,7 +199,7 @@ VISIBLE_JS = """(() => {
 # Returns null (read by locators instead) for a page with an open shadow
 # root or a selector its CSS parser refuses.
 _READ_JS = (
-    """probes => {
+    """([probes, maxChars]) => {
   const pick = """
     + PICK_JS
     + """;
@@ -186,7 +224,8 @@ _READ_JS = (
         a === b ? 0 : a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING ? -1 : 1);
     }
     const first = found[0];
-    const text = first && wantText ? (first.innerText ?? '') : null;
+    const text = first && wantText
+      ? String(first.innerText ?? '').trim().slice(0, maxChars + 1) : null;
     out.push([found.length, first ? visible(first) : false, text]);
   }
   return out;

@@ -33,6 +33,7 @@ from webrunner.fields import set_fields
 from webrunner.page import PAGE_READY_S, PageDriver, compose_message
 from webrunner.pagestep import Budget
 from webrunner.runner import WebRunner
+from webrunner.snapshot import first_text
 
 Say = Callable[[str], None]
 # Real seconds between two looks of the watcher at a generating page.
@@ -144,14 +145,13 @@ async def _watch(driver: PageDriver, trial: Trial, stop: asyncio.Event) -> None:
     last_text: str | None = None
     last_media = 0
     while not stop.is_set():
+        # A look cut short (the page navigating, a slow call) changes nothing.
+        busy, text, media = busy_seen, last_text, last_media
         with contextlib.suppress(PlaywrightError, TimeoutError):
             async with asyncio.timeout(WATCH_S * 4):
                 busy = bool(spec.busy and await page.locator(spec.busy).first.is_visible())
-                texts = await page.locator(spec.answer).evaluate_all(
-                    "els => els.map(e => e.innerText)"
-                )
+                text = await first_text(page.locator(spec.answer))
                 media = await page.locator(spec.media).count() if spec.media else 0
-            text = str(texts[0]).strip() if texts else None
             if busy and not busy_seen:
                 busy_seen = True
                 await trial.step(page, "busy seen", repr(spec.busy))

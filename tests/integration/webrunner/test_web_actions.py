@@ -187,5 +187,10 @@ async def test_a_check_the_page_navigates_under_is_left_to_the_locators(page: Pa
     # by the locator on the new page; any other error still raises.
     navigating = "() => { location.reload(); return new Promise(() => {}); }"
     assert await actions._check(page, navigating, []) is None
+    # The reload goes on after the check gave up: on a page still being
+    # replaced, the next call would meet the navigation too.
+    await page.wait_for_function(
+        "() => document.readyState === 'complete' && !document.querySelector('#box')"
+    )
     with pytest.raises(PlaywrightError, match="broken page"):
         await actions._check(page, "() => { throw new Error('broken page'); }", [])

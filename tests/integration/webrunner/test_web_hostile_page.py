@@ -29,6 +29,7 @@ from dispatcher.service.serving import RunningServer
 from tests.support.helpers import result_files
 from webrunner.browser import BrowserSession
 from webrunner.guard import downloads_dir_for, own_page
+from webrunner.looks import MAX_MEDIA
 from webrunner.runner import WebRunner
 
 if TYPE_CHECKING:
@@ -173,6 +174,22 @@ async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites)
         await runner.run(task, ctx)
     assert caught.value.kind == "too_large"
     assert result_files(ctx.result_dir) == []  # the partial file is gone
+
+
+async def test_an_answer_showing_more_media_than_the_cap_downloads_none(
+    web: WebEnv, sites: Sites
+) -> None:
+    await sites.show(*(f"{sites.page.url}/many/{i}.png" for i in range(MAX_MEDIA + 1)))
+    runner = await _runner(web, sites)
+    task = _task()
+    ctx = web.context(task)[0]
+    with pytest.raises(PermanentError) as caught:
+        await runner.run(task, ctx)
+    assert caught.value.kind == "too_large"
+    assert f"shows {MAX_MEDIA + 1} media elements" in str(caught.value)
+    stats = await sites.stats(sites.page)
+    assert not [r for r in stats["requests"] if r["path"].startswith("/many/")]
+    assert result_files(ctx.result_dir) == []
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], within_s: float = 60.0) -> None:
