@@ -113,7 +113,7 @@ _OUTLINE_JS = """e => {
     }
   };
   walk(e);
-  return [found, (e.innerText || '').trim()];
+  return [found, String(e.innerText || '').trim().slice(0, 1000)];
 }"""
 
 
@@ -127,9 +127,10 @@ async def _nearest(page: Page, selector: str) -> str:
                 inside, text = await found.first.evaluate(_OUTLINE_JS)
                 held = ", ".join(str(x) for x in inside) or "no control"
                 return f"nearest: {prefix!r} holds {held}; its text: {_squeeze(str(text), 120)}"
-    with contextlib.suppress(PlaywrightError):
-        text = await page.locator("body").inner_text(timeout=2000)
-        return f"the page ({page.url}) shows: {_squeeze(text)}"
+    with contextlib.suppress(PlaywrightError, TimeoutError):
+        async with asyncio.timeout(2.0):
+            text = await first_text(page.locator("body"))
+        return f"the page ({page.url}) shows: {_squeeze(text or '')}"
     return f"the page is {page.url}"
 
 

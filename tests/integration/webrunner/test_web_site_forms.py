@@ -173,3 +173,11 @@ async def test_profiles_try_names_the_selector_that_matched_nothing(
     assert "`answer` = '#out .reply' matches nothing; nearest: '#out' holds" in output
     assert "echo: two words" in output  # what the page shows there
     assert any(p.name.endswith("-failed.png") for p in out.glob("*.png"))
+
+    # A selector with nothing to narrow down: the page's own text (bounded) is shown.
+    code, output, _ = await _try(
+        tmp_path, site, "retry", answer=".reply", done="#retry", timeout_s=2
+    )
+    assert code == 1, output
+    assert "`answer` = '.reply' matches nothing; the page (" in output
+    assert "shows: 'Go echo: two words" in output
