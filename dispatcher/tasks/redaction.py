@@ -14,6 +14,20 @@ from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import TaskError
 from dispatcher.strictjson import storable, storable_text
 
+# An error is for a person to read; what a page's banner or a vendor says in
+# it can be megabytes, stored with every attempt and served with the task.
+MAX_ERROR_CHARS = 8 * 1024
+
+
+def error_message(message: str) -> str:
+    """The message masked, storable, and cut to MAX_ERROR_CHARS (saying so)."""
+    # Masked over twice what is kept, before the cut: a secret lying across
+    # the cut is masked whole, not left as a prefix the masking misses.
+    masked = storable_text(scrub(message[: 2 * MAX_ERROR_CHARS]))
+    if len(message) <= MAX_ERROR_CHARS and len(masked) <= MAX_ERROR_CHARS:
+        return masked
+    return f"{masked[:MAX_ERROR_CHARS]} [cut: {len(message):,} characters]"
+
 
 def redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     """Secrets out of what a runner reports, before it is stored, served or published.
@@ -36,7 +50,7 @@ def redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:
     out = dict(changes)
     if isinstance(error, TaskError):
         out["error"] = TaskError(
-            kind=storable_text(scrub(error.kind)), message=storable_text(scrub(error.message))
+            kind=storable_text(scrub(error.kind)), message=error_message(error.message)
         )
     if isinstance(result, dict):
         cleaned = storable(result)

@@ -42,6 +42,10 @@ ACCOUNT = "demo-1"
 # before "logged in" or "canceled"): Playwright's default 5 s is outrun by
 # a busy machine, so these get the 30 s of the file's other waits.
 SERVICE_MS = 30_000
+# A live view's frame counter once it shows something: a page repainting, or
+# a busy machine, can send several before Playwright's first read (CI once
+# read "2" where "1" was waited for).
+AT_LEAST_ONE = re.compile(r"^[1-9][0-9]*$")
 
 
 def one_account(tmp_path: Path, time_scale: float = SCALE) -> AbstractAsyncContextManager[Harness]:
@@ -93,7 +97,7 @@ async def open_login_link(h: Harness, page: Page) -> None:
     await page.goto(f"{h.service.url}/v1/session?code={code}&next={next_path}")
     assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
     await expect(page.get_by_test_id("login-screen")).to_have_attribute(
-        "data-frames", "1", timeout=SERVICE_MS
+        "data-frames", AT_LEAST_ONE, timeout=SERVICE_MS
     )
 
 
@@ -178,7 +182,7 @@ async def test_cancel_closes_the_browser_and_changes_nothing(
         await page.goto(printed.stdout.strip())
         assert page.url == f"{h.service.url}/#login/{ACCOUNT}"
         await expect(page.get_by_test_id("login-screen")).to_have_attribute(
-            "data-frames", "1", timeout=SERVICE_MS
+            "data-frames", AT_LEAST_ONE, timeout=SERVICE_MS
         )
         pid = runner_of(h).logins.get(ACCOUNT).pid
         # Done on a page that still shows the form: refused, the view stays open.
@@ -208,9 +212,7 @@ async def test_a_running_task_can_be_watched_without_input(
         await page.goto(f"{h.service.url}/#task/{task['id']}")
         await page.get_by_test_id("task-watch").click()
         screen = page.get_by_test_id("task-live-screen")
-        # At least one frame: under load several arrive between two of
-        # Playwright's reads, so the count may go from none to 2 or 3.
-        await expect(screen).to_have_attribute("data-frames", re.compile(r"^[1-9][0-9]*$"))
+        await expect(screen).to_have_attribute("data-frames", AT_LEAST_ONE)
         # Read-only: the view has no controls, and the task goes on to its answer.
         await expect(page.get_by_test_id("login-done")).to_have_count(0)
         done = await h.wait_task(task["id"], {"success"}, timeout_s=30)

@@ -14,6 +14,7 @@ from dispatcher.logs import redact
 from dispatcher.models import Task
 from dispatcher.store.sqlite import SqliteStore
 from dispatcher.tasks.ledger import Ledger
+from dispatcher.tasks.redaction import MAX_ERROR_CHARS
 from dispatcher.tasks.spec import TaskSpec
 from tests.support.helpers import api_profile
 
@@ -70,3 +71,22 @@ async def test_result_meta_is_scrubbed_and_generated_text_keeps_its_shape(ledger
     # Only the registered secret left the generated text; its code-like shape stays.
     assert ended.result["text"] == 'api_key = "***" and api_key = os.environ["KEY"]'
     assert ended.result["meta"]["status"]["n"] == [1, "***"]
+
+
+async def test_a_huge_error_is_stored_cut_and_a_secret_across_the_cut_masked(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    task = await _running(ledger)
+    # A page's error banner of a million characters, the key straddling the cut.
+    head = "the page shows an error: " + "x" * (MAX_ERROR_CHARS - 35)
+    huge = head + SECRET + "y" * 1_000_000
+    await ledger.fail(task, PermanentError(huge, kind="page_error"))
+    stored = (await ledger.get(task.id)).error
+    attempts = await ledger.store.task_attempts(task.id)
+    assert stored is not None and attempts[-1].error is not None
+    for message in (stored.message, attempts[-1].error.message):
+        assert message.startswith("the page shows an error: xxx")
+        assert message.endswith(f" [cut: {len(huge):,} characters]")
+        assert len(message) < MAX_ERROR_CHARS + 40
+        assert "sk-ledger" not in message  # not even the part before the cut
+    assert b"y" * 100 not in _file_bytes(tmp_path)  # nor the megabyte after it
