@@ -114,6 +114,18 @@ async def _runner(web: WebEnv, sites: Sites, keep_alive_s: float = 0.0, **spec: 
     return runner
 
 
+async def _refused(web: WebEnv, sites: Sites, *media: str) -> tuple[PermanentError, list[str]]:
+    """A task on the page showing `media` fails for good: its error, and the
+    result files it left."""
+    await sites.show(*media)
+    runner = await _runner(web, sites)
+    task = _task()
+    ctx = web.context(task)[0]
+    with pytest.raises(PermanentError) as caught:
+        await runner.run(task, ctx)
+    return caught.value, result_files(ctx.result_dir)
+
+
 def _task() -> Task:
     task_id = new_id()
     return Task(
@@ -153,43 +165,29 @@ async def test_media_off_the_allowlist_is_refused_and_nothing_reaches_it(
     web: WebEnv, sites: Sites, where: str
 ) -> None:
     src = f"{sites.foreign.url}/steal.png" if where == "on the foreign host" else "/media/hop.png"
-    await sites.show(src)
-    runner = await _runner(web, sites)
-    task = _task()
-    ctx = web.context(task)[0]
-    with pytest.raises(HostNotAllowed) as caught:
-        await runner.run(task, ctx)
-    assert caught.value.kind == "allowlist"
-    assert f"127.0.0.1:{sites.foreign.port}" in str(caught.value)
+    error, left = await _refused(web, sites, src)
+    assert isinstance(error, HostNotAllowed) and error.kind == "allowlist"
+    assert f"127.0.0.1:{sites.foreign.port}" in str(error)
     assert (await sites.stats(sites.foreign))["request_count"] == 0
-    assert result_files(ctx.result_dir) == []
+    assert left == []
 
 
 async def test_an_endless_media_file_stops_at_the_cap(web: WebEnv, sites: Sites) -> None:
-    await sites.show("/endless/jobs/x/content")
-    runner = await _runner(web, sites)
-    task = _task()
-    ctx = web.context(task)[0]
-    with pytest.raises(PermanentError) as caught:
-        await runner.run(task, ctx)
-    assert caught.value.kind == "too_large"
-    assert result_files(ctx.result_dir) == []  # the partial file is gone
+    error, left = await _refused(web, sites, "/endless/jobs/x/content")
+    assert error.kind == "too_large"
+    assert left == []  # the partial file is gone
 
 
 async def test_an_answer_showing_more_media_than_the_cap_downloads_none(
     web: WebEnv, sites: Sites
 ) -> None:
-    await sites.show(*(f"{sites.page.url}/many/{i}.png" for i in range(MAX_MEDIA + 1)))
-    runner = await _runner(web, sites)
-    task = _task()
-    ctx = web.context(task)[0]
-    with pytest.raises(PermanentError) as caught:
-        await runner.run(task, ctx)
-    assert caught.value.kind == "too_large"
-    assert f"shows {MAX_MEDIA + 1} media elements" in str(caught.value)
+    many = [f"{sites.page.url}/many/{i}.png" for i in range(MAX_MEDIA + 1)]
+    error, left = await _refused(web, sites, *many)
+    assert error.kind == "too_large"
+    assert f"shows {MAX_MEDIA + 1} media elements" in str(error)
     stats = await sites.stats(sites.page)
     assert not [r for r in stats["requests"] if r["path"].startswith("/many/")]
-    assert result_files(ctx.result_dir) == []
+    assert left == []
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], within_s: float = 60.0) -> None:
