@@ -84,10 +84,31 @@ async def _screenshot(page: Page) -> bytes:
     return await page.screenshot(type="png", timeout=SCREENSHOT_S * 1000, animations="disabled")
 
 
+# The page's HTML as `page.content()` serialises it, cut in the page: the
+# DOM of an untrusted page may be any size, and only MAX_HTML_BYTES of it
+# are kept. Its full length comes along, for the note on the cut.
+_HTML_JS = """(maxChars) => {
+  let html = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : '';
+  if (document.documentElement) html += document.documentElement.outerHTML;
+  return [html.slice(0, maxChars), html.length];
+}"""
+
+
+async def _html(page: Page) -> str:
+    # Room for the note on the cut, which the artifact's own cap keeps then.
+    answer = await page.evaluate(_HTML_JS, MAX_HTML_BYTES - 1024)
+    if not (isinstance(answer, list) and len(answer) == 2 and isinstance(answer[0], str)):
+        raise ValueError("the page answered its HTML in an unexpected shape")
+    html, length = str(answer[0]), answer[1]
+    if isinstance(length, int) and length > len(html):
+        html += f"\n<!-- cut here: the page's HTML is {length:,} characters -->\n"
+    return html
+
+
 async def _snapshot(page: Page, log: Log) -> tuple[bytes | None, str | None]:
     """The page's screenshot and HTML, each within its own bound."""
     shot, html = await asyncio.gather(
-        _bounded(_screenshot(page), SCREENSHOT_S), _bounded(page.content(), HTML_S)
+        _bounded(_screenshot(page), SCREENSHOT_S), _bounded(_html(page), HTML_S)
     )
     for name, got, bound_s in (("screenshot", shot, SCREENSHOT_S), ("HTML", html, HTML_S)):
         if isinstance(got, TimeoutError):

@@ -4,12 +4,14 @@ cross into us whole on every look nor run until the task's timeout."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import pytest
 from playwright.async_api import Page
 
 from dispatcher.errors import PermanentError
+from dispatcher.tasks.artifacts import MAX_HTML_BYTES
 from tests.integration.webrunner.localsite import (
     Site,
     page_html,
@@ -68,3 +70,8 @@ async def test_an_answer_that_never_stops_growing_fails_as_too_large(
     # Not a stall nor the profile's timeout: the size, and not worth a retry.
     assert caught.value.kind == "too_large"
     assert f"longer than {MAX_TEXT_CHARS:,} characters" in str(caught.value)
+    # The evidence kept: the page's HTML read cut in the page, and saying so.
+    (saved,) = ctx.result_dir.rglob("page.html")
+    html = saved.read_bytes()
+    assert len(html) <= MAX_HTML_BYTES
+    assert re.search(rb"<!-- cut here: the page's HTML is [0-9,]+ characters -->\n$", html)
