@@ -4,7 +4,6 @@ cross into us whole on every look nor run until the task's timeout."""
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,6 +18,7 @@ from tests.integration.webrunner.localsite import (
     site_task,
     start_runner,
 )
+from webrunner import evidence
 from webrunner.snapshot import MAX_TEXT_CHARS, Probe, Snapshot, first_text, too_long
 
 if TYPE_CHECKING:
@@ -70,8 +70,15 @@ async def test_an_answer_that_never_stops_growing_fails_as_too_large(
     # Not a stall nor the profile's timeout: the size, and not worth a retry.
     assert caught.value.kind == "too_large"
     assert f"longer than {MAX_TEXT_CHARS:,} characters" in str(caught.value)
-    # The evidence kept: the page's HTML read cut in the page, and saying so.
-    (saved,) = ctx.result_dir.rglob("page.html")
-    html = saved.read_bytes()
-    assert len(html) <= MAX_HTML_BYTES
-    assert re.search(rb"<!-- cut here: the page's HTML is [0-9,]+ characters -->\n$", html)
+
+
+async def test_a_failed_attempt_s_page_html_is_read_cut_in_the_page(page: Page) -> None:
+    await page.set_content("<p>small</p>")
+    assert await evidence._html(page) == await page.content()
+    await page.set_content(
+        f"<p id='big'></p><script>big.textContent = 'w'.repeat({3 * 2**20});</script>"
+    )
+    full = len(await page.content())
+    html = await evidence._html(page)
+    assert len(html.encode()) <= MAX_HTML_BYTES
+    assert html.endswith(f"<!-- cut here: the page's HTML is {full:,} characters -->\n")
