@@ -236,7 +236,7 @@ def run() -> None:
         eventloop.run(main(), Settings().event_loop)
     finally:
         profiler.disable()
-        profiler.dump_stats(profile_path)
+        profiler.dump_stats(profile_path.replace("{pid}", str(os.getpid())))
 
 
 if __name__ == "__main__":

@@ -100,20 +100,31 @@ def task_update(dialect: Dialect, write: TaskWrite) -> TaskUpdate:
     return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), history, tuple(row))
 
 
-def update_with_history(write: TaskUpdate) -> Statement:
+def update_with_history(write: TaskUpdate, *, first: Statement | None = None) -> Statement:
     """PostgreSQL: the compare-and-set and its history row as one statement
     (the history row is inserted once per row the update returns: none when
     it did not match), so the write is atomic without BEGIN and COMMIT round
-    trips. SQLite has no writes inside WITH; it runs the two in a transaction."""
-    if write.history is None:
+    trips. SQLite has no writes inside WITH; it runs the two in a transaction.
+
+    `first`: a SELECT run too, whether the update matches or not (a lock
+    for the statement after this one: the statement's gate, evaluated once
+    before any row is read), its rows not answered."""
+    if write.history is None and first is None:
         return write.update
-    columns = ", ".join(write.history_columns)
-    marks = ", ".join(POSTGRESQL.marks("?") for _ in write.history_columns)
-    return Statement(
-        f"WITH u AS ({write.update.sql}), "
-        f"h AS (INSERT INTO attempts ({columns}) SELECT {marks} FROM u) SELECT * FROM u",
-        (*write.update.args, *write.history.args),
-    )
+    parts: list[str] = []
+    args: list[Any] = []
+    if first is not None:
+        parts.append(f"g AS MATERIALIZED ({first.sql})")
+        args += first.args
+    parts.append(f"u AS ({write.update.sql})")
+    args += write.update.args
+    if write.history is not None:
+        columns = ", ".join(write.history_columns)
+        marks = ", ".join(POSTGRESQL.marks("?") for _ in write.history_columns)
+        parts.append(f"h AS (INSERT INTO attempts ({columns}) SELECT {marks} FROM u)")
+        args += write.history.args
+    gate = " WHERE EXISTS (SELECT 1 FROM g)" if first is not None else ""
+    return Statement(f"WITH {', '.join(parts)} SELECT * FROM u{gate}", tuple(args))
 
 
 def ranked_query(dialect: Dialect, queues: Sequence[str]) -> Statement:

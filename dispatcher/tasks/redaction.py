@@ -13,20 +13,18 @@ from typing import Any
 from dispatcher.logs import mask_secrets, scrub, scrub_json
 from dispatcher.models import TaskError
 from dispatcher.strictjson import storable, storable_text
+from dispatcher.tasks.artifacts import capped_text
 
 # An error is for a person to read; what a page's banner or a vendor says in
 # it can be megabytes, stored with every attempt and served with the task.
-MAX_ERROR_CHARS = 8 * 1024
+MAX_ERROR_BYTES = 8 * 1024
 
 
 def error_message(message: str) -> str:
-    """The message masked, storable, and cut to MAX_ERROR_CHARS (saying so)."""
-    # Masked over twice what is kept, before the cut: a secret lying across
-    # the cut is masked whole, not left as a prefix the masking misses.
-    masked = storable_text(scrub(message[: 2 * MAX_ERROR_CHARS]))
-    if len(message) <= MAX_ERROR_CHARS and len(masked) <= MAX_ERROR_CHARS:
-        return masked
-    return f"{masked[:MAX_ERROR_CHARS]} [cut: {len(message):,} characters]"
+    """The message masked, storable, and cut to MAX_ERROR_BYTES (saying so)."""
+    # The same cut as an attempt's saved answer: masked before it is cut, so
+    # a secret lying across the cut is masked whole.
+    return capped_text(storable_text(message), MAX_ERROR_BYTES).decode()
 
 
 def redacted(changes: Mapping[str, Any]) -> Mapping[str, Any]:

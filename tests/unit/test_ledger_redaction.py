@@ -14,7 +14,7 @@ from dispatcher.logs import redact
 from dispatcher.models import Task
 from dispatcher.store.sqlite import SqliteStore
 from dispatcher.tasks.ledger import Ledger
-from dispatcher.tasks.redaction import MAX_ERROR_CHARS
+from dispatcher.tasks.redaction import MAX_ERROR_BYTES
 from dispatcher.tasks.spec import TaskSpec
 from tests.support.helpers import api_profile
 
@@ -78,7 +78,7 @@ async def test_a_huge_error_is_stored_cut_and_a_secret_across_the_cut_masked(
 ) -> None:
     task = await _running(ledger)
     # A page's error banner of a million characters, the key straddling the cut.
-    head = "the page shows an error: " + "x" * (MAX_ERROR_CHARS - 35)
+    head = "the page shows an error: " + "x" * (MAX_ERROR_BYTES - 35)
     huge = head + SECRET + "y" * 1_000_000
     await ledger.fail(task, PermanentError(huge, kind="page_error"))
     stored = (await ledger.get(task.id)).error
@@ -86,7 +86,9 @@ async def test_a_huge_error_is_stored_cut_and_a_secret_across_the_cut_masked(
     assert stored is not None and attempts[-1].error is not None
     for message in (stored.message, attempts[-1].error.message):
         assert message.startswith("the page shows an error: xxx")
-        assert message.endswith(f" [cut: {len(huge):,} characters]")
-        assert len(message) < MAX_ERROR_CHARS + 40
+        assert message.endswith(
+            f"[cut: {len(huge)} characters, the first {MAX_ERROR_BYTES} bytes kept]\n"
+        )
+        assert len(message.encode()) <= MAX_ERROR_BYTES
         assert "sk-ledger" not in message  # not even the part before the cut
     assert b"y" * 100 not in _file_bytes(tmp_path)  # nor the megabyte after it

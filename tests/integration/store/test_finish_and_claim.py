@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from dispatcher.models import Attempt, Kind, State, Task
@@ -160,6 +161,51 @@ async def test_a_refused_end_write_still_claims_and_says_so(store: PostgresStore
     current = await store.get_task("t1")
     assert current is not None and current.state is State.RUNNING
     assert await store.task_attempts("t1") == []
+
+
+async def _advisory_waiters(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_the_claim_waits_for_the_quota_lock_even_after_a_refused_end_write() -> None:
+    """The quota's lock is taken by the end write, the claim's statement
+    before: whether the write matched or not, the claim counts the running
+    tasks only once no other host's claim under the quota is on its way."""
+    with migrated_database() as url:
+        store = await _pg(url, "h1")
+        other = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            await store.insert_tasks([_task("t1"), _task("t2")])
+            running = await store.claim_next([QUEUE], 5.0, _run("h1"), quota=Quota("demo", 2))
+            assert running is not None
+            await store.update_task(
+                "t1", expect_state=State.RUNNING, changes={"cancel_requested": True}
+            )
+            # Another host's claim under the same quota holds its lock.
+            await other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ("quota:demo",))
+            ending = asyncio.create_task(
+                _finish_and_claim(store, running, 6.0, quota=Quota("demo", 2))
+            )
+            for _ in range(500):
+                if await _advisory_waiters(other):
+                    break
+                await asyncio.sleep(0.01)
+            assert await _advisory_waiters(other) == 1
+            assert not ending.done()
+            await other.execute(
+                "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ("quota:demo",)
+            )
+            both = await asyncio.wait_for(ending, 30)
+            assert both is not None and both.ended is None  # refused: cancel asked
+            assert both.claimed is not None and both.claimed.id == "t2"
+        finally:
+            await other.close()
+            await store.close()
 
 
 async def test_a_claim_known_to_find_nothing_is_not_sent(store: PostgresStore) -> None:
