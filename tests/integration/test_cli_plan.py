@@ -34,6 +34,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
             while any(client.get(f"/v1/tasks/{i}").json()["state"] != "success" for i in ids):
                 assert time.monotonic() < deadline, "the warm-up tasks never finished"
                 time.sleep(0.05)
+            # The plans below count "warm 0" as cached, not as a twin: wait
+            # for its de-dup window to pass (0.6 s at the tests' time scale;
+            # a busy machine plans within it).
+            warm = {"model": "demo-chat-api", "params": {"prompt": "warm 0", "gen_s": 1}}
+            while client.post("/v1/plan", json={"tasks": [warm]}).json()["total"]["cached"] != 1:
+                assert time.monotonic() < deadline, "warm 0 never counted as cached"
+                time.sleep(0.05)
         yield proc
     finally:
         assert proc.stop() == 0, proc.log()[-3000:]
