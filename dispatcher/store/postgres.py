@@ -267,10 +267,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         # twin exists, answering the new task's place in its queue or the twin.
         _, (row,) = await self._pipelined(
             [
-                Statement(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"dedup:{task.fingerprint}",),
-                ),
+                _xact_lock(f"dedup:{task.fingerprint}"),
                 Statement(
                     pg_marks(
                         placed_insert_unless_twin(
@@ -400,10 +397,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         # counts every claim committed before: no overspend by a race. Sent
         # as one pipeline, the lock is held for the server's work only.
         provider = quota.owner if quota is not None else budget.provider if budget else ""
-        lock = Statement(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"quota:{provider}",)
-        )
-        return lock, statement
+        return _xact_lock(f"quota:{provider}"), statement
 
     def _claimed(self, claim: NextClaim, answer: list[Row], sent: Sent) -> Task | None:
         """The claimed task from its statement's answer (`with_reads`), what
@@ -528,6 +522,12 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
 
 def _marks(row: Mapping[str, Any]) -> str:
     return ", ".join("?" for _ in row)
+
+
+def _xact_lock(name: str) -> Statement:
+    """A transaction's advisory lock on `name` (a plain SELECT: a statement
+    of its own in a pipeline, or `first` in an end write's WITH)."""
+    return Statement("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (name,))
 
 
 def _write_statement(write: TaskWrite, *, first: Statement | None = None) -> Statement:
