@@ -38,6 +38,7 @@ from demo.bootstrap import Demo
 from dispatcher.events import Event, TaskChanged
 from dispatcher.logs import setup_logging
 from dispatcher.service import eventloop
+from dispatcher.service.collector import settle_after_start
 from dispatcher.service.core import Service
 from dispatcher.settings import Settings
 
@@ -130,6 +131,7 @@ async def main() -> None:
     loop.add_signal_handler(signal.SIGUSR1, lambda: _dump(service, transitions, settings.state_dir))
     loop.add_signal_handler(signal.SIGUSR2, lambda: _forget(transitions, settings.state_dir))
     await service.start()
+    settle_after_start()  # as `serve` does
     try:
         await stop.wait()
     finally:

@@ -162,6 +162,7 @@ def demo_run(
 
     from dispatcher.logs import setup_logging
     from dispatcher.service import eventloop
+    from dispatcher.service.collector import settle_after_start
     from dispatcher.service.signals import reloading_on_hangup
 
     settings = load_settings(demo=True, state_dir=options.get("state_dir"))
@@ -204,6 +205,7 @@ def demo_run(
         service = make_service(settings)
         try:
             await service.start()
+            settle_after_start()
             with reloading_on_hangup(service):
                 return await serve_demo(service, stopping)
         finally:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from dispatcher.models import JSON
+from dispatcher.service.collector import settle_after_start
 
 if TYPE_CHECKING:
     from dispatcher.service.core import Service
@@ -29,6 +30,7 @@ async def serve_forever(service: Service) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    settle_after_start()
     try:
         with reloading_on_hangup(service):
             await stop.wait()

@@ -25,7 +25,11 @@ def test_the_service_runs_tasks_reloads_and_stops_on_the_chosen_loop(
     tmp_path: Path, loop: str, parser: str
 ) -> None:
     vendor, _, env = vendor_and_env(tmp_path, ("demo-chat-api",), 1.0)
-    env |= {"DISPATCHER_EVENT_LOOP": loop, "DISPATCHER_HTTP_PARSER": parser}
+    env |= {
+        "DISPATCHER_EVENT_LOOP": loop,
+        "DISPATCHER_HTTP_PARSER": parser,
+        "DISPATCHER_LOG_LEVEL": "DEBUG",
+    }
     log = tmp_path / "service.log"
     service = None
     try:
@@ -49,6 +53,12 @@ def test_the_service_runs_tasks_reloads_and_stops_on_the_chosen_loop(
                 "/v1/tasks", content=duplicate_keys, headers={"Content-Type": "application/json"}
             )
             assert refused.status_code == 400, refused.text
+        # Once started, `serve` set start-up's objects aside from the garbage
+        # collector (`service.collector`).
+        deadline = time.monotonic() + 30
+        while "objects from start-up set aside" not in service.log():
+            assert time.monotonic() < deadline, service.log()[-2000:]
+            time.sleep(0.05)
         # Signal handlers live on the loop: SIGHUP reloads, SIGTERM stops cleanly.
         service.popen.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
