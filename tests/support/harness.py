@@ -22,6 +22,22 @@ WEB_PROFILES = ("demo-chat", "demo-reasoner")
 TERMINAL = {"success", "failed", "canceled"}
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """What `task` waits on, outermost first: each coroutine's file:line down
+    its chain of awaits (`Task.get_stack` gives only the outermost frame)."""
+    chain: list[str] = []
+    link: Any = task.get_coro()
+    while link is not None:
+        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+        if frame is None:
+            chain.append(repr(link)[:200])  # a future, or a finished coroutine
+            break
+        code = frame.f_code
+        chain.append(f"{code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {code.co_name}")
+        link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+    return chain
+
+
 @dataclass
 class Harness:
     service: Service
@@ -117,7 +133,10 @@ class Harness:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while prewarm is not None and prewarm.starting:
             if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"browsers still starting: {prewarm.starting}")
+                # Where each start waits: a start past the wait is a hang to find.
+                jobs: dict[str, asyncio.Task[None]] = getattr(prewarm, "_jobs", {})
+                where = {account: awaiting(job) for account, job in jobs.items()}
+                raise AssertionError(f"browsers still starting after {timeout_s:.0f} s: {where}")
             await asyncio.sleep(0.02)
 
     async def demo_stats(self, base: str | None = None) -> dict[str, Any]:
