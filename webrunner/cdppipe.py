@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import secrets
+import socket
 import subprocess
 from collections.abc import Awaitable
 from http import HTTPStatus
@@ -100,15 +101,24 @@ class CdpPipe:
 
     async def open(self) -> str:
         """Listen for Playwright's one connection; the websocket URL to give it."""
-        self._server = await serve(
-            self._serve,
-            "127.0.0.1",
-            0,
-            process_request=self._check,
-            max_size=MAX_MESSAGE_BYTES,
-            compression=None,
-            ping_interval=None,  # a pipe does not time out; a busy loop must not cut it
-        )
+        # The listening socket is ours until the server holds it: asyncio's
+        # create_server, cancelled in its last step (a stop or a cancel while
+        # a browser starts), drops the server it made, still listening.
+        listener = socket.create_server(("127.0.0.1", 0))
+        try:
+            self._server = await serve(
+                self._serve,
+                sock=listener,
+                process_request=self._check,
+                max_size=MAX_MESSAGE_BYTES,
+                compression=None,
+                ping_interval=None,  # a pipe does not time out; a busy loop must not cut it
+            )
+        except BaseException:
+            if listener.fileno() != -1:  # (uvloop takes the descriptor over at once)
+                asyncio.get_running_loop().remove_reader(listener)
+                listener.close()
+            raise
         port = next(iter(self._server.sockets)).getsockname()[1]
         return f"ws://127.0.0.1:{port}/devtools/browser/{self._token}"
 
