@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.helpers import REPO
-from tests.support.procs import service_client, start_service, stop_proc, vendor_and_env
+from tests.support.procs import Proc, service_client, start_service, stop_proc, vendor_and_env
+
+
+def _until_logged(service: Proc, line: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in service.log():
+        assert time.monotonic() < deadline, service.log()[-2000:]
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -55,16 +62,10 @@ def test_the_service_runs_tasks_reloads_and_stops_on_the_chosen_loop(
             assert refused.status_code == 400, refused.text
         # Once started, `serve` set start-up's objects aside from the garbage
         # collector (`service.collector`).
-        deadline = time.monotonic() + 30
-        while "objects from start-up set aside" not in service.log():
-            assert time.monotonic() < deadline, service.log()[-2000:]
-            time.sleep(0.05)
+        _until_logged(service, "objects from start-up set aside")
         # Signal handlers live on the loop: SIGHUP reloads, SIGTERM stops cleanly.
         service.popen.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while "profiles reloaded" not in service.log():
-            assert time.monotonic() < deadline, service.log()[-2000:]
-            time.sleep(0.05)
+        _until_logged(service, "profiles reloaded")
         assert service.terminate() == 0
         service = None
     finally:
