@@ -6,8 +6,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.routing import Route
 
 from dispatcher.errors import ConfigError
 from dispatcher.notify.webhooks import MAX_ATTEMPTS, check_urls, display_url
-from dispatcher.service.serving import bind_loopback, start_server
+from dispatcher.service.serving import start_server
 from dispatcher.settings import Settings
 from tests.support.harness import running_service
 
@@ -147,45 +148,52 @@ async def test_job_finished_is_signed_retried_and_told_once(tmp_path: Path) -> N
 async def test_account_changes_are_told_and_a_dead_endpoint_never_blocks_tasks(
     tmp_path: Path,
 ) -> None:
-    dead_socket = bind_loopback(None)  # a port nobody answers on
+    # A port nobody answers on, held for the whole test: bound, never
+    # listening (a connect is refused), and without SO_REUSEADDR, so no other
+    # server can take it meanwhile (a port closed at once was, once, by
+    # another test's server, which answered 401).
+    dead_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    dead_socket.bind(("127.0.0.1", 0))
     dead_url = f"http://127.0.0.1:{dead_socket.getsockname()[1]}/gone"
-    dead_socket.close()
-    async with (
-        receiver() as hook,
-        running_service(tmp_path, webhook_urls=[dead_url, hook.url], webhook_secret=SECRET) as h,
-    ):
-        await h.http.post("/v1/accounts/demo/disable", json={"reason": "invoice overdue"})
-        await h.http.post("/v1/accounts/demo/enable")
-        await hook.wait_for(2, "account.state_changed")
-        off, on = (b["account"] for b in hook.events("account.state_changed"))
-        assert off == {
-            "name": "demo",
-            "kind": "api",
-            "old_state": "ok",
-            "new_state": "disabled",
-            "reason": "invoice overdue",
-            "until": None,
-        }
-        assert (on["old_state"], on["new_state"], on["reason"]) == ("disabled", "ok", None)
+    with closing(dead_socket):
+        async with (
+            receiver() as hook,
+            running_service(
+                tmp_path, webhook_urls=[dead_url, hook.url], webhook_secret=SECRET
+            ) as h,
+        ):
+            await h.http.post("/v1/accounts/demo/disable", json={"reason": "invoice overdue"})
+            await h.http.post("/v1/accounts/demo/enable")
+            await hook.wait_for(2, "account.state_changed")
+            off, on = (b["account"] for b in hook.events("account.state_changed"))
+            assert off == {
+                "name": "demo",
+                "kind": "api",
+                "old_state": "ok",
+                "new_state": "disabled",
+                "reason": "invoice overdue",
+                "until": None,
+            }
+            assert (on["old_state"], on["new_state"], on["reason"]) == ("disabled", "ok", None)
 
-        # Tasks run on while one endpoint is down and its deliveries retry.
-        job = await h.job(
-            "meanwhile", [{"model": "demo-video", "params": {"prompt": "x", "gen_s": 1}}]
-        )
-        assert (await h.wait_job(job["id"]))["state"] == "success"
-        await hook.wait_for(1, "job.finished")
+            # Tasks run on while one endpoint is down and its deliveries retry.
+            job = await h.job(
+                "meanwhile", [{"model": "demo-video", "params": {"prompt": "x", "gen_s": 1}}]
+            )
+            assert (await h.wait_job(job["id"]))["state"] == "success"
+            await hook.wait_for(1, "job.finished")
 
-        deadline = asyncio.get_running_loop().time() + 20
-        while True:
-            items = (await _deliveries(h))["items"]
-            given_up = [i for i in items if i["url"] == dead_url and i["final"]]
-            if len(given_up) == 3 or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.05)
-        assert len(given_up) == 3, items  # two account changes and the job, each given up
-        assert all(i["attempt"] == MAX_ATTEMPTS and i["status"] is None for i in given_up)
-        assert all("ConnectError" in i["error"] for i in given_up)
-        assert len([i for i in items if i["url"] == dead_url]) == 3 * MAX_ATTEMPTS
+            deadline = asyncio.get_running_loop().time() + 20
+            while True:
+                items = (await _deliveries(h))["items"]
+                given_up = [i for i in items if i["url"] == dead_url and i["final"]]
+                if len(given_up) == 3 or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(given_up) == 3, items  # two account changes and the job, each given up
+            assert all(i["attempt"] == MAX_ATTEMPTS and i["status"] is None for i in given_up)
+            assert all("ConnectError" in i["error"] for i in given_up)
+            assert len([i for i in items if i["url"] == dead_url]) == 3 * MAX_ATTEMPTS
 
 
 async def test_webhooks_are_off_without_urls(tmp_path: Path) -> None:
