@@ -185,16 +185,25 @@ class BrowserKeeper:
         self._released.discard(account)
 
     def prestarted(
-        self, account: str, session: BrowserSession, page: Page, url: str, loaded_at: float
+        self,
+        account: str,
+        session: BrowserSession,
+        page: Page,
+        url: str,
+        loaded_at: float,
+        *,
+        spare_tab: Page | None = None,
     ) -> bool:
         """A browser started before the account's first task, `page` loaded on
         `url` (at `loaded_at`, monotonic) and checked: kept like one a task
-        left, closed when idle. False when it should be closed instead
-        (keep-alive off, the account was taken out of service meanwhile, the
-        browser is unwell)."""
+        left, closed when idle; `spare_tab` is parked for the first task's
+        spare. False when it should be closed instead (keep-alive off, the
+        account was taken out of service meanwhile, the browser is unwell)."""
         if self.keep_alive_s <= 0 or account in self._released or not session.usable:
             return False
         self._sessions[account] = session
+        if spare_tab is not None:
+            self._parked[account] = spare_tab
         self._idle_since[account] = time.monotonic()
         self._preloads[account] = _Preload(
             url, asyncio.create_task(_loaded(page, loaded_at), name=f"pre-started {account}")

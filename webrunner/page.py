@@ -34,6 +34,13 @@ MAX_POLL_S = 0.2
 MIN_POLL_S = 0.02
 # Real seconds a page gets to show either its logged-in or logged-out marker.
 PAGE_READY_S = 60.0
+# The share of the page's budget a load begun at the browser's launch is
+# waited for; the caller loads the page itself with the rest. Playwright
+# learns of that load from what the browser tells it while it connects, and
+# can miss its end (browser-use/browser-use#682 loads again for the same
+# reason): with twenty browsers starting on two cores, one start waited its
+# whole minute for it and failed.
+LAUNCH_LOAD_SHARE = 1 / 3
 STOP_CLICK_S = 2.0
 # Real seconds a failed attempt's page gets to load again and show whether
 # the account is still logged in (`logged_out_on_reload`).
@@ -66,7 +73,8 @@ async def started_on(
         await page_step(
             ctx,
             page.wait_for_load_state(
-                "domcontentloaded", timeout=budget.remaining(ctx.clock) * 1000
+                "domcontentloaded",
+                timeout=budget.remaining(ctx.clock) * LAUNCH_LOAD_SHARE * 1000,
             ),
             what=f"loading {spec.url}",
             budget=budget,

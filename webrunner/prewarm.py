@@ -38,6 +38,7 @@ from dispatcher.profiles import WebSpec
 from dispatcher.scheduling.protocol import timed_out
 from dispatcher.scheduling.running import TaskLog
 from webrunner.browser import BrowserSession
+from webrunner.guard import own_page
 from webrunner.keeper import PRIME_TIMEOUT_S
 from webrunner.looks import prime
 from webrunner.page import PAGE_READY_S, PageDriver, started_on
@@ -139,6 +140,7 @@ async def prestart_browser(
             session = await runner.launch_browser(account, spec, log)
         try:
             page, loaded_at = await _checked_page(runner.clock, account, session, spec)
+            spare_tab = await _spare_tab(session, page)
         except asyncio.CancelledError:
             await keeper.forget(account)
             await session.abort()
@@ -152,7 +154,7 @@ async def prestart_browser(
             # forgotten, so the mark cannot land after and bring it back.
             await hold(exc)
             return False
-        if not keeper.prestarted(account, session, page, spec.url, loaded_at):
+        if not keeper.prestarted(account, session, page, spec.url, loaded_at, spare_tab=spare_tab):
             log.info("browser pid %d not kept (the account left service); closing it", session.pid)
             await keeper.close(account, session, log)
             return False
@@ -164,6 +166,28 @@ async def prestart_browser(
             (time.monotonic() - t0) * 1000,
         )
         return True
+
+
+async def _spare_tab(session: BrowserSession, page: Page) -> Page | None:
+    """A second tab, blank, for the first task's spare (`keeper.py`), the
+    checked page brought back in front of it; None if it could not be had.
+
+    Opened now, while the host is quiet: a new tab costs Chromium a
+    renderer and a compositor (about twice a load in a tab it has), and
+    without it the first tasks of twenty accounts, starting together, would
+    open twenty at once while they type (twenty accounts on two cores: the
+    first tasks' overhead 1.2-1.4 s, 1.0 with it). The task types into the
+    front tab: a tab behind has no animation frames to wait for."""
+    try:
+        async with asyncio.timeout(PRIME_TIMEOUT_S):
+            tab = await own_page(session.context)
+    except (PlaywrightError, TimeoutError):
+        return None  # best effort, as a spare is: the first task opens one itself
+    # Else the task brings it to front itself (`WebRunner._open_page`).
+    with contextlib.suppress(PlaywrightError, TimeoutError):
+        async with asyncio.timeout(PRIME_TIMEOUT_S):
+            await page.bring_to_front()
+    return tab
 
 
 async def _checked_page(

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.async_api import Page
 
 from demo.web_model import demo_login, start_demo_web
 from dispatcher.accounts.warmup import BrowserPrewarm
@@ -84,6 +85,18 @@ async def test_the_browser_starts_with_the_lane_and_the_first_task_reuses_it(
             assert pid in {p.pid for p in account_browsers(h.state_dir, account)}
             assert unknown_browsers(h, account) == []
         assert await metric(h, "dispatcher_browser_prestarts_total") == 2.0
+        # Beside the checked page a blank tab for the first task's spare:
+        # opened while the host is quiet, not as the first tasks type.
+        session = runner.keeper.session("demo-1")
+        assert session is not None
+        checked, blank = session.context.pages
+        assert (checked.url.endswith("/chat"), blank.url) == (True, "about:blank")
+        opened: list[Page] = []
+
+        def on_page(page: Page) -> None:
+            opened.append(page)
+
+        session.context.on("page", on_page)
 
         # Taken out of service, an account gives its pre-started browser back.
         await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
@@ -96,6 +109,9 @@ async def test_the_browser_starts_with_the_lane_and_the_first_task_reuses_it(
         meta = done["result"]["meta"]
         assert (meta["browser_reused"], meta["browser_pid"]) == (True, pids["demo-1"])
         assert "launch" not in meta["timings_ms"]  # no start paid by the task
+        # The next task's page loaded in the blank tab: no tab opened for it.
+        assert opened == [] and session.context.pages == [checked, blank]
+        assert blank.url == checked.url
         assert await metric(h, "dispatcher_browser_reuses_total") == 1.0
         assert await metric(h, "dispatcher_browser_launches_total") == 2.0
 
