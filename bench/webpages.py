@@ -65,17 +65,23 @@ BROWSERS_READY_S = 60.0
 
 # -- the gradio app ----------------------------------------------------------------
 class GradioApps:
-    """`tests/gradio_apps/serve.py` in its own process, on a free port."""
+    """`tests/gradio_apps/serve.py` in its own process, on a free port (its
+    socket bound here and handed down: the port cannot be taken meanwhile)."""
 
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "tests.gradio_apps.serve", str(port)],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    def __init__(self) -> None:
+        from dispatcher.service.serving import bind_loopback
+
+        sock = bind_loopback(None)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with sock:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "tests.gradio_apps.serve", str(sock.fileno())],
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(sock.fileno(),),
+            )
 
     async def wait_serving(self) -> None:
         deadline = time.monotonic() + GRADIO_START_S
@@ -122,15 +128,6 @@ class GradioApps:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
-
-
-def _free_port() -> int:
-    from dispatcher.service.serving import bind_loopback
-
-    sock = bind_loopback(None)
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 # -- figures -----------------------------------------------------------------------
@@ -271,7 +268,7 @@ async def run(work: Path) -> BenchResult:
     browser = find_browser()
     if browser is None:
         raise RuntimeError("no Chromium found (`make venv` installs one)")
-    apps = GradioApps(_free_port())
+    apps = GradioApps()
     try:
         with DemoProc("web", 1.0) as web:
             await apps.wait_serving()

@@ -27,10 +27,12 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from tests.gradio_apps import api_image, api_queue, api_text
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _bound() -> socket.socket:
+    # Bound here and served as it is: a port picked, closed and bound again
+    # by number could be taken by another process in between.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def _app(demo: gr.Blocks, token: str | None, runs: Counter[str]) -> FastAPI:
@@ -59,13 +61,15 @@ async def main() -> None:
         "image": _app(api_image.build(), args.token, Counter()),
         "queue": _app(api_queue.build(), None, api_queue.RUNS),
     }
-    ports = {name: _free_port() for name in apps}
-    servers = [
-        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=ports[name], log_level="warning"))
-        for name, app in apps.items()
+    socks = {name: _bound() for name in apps}
+    ports = {name: int(sock.getsockname()[1]) for name, sock in socks.items()}
+    servers = {
+        name: uvicorn.Server(uvicorn.Config(app, log_level="warning")) for name, app in apps.items()
+    }
+    serving = [
+        asyncio.create_task(server.serve(sockets=[socks[name]])) for name, server in servers.items()
     ]
-    serving = [asyncio.create_task(server.serve()) for server in servers]
-    while not all(server.started for server in servers):
+    while not all(server.started for server in servers.values()):
         if any(task.done() for task in serving):
             raise SystemExit("a gradio app did not start")
         await asyncio.sleep(0.05)

@@ -28,10 +28,9 @@ import time
 from collections.abc import Iterator
 
 import gradio as gr
-import uvicorn
 from fastapi import FastAPI
 
-from tests.gradio_apps.common import LOGIN_PASSWORD, LOGIN_USER
+from tests.gradio_apps.common import LOGIN_PASSWORD, LOGIN_USER, serve_inherited
 
 WORD_S = 0.03
 
@@ -44,12 +43,11 @@ def reply(message: str, history: list[dict[str, str]]) -> Iterator[str]:
 
 
 def main() -> None:
-    port = int(sys.argv[1])
+    fd = int(sys.argv[1])
     chat = gr.ChatInterface(reply, title="private chat")
     app = gr.mount_gradio_app(FastAPI(), chat, path="", auth=[(LOGIN_USER, LOGIN_PASSWORD)])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     print("ready", flush=True)
-    server.run()
+    serve_inherited(app, fd)
 
 
 if __name__ == "__main__":

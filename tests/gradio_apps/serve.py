@@ -34,11 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
-import uvicorn
 from fastapi import FastAPI
 
 from demo.api_media import png_bytes
-from tests.gradio_apps.common import image_key
+from tests.gradio_apps.common import image_key, serve_inherited
 
 WORD_S = 0.04
 PAUSE_S = 0.4
@@ -79,16 +78,14 @@ def image_app() -> gr.Blocks:
 
 
 def main() -> None:
-    port = int(sys.argv[1])
+    fd = int(sys.argv[1])
     app = FastAPI()
     app.add_api_route("/__generations", lambda: GENERATIONS)
     chat = gr.ChatInterface(reply, title="chat")
     app = gr.mount_gradio_app(app, chat, path="/chat", allowed_paths=[str(OUT_DIR)])
     app = gr.mount_gradio_app(app, image_app(), path="/image", allowed_paths=[str(OUT_DIR)])
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
     print("ready", flush=True)
-    server.run()
+    serve_inherited(app, fd)
 
 
 if __name__ == "__main__":

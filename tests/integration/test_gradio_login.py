@@ -42,16 +42,18 @@ START_S = 180.0
 
 @pytest.fixture(scope="module")
 def app_url() -> Iterator[str]:
+    # The app serves on this socket, handed down bound: the port stays ours.
     sock = bind_loopback(None)
     port = sock.getsockname()[1]
-    sock.close()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.gradio_apps.login_app", str(port)],
+        [sys.executable, "-m", "tests.gradio_apps.login_app", str(sock.fileno())],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        pass_fds=(sock.fileno(),),
     )
+    sock.close()  # the app's copy serves
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + START_S

@@ -42,19 +42,21 @@ START_S = 240.0
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def gradio_url() -> AsyncIterator[str]:
+    # The app serves on this socket, handed down bound: the port stays ours.
     sock = bind_loopback(None)
     port = sock.getsockname()[1]
-    sock.close()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tests.gradio_apps.serve",
-        str(port),
+        str(sock.fileno()),
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
+        pass_fds=(sock.fileno(),),
     )
+    sock.close()  # the app's copy serves
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_S
