@@ -17,7 +17,8 @@ instead. What the keeper guarantees:
 
 - an account has at most one browser, and the runner knows its PID;
 - a browser started before the account's first task (`prewarm.py`) is
-  kept the same way, on its checked page;
+  kept the same way, on its checked page, the first spare loaded beside it
+  (used if the first task comes while it can still be fresh at its end);
 - a kept browser is closed after `keep_alive_s` without a task, when its
   account is taken out of service (disabled, or needs a new login: the
   operator will open the profile, and Chromium allows one browser per
@@ -102,6 +103,12 @@ async def _load(page: Page, url: str, prime: Primer | None) -> float | None:
     return loaded_at
 
 
+async def load_copy(page: Page, url: str, prime: Primer | None) -> float | None:
+    """Load `url` in `page` (then `prime` it): when it had loaded
+    (monotonic), None if it did not."""
+    return await _load(page, url, prime)
+
+
 async def _load_in(page: Page, url: str, prime: Primer | None) -> tuple[Page | None, float | None]:
     return page, await _load(page, url, prime)
 
@@ -157,6 +164,10 @@ class BrowserKeeper:
         self._tab_closers: dict[str, list[asyncio.Task[None]]] = {}
         # The last finished conversation's tab, kept for the next spare.
         self._parked: dict[str, Page] = {}
+        # A parked tab that holds a loaded copy of the model's page (a
+        # browser started before any task loads its first spare then):
+        # (its url, when it had loaded: monotonic).
+        self._parked_copy: dict[str, tuple[str, float]] = {}
         self._released: set[str] = set()
         # Tasks that have run on each account (`resume`): a browser start
         # asked for before one of them is not wanted any more.
@@ -193,17 +204,21 @@ class BrowserKeeper:
         loaded_at: float,
         *,
         spare_tab: Page | None = None,
+        spare_loaded_at: float | None = None,
     ) -> bool:
         """A browser started before the account's first task, `page` loaded on
         `url` (at `loaded_at`, monotonic) and checked: kept like one a task
         left, closed when idle; `spare_tab` is parked for the first task's
-        spare. False when it should be closed instead (keep-alive off, the
-        account was taken out of service meanwhile, the browser is unwell)."""
+        spare, with `url` loaded in it at `spare_loaded_at` unless None.
+        False when it should be closed instead (keep-alive off, the account
+        was taken out of service meanwhile, the browser is unwell)."""
         if self.keep_alive_s <= 0 or account in self._released or not session.usable:
             return False
         self._sessions[account] = session
         if spare_tab is not None:
             self._parked[account] = spare_tab
+            if spare_loaded_at is not None:
+                self._parked_copy[account] = (url, spare_loaded_at)
         self._idle_since[account] = time.monotonic()
         self._preloads[account] = _Preload(
             url, asyncio.create_task(_loaded(page, loaded_at), name=f"pre-started {account}")
@@ -295,12 +310,23 @@ class BrowserKeeper:
             or last_s >= PRELOAD_FRESH_S / 2
         ):
             return
+        parked = self._parked.pop(account, None)
+        copy = self._parked_copy.pop(account, None)
+        if (
+            parked is not None
+            and not parked.is_closed()
+            and copy is not None
+            and copy[0] == url
+            and time.monotonic() - copy[1] < PRELOAD_FRESH_S / 2
+        ):
+            # Loaded when the browser started: loading it again now would
+            # cost each of twenty accounts starting together a load while
+            # they type (the others' first tasks, on two cores).
+            job = _loaded(parked, copy[1])
+        else:
+            job = _load_spare(session.context, parked, url, prime)
         self._spares[account] = _Preload(
-            url,
-            asyncio.create_task(
-                _load_spare(session.context, self._parked.pop(account, None), url, prime),
-                name=f"spare tab for {account}",
-            ),
+            url, asyncio.create_task(job, name=f"spare tab for {account}")
         )
 
     def keep(
@@ -331,6 +357,7 @@ class BrowserKeeper:
         # A tab parked earlier and not taken by a spare since (this task had
         # none: long generations): it would only hold memory.
         parked = self._parked.pop(account, None)
+        self._parked_copy.pop(account, None)
         if parked is not None and parked is not page:
             closers.append(
                 asyncio.create_task(_close_tab(parked), name=f"close a tab of {account}")
@@ -430,6 +457,7 @@ class BrowserKeeper:
     async def _drop_preload(self, account: str) -> None:
         # (Its browser is being closed or killed: the parked tab goes with it.)
         self._parked.pop(account, None)
+        self._parked_copy.pop(account, None)
         tasks: list[asyncio.Task[object]] = list(self._tab_closers.pop(account, []))
         for preloads in (self._preloads, self._spares):
             preload = preloads.pop(account, None)

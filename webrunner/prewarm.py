@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +40,7 @@ from dispatcher.scheduling.protocol import timed_out
 from dispatcher.scheduling.running import TaskLog
 from webrunner.browser import BrowserSession
 from webrunner.guard import own_page
-from webrunner.keeper import PRIME_TIMEOUT_S
+from webrunner.keeper import PRELOAD_TIMEOUT_S, PRIME_TIMEOUT_S, load_copy
 from webrunner.looks import prime
 from webrunner.page import PAGE_READY_S, PageDriver, started_on
 from webrunner.pagestep import Budget
@@ -140,7 +141,7 @@ async def prestart_browser(
             session = await runner.launch_browser(account, spec, log)
         try:
             page, loaded_at = await _checked_page(runner.clock, account, session, spec)
-            spare_tab = await _spare_tab(session, page)
+            spare_tab, spare_loaded_at = await _spare_tab(session, page, spec)
         except asyncio.CancelledError:
             await keeper.forget(account)
             await session.abort()
@@ -154,7 +155,15 @@ async def prestart_browser(
             # forgotten, so the mark cannot land after and bring it back.
             await hold(exc)
             return False
-        if not keeper.prestarted(account, session, page, spec.url, loaded_at, spare_tab=spare_tab):
+        if not keeper.prestarted(
+            account,
+            session,
+            page,
+            spec.url,
+            loaded_at,
+            spare_tab=spare_tab,
+            spare_loaded_at=spare_loaded_at,
+        ):
             log.info("browser pid %d not kept (the account left service); closing it", session.pid)
             await keeper.close(account, session, log)
             return False
@@ -168,26 +177,35 @@ async def prestart_browser(
         return True
 
 
-async def _spare_tab(session: BrowserSession, page: Page) -> Page | None:
-    """A second tab, blank, for the first task's spare (`keeper.py`), the
-    checked page brought back in front of it; None if it could not be had.
+async def _spare_tab(
+    session: BrowserSession, page: Page, spec: WebSpec
+) -> tuple[Page | None, float | None]:
+    """A second tab for the first task's spare (`keeper.py`), the model's page
+    loaded and primed in it, the checked page brought back in front of it:
+    (the tab, None if it could not be had; when its page had loaded,
+    monotonic, None if it did not: the first task loads it again).
 
-    Opened now, while the host is quiet: a new tab costs Chromium a
-    renderer and a compositor (about twice a load in a tab it has), and
+    Opened and loaded now, while the host is quiet: a new tab costs Chromium
+    a renderer and a compositor (about twice a load in a tab it has), and
     without it the first tasks of twenty accounts, starting together, would
-    open twenty at once while they type (twenty accounts on two cores: the
-    first tasks' overhead 1.2-1.4 s, 1.0 with it). The task types into the
-    front tab: a tab behind has no animation frames to wait for."""
+    open twenty and load twenty pages at once while they type (twenty
+    accounts on two cores: the first tasks' overhead 1.2-1.4 s, 1.0 with the
+    tab opened here). The task types into the front tab: a tab behind has
+    no animation frames to wait for."""
     try:
         async with asyncio.timeout(PRIME_TIMEOUT_S):
             tab = await own_page(session.context)
     except (PlaywrightError, TimeoutError):
-        return None  # best effort, as a spare is: the first task opens one itself
+        return None, None  # best effort, as a spare is: the first task opens one itself
+    loaded_at = None
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(PRELOAD_TIMEOUT_S):
+            loaded_at = await load_copy(tab, spec.url, functools.partial(prime, spec=spec))
     # Else the task brings it to front itself (`WebRunner._open_page`).
     with contextlib.suppress(PlaywrightError, TimeoutError):
         async with asyncio.timeout(PRIME_TIMEOUT_S):
             await page.bring_to_front()
-    return tab
+    return tab, loaded_at
 
 
 async def _checked_page(

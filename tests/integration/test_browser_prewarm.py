@@ -85,33 +85,43 @@ async def test_the_browser_starts_with_the_lane_and_the_first_task_reuses_it(
             assert pid in {p.pid for p in account_browsers(h.state_dir, account)}
             assert unknown_browsers(h, account) == []
         assert await metric(h, "dispatcher_browser_prestarts_total") == 2.0
-        # Beside the checked page a blank tab for the first task's spare:
-        # opened while the host is quiet, not as the first tasks type.
-        session = runner.keeper.session("demo-1")
-        assert session is not None
-        checked, blank = session.context.pages
-        assert (checked.url.endswith("/chat"), blank.url) == (True, "about:blank")
+        # Beside the checked page a second tab, the model's page loaded in
+        # it for the first task's spare: opened and loaded while the host is
+        # quiet, not as the first tasks type.
+        spares: dict[str, tuple[Page, Page, float]] = {}
         opened: list[Page] = []
 
         def on_page(page: Page) -> None:
             opened.append(page)
 
-        session.context.on("page", on_page)
-
-        # Taken out of service, an account gives its pre-started browser back.
-        await h.http.post("/v1/accounts/demo-2/disable", json={"reason": "one account"})
-        await until(lambda: account_browsers(h.state_dir, "demo-2") == [], "demo-2's browser gone")
-        assert "demo-2" not in runner.open_browsers()
+        for account in pids:
+            session = runner.keeper.session(account)
+            assert session is not None
+            checked, spare = session.context.pages
+            assert checked.url.endswith("/chat") and spare.url == checked.url
+            spares[account] = (checked, spare, await spare.evaluate("performance.timeOrigin"))
+            session.context.on("page", on_page)
 
         task = await h.submit("demo-chat", "the first task [duration=10]")
         done = await h.wait_task(task["id"], timeout_s=60)
         assert done["state"] == "success", done
         meta = done["result"]["meta"]
-        assert (meta["browser_reused"], meta["browser_pid"]) == (True, pids["demo-1"])
+        account = meta["account"]
+        assert (meta["browser_reused"], meta["browser_pid"]) == (True, pids[account])
         assert "launch" not in meta["timings_ms"]  # no start paid by the task
-        # The next task's page loaded in the blank tab: no tab opened for it.
-        assert opened == [] and session.context.pages == [checked, blank]
-        assert blank.url == checked.url
+        # The next task's page is the spare loaded at the start: no tab
+        # opened, and not loaded again (the same document).
+        checked, spare, loaded = spares[account]
+        session = runner.keeper.session(account)
+        assert session is not None
+        assert opened == [] and session.context.pages == [checked, spare]
+        assert await spare.evaluate("performance.timeOrigin") == loaded
+
+        # Taken out of service, an account gives its pre-started browser back.
+        other = ({"demo-1", "demo-2"} - {account}).pop()
+        await h.http.post(f"/v1/accounts/{other}/disable", json={"reason": "one account"})
+        await until(lambda: account_browsers(h.state_dir, other) == [], f"{other}'s browser gone")
+        assert other not in runner.open_browsers()
         assert await metric(h, "dispatcher_browser_reuses_total") == 1.0
         assert await metric(h, "dispatcher_browser_launches_total") == 2.0
 
