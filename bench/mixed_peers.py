@@ -172,8 +172,20 @@ async def _wait_warm(
         if any(p.poll() is not None for p in popens):
             raise RuntimeError(f"a worker exited; see {log}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the web worker's browser was not up in {WARM_UP_BUDGET_S:.0f} s")
+            raise RuntimeError(
+                f"the web worker's browser was not up in {WARM_UP_BUDGET_S:.0f} s"
+                f" (the workers' last line: {_last_line(log)!r})"
+            )
         await asyncio.sleep(0.1)
+
+
+def _last_line(log: Path) -> str:
+    """Why a worker was not up, as it said it (its log's last line, cut)."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][-200:] if lines else ""
 
 
 async def run_peer(
@@ -252,7 +264,7 @@ async def run_peers(
         try:
             return await run_peer(name, work / name, tasks, scale, cap_s=CAP_OVER_LB * lb_s)
         except Exception as exc:
-            return {"system": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            return {"system": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
 
     rows = await asyncio.gather(*(one(name) for name in names))
     return dict(zip(names, rows, strict=True))

@@ -157,11 +157,18 @@ class Browser:
             from playwright.sync_api import sync_playwright
 
             self._manager = sync_playwright().start()
-            self._context = self._manager.chromium.launch_persistent_context(
-                os.environ["MIXED_PROFILE"],
-                executable_path=os.environ.get("MIXED_BROWSER") or None,
-                headless=True,
-            )
+            try:
+                self._context = self._manager.chromium.launch_persistent_context(
+                    os.environ["MIXED_PROFILE"],
+                    executable_path=os.environ.get("MIXED_BROWSER") or None,
+                    headless=True,
+                )
+            except BaseException:
+                # A second `sync_playwright()` in this thread while the first
+                # still runs raises: a launch that failed once (a busy machine)
+                # would fail every retry after it, and the worker with them.
+                self.close()
+                raise
         return self._context
 
     def close(self) -> None:
