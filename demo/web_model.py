@@ -399,6 +399,10 @@ async def start_demo_web(port: int | None = None, time_scale: float = 1.0) -> Ru
     return await start_server(create_app(time_scale), port)
 
 
+# Real seconds a login's browser is given to exit (and save its session).
+LOGIN_CLOSE_GRACE_S = 20.0
+
+
 async def demo_login(
     browser_executable: str,
     user_data_dir: Path,
@@ -441,7 +445,12 @@ async def demo_login(
         except PlaywrightError as exc:
             raise AuthError(f"could not log {user_data_dir} into {url}: {exc.message}") from exc
         finally:
-            await session.close()
+            # Time to exit by itself: a browser killed before its shutdown has
+            # written the session cookie leaves the profile logged out. A task's
+            # 3 s can run out with three systems starting their browsers at
+            # once on two cores (the likely cause of a benchmark peer whose
+            # page never showed its composer).
+            await session.close(grace_s=LOGIN_CLOSE_GRACE_S)
     finally:
         if manager is not None:
             with contextlib.suppress(Exception):

@@ -45,6 +45,7 @@ from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.laneviews import QueuedCounts, lanes_view, task_progress
 from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
+from dispatcher.scheduling.roundwait import RoundWaiters
 from dispatcher.scheduling.running import (
     Canceled,
     Live,
@@ -119,6 +120,7 @@ class Scheduler:
         self._durations: dict[str, deque[float]] = {}
         self.run_history = RunHistory()
         self.rounds = 0
+        self.round_waiters = RoundWaiters()
         self.health = AccountHealth(ledger, clock, accounts, failures_for_attention)
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
         self.effective_concurrency = effective_concurrency
@@ -165,14 +167,24 @@ class Scheduler:
     def wake(self) -> None:
         self._wake.set()
 
+    async def started_what_it_can(self, timeout_s: float) -> None:
+        """After work was queued: until a round begun now has claimed and
+        started what it could (`roundwait.py`), at most `timeout_s`."""
+        if self._loop_task is None or self._loop_task.done() or self._stopping:
+            return
+        self._wake.set()
+        await self.round_waiters.next_round(timeout_s)
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
+            self.round_waiters.begin()
             try:
                 await self.round()
             except Exception:
                 # A failing round (e.g. a locked database) must not kill the lanes.
                 log.exception("scheduler round failed; retrying next tick")
+            self.round_waiters.ended()
             # The tick is a timer that sets the wake event, not a wait_for:
             # rounds follow every submit and every finished task, and a
             # wait_for costs a new task per round.

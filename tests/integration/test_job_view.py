@@ -153,3 +153,18 @@ async def test_the_batch_watcher_follows_a_10000_task_job_with_light_polls(
         assert max(client.sizes) < 64 * 1024
         assert f"progress {BIG_JOB}/{BIG_JOB}" in text.getvalue()
         assert "demo-video" in text.getvalue() or "api:demo" in text.getvalue()
+
+
+async def test_a_new_job_answers_with_its_first_tasks_already_started(tmp_path: Path) -> None:
+    # The answer (every task's view and ETA) is built after a round has
+    # claimed what the quota allows: the first tasks do not wait for it.
+    async with running_service(tmp_path, concurrency={"demo": 2}) as h:
+        tasks = [
+            {"model": "demo-video", "params": {"prompt": f"p{n}", "gen_s": 400}} for n in range(20)
+        ]
+        response = await h.http.post("/v1/jobs", json={"name": "first ones", "tasks": tasks})
+        assert response.status_code == 201, response.text
+        job = response.json()
+        assert (job["counts"]["running"], job["counts"]["pending"]) == (2, 18)
+        running = [t for t in job["tasks"] if t["state"] == "running"]
+        assert [t["params"]["prompt"] for t in running] == ["p0", "p1"]
