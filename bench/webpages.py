@@ -27,9 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +36,6 @@ import httpx
 
 from bench.common import (
     PROFILES_DIR,
-    REPO,
     BenchResult,
     Check,
     DemoProc,
@@ -50,6 +46,7 @@ from bench.common import (
     percentile,
     r,
 )
+from tests.gradio_apps.process import GradioProcess
 from webrunner.profiledirs import user_data_dir_for
 
 TASKS_PER_MODEL = 8
@@ -64,39 +61,14 @@ BROWSERS_READY_S = 60.0
 
 
 # -- the gradio app ----------------------------------------------------------------
-class GradioApps:
-    """`tests/gradio_apps/serve.py` in its own process, on a free port (its
-    socket bound here and handed down: the port cannot be taken meanwhile)."""
+class GradioApps(GradioProcess):
+    """`tests/gradio_apps/serve.py`: the chat and image apps on one port."""
 
     def __init__(self) -> None:
-        from dispatcher.service.serving import bind_loopback
-
-        sock = bind_loopback(None)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        with sock:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "tests.gradio_apps.serve", str(sock.fileno())],
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(sock.fileno(),),
-            )
+        super().__init__("serve")
 
     async def wait_serving(self) -> None:
-        deadline = time.monotonic() + GRADIO_START_S
-        async with httpx.AsyncClient() as client:
-            while True:
-                if self.popen.poll() is not None:
-                    raise RuntimeError(f"the gradio apps exited ({self.popen.returncode})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the gradio apps did not start")
-                try:
-                    if (await client.get(f"{self.url}/chat/", timeout=10)).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.2)
+        await self.until_serving("/chat/", GRADIO_START_S)
 
     async def generations(self) -> dict[str, tuple[float, float]]:
         """Per message, when the app's reply started and ended (wall clock)."""
@@ -119,15 +91,6 @@ class GradioApps:
                         raise RuntimeError(f"the gradio app failed on {message!r}")
                     break
         return time.time() - t0
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
 
 
 # -- figures -----------------------------------------------------------------------

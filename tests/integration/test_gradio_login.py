@@ -12,11 +12,8 @@ form, and not when the session is revoked while the page is already loaded
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from dispatcher.service.serving import bind_loopback
 from dispatcher.settings import Settings, find_browser
 from tests.gradio_apps.common import LOGIN_PASSWORD, LOGIN_USER
+from tests.gradio_apps.process import GradioProcess
 from tests.support.harness import Harness, serving
 from tests.support.helpers import REPO
 from tests.support.servicecli import clean_env, run_cli
@@ -42,38 +39,12 @@ START_S = 180.0
 
 @pytest.fixture(scope="module")
 def app_url() -> Iterator[str]:
-    # The app serves on this socket, handed down bound: the port stays ours.
-    sock = bind_loopback(None)
-    port = sock.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.gradio_apps.login_app", str(sock.fileno())],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        pass_fds=(sock.fileno(),),
-    )
-    sock.close()  # the app's copy serves
-    url = f"http://127.0.0.1:{port}/"
+    app = GradioProcess("login_app")
     try:
-        deadline = time.monotonic() + START_S
-        while True:
-            assert proc.poll() is None, f"the gradio app exited ({proc.returncode})"
-            assert time.monotonic() < deadline, "the gradio app did not start"
-            try:
-                if httpx.get(url, timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield url
+        app.until_serving_blocking("/", START_S)
+        yield f"{app.url}/"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        app.stop()
 
 
 @asynccontextmanager

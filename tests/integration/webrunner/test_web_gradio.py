@@ -9,16 +9,11 @@ as shipped: exact text, byte-exact images, no answer given to another task.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
-import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 import pytest_asyncio
 
@@ -26,8 +21,8 @@ from demo.api_media import png_bytes
 from dispatcher.clock import SystemClock
 from dispatcher.models import Kind, Task, new_id
 from dispatcher.profiles import load_profiles
-from dispatcher.service.serving import bind_loopback
 from tests.gradio_apps.common import image_key
+from tests.gradio_apps.process import GradioProcess
 
 if TYPE_CHECKING:
     from tests.integration.webrunner.conftest import WebEnv
@@ -42,42 +37,12 @@ START_S = 240.0
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def gradio_url() -> AsyncIterator[str]:
-    # The app serves on this socket, handed down bound: the port stays ours.
-    sock = bind_loopback(None)
-    port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.gradio_apps.serve",
-        str(sock.fileno()),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        pass_fds=(sock.fileno(),),
-    )
-    sock.close()  # the app's copy serves
-    url = f"http://127.0.0.1:{port}"
+    app = GradioProcess("serve")
     try:
-        deadline = time.monotonic() + START_S
-        async with httpx.AsyncClient() as http:
-            while True:
-                assert proc.returncode is None, f"the gradio apps exited ({proc.returncode})"
-                assert time.monotonic() < deadline, "the gradio apps did not start"
-                try:
-                    if (await http.get(f"{url}/image/")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.2)
-        yield url
+        await app.until_serving("/image/", START_S)
+        yield app.url
     finally:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        app.stop()
 
 
 def _use_examples(web: WebEnv, url: str) -> None:
