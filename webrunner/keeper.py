@@ -89,7 +89,9 @@ class Preloaded:
     fresh: bool
 
 
-async def _load(page: Page, url: str, prime: Primer | None) -> float | None:
+async def load_copy(page: Page, url: str, prime: Primer | None) -> float | None:
+    """Load `url` in `page` (then `prime` it): when it had loaded
+    (monotonic), None if it did not."""
     try:
         await page.goto(url, wait_until="domcontentloaded", timeout=PRELOAD_TIMEOUT_S * 1000)
     except PlaywrightError:
@@ -103,14 +105,8 @@ async def _load(page: Page, url: str, prime: Primer | None) -> float | None:
     return loaded_at
 
 
-async def load_copy(page: Page, url: str, prime: Primer | None) -> float | None:
-    """Load `url` in `page` (then `prime` it): when it had loaded
-    (monotonic), None if it did not."""
-    return await _load(page, url, prime)
-
-
 async def _load_in(page: Page, url: str, prime: Primer | None) -> tuple[Page | None, float | None]:
-    return page, await _load(page, url, prime)
+    return page, await load_copy(page, url, prime)
 
 
 async def _load_spare(
@@ -123,7 +119,7 @@ async def _load_spare(
             page = await own_page(context)
         except PlaywrightError:
             return None, None
-    return page, await _load(page, url, prime)
+    return page, await load_copy(page, url, prime)
 
 
 async def _loaded(page: Page, loaded_at: float) -> tuple[Page | None, float | None]:

@@ -119,7 +119,6 @@ class Scheduler:
         # kept here, because every task answer needs them.
         self._durations: dict[str, deque[float]] = {}
         self.run_history = RunHistory()
-        self.rounds = 0
         self.round_waiters = RoundWaiters()
         self.health = AccountHealth(ledger, clock, accounts, failures_for_attention)
         # A lane's concurrency after 429 storms (`health.after_call`); None: its quota.
@@ -227,7 +226,6 @@ class Scheduler:
 
     # -- the round ---------------------------------------------------------------
     async def round(self) -> None:
-        self.rounds += 1
         # Staleness is a matter of tens of seconds: a look every few seconds
         # is as prompt as one at every wake, and a query cheaper per task.
         now = self.clock.monotonic()
