@@ -428,6 +428,7 @@ class Scheduler:
             next_beat_in_s(loop.time(), self.heartbeat_s),
             lambda: beats.append(asyncio.create_task(keep_beating(self, running, runner))),
         )
+        succeeded: Task | None = None
         try:
             try:
                 outcome = await self._run_one(running, runner)
@@ -445,21 +446,37 @@ class Scheduler:
                 # The outcome's write is an await (a round trip on PostgreSQL):
                 # a reclaim or shutdown cancelling us meanwhile must not lose
                 # it, nor the next task claimed with it.
-                await asyncio.shield(self._end_run(running, outcome))
+                succeeded = await asyncio.shield(self._end_run(running, outcome))
         finally:
             # The slot is given back once the outcome is on record, so that a
             # lane's runs never appear to overlap (a web account runs one at
             # a time): a round in between would start the next one early.
             self._release_slot(running)
             await self._refill(running.lane)
+        if succeeded is not None:
+            # After the refill: linking a video into the cache is a thread's
+            # file work, which a busy disk or two busy cores can stretch to
+            # tens of ms, and the lane's next task need not wait for it.
+            await self._keep_in_cache(succeeded)
 
-    async def _end_run(self, running: Running, outcome: Outcome) -> None:
+    async def _end_run(self, running: Running, outcome: Outcome) -> Task | None:
         """The outcome on record, with the lane's next claim when it rides
-        along (`withend`); the task it claimed started in the freed slot."""
+        along (`withend`); the task it claimed started in the freed slot.
+        The task as written when it succeeded, else None."""
         with_end = self._claim_with_end(running, failed=isinstance(outcome, RunError))
-        await self._record(running, outcome, with_end)
+        succeeded = await self._record(running, outcome, with_end)
         if with_end is not None and with_end.claimed is not None:
             await self._start_claimed(running, with_end.claimed)
+        return succeeded
+
+    async def _keep_in_cache(self, succeeded: Task) -> None:
+        try:
+            await asyncio.shield(self.ledger.keep_in_cache(succeeded))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The result is on record; only an identical task's cache hit is lost.
+            log.exception("task %s: keeping its result in the cache failed", succeeded.id)
 
     def _claim_with_end(self, running: Running, *, failed: bool) -> ClaimWithEnd | None:
         lane = self.lanes.get(running.lane.name)
@@ -571,12 +588,13 @@ class Scheduler:
 
     async def _record(
         self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
-    ) -> None:
+    ) -> Task | None:
         """Write the outcome, or else end the attempt without it (`attempt.unrecorded`):
         left running, it would go stale and be submitted again from scratch.
-        `with_end`: the lane's next claim, sent with the outcome's write."""
+        `with_end`: the lane's next claim, sent with the outcome's write.
+        The task as written when it succeeded, else None."""
         try:
-            await self._finish(running, outcome, with_end)
+            return await self._finish(running, outcome, with_end)
         except Exception as exc:
             running.ctx.log.exception("recording how the attempt ended failed")
             try:
@@ -590,10 +608,11 @@ class Scheduler:
                     )
             except Exception:
                 running.ctx.log.exception("ending the attempt failed too; the stale bound will")
+            return None
 
     async def _finish(
         self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
-    ) -> None:
+    ) -> Task | None:
         task = running.task
         durations = running.live.closed_durations(self.clock.now())
         match outcome:
@@ -601,8 +620,8 @@ class Scheduler:
                 self.health.succeeded(running.lane.owner)
                 if polls(running.ctx.profile) and task.started_at:
                     # Before the write: a job of the same shape claimed while it
-                    # (or the cache's file work after it) is awaited polls by this
-                    # run already. The vendor ran it this long, written or not.
+                    # is awaited polls by this run already. The vendor ran it
+                    # this long, written or not.
                     self.run_history.record(
                         task.model,
                         task.params,
@@ -611,13 +630,17 @@ class Scheduler:
                 done = await self.ledger.succeed(
                     task, outcome.to_json(), durations, with_end=with_end
                 )
-                if done is not None and done.state is State.SUCCESS and done.started_at:
+                if done is None or done.state is not State.SUCCESS:
+                    return None
+                if done.started_at:
                     run_s = (done.finished_at or self.clock.now()) - done.started_at
                     (await self.recent_durations(done.model)).appendleft(run_s)
+                return done
             case Canceled():
                 await self.ledger.mark_canceled(task, durations, with_end=with_end)
             case RunError():
                 await self._failed(running, outcome, durations)
+        return None
 
     async def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
         if await self.health.hold(running, error, durations):

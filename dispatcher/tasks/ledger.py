@@ -401,16 +401,12 @@ class Ledger(OperatorActions):
         *,
         with_end: ClaimWithEnd | None = None,
     ) -> Task | None:
-        """Write the result; then keep it in the cache for identical tasks.
-
-        The cache keeps what the task stored (secrets already masked).
-        Linking or copying its files is file work: a thread does it while
-        the loop serves every other lane. A result without files is one
-        upsert of a local index, kept on the loop's thread when nothing
-        else needs doing (`ResultCache.store_text_here`). `with_end`: the
-        lane's next claim, sent with this write (`scheduling.withend`).
+        """Write the result. Keeping it in the cache for identical tasks is
+        `keep_in_cache`'s, which the scheduler calls once the run's slot is
+        given back. `with_end`: the lane's next claim, sent with this write
+        (`scheduling.withend`).
         """
-        done = await self._end_attempt(
+        return await self._end_attempt(
             task,
             State.SUCCESS,
             {
@@ -425,9 +421,19 @@ class Ledger(OperatorActions):
             what="result",
             with_end=with_end,
         )
+
+    async def keep_in_cache(self, done: Task) -> None:
+        """Keep a succeeded task's result in the cache for identical tasks.
+
+        The cache keeps what the task stored (secrets already masked).
+        Linking or copying its files is file work: a thread does it while
+        the loop serves every other lane. A result without files is one
+        upsert of a local index, kept on the loop's thread when nothing
+        else needs doing (`ResultCache.store_text_here`).
+        """
         cache = self.intake.cache
-        if cache is None or done is None or done.state is not State.SUCCESS:
-            return done
+        if cache is None or done.state is not State.SUCCESS:
+            return
         kept = done.result
         if kept is not None and self.intake.results_dir is not None:
             kept = real_result(kept, self.intake.results_dir, done.id)
@@ -437,7 +443,6 @@ class Ledger(OperatorActions):
             and not cache.store_text_here(done.fingerprint, done.model, kept)
         ):
             await asyncio.to_thread(cache.store_result, done.fingerprint, done.model, kept)
-        return done
 
     async def _end_attempt(
         self,

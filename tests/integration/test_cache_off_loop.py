@@ -64,3 +64,36 @@ async def test_identical_submits_racing_through_the_cache_make_one_task(tmp_path
         assert answers[0]["from_cache"]
         results = h.state_dir / "results"
         assert {p.name for p in results.iterdir()} == {first["id"], answers[0]["id"]}
+
+
+async def test_a_lanes_next_task_does_not_wait_for_the_cache_to_keep_the_last_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow disk, as beside busy browsers: linking the first video into the
+    # cache takes until the test says so. The provider's one slot must go to
+    # the next task as soon as the first task's end is written, not after.
+    disk_free = threading.Event()
+    original = cache_module._link_or_copy
+
+    def slow_disk(src: Path, dst: Path) -> None:
+        assert disk_free.wait(30), "the test never let the disk go"
+        original(src, dst)
+
+    monkeypatch.setattr(cache_module, "_link_or_copy", slow_disk)
+    async with running_service(tmp_path, concurrency={"demo": 1}) as h:
+        try:
+            first = await h.submit("demo-video", "kept slowly", gen_s=1)
+            second = await h.submit("demo-video", "next in the slot", gen_s=1)
+            assert (await h.wait_task(second["id"]))["state"] == "success"
+            assert (await h.task(first["id"]))["state"] == "success"
+            assert h.service.cache.stored == 0  # both still being linked in
+        finally:
+            disk_free.set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while h.service.cache.stored < 2:
+            assert asyncio.get_running_loop().time() < deadline, "never cached"
+            await asyncio.sleep(0.01)
+        again = await h.job(
+            "again", [{"model": "demo-video", "params": {"prompt": "kept slowly", "gen_s": 1}}]
+        )
+        assert again["tasks"][0]["from_cache"], again
