@@ -472,9 +472,7 @@ class Scheduler:
     async def _keep_in_cache(self, succeeded: Task) -> None:
         try:
             await asyncio.shield(self.ledger.keep_in_cache(succeeded))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # a cancel (shutdown) is not one: it goes on up
             # The result is on record; only an identical task's cache hit is lost.
             log.exception("task %s: keeping its result in the cache failed", succeeded.id)
 
