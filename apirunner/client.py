@@ -36,7 +36,7 @@ from apirunner.classify import (
 from apirunner.gate import RetryGate
 from apirunner.polling import Rand, parse_retry_after
 from apirunner.ratelimits import limit_wait
-from apirunner.wire import head_holding_transport
+from apirunner.slotpool import SlotTransport
 from dispatcher import fetch
 from dispatcher.accounts.health import Throttle, after_call
 from dispatcher.allowlist import Allowlist
@@ -172,9 +172,9 @@ def build_http_client(
         # credentials off their origin; cookies live there too, per origin.
         follow_redirects=False,
         event_hooks={"request": [last_check]},
-        # A request's head and body in one send, idle checks without
-        # getpeername (`apirunner.wire`).
-        transport=transport or head_holding_transport(ssl_context, limits),
+        # One connection per slot of the lane (`apirunner.slotpool`), a
+        # request's head and body in one send (`apirunner.wire`).
+        transport=transport or SlotTransport(ssl_context, concurrency),
     )
     return fetch.without_cookie_jar(client)
 

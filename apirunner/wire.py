@@ -1,4 +1,4 @@
-"""The provider pool's network streams: one send per request, cheap idle checks.
+"""The provider pool's network streams: one send per request, asyncio's transports.
 
 httpcore writes an HTTP/1.1 request's head (request line and headers) and
 its body as two separate sends. With TCP_NODELAY (asyncio sets it) that is
@@ -8,12 +8,12 @@ single cost of the provider call (BENCHMARKS.md, finding 2). The stream
 below holds a request head back until the next write (the body: sent
 together) or the next read (a request without a body: sent before it).
 
-Before reusing a kept-alive connection, httpcore's pool asks every idle
-connection of the pool whether its socket is readable (a server that closed
-it), on every request and every release: through anyio, each question also
-built the socket's attribute table, one `getpeername` system call with it.
-The stream answers it from the socket it keeps (one `poll`, as httpcore's
-own check does).
+Under it, connections are asyncio's own (`apirunner.netstream`), not
+anyio's: no transport paused and resumed around every read, no cancel scope
+per read and write, TLS in the loop's SSL. Before reusing a kept-alive
+connection, httpcore's pool asks every idle connection whether the server
+closed it, on every request and every release; the loop has read whatever
+came, so that answer is the stream's own state, no system call.
 
 Nothing else changes: httpx and httpcore still build, send, time and read
 every request, and every check above the transport stays where it is. Only
@@ -28,14 +28,14 @@ one back could wait on another request's read).
 from __future__ import annotations
 
 import contextlib
-import select
-import socket
 import ssl
 from collections.abc import Iterable
 from typing import Any
 
 import httpcore
 import httpx
+
+from apirunner.netstream import AsyncioBackend
 
 _HEAD_END = b"\r\n\r\n"
 _HTTP11 = b" HTTP/1.1"
@@ -51,17 +51,11 @@ def _is_request_head(buffer: bytes) -> bool:
 
 
 class HeadHoldingStream(httpcore.AsyncNetworkStream):
-    """One connection's stream; a request head waits for its body (or a read),
-    and "is it readable?" is one `poll` of the socket it keeps."""
+    """One connection's stream; a request head waits for its body (or a read)."""
 
     def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
         self._inner = inner
         self._held = b""
-        self._socket: socket.socket | None = inner.get_extra_info("socket")
-        self._poll: Any = None
-        if self._socket is not None and hasattr(select, "poll"):
-            self._poll = select.poll()
-            self._poll.register(self._socket.fileno(), select.POLLIN)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -99,17 +93,14 @@ class HeadHoldingStream(httpcore.AsyncNetworkStream):
         return HeadHoldingStream(tls)
 
     def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable" and self._poll is not None and self._socket is not None:
-            # httpcore's answer for a socket that is gone: readable (it reads b"").
-            return self._socket.fileno() < 0 or bool(self._poll.poll(0))
         return self._inner.get_extra_info(info)
 
 
 class HeadHoldingBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's asyncio backend, its streams wrapped in `HeadHoldingStream`."""
+    """`netstream.AsyncioBackend`, its streams wrapped in `HeadHoldingStream`."""
 
     def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
+        self._inner = AsyncioBackend()
 
     async def connect_tcp(
         self,
