@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from dispatcher.models import (
@@ -25,6 +25,16 @@ log = logging.getLogger("dispatcher.store")
 # Rows already reported unreadable: a listing reads them again and again.
 _REPORTED: set[str] = set()
 _REPORTED_MAX = 10_000
+
+# json's C scanner, called directly: `json.loads` wraps it in two Python
+# calls and two whitespace matches, and a task row holds four JSON columns
+# read on every claim and end (issue 31). A text it does not read whole
+# goes through `json.loads`, which says why.
+# (typeshed leaves `scan_once` out: it is set in `JSONDecoder.__init__`.)
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# Enum lookups by value without `EnumMeta.__call__`.
+_KINDS = {kind.value: kind for kind in Kind}
+_STATES = {state.value: state for state in State}
 
 
 class RowLike(Protocol):
@@ -84,6 +94,13 @@ def _loads(text: str | bytes | None, default: Any, what: str, row_id: str) -> An
     if not text:
         return default
     try:
+        if isinstance(text, str):
+            try:
+                value, end = _SCAN_JSON(text, 0)
+                if end == len(text):
+                    return value
+            except StopIteration:
+                pass  # not JSON at its first character: `json.loads` says so
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
         if f"{row_id}:{what}" in _REPORTED or len(_REPORTED) >= _REPORTED_MAX:
@@ -235,12 +252,12 @@ def row_to_task(row: RowLike) -> Task:
         id=row["id"],
         job_id=row["job_id"],
         model=row["model"],
-        kind=Kind(row["kind"]),
+        kind=_KINDS.get(row["kind"]) or Kind(row["kind"]),
         queue=row["queue"],
         owner=row["owner"],
         params=_dict(_loads(row["params"], {}, "params", row["id"])),
         fingerprint=row["fingerprint"],
-        state=State(row["state"]),
+        state=_STATES.get(row["state"]) or State(row["state"]),
         stage=_stage(row["stage"], row["id"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
@@ -313,7 +330,7 @@ def row_to_attempt(row: RowLike) -> Attempt:
 def row_to_account(row: RowLike) -> Account:
     return Account(
         name=row["name"],
-        kind=Kind(row["kind"]),
+        kind=_KINDS.get(row["kind"]) or Kind(row["kind"]),
         enabled=bool(row["enabled"]),
         reason=row["reason"],
         needs_attention=bool(row["needs_attention"]),
