@@ -4,8 +4,8 @@ When a run ends, its lane's slot is free and the scheduler claims the lane's
 next task at once (`Scheduler._refill`). On PostgreSQL that claim was a round
 trip of its own, right after the end write's: sent together, one pipeline
 and one transaction (`Store.finish_and_claim`), they are one (issue 31:
-round trips per task <= transitions + 1). SQLite declines (nothing to save):
-the end is written alone and the refill claims, as before.
+round trips per task <= transitions + 1). On SQLite, where a statement is no
+round trip, the pair is one transaction: one commit of the WAL, not two.
 
 `claim_with_end` decides, from what the scheduler holds (no I/O), whether a
 run's end carries the claim; only where it is the very claim the refill

@@ -58,6 +58,10 @@ class NextClaim:
     budget: Budget | None = None
     aging_step_s: float = AGING_STEP_S
     prefer: tuple[str, ...] = field(default=())
+    # What `claim_next` is told on a single host (SQLite): whether ranked
+    # tasks or fallbacks wait (None: the statement looks itself).
+    ranked: bool | None = None
+    fallbacks: bool | None = None
 
 
 class EndedAndClaimed(NamedTuple):
@@ -134,11 +138,11 @@ class Store(TaskWriter, Protocol):
 
     async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         """`write` (a run's end write, as `update_task` makes it), then
-        `claim_next(claim)`, in one exchange with the server where that saves
-        one (PostgreSQL: one pipeline, one transaction; the claim runs whether
-        or not the write applied, and sees it when it did). None: not done,
-        nothing written (SQLite, or a claim known to find nothing): the caller
-        makes the two calls itself (`write_task(write)`, then the claim)."""
+        `claim_next(claim)`, in one transaction (PostgreSQL: one pipeline, one
+        round trip; SQLite: one commit); the claim runs whether or not the
+        write applied, and sees it when it did. None: not done, nothing
+        written (a claim known to find nothing): the caller makes the two
+        calls itself (`write_task(write)`, then the claim)."""
 
     async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
         """The beats due at once (`store.beats`), each `update_task`'s

@@ -240,8 +240,50 @@ class SqliteStore(SqliteHostOps, TaskWriter):
         return row_to_task(rows[0])
 
     async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
-        # In-process: no round trip to save; the caller writes, then claims.
-        return None
+        # No round trip to save in-process, but commits: the end, its history
+        # row and the claim in one transaction are one write to the WAL, not
+        # two (and the refill's claim is not made again after it).
+        if not claim.queues:
+            return None
+        statements = task_update(SQLITE, write)
+        with self._lock:
+            ranked, fallbacks = claim.ranked, claim.fallbacks
+            if fallbacks is None:
+                fallbacks = await self.fallbacks_waiting()
+            if ranked is None:
+                ranked = await self.ranked_waiting(claim.queues)
+            claiming = task_claim(
+                SQLITE,
+                claim.queues,
+                claim.now,
+                claim.changes,
+                fence=claim.fence,
+                quota=claim.quota,
+                budget=claim.budget,
+                ranked=ranked,
+                fallbacks=fallbacks,
+                prefer=claim.prefer,
+                aging_step_s=claim.aging_step_s,
+            )
+            with self._tx() as db:
+                # The end first: the claim (its quota count included) sees
+                # the slot it freed.
+                rows = db.execute(statements.update.sql, statements.update.args).fetchall()
+                if rows and statements.history is not None:
+                    db.execute(statements.history.sql, statements.history.args)
+                claimed_rows = db.execute(claiming.sql, claiming.args).fetchall()
+            ended = None
+            if rows:
+                self.writes.add(write.task_id)
+                self._pending.track(write.expect_state.value, rows[0])
+                ended = row_to_task(rows[0])
+            claimed = None
+            if claimed_rows:
+                row = claimed_rows[0]
+                self.writes.add(row["id"])
+                self._pending.discard(row["queue"], row["seq"])
+                claimed = row_to_task(row)
+        return EndedAndClaimed(ended, claimed)
 
     async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
         # In-process: nothing to batch; each beat is `update_task`'s write.

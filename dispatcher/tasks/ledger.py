@@ -228,7 +228,7 @@ class Ledger(OperatorActions):
         if with_end is not None and not with_end.sent:
             # The lane's next claim in the same round trip (`scheduling.withend`).
             try:
-                both = await self.store.finish_and_claim(write, self._next_claim(with_end))
+                both = await self.store.finish_and_claim(write, await self._next_claim(with_end))
             except StoreError as exc:
                 # Neither was written (one transaction): the end alone, as
                 # ever, so that a failing claim never costs the run's outcome.
@@ -255,8 +255,9 @@ class Ledger(OperatorActions):
             self._announce(both.claimed, State.PENDING)
         return updated
 
-    def _next_claim(self, with_end: ClaimWithEnd) -> NextClaim:
+    async def _next_claim(self, with_end: ClaimWithEnd) -> NextClaim:
         """What `claim` would send for the lane (`scheduling.withend`)."""
+        ranked, fallbacks = await self._claim_looks(with_end.queues)
         now = self.clock.now()
         return NextClaim(
             with_end.queues,
@@ -264,6 +265,8 @@ class Ledger(OperatorActions):
             self._claim_changes(with_end.owner, None, now),
             quota=with_end.quota,
             aging_step_s=self.clock.scaled(AGING_STEP_S),
+            ranked=ranked,
+            fallbacks=fallbacks,
         )
 
     def _ended(
@@ -307,15 +310,7 @@ class Ledger(OperatorActions):
         provider's daily `budget`, when given; fallbacks that list a `prefer`
         queue earlier are left to its free lane (`scheduling.fallbacks`)."""
         now = self.clock.now()
-        ranked = fallbacks = None
-        if not self.flags.shared:
-            # Several hosts (PostgreSQL): the claim statement looks itself,
-            # in the same round trip; asking first would cost two more.
-            ranked = self.flags.ranked(queues)
-            if ranked is None:
-                ranked = await self.store.ranked_waiting(queues)
-                self.flags.answered(ranked=() if ranked else queues)
-            fallbacks = await self.fallbacks_waiting()
+        ranked, fallbacks = await self._claim_looks(queues)
         task = await self.store.claim_next(
             queues,
             now,
@@ -331,6 +326,19 @@ class Ledger(OperatorActions):
         if task is not None:
             self._announce(task, State.PENDING)
         return task
+
+    async def _claim_looks(self, queues: Sequence[str]) -> tuple[bool | None, bool | None]:
+        """Whether ranked tasks and fallbacks wait, as a claim on this host is
+        told: known here while this host is the only writer (`waitflags`)."""
+        if self.flags.shared:
+            # Several hosts (PostgreSQL): the claim statement looks itself,
+            # in the same round trip; asking first would cost two more.
+            return None, None
+        ranked = self.flags.ranked(queues)
+        if ranked is None:
+            ranked = await self.store.ranked_waiting(queues)
+            self.flags.answered(ranked=() if ranked else queues)
+        return ranked, await self.fallbacks_waiting()
 
     def _claim_changes(self, owner: str, fence: Fence | None, now: float) -> dict[str, Any]:
         """What a claim writes on the task it takes: this host runs it from now."""

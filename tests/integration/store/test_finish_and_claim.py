@@ -3,12 +3,14 @@
 `Store.finish_and_claim` on PostgreSQL: one pipeline, one transaction; the
 claim is the one `claim_next` would have made (order, quota across hosts),
 counted by the store itself (`PostgresStore.round_trips`) on a real server.
-SQLite declines: the caller makes the two calls.
+On SQLite: one transaction, one commit, the same claim.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -110,7 +112,28 @@ async def test_the_end_and_the_next_claim_are_one_round_trip(store: PostgresStor
     assert both is not None and both.claimed is not None and both.claimed.id == "t3"
 
 
-async def test_the_claimed_task_is_the_one_claim_next_would_claim() -> None:
+@contextlib.asynccontextmanager
+async def _fresh(backend: str, folder: Path) -> AsyncIterator[PostgresStore | SqliteStore]:
+    if backend == "sqlite":
+        lite = SqliteStore(folder / f"{secrets.token_hex(4)}.db", "h1")
+        await lite.migrate()
+        try:
+            yield lite
+        finally:
+            await lite.close()
+        return
+    with migrated_database() as url:
+        pg = await _pg(url, "h1")
+        try:
+            yield pg
+        finally:
+            await pg.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+async def test_the_claimed_task_is_the_one_claim_next_would_claim(
+    backend: str, tmp_path: Path
+) -> None:
     """Two databases alike: one ends a run then claims, the other does both
     at once; the same task is claimed (priorities and their aging, FIFO)."""
     tasks = [
@@ -120,32 +143,28 @@ async def test_the_claimed_task_is_the_one_claim_next_would_claim() -> None:
     ]
     claimed: list[list[str]] = []
     for together in (False, True):
-        with migrated_database() as url:
-            store = await _pg(url, "h1")
-            try:
-                await store.insert_tasks([_task("first", priority=9), *tasks])
-                running = await store.claim_next([QUEUE], 5.0, _run("h1"))
-                assert running is not None and running.id == "first"
-                order = []
-                for step in range(3):
-                    now = 6.0 + step
-                    if together:
-                        both = await _finish_and_claim(store, running, now)
-                        assert both is not None
-                        nxt = both.claimed
-                    else:
-                        await store.update_task(
-                            running.id,
-                            expect_state=State.RUNNING,
-                            changes=_success(now),
-                        )
-                        nxt = await store.claim_next([QUEUE], now, _run("h1"))
-                    assert nxt is not None
-                    order.append(nxt.id)
-                    running = nxt
-                claimed.append(order)
-            finally:
-                await store.close()
+        async with _fresh(backend, tmp_path) as store:
+            await store.insert_tasks([_task("first", priority=9), *tasks])
+            running = await store.claim_next([QUEUE], 5.0, _run("h1"))
+            assert running is not None and running.id == "first"
+            order = []
+            for step in range(3):
+                now = 6.0 + step
+                if together:
+                    both = await _finish_and_claim(store, running, now)
+                    assert both is not None
+                    nxt = both.claimed
+                else:
+                    await store.update_task(
+                        running.id,
+                        expect_state=State.RUNNING,
+                        changes=_success(now),
+                    )
+                    nxt = await store.claim_next([QUEUE], now, _run("h1"))
+                assert nxt is not None
+                order.append(nxt.id)
+                running = nxt
+            claimed.append(order)
     assert claimed[0] == claimed[1] == ["high", "mid", "low"]
 
 
@@ -267,15 +286,31 @@ async def test_the_quota_holds_with_two_hosts_ending_and_claiming_at_once() -> N
             await h2.close()
 
 
-async def test_sqlite_declines_and_writes_nothing(tmp_path: Path) -> None:
+async def test_sqlite_ends_and_claims_in_one_commit(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
     try:
-        await store.insert_tasks([_task("t1"), _task("t2")])
-        running = await store.claim_next([QUEUE], 5.0, _run(""))
-        assert running is not None
-        assert await _finish_and_claim(store, running, 6.0) is None
+        await store.insert_tasks([_task("t1"), _task("t2"), _task("t3")])
+        running = await store.claim_next([QUEUE], 5.0, _run(""), quota=Quota("demo", 1))
+        assert running is not None and running.id == "t1"
+        # The quota (1) is full until t1 ends: the end comes first, so its
+        # slot is free for the claim in the same transaction.
+        both = await _finish_and_claim(store, running, 6.0, quota=Quota("demo", 1))
+        assert both is not None and both.ended is not None and both.claimed is not None
+        assert both.ended.state is State.SUCCESS and both.claimed.id == "t2"
+        assert [a.outcome for a in await store.task_attempts("t1")] == [State.SUCCESS]
         states = {t.id: t.state for t in await store.list_tasks()}
-        assert states == {"t1": State.RUNNING, "t2": State.PENDING}
+        assert states == {"t1": State.SUCCESS, "t2": State.RUNNING, "t3": State.PENDING}
+        # A refused end write (a cancel asked meanwhile) writes no end, and
+        # the claim still runs, as on PostgreSQL; the quota is then full.
+        await store.update_task(
+            "t2", expect_state=State.RUNNING, changes={"cancel_requested": True}
+        )
+        refused = await _finish_and_claim(store, both.claimed, 7.0, quota=Quota("demo", 1))
+        assert refused is not None and refused.ended is None and refused.claimed is None
+        refused = await _finish_and_claim(store, both.claimed, 7.0, quota=Quota("demo", 2))
+        assert refused is not None and refused.ended is None
+        assert refused.claimed is not None and refused.claimed.id == "t3"
+        assert await store.task_attempts("t2") == []
     finally:
         await store.close()

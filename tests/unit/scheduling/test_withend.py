@@ -1,7 +1,7 @@
 """The lane's next claim sent with a run's end write (`scheduling.withend`).
 
-The decision alone, then the scheduler over a SQLite store that does what
-PostgreSQL's `finish_and_claim` does (the end write, then the claim), so
+The decision alone, then the scheduler over a SQLite store (whose
+`finish_and_claim` writes the end, then claims, in one transaction), so
 that the path a claimed task takes is exercised in process: it starts as a
 refill's would, and is given back when the scheduler stops meanwhile.
 """
@@ -74,8 +74,8 @@ def test_no_claim_rides_where_the_refill_would_not_make_the_same_one(
 
 
 class PairingStore(SqliteStore):
-    """SQLite doing the end write and the claim in `finish_and_claim`, as
-    PostgreSQL does in one round trip; counting both kinds of claim."""
+    """SQLite's `finish_and_claim` (one transaction, as PostgreSQL's one
+    round trip), held or failed at will; counting both kinds of claim."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -90,11 +90,7 @@ class PairingStore(SqliteStore):
         if self.fail:
             raise StoreError("PostgreSQL end and claim failed: the server went away")
         self.pairs += 1
-        done = await self.write_task(write)
-        claimed = await super().claim_next(
-            claim.queues, claim.now, claim.changes, quota=claim.quota, prefer=claim.prefer
-        )
-        return EndedAndClaimed(done, claimed)
+        return await super().finish_and_claim(write, claim)
 
     async def claim_next(
         self, queues: Sequence[str], now: float, changes: Mapping[str, Any], **guards: Any
