@@ -27,7 +27,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import httpcore
@@ -216,7 +216,13 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 
 
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
-    """Connections opened by the running loop (`loop.create_connection`)."""
+    """Connections opened by the running loop (`loop.create_connection`);
+    `wrap` puts each new connection's stream in another (`wire`'s)."""
+
+    def __init__(
+        self, wrap: Callable[[AsyncioStream], httpcore.AsyncNetworkStream] | None = None
+    ) -> None:
+        self._wrap = wrap
 
     async def connect_tcp(
         self,
@@ -237,7 +243,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from exc
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from exc
-        return _opened(transport, connection, socket_options)
+        return self._opened(transport, connection, socket_options)
 
     async def connect_unix_socket(
         self,
@@ -253,24 +259,25 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectTimeout(f"timed out connecting to {path}") from exc
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from exc
-        return _opened(transport, connection, socket_options)
+        return self._opened(transport, connection, socket_options)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-
-def _opened(
-    transport: asyncio.Transport,
-    connection: StreamConnection,
-    socket_options: Iterable[httpcore.SOCKET_OPTION] | None,
-) -> AsyncioStream:
-    sock: socket.socket | None = transport.get_extra_info("socket")
-    try:
-        for option in socket_options or ():
-            if sock is None:
-                break
-            sock.setsockopt(*option)
-    except OSError as exc:
-        transport.close()
-        raise httpcore.ConnectError(str(exc)) from exc
-    return AsyncioStream(transport, connection)
+    def _opened(
+        self,
+        transport: asyncio.Transport,
+        connection: StreamConnection,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None,
+    ) -> httpcore.AsyncNetworkStream:
+        sock: socket.socket | None = transport.get_extra_info("socket")
+        try:
+            for option in socket_options or ():
+                if sock is None:
+                    break
+                sock.setsockopt(*option)
+        except OSError as exc:
+            transport.close()
+            raise httpcore.ConnectError(str(exc)) from exc
+        stream = AsyncioStream(transport, connection)
+        return stream if self._wrap is None else self._wrap(stream)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterable
 from typing import Any
 
 import httpcore
@@ -96,42 +95,13 @@ class HeadHoldingStream(httpcore.AsyncNetworkStream):
         return self._inner.get_extra_info(info)
 
 
-class HeadHoldingBackend(httpcore.AsyncNetworkBackend):
-    """`netstream.AsyncioBackend`, its streams wrapped in `HeadHoldingStream`."""
-
-    def __init__(self) -> None:
-        self._inner = AsyncioBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        return HeadHoldingStream(stream)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
-        return HeadHoldingStream(stream)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
 def head_holding_transport(
     ssl_context: ssl.SSLContext, limits: httpx.Limits
 ) -> httpx.AsyncHTTPTransport:
     """httpx's own transport (HTTP/1.1 and HTTP/2, this TLS context, these
     limits: what `httpx.AsyncClient(http2=True, ...)` builds), its pool on
-    `HeadHoldingBackend`."""
+    asyncio's transports (`netstream.AsyncioBackend`), each connection's
+    stream a `HeadHoldingStream`."""
     transport = httpx.AsyncHTTPTransport(verify=ssl_context, http2=True, limits=limits)
     # httpx has no parameter for httpcore's network backend: the pool is
     # built again, with the same settings, on ours.
@@ -142,6 +112,6 @@ def head_holding_transport(
         keepalive_expiry=limits.keepalive_expiry,
         http1=True,
         http2=True,
-        network_backend=HeadHoldingBackend(),
+        network_backend=AsyncioBackend(wrap=HeadHoldingStream),
     )
     return transport
