@@ -193,7 +193,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         except TimeoutError as exc:
             self._transport.close()
             raise httpcore.ConnectTimeout("timed out in the TLS handshake") from exc
-        except (OSError, ConnectionError) as exc:  # ssl.SSLError is an OSError
+        except OSError as exc:  # ssl.SSLError and ConnectionError are ones
             self._transport.close()
             raise httpcore.ConnectError(str(exc)) from exc
         if tls is None:

@@ -39,10 +39,6 @@ class SlotTransport(httpx.AsyncBaseTransport):
         for slot in self._slots:
             self._free.put_nowait(slot)
 
-    @property
-    def free_slots(self) -> int:
-        return self._free.qsize()
-
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         slot = await self._take(request)
         try:

@@ -74,6 +74,8 @@ from dispatcher.store.sqlite_hosts import SqliteHostOps
 from dispatcher.store.sqlite_index import PendingIndex, WriteCounter
 from dispatcher.store.taskwrites import (
     SQLITE,
+    Statement,
+    TaskUpdate,
     ranked_query,
     task_claim,
     task_update,
@@ -228,16 +230,9 @@ class SqliteStore(SqliteHostOps, TaskWriter):
             if statements.history is None:
                 rows = self._write1(statements.update.sql, statements.update.args)
             else:
-                # The history row only if the compare-and-set matched: one transaction.
                 with self._tx() as db:
-                    rows = db.execute(statements.update.sql, statements.update.args).fetchall()
-                    if rows:
-                        db.execute(statements.history.sql, statements.history.args)
-            if not rows:
-                return None
-            self.writes.add(write.task_id)
-            self._pending.track(write.expect_state.value, rows[0])
-        return row_to_task(rows[0])
+                    rows = _end(db, statements)
+            return self._wrote(write, rows)
 
     async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         # No round trip to save in-process, but commits: the end, its history
@@ -247,43 +242,51 @@ class SqliteStore(SqliteHostOps, TaskWriter):
             return None
         statements = task_update(SQLITE, write)
         with self._lock:
-            ranked, fallbacks = claim.ranked, claim.fallbacks
-            if fallbacks is None:
-                fallbacks = await self.fallbacks_waiting()
-            if ranked is None:
-                ranked = await self.ranked_waiting(claim.queues)
-            claiming = task_claim(
-                SQLITE,
-                claim.queues,
-                claim.now,
-                claim.changes,
-                fence=claim.fence,
-                quota=claim.quota,
-                budget=claim.budget,
-                ranked=ranked,
-                fallbacks=fallbacks,
-                prefer=claim.prefer,
-                aging_step_s=claim.aging_step_s,
-            )
+            claiming = await self._claim_statement(claim)
             with self._tx() as db:
                 # The end first: the claim (its quota count included) sees
                 # the slot it freed.
-                rows = db.execute(statements.update.sql, statements.update.args).fetchall()
-                if rows and statements.history is not None:
-                    db.execute(statements.history.sql, statements.history.args)
-                claimed_rows = db.execute(claiming.sql, claiming.args).fetchall()
-            ended = None
-            if rows:
-                self.writes.add(write.task_id)
-                self._pending.track(write.expect_state.value, rows[0])
-                ended = row_to_task(rows[0])
-            claimed = None
-            if claimed_rows:
-                row = claimed_rows[0]
-                self.writes.add(row["id"])
-                self._pending.discard(row["queue"], row["seq"])
-                claimed = row_to_task(row)
-        return EndedAndClaimed(ended, claimed)
+                rows = _end(db, statements)
+                claimed = db.execute(claiming.sql, claiming.args).fetchall()
+            return EndedAndClaimed(self._wrote(write, rows), self._took(claimed))
+
+    def _wrote(self, write: TaskWrite, rows: Sequence[sqlite3.Row]) -> Task | None:
+        """The task as `write` left it (None: refused), kept in the indexes."""
+        if not rows:
+            return None
+        self.writes.add(write.task_id)
+        self._pending.track(write.expect_state.value, rows[0])
+        return row_to_task(rows[0])
+
+    def _took(self, rows: Sequence[sqlite3.Row]) -> Task | None:
+        """The task a claim took (None: none), kept in the indexes."""
+        if not rows:
+            return None
+        claimed = rows[0]
+        self.writes.add(claimed["id"])
+        self._pending.discard(claimed["queue"], claimed["seq"])
+        return row_to_task(claimed)
+
+    async def _claim_statement(self, claim: NextClaim) -> Statement:
+        """The claim as one statement; what it is not told, read first."""
+        fallbacks, ranked = claim.fallbacks, claim.ranked
+        if fallbacks is None:
+            fallbacks = await self.fallbacks_waiting()
+        if ranked is None:
+            ranked = await self.ranked_waiting(claim.queues)
+        return task_claim(
+            SQLITE,
+            claim.queues,
+            claim.now,
+            claim.changes,
+            fence=claim.fence,
+            quota=claim.quota,
+            budget=claim.budget,
+            ranked=ranked,
+            fallbacks=fallbacks,
+            prefer=claim.prefer,
+            aging_step_s=claim.aging_step_s,
+        )
 
     async def heartbeat_tasks(self, beats: Sequence[Heartbeat]) -> list[Task | None]:
         # In-process: nothing to batch; each beat is `update_task`'s write.
@@ -314,33 +317,23 @@ class SqliteStore(SqliteHostOps, TaskWriter):
     ) -> Task | None:
         if not queues:
             return None
+        claim = NextClaim(
+            tuple(queues),
+            now,
+            changes,
+            fence=fence,
+            quota=quota,
+            budget=budget,
+            aging_step_s=aging_step_s,
+            prefer=tuple(prefer),
+            ranked=ranked,
+            fallbacks=fallbacks,
+        )
         with self._lock:
-            if fallbacks is None:
-                fallbacks = await self.fallbacks_waiting()
-            if ranked is None:
-                ranked = await self.ranked_waiting(queues)
-            claim = task_claim(
-                SQLITE,
-                queues,
-                now,
-                changes,
-                fence=fence,
-                quota=quota,
-                budget=budget,
-                ranked=ranked,
-                fallbacks=fallbacks,
-                prefer=prefer,
-                aging_step_s=aging_step_s,
-            )
+            statement = await self._claim_statement(claim)
             # Find and take in one statement (atomic on its own, budget check
             # included): the first ready task across the queues, in queue order.
-            rows = self._write1(claim.sql, claim.args)
-            if not rows:
-                return None
-            claimed = rows[0]
-            self.writes.add(claimed["id"])
-            self._pending.discard(claimed["queue"], claimed["seq"])
-        return row_to_task(claimed)
+            return self._took(self._write1(statement.sql, statement.args))
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         rows = self._query("SELECT * FROM attempts WHERE task_id = ? ORDER BY id", (task_id,))
@@ -540,3 +533,12 @@ class SqliteStore(SqliteHostOps, TaskWriter):
 
     async def upsert_account(self, account: Account) -> None:
         self._write1(ACCOUNT_UPSERT, account_args(account))
+
+
+def _end(db: sqlite3.Connection, statements: TaskUpdate) -> list[sqlite3.Row]:
+    """A compare-and-set write, its history row only if it matched (the
+    caller's transaction holds both)."""
+    rows = db.execute(statements.update.sql, statements.update.args).fetchall()
+    if rows and statements.history is not None:
+        db.execute(statements.history.sql, statements.history.args)
+    return rows
