@@ -22,6 +22,13 @@ class CacheIndex(Protocol):
     # across the network, which only worker threads may wait for.
     inline: bool
 
+    @property
+    def puts_inline(self) -> bool:
+        """True when `cache_put` waits for no I/O of the network: a local
+        file's upsert, or a put kept in memory for a writer thread. The cache
+        may then keep a result without files on the loop's thread
+        (`ResultCache.store_text_here`) instead of hopping to a worker."""
+
     def cache_get(self, fingerprint: str) -> CacheEntry | None: ...
 
     def known_absent(self, fingerprint: str) -> bool:

@@ -34,6 +34,10 @@ class SqlCacheIndex:
 
     inline = False
 
+    @property
+    def puts_inline(self) -> bool:
+        return self.inline
+
     def __init__(self, host: str, *, scoped: bool) -> None:
         self._host = host
         self._scope = " AND host = ?" if scoped else ""

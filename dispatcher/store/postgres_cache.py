@@ -101,6 +101,12 @@ class PostgresCacheIndex(SqlCacheIndex):
                 held = self._held
         return held
 
+    @property
+    def puts_inline(self) -> bool:
+        # Once this host's fingerprints are read, a put is kept in memory and
+        # written by the writer thread: the loop's thread may make it.
+        return self._held is not None
+
     def known_absent(self, fingerprint: str) -> bool:
         # Never waits: a put or a delete may hold the lock for an instant.
         if not self._lock.acquire(blocking=False):
@@ -132,7 +138,11 @@ class PostgresCacheIndex(SqlCacheIndex):
                     target=self._write_due, name="pg-cache-writer", daemon=True
                 )
                 self._writer.start()
-            self._due.notify()
+            # Woken only when it has something to do: the first put of a
+            # batch, or a batch full. A wake-up per put cost each task a
+            # thread switch for a check that the timed wait makes anyway.
+            if len(self._pending) in (1, FLUSH_AT):
+                self._due.notify()
 
     def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
         with self._lock:

@@ -274,7 +274,7 @@ class ResultCache:
         the file work; see `miss_here` for why and when it declines.
         """
         if (
-            not self.store.inline
+            not self.store.puts_inline
             or result.get("files")
             or not _FINGERPRINT.fullmatch(fingerprint)
             or not self._lock.acquire(blocking=False)

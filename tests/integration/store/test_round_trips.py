@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from dispatcher.clock import FakeClock
 from dispatcher.events import Event, EventBus, TaskChanged
 from dispatcher.hosts.crosshost import RemoteTasks
 from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
@@ -21,6 +23,7 @@ from dispatcher.store.hosts import Quota
 from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
 from dispatcher.store.postgres_cache import PostgresCacheIndex
+from dispatcher.tasks.cache import ResultCache
 from tests.support.pgdb import migrated_database
 
 RUN = {"owner": "demo", "host": "h1"}
@@ -131,7 +134,9 @@ async def test_a_quota_full_claims_nothing_in_one_round_trip(store: PostgresStor
 async def test_a_cache_miss_is_known_without_a_round_trip(store: PostgresStore) -> None:
     index = store.cache_index
     assert not index.known_absent("fp-new")  # not read yet: it cannot tell
+    assert not index.puts_inline  # a put would read this host's rows first
     assert index.cache_get("fp-first") is None  # the first use reads this host's rows
+    assert index.puts_inline  # now a put is kept in memory for the writer thread
     before = store.round_trips.total
     assert index.known_absent("fp-new") and index.cache_get("fp-new") is None
     assert trips(store, before) == 0
@@ -148,6 +153,20 @@ async def test_a_cache_miss_is_known_without_a_round_trip(store: PostgresStore) 
     assert index.cache_get("fp-new") == entry
     index.cache_delete("fp-new")
     assert index.known_absent("fp-new")
+
+
+async def test_a_text_result_is_kept_on_the_loop_thread_once_the_index_is_read(
+    store: PostgresStore, tmp_path: Path
+) -> None:
+    cache = ResultCache(store.cache_index, tmp_path, FakeClock(), max_bytes=10**9, ttl_s=3600.0)
+    text = {"text": "hi", "files": [], "meta": {}}
+    # Before the host's fingerprints are read, a put would wait for the
+    # network: a worker thread's job (`store_result`).
+    assert not cache.store_text_here("a" * 64, "chat", text)
+    assert cache.miss_here("b" * 64) is False and cache.lookup("b" * 64) is None
+    before = store.round_trips.total
+    assert cache.store_text_here("a" * 64, "chat", text)
+    assert cache.lookup("a" * 64) == text and trips(store, before) == 0
 
 
 async def test_a_submit_answer_reads_its_place_with_the_insert(store: PostgresStore) -> None:
