@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import psycopg
+import pytest
 
 from dispatcher.models import Kind, State, Task
-from dispatcher.store import open_store
+from dispatcher.store import open_store, pglisten
 from dispatcher.store.pglisten import (
     CHANNEL,
     TaskListener,
@@ -85,6 +87,37 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
             await other.aclose()
             await itself.aclose()
             await writer.close()
+
+
+async def test_no_notice_is_lost_or_reordered_while_the_listener_pings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pings back to back: notices arrive both on the socket the listener
+    # watches and in the middle of its queries (psycopg's notify handler).
+    monkeypatch.setattr(pglisten, "PING_S", 0.001)
+    with migrated_database() as url:
+        heard: list[str] = []
+        all_heard = asyncio.Event()
+
+        def hear(notice: TaskNotice) -> None:
+            heard.append(notice.task_id)
+            if len(heard) == 300:
+                all_heard.set()
+
+        listener = TaskListener(url, "listener-host", hear)
+        await listener.start()
+        try:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as sender:
+                for n in range(300):
+                    await sender.execute(
+                        "SELECT pg_notify(%s, %s)", (CHANNEL, f"t{n} pending 0 elsewhere")
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_heard.wait(), 10)
+            assert heard == [f"t{n}" for n in range(300)]
+            assert listener.reconnects == 0
+        finally:
+            await listener.aclose()
 
 
 async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
