@@ -9,6 +9,7 @@ Counted by the store itself (`PostgresStore.round_trips`), on a real server.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,11 +19,11 @@ from dispatcher.clock import FakeClock
 from dispatcher.events import Event, EventBus, TaskChanged
 from dispatcher.hosts.crosshost import RemoteTasks
 from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
-from dispatcher.store import open_store
+from dispatcher.store import open_store, postgres_cache
 from dispatcher.store.hosts import Quota
 from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
-from dispatcher.store.postgres_cache import PostgresCacheIndex
+from dispatcher.store.postgres_cache import FLUSH_AT, PostgresCacheIndex
 from dispatcher.tasks.cache import ResultCache
 from tests.support.pgdb import migrated_database
 
@@ -224,6 +225,30 @@ async def test_results_kept_in_the_cache_are_written_together(store: PostgresSto
         assert entries["fp-3"].last_used_at == 7.0
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(("batch", "flush_s"), [(1, 0.05), (FLUSH_AT, 60.0)])
+async def test_the_writer_thread_writes_each_batch_after_its_wait_or_once_full(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, batch: int, flush_s: float
+) -> None:
+    # The writer is woken by a batch's first put and by a full batch only: a
+    # lone put is written once FLUSH_S has passed, a full batch without
+    # waiting for it. Twice: the second batch finds the writer asleep.
+    monkeypatch.setattr(postgres_cache, "FLUSH_S", flush_s)
+    index = store.cache_index
+    assert isinstance(index, PostgresCacheIndex)
+    assert index.cache_get("fp-warm") is None
+    other = PostgresCacheIndex(store.url, "h1")
+    try:
+        for first in (0, batch):
+            for n in range(first, first + batch):
+                index.cache_put(_entry(f"fp-{n}"))
+            deadline = time.monotonic() + 10
+            while len(other.cache_entries()) < first + batch:
+                assert time.monotonic() < deadline, "the writer thread never wrote the batch"
+                await asyncio.sleep(0.02)
+    finally:
+        other.close()
 
 
 async def test_a_full_quota_is_not_asked_again_until_a_task_of_it_ends(
