@@ -561,12 +561,15 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
                 None,
             )
         )
+    # The old moonshot (1,000 tasks/s one by one) stays in sight, as a
+    # figure: issue 31 reports the one-by-one comparison without a target.
     checks.append(
         Check(
-            "peers: moonshot",
-            ">= 1,000 tasks/s (SQLite, 2 cores)",
-            f"{ours_row['tasks_per_s']:.0f} tasks/s",
-            ours_row["succeeded"] == tasks and ours_row["tasks_per_s"] >= 1000,
+            "peers: one by one vs the old moonshot (1,000 tasks/s)",
+            "reported (issue 31: no target one by one)",
+            f"{ours_row['tasks_per_s']:.0f} tasks/s"
+            + ("" if ours_row["succeeded"] == tasks else f", {ours_row['succeeded']} done"),
+            None,
         )
     )
     for name, row in rows.items():
