@@ -1,8 +1,9 @@
 """The result cache's index on PostgreSQL: this host's rows only.
 
 Synchronous like every `CacheIndex` (the cache calls it from worker
-threads): one plain psycopg connection of its own, opened at first use and
-shared by those threads under a lock.
+threads, and puts from the loop's thread once they touch only memory:
+`puts_inline`): one plain psycopg connection of its own, opened at first
+use and shared by those threads under a lock.
 
 Only this host reads and writes its rows, so the index keeps what it needs
 in memory:

@@ -436,8 +436,9 @@ class Ledger(OperatorActions):
         The cache keeps what the task stored (secrets already masked).
         Linking or copying its files is file work: a thread does it while
         the loop serves every other lane. A result without files is one
-        upsert of a local index, kept on the loop's thread when nothing
-        else needs doing (`ResultCache.store_text_here`).
+        upsert of a local index (SQLite) or a put kept in memory for the
+        index's writer thread (PostgreSQL), made on the loop's thread when
+        nothing else needs doing (`ResultCache.store_text_here`).
         """
         cache = self.intake.cache
         if cache is None or done.state is not State.SUCCESS:
