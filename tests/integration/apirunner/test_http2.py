@@ -11,10 +11,8 @@ still bound its connections.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import ssl
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -67,25 +65,6 @@ class App:
             answer = b'{"received": %d}' % len(body)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": answer})
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is not installed: no certificate for the TLS server")
-    folder = tmp_path_factory.mktemp("h2")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
-            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def _tls_h2_config(cert: Path, key: Path) -> tuple[Config, int]:

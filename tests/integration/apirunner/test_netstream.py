@@ -5,9 +5,7 @@ and one connection per slot of the lane's concurrency."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -105,25 +103,6 @@ async def _answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         path = head.split(b" ")[1]
         writer.write(_answer(b"you asked for " + path))
         await writer.drain()
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is not installed: no certificate for the TLS server")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
-            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def test_requests_over_tls_reuse_one_verified_connection(
