@@ -27,7 +27,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import httpcore
@@ -234,15 +234,8 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         local = None if local_address is None else (local_address, 0)
-        try:
-            async with asyncio.timeout(timeout):
-                transport, connection = await loop.create_connection(
-                    StreamConnection, host, port, local_addr=local
-                )
-        except TimeoutError as exc:  # before OSError: it is one
-            raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
+        opening = loop.create_connection(StreamConnection, host, port, local_addr=local)
+        transport, connection = await _connected(opening, timeout, f"{host}:{port}")
         return self._opened(transport, connection, socket_options)
 
     async def connect_unix_socket(
@@ -251,14 +244,8 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         timeout: float | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout):
-                transport, connection = await loop.create_unix_connection(StreamConnection, path)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"timed out connecting to {path}") from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
+        opening = asyncio.get_running_loop().create_unix_connection(StreamConnection, path)
+        transport, connection = await _connected(opening, timeout, path)
         return self._opened(transport, connection, socket_options)
 
     async def sleep(self, seconds: float) -> None:
@@ -281,3 +268,18 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectError(str(exc)) from exc
         stream = AsyncioStream(transport, connection)
         return stream if self._wrap is None else self._wrap(stream)
+
+
+async def _connected(
+    opening: Awaitable[tuple[asyncio.Transport, StreamConnection]],
+    timeout: float | None,
+    where: str,
+) -> tuple[asyncio.Transport, StreamConnection]:
+    """A connection opened within `timeout`; the loop's errors as httpcore's."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await opening
+    except TimeoutError as exc:  # before OSError: it is one
+        raise httpcore.ConnectTimeout(f"timed out connecting to {where}") from exc
+    except OSError as exc:
+        raise httpcore.ConnectError(str(exc)) from exc
