@@ -45,6 +45,7 @@ from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.laneviews import QueuedCounts, lanes_view, task_progress
 from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
+from dispatcher.scheduling.remotewake import RemoteWakes
 from dispatcher.scheduling.roundwait import RoundWaiters
 from dispatcher.scheduling.running import (
     Canceled,
@@ -138,6 +139,9 @@ class Scheduler:
         self.queued = QueuedCounts(ledger.queued_counts)
         # The running tasks' beats, due together, written together (`beats`).
         self.beats = HeartbeatBatch(lambda due: self.ledger.heartbeats(due))
+        # Other hosts' new tasks wake this one a grace later, unless claimed
+        # meanwhile (`remotewake`): their own host claims them first.
+        self.remote_wakes = RemoteWakes(clock, self.wake)
         # Handlers only call the ledger; what it announces tells us what to do.
         ledger.events.listen(self._on_event)
 
@@ -196,6 +200,7 @@ class Scheduler:
         """Stop starting work; stop running tasks at their checkpoints, recoverable."""
         self._stopping = True
         self._wake.set()
+        self.remote_wakes.close()
         if self._loop_task is not None:
             await self._loop_task
         works = []
@@ -656,15 +661,21 @@ class Scheduler:
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:
         """A task became pending or an account changed: a round may start
-        work. A cancel was asked for a running task: its runner is told.
-        Any task change: the queue counts are read again."""
+        work (another host's task: after a grace, unless claimed meanwhile,
+        `remotewake`). A cancel was asked for a running task: its runner is
+        told. Any task change: the queue counts are read again."""
         if isinstance(event, TaskChanged):
             self.queued.changed()
+            if event.task.state is not State.PENDING:
+                self.remote_wakes.left(event.task.id)
         match event:
             case AccountChanged():
                 self.wake()
-            case TaskChanged(task=task) if task.state is State.PENDING:
-                self.wake()
+            case TaskChanged(task=task, origin=origin) if task.state is State.PENDING:
+                if origin:
+                    self.remote_wakes.heard_pending(task.id)
+                else:
+                    self.wake()
             case TaskChanged(task=task) if task.state is State.RUNNING and task.cancel_requested:
                 running = self.running.get(task.id)
                 if running is not None:

@@ -23,6 +23,7 @@ import pytest
 from dispatcher.events import Event, TaskChanged
 from dispatcher.models import State
 from dispatcher.store.pglisten import listener_name
+from dispatcher.store.postgres import PostgresStore
 from tests.support.harness import Harness, running_service
 from tests.support.pgdb import migrated_database
 
@@ -169,6 +170,38 @@ async def test_a_task_submitted_on_one_host_wakes_an_idle_host_and_streams_every
         assert error["kind"] == "on_another_host" and error["host"] == "host-b"
         assert "host 'host-b'" in error["message"]
         assert (await b.http.get(f"/v1/tasks/{other['id']}/result")).status_code == 200
+
+
+def claims_sent(store: object) -> int:
+    """Claim statements a host's store sent the server (`PostgresStore.round_trips`)."""
+    assert isinstance(store, PostgresStore)
+    return sum(
+        n for label, n in store.round_trips.by_statement.items() if "WITH c AS (UPDATE" in label
+    )
+
+
+async def test_a_task_its_own_host_claims_costs_the_other_host_no_claim(tmp_path: Path) -> None:
+    # Both hosts serve the model, both have free slots. Each task submitted on
+    # A is heard pending by B; A claims it at once, and B, which heard that
+    # within its grace, does not claim too (it did, one claim a task, all for
+    # nothing: issue 31).
+    async with two_hosts(tmp_path, ("demo-chat-api",), ("demo-chat-api",)) as (a, b, _):
+        tasks = 12
+        a_before, b_before = claims_sent(a.service.store), claims_sent(b.service.store)
+        started = time.monotonic()
+        hosts = []
+        for i in range(tasks):
+            task = await a.submit("demo-chat-api", f"made on A {i}", gen_s=0)
+            hosts.append((await a.wait_task(task["id"], timeout_s=20))["host"])
+        window_s = time.monotonic() - started
+        a_claims = claims_sent(a.service.store) - a_before
+        b_claims = claims_sent(b.service.store) - b_before
+        assert a_claims >= hosts.count("host-a") > 0  # the claims are counted
+        # B's only claims are its scheduler's ticks (nothing pending known is
+        # forgotten at each new task): fewer than one a task.
+        ticks = int(window_s / b.service.scheduler.tick_s) + 1
+        assert b_claims <= ticks + 2 and b_claims < tasks, (b_claims, ticks, hosts)
+        assert b.service.scheduler.remote_wakes.pending.spared >= tasks // 2
 
 
 async def test_with_a_shared_results_dir_any_host_serves_any_result(tmp_path: Path) -> None:
