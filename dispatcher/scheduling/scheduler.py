@@ -14,6 +14,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from dispatcher.accounts.failures import AccountHealth
@@ -58,6 +59,7 @@ from dispatcher.scheduling.running import (
 )
 from dispatcher.scheduling.runtimes import RunHistory
 from dispatcher.scheduling.withend import ClaimWithEnd, claim_with_end
+from dispatcher.scheduling.withinsert import claim_with_insert
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.tasks.ledger import Ledger
 from dispatcher.tasks.lines import lane_prefix, log_fields
@@ -144,6 +146,8 @@ class Scheduler:
         self.remote_wakes = RemoteWakes(clock, self.wake)
         # Handlers only call the ledger; what it announces tells us what to do.
         ledger.events.listen(self._on_event)
+        # A submit's insert may carry a lane's claim (`withinsert`).
+        ledger.insert_claims = self
 
     # -- timing ----------------------------------------------------------------
     @property
@@ -276,15 +280,23 @@ class Scheduler:
             # new task, or the next pending one kept it busy.
             return
         lane = current
-        async with self._fill_lock(lane.name):
+        async with self.fill_lock(lane.name):
             await self._fill_slots(lane, prefer)
 
-    def _fill_lock(self, name: str) -> asyncio.Lock:
+    def fill_lock(self, name: str) -> asyncio.Lock:
         # Uncontended (always, on SQLite) the lock is taken without a yield.
         lock = self._filling.get(name)
         if lock is None:
             lock = self._filling[name] = asyncio.Lock()
         return lock
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def start_claimed_in(self, task: Task, lane: LaneSpec) -> None:
+        """Start a task claimed for `lane` elsewhere (`withinsert`), its fill lock held."""
+        self._start(task, lane)
 
     def snapshot(self, lane: LaneSpec) -> LaneSnapshot:
         return LaneSnapshot(
@@ -468,7 +480,9 @@ class Scheduler:
         """The outcome on record, with the lane's next claim when it rides
         along (`withend`); the task it claimed started in the freed slot.
         The task as written when it succeeded, else None."""
-        with_end = self._claim_with_end(running, failed=isinstance(outcome, RunError))
+        lane = self.lanes.get(running.lane.name)
+        failed = isinstance(outcome, RunError)
+        with_end = None if lane is None else self.carried_claim(lane, failed=failed)
         succeeded = await self._record(running, outcome, with_end)
         if with_end is not None and with_end.claimed is not None:
             await self._start_claimed(running, with_end.claimed)
@@ -481,11 +495,16 @@ class Scheduler:
             # The result is on record; only an identical task's cache hit is lost.
             log.exception("task %s: keeping its result in the cache failed", succeeded.id)
 
-    def _claim_with_end(self, running: Running, *, failed: bool) -> ClaimWithEnd | None:
-        lane = self.lanes.get(running.lane.name)
-        if lane is None:
-            return None
-        snapshot = self.snapshot(lane)  # the ending run still holds its slot
+    def claim_with(self, task: Task) -> AbstractAsyncContextManager[ClaimWithEnd | None]:
+        """A submit's insert carries its lane's claim (`withinsert`)."""
+        return claim_with_insert(self, task)
+
+    def carried_claim(
+        self, lane: LaneSpec, *, failed: bool = False, freeing: bool = True
+    ) -> ClaimWithEnd | None:
+        """The claim a write carries for `lane` (`withend`): a run's end
+        (`freeing`: the ending run still holds its slot), or a submit's insert."""
+        snapshot = self.snapshot(lane)
         fence, quota = (
             self.claim_guard(lane, snapshot.concurrency)
             if self.claim_guard is not None
@@ -501,6 +520,7 @@ class Scheduler:
             budgeted=budgeted,
             stopping=self._stopping,
             failed=failed,
+            freeing=freeing,
         )
 
     async def _start_claimed(self, running: Running, task: Task) -> None:
@@ -513,7 +533,7 @@ class Scheduler:
                 self._release_slot(running)
                 await self.ledger.requeue(task, "claimed as its lane stopped taking tasks")
                 return
-            async with self._fill_lock(lane.name):
+            async with self.fill_lock(lane.name):
                 self._release_slot(running)
                 ready = await ready_to_start(self, task, lane)
                 if ready is not None:

@@ -70,16 +70,20 @@ def claim_with_end(
     budgeted: bool,
     stopping: bool,
     failed: bool = False,
+    freeing: bool = True,
 ) -> ClaimWithEnd | None:
     """The claim the end of one of `lane`'s runs carries, or None.
 
     `snapshot` is taken while the ending run still holds its slot; `fence`
     and `quota` are the lane's claim guard; `budgeted`: a daily budget guards
     the lane's provider now; `failed`: the run ended with an error.
+    `freeing=False`: no run ends (a submit's insert carries the claim,
+    `tasks.submitclaim`), a slot must be free now.
     """
     if failed or stopping or lane.kind is not Kind.API or fence is not None or budgeted:
         return None
-    if free_slots(replace(snapshot, running=max(0, snapshot.running - 1))) < 1:
+    running = max(0, snapshot.running - 1) if freeing else snapshot.running
+    if free_slots(replace(snapshot, running=running)) < 1:
         return None
     return ClaimWithEnd(tuple(lane.queues), lane.owner, quota)
 

@@ -72,6 +72,15 @@ class EndedAndClaimed(NamedTuple):
     claimed: Task | None
 
 
+class InsertedAndClaimed(NamedTuple):
+    """What `insert_and_claim` wrote: the task inserted or its twin (as
+    `insert_unless_twin` answers them), and the task claimed (None: none)."""
+
+    task: Task
+    inserted: bool
+    claimed: Task | None
+
+
 class TaskWriter(Protocol):
     """`update_task`, spelled once for every backend: its keywords made one
     `TaskWrite`, which the backend writes (`write_task`). A backend subclasses
@@ -111,6 +120,10 @@ class TaskWriter(Protocol):
 
 
 class Store(TaskWriter, Protocol):
+    # Whether `insert_and_claim` can save a round trip (PostgreSQL): if not,
+    # a submit does not look for a lane's claim to carry.
+    claims_on_insert: bool
+
     async def migrate(self) -> None:
         """Apply the dialect's migrations not applied yet (see `store.migrations`)."""
 
@@ -236,6 +249,15 @@ class Store(TaskWriter, Protocol):
     async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
         """Insert the task unless `find_by_fingerprint` finds a twin, atomically
         (across hosts too): (the stored task, True) or (its twin, False)."""
+
+    async def insert_and_claim(
+        self, task: Task, created_since: float, claim: NextClaim
+    ) -> InsertedAndClaimed | None:
+        """`insert_unless_twin`, then `claim_next(claim)` (which sees the new
+        task), in one transaction: on PostgreSQL one pipeline, one round trip
+        (the submit of a task a lane can start now). None: not done, nothing
+        written (SQLite, where a statement is no round trip; a quota known
+        full): the caller inserts alone."""
 
     # -- jobs --------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job | None: ...

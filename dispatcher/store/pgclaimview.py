@@ -139,6 +139,12 @@ class ClaimView:
         self.skipped += 1
         return True
 
+    def quota_full(self, owner: str, limit: int, now: float) -> bool:
+        """True when the provider's quota is known full (a claim under it
+        would find nothing, however many tasks are pending)."""
+        full = self._full.get(owner)
+        return full is not None and self._holds(full, now) and len(full.running) >= limit
+
     def sending(self) -> Sent:
         """What was seen when a claim is sent (for `claimed` and `quota_read`)."""
         return Sent(self._pending_seen, self._stopped_seen)

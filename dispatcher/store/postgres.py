@@ -23,7 +23,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from dispatcher.errors import StoreError
 from dispatcher.models import Attempt, Job, State, Task
 from dispatcher.pricing import AGING_STEP_S, Budget
-from dispatcher.store.base import EndedAndClaimed, NextClaim, TaskWrite, TaskWriter
+from dispatcher.store.base import (
+    EndedAndClaimed,
+    InsertedAndClaimed,
+    NextClaim,
+    TaskWrite,
+    TaskWriter,
+)
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.store.migrations import migrations
@@ -76,6 +82,8 @@ CONNECT_TIMEOUT_S = 10.0
 
 
 class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter):
+    claims_on_insert = True  # a submit's claim rides with its insert
+
     def __init__(self, url: str, host: str = "", *, pool_max: int = POOL_MAX) -> None:
         self.url = url
         self.host = host
@@ -259,35 +267,62 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         return [task.replace(seq=seq) for task, seq in zip(tasks, seqs, strict=True)]
 
     async def insert_unless_twin(self, task: Task, created_since: float) -> tuple[Task, bool]:
-        row = task_to_row(task)
-        twin_args = (task.fingerprint, created_since)
-        # Identical submits on two hosts serialise on their fingerprint: the
-        # insert runs after the lock, so it sees a twin committed before it.
-        # One round trip, one transaction: the lock, then the insert unless a
-        # twin exists, answering the new task's place in its queue or the twin.
+        # One round trip, one transaction (`_insert_statements`).
         _, (row,) = await self._pipelined(
-            [
-                _xact_lock(f"dedup:{task.fingerprint}"),
-                Statement(
-                    pg_marks(
-                        placed_insert_unless_twin(
-                            f"INSERT INTO tasks ({', '.join(row)}) SELECT {_marks(row)}", TWIN
-                        )
-                    ),
-                    (*twin_args, *row.values()),
-                ),
-            ],
-            what="write",
+            self._insert_statements(task, created_since), what="write"
         )
         if row["new_seq"] is None:
             return row_to_task(row), False
         return self._placed(task, row["new_seq"], row), True
 
-    def _placed(self, task: Task, seq: int, row: Row) -> Task:
+    def _insert_statements(self, task: Task, created_since: float) -> list[Statement]:
+        """Identical submits on two hosts serialise on their fingerprint: the
+        insert runs after the lock, so it sees a twin committed before it. The
+        lock, then the insert unless a twin exists, answering the new task's
+        place in its queue or the twin."""
+        row = task_to_row(task)
+        insert = placed_insert_unless_twin(
+            f"INSERT INTO tasks ({', '.join(row)}) SELECT {_marks(row)}", TWIN
+        )
+        return [
+            _xact_lock(f"dedup:{task.fingerprint}"),
+            Statement(pg_marks(insert), (task.fingerprint, created_since, *row.values())),
+        ]
+
+    async def insert_and_claim(
+        self, task: Task, created_since: float, claim: NextClaim
+    ) -> InsertedAndClaimed | None:
+        quota = claim.quota
+        if not claim.queues or (
+            quota is not None and self.claim_view.quota_full(quota.owner, quota.limit, claim.now)
+        ):
+            return None  # the claim would find nothing: the insert alone, as ever
+        sent = self.claim_view.sending()
+        lock, claiming = self._claim_statements(claim)
+        # One transaction, one round trip: the insert first, so the claim
+        # sees the new task (and takes it when it is first in line). The
+        # de-dup lock, then the quota's: every transaction taking both takes
+        # them in this order.
+        statements = self._insert_statements(task, created_since)
+        statements += [claiming] if lock is None else [lock, claiming]
+        answers = await self._pipelined(statements, what="insert and claim")
+        (row,) = answers[1]
+        claimed = self._claimed(claim, answers[-1], sent)
+        if row["new_seq"] is None:
+            return InsertedAndClaimed(row_to_task(row), False, claimed)
+        # A new task claimed at once was never pending for `claim_view`:
+        # what the claim read (nothing else pending, say) holds.
+        taken = claimed is not None and claimed.id == task.id
+        placed = self._placed(task, row["new_seq"], row, seen=not taken)
+        return InsertedAndClaimed(placed, True, claimed)
+
+    def _placed(self, task: Task, seq: int, row: Row, *, seen: bool = True) -> Task:
         """The inserted task with its `seq`; its place in the queue, read by
-        the insert, kept for the submit's answer (`queue_place`)."""
+        the insert, kept for the submit's answer (`queue_place`). `seen`: told
+        to `claim_view` (not when the same transaction claimed it)."""
         placed = task.replace(seq=int(seq))
-        self.claim_view.saw(placed)
+        if seen:
+            self.claim_view.saw(placed)
         if placed.state is State.PENDING:
             self._places.put(placed.queue, placed.seq, int(row["ahead"]), int(row["owners"]))
         return placed

@@ -35,7 +35,13 @@ from dispatcher.models import (
     Task,
 )
 from dispatcher.pricing import AGING_STEP_S, Budget
-from dispatcher.store.base import EndedAndClaimed, NextClaim, TaskWrite, TaskWriter
+from dispatcher.store.base import (
+    EndedAndClaimed,
+    InsertedAndClaimed,
+    NextClaim,
+    TaskWrite,
+    TaskWriter,
+)
 from dispatcher.store.beats import Heartbeat
 from dispatcher.store.cacheindex import CacheIndex
 from dispatcher.store.cachesql import SqliteCacheIndex
@@ -95,6 +101,8 @@ class SqliteStore(SqliteHostOps, TaskWriter):
     await here never yields to the loop, and callers see the same
     interleaving as when these calls were synchronous.
     """
+
+    claims_on_insert = False  # no round trip to save (`insert_and_claim`)
 
     def __init__(self, path: str | Path, host: str = "") -> None:
         self.path = Path(path)
@@ -233,6 +241,13 @@ class SqliteStore(SqliteHostOps, TaskWriter):
                 with self._tx() as db:
                     rows = _end(db, statements)
             return self._wrote(write, rows)
+
+    async def insert_and_claim(
+        self, task: Task, created_since: float, claim: NextClaim
+    ) -> InsertedAndClaimed | None:
+        # In-process, the insert and the scheduler's claim after it cost no
+        # round trip: nothing to save.
+        return None
 
     async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
         # No round trip to save in-process, but commits: the end, its history

@@ -54,6 +54,7 @@ from dispatcher.tasks.operator import OperatorActions
 from dispatcher.tasks.redaction import redacted
 from dispatcher.tasks.resultpaths import real_result, stored_result
 from dispatcher.tasks.spec import TaskSpec
+from dispatcher.tasks.submitclaim import InsertClaims, insert_claiming
 from dispatcher.tasks.waitflags import WaitFlags
 
 log = logging.getLogger("dispatcher.tasks")
@@ -104,6 +105,8 @@ class Ledger(OperatorActions):
         )
         # Whether a claim must look for fallbacks or sort its queues.
         self.flags = WaitFlags(shared=shared)
+        # The scheduler, when it runs: a submit's insert may carry a claim.
+        self.insert_claims: InsertClaims | None = None
         self.dedup_hits = 0
         self.retries = 0
         self.stale_reclaims = 0
@@ -158,14 +161,26 @@ class Ledger(OperatorActions):
         task = self.intake.completed(task, cached)
         if since is None:
             (stored,) = await self.store.insert_tasks([task])
+            self._announce(stored, None)
+            return Submitted(stored)
+        if self.insert_claims is not None and self.store.claims_on_insert:
+            # A lane with a free slot claims with the insert (`submitclaim`).
+            # Shielded: a task claimed must reach its start (a cancel after
+            # the commit would leave it running without a runner, 90 s).
+            stored, inserted = await asyncio.shield(
+                insert_claiming(
+                    self.store, self.insert_claims, task, since, self._next_claim, self._announce
+                )
+            )
         else:
             stored, inserted = await self.store.insert_unless_twin(task, since)
-            if not inserted:
-                if cached is not None and self.intake.results_dir is not None:
-                    folder = self.intake.results_dir / task.id
-                    await asyncio.to_thread(shutil.rmtree, folder, True)
-                return self._deduped(task, stored)
-        self._announce(stored, None)
+            if inserted:
+                self._announce(stored, None)
+        if not inserted:
+            if cached is not None and self.intake.results_dir is not None:
+                folder = self.intake.results_dir / task.id
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+            return self._deduped(task, stored)
         return Submitted(stored)
 
     async def create_job(self, name: str, specs: Sequence[TaskSpec]) -> tuple[Job, list[Task]]:

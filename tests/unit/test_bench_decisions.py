@@ -13,7 +13,7 @@ import pytest
 from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
 from bench.common import BenchResult, Check
-from bench.hosts import median_run
+from bench.hosts import median_run, steady_checks
 from bench.memory import (
     MIN_CYCLE_TASKS,
     PACE_MARGIN,
@@ -199,6 +199,32 @@ def test_a_set_up_of_several_rounds_stands_by_its_median_round_whole() -> None:
     assert median["database"] == {"round_trips_per_task": 3.4}  # that round's own figures
     assert median["tasks_per_s_rounds"] == [171.0, 140.0, 190.0]
     assert median_run(rounds[:2])["tasks_per_s"] == 140.0  # an even count: the lower middle
+
+
+def _steady(trips: float, claims: float) -> dict[str, Any]:
+    database = {
+        "round_trips_per_task": trips,
+        "round_trip_bound": 3.0,
+        "claims_per_task": claims,
+        "backend_cpu_ms_per_task": 1.5,
+    }
+    return {"database": database, "service_cpu_ms_per_task": 4.0, "queue_wait_p50_ms": 0.2}
+
+
+def test_at_a_steady_rate_each_task_is_claimed_once_within_the_round_trip_bound() -> None:
+    one, three = steady_checks(
+        {"postgresql_1_host": _steady(2.07, 1.0), "postgresql_3_hosts": _steady(2.21, 1.0)}
+    )
+    assert one.met is True and three.met is True
+    # Three hosts each claiming every task: within the bound, still not met.
+    _, herd = steady_checks(
+        {"postgresql_1_host": _steady(3.07, 1.0), "postgresql_3_hosts": _steady(2.9, 2.99)}
+    )
+    assert herd.met is False
+    over, _ = steady_checks(
+        {"postgresql_1_host": _steady(3.07, 1.0), "postgresql_3_hosts": _steady(2.2, 1.0)}
+    )
+    assert over.met is False  # the one host's 3.07 > 3.0 (claims do not count there)
 
 
 def test_a_pace_that_comes_and_goes_is_read_over_every_cycle_so_far() -> None:

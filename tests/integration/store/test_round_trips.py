@@ -13,13 +13,15 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from dispatcher.clock import FakeClock
+from dispatcher.errors import StoreError
 from dispatcher.events import Event, EventBus, TaskChanged
 from dispatcher.hosts.crosshost import RemoteTasks
 from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
-from dispatcher.store import open_store, postgres_cache
+from dispatcher.store import NextClaim, open_store, postgres_cache
 from dispatcher.store.hosts import Quota
 from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
@@ -358,3 +360,66 @@ async def test_nothing_pending_is_not_asked_again_until_a_task_is(store: Postgre
     finally:
         await relay.aclose()
         await other.close()
+
+
+def _claim(now: float, quota: Quota | None = None) -> NextClaim:
+    return NextClaim(("g",), now, {**RUN, "started_at": now}, quota=quota)
+
+
+async def test_a_submit_with_a_free_slot_is_inserted_and_claimed_in_one_round_trip(
+    store: PostgresStore,
+) -> None:
+    listening = await store_listening(store)
+    try:
+        before = store.round_trips.total
+        both = await store.insert_and_claim(_task("new"), 0.0, _claim(5.0))
+        assert both is not None and both.inserted and both.task.id == "new"
+        assert both.claimed is not None and both.claimed.id == "new"
+        assert both.claimed.state is State.RUNNING and both.claimed.owner == "demo"
+        assert trips(store, before) == 1
+        # Nothing else pending, as the claim read: the scheduler's round after
+        # the submit asks nothing.
+        before = store.round_trips.total
+        assert await store.claim_next(["g"], 5.1, RUN) is None
+        assert trips(store, before) == 0
+
+        # A task waiting before it is claimed first (its turn); the new one waits.
+        await store.insert_tasks([_task("older")])
+        both = await store.insert_and_claim(_task("newer"), 0.0, _claim(5.2))
+        assert both is not None and both.inserted
+        assert both.claimed is not None and both.claimed.id == "older"
+        (newer,) = await store.get_tasks(["newer"])
+        assert newer.state is State.PENDING
+
+        # A twin: not inserted (the twin answered), the claim still made.
+        both = await store.insert_and_claim(_task("again", fingerprint="fp-new"), 0.0, _claim(5.3))
+        assert both is not None and not both.inserted and both.task.id == "new"
+        assert both.claimed is not None and both.claimed.id == "newer"
+
+        # The provider's quota known full: not sent together (the insert alone).
+        full = Quota("demo", 3)
+        await store.insert_tasks([_task("waiting")])
+        assert await store.claim_next(["g"], 5.4, RUN, quota=full) is None  # it read: 3 running
+        assert await store.insert_and_claim(_task("later"), 0.0, _claim(5.5, full)) is None
+        assert (await store.get_tasks(["later"])) == []
+    finally:
+        await listening.aclose()
+
+
+async def test_a_submit_and_its_claim_are_one_transaction(store: PostgresStore) -> None:
+    # A claim that fails writes neither: the caller then inserts alone.
+    refuse = (
+        "CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'no claims today'; END $$",
+        "CREATE TRIGGER refuse_claims BEFORE UPDATE ON tasks FOR EACH ROW "
+        "WHEN (NEW.state = 'running') EXECUTE FUNCTION refuse_claims()",
+    )
+    async with await psycopg.AsyncConnection.connect(store.url, autocommit=True) as admin:
+        for statement in refuse:
+            await admin.execute(statement)
+        with pytest.raises(StoreError, match="no claims today"):
+            await store.insert_and_claim(_task("lost"), 0.0, _claim(5.0))
+        assert await store.get_tasks(["lost"]) == []
+        await admin.execute("DROP TRIGGER refuse_claims ON tasks")
+    both = await store.insert_and_claim(_task("kept"), 0.0, _claim(5.1))
+    assert both is not None and both.claimed is not None and both.claimed.id == "kept"
