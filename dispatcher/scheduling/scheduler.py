@@ -539,12 +539,7 @@ class Scheduler:
                 if ready is not None:
                     self._start(ready, lane)
         except Exception:
-            log.exception(
-                "%s: starting the next task failed; the next round retries",
-                running.lane.name,
-                extra={"lane": running.lane.name},
-            )
-            self.wake()
+            self.start_failed(running.lane.name, "starting the next task")
 
     def _release_slot(self, running: Running) -> None:
         lane_running = self._lane_running[running.lane.name]
@@ -563,12 +558,15 @@ class Scheduler:
         try:
             await self.fill(lane)
         except Exception:
-            log.exception(
-                "%s: starting the next task failed; the next round retries",
-                lane.name,
-                extra={"lane": lane.name},
-            )
-            self.wake()
+            self.start_failed(lane.name, "starting the next task")
+
+    def start_failed(self, lane_name: str, what: str) -> None:
+        """In an `except` block: a start that raised, logged with its
+        traceback; the next round retries."""
+        log.exception(
+            "%s: %s failed; the next round retries", lane_name, what, extra={"lane": lane_name}
+        )
+        self.wake()
 
     async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
         """How the run ended; None when we interrupted it (reclaim or shutdown)."""

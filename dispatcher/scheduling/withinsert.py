@@ -12,7 +12,6 @@ began to stop, or while its lane was dropped (a reload), is given back
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -24,8 +23,6 @@ from dispatcher.scheduling.withend import ClaimWithEnd
 
 if TYPE_CHECKING:
     from dispatcher.scheduling.scheduler import Scheduler
-
-log = logging.getLogger("dispatcher.scheduling.withinsert")
 
 
 def _lane_serving(scheduler: Scheduler, task: Task) -> LaneSpec | None:
@@ -65,9 +62,4 @@ async def _start(scheduler: Scheduler, lane: LaneSpec, task: Task) -> None:
         if ready is not None:
             scheduler.start_claimed_in(ready, lane)
     except Exception:
-        log.exception(
-            "%s: starting the task claimed with a submit failed; the next round retries",
-            lane.name,
-            extra={"lane": lane.name},
-        )
-        scheduler.wake()
+        scheduler.start_failed(lane.name, "starting the task claimed with a submit")
