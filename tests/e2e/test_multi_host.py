@@ -48,7 +48,11 @@ WEB_TASKS = 20
 # web lane busy ~10 s real, a window the kill below cannot miss on a busy
 # machine (at 10, all of A's answers could be over in 2 s).
 WEB_DURATION = 40
-HOST_CONCURRENCY = {"a": QUOTA, "b": 1, "c": 1}
+# Each host's claim counts the provider's running tasks on all hosts against
+# its own concurrency: C, at 1, could claim only while the provider ran nothing
+# anywhere, and B's one slot, refilled with each end, never let it. C at 2
+# claims once A's share is gone (killed), as a host with room does.
+HOST_CONCURRENCY = {"a": QUOTA, "b": 1, "c": 2}
 WEB_ACCOUNTS = {"a": ("web-a1", "web-a2"), "b": ("web-b1", "web-b2")}
 # Each API job is 3-7 nominal s (0.15-0.35 s real): the vendor's quota of 3
 # paces the batch, and after A dies B and C's two slots take the rest; at
