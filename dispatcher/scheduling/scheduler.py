@@ -290,14 +290,6 @@ class Scheduler:
             lock = self._filling[name] = asyncio.Lock()
         return lock
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    def start_claimed_in(self, task: Task, lane: LaneSpec) -> None:
-        """Start a task claimed for `lane` elsewhere (`withinsert`), its fill lock held."""
-        self._start(task, lane)
-
     def snapshot(self, lane: LaneSpec) -> LaneSnapshot:
         return LaneSnapshot(
             name=lane.name,
@@ -527,19 +519,30 @@ class Scheduler:
         """Start a task claimed with `running`'s end, as a refill would start
         it, in the slot `running` gives back; given back when the lane is gone
         or the scheduler stopping."""
-        lane = self.lanes.get(running.lane.name)
+        name = running.lane.name
+        if name not in self.lanes or self._stopping:
+            self._release_slot(running)
+            await self.start_claimed_in(name, task)  # given back
+            return
+        async with self.fill_lock(name):
+            self._release_slot(running)
+            await self.start_claimed_in(name, task)
+
+    async def start_claimed_in(self, lane_name: str, task: Task) -> None:
+        """Start a task claimed for the lane outside a round (with a run's end,
+        with a submit's insert: `withinsert`), the lane's fill lock held, as a
+        refill starts one; given back (pending, same attempt) when the lane
+        is gone or the scheduler stopping."""
+        lane = self.lanes.get(lane_name)
         try:
             if lane is None or self._stopping:
-                self._release_slot(running)
                 await self.ledger.requeue(task, "claimed as its lane stopped taking tasks")
                 return
-            async with self.fill_lock(lane.name):
-                self._release_slot(running)
-                ready = await ready_to_start(self, task, lane)
-                if ready is not None:
-                    self._start(ready, lane)
+            ready = await ready_to_start(self, task, lane)
+            if ready is not None:
+                self._start(ready, lane)
         except Exception:
-            self.start_failed(running.lane.name, "starting the next task")
+            self.start_failed(lane_name, "starting the next task")
 
     def _release_slot(self, running: Running) -> None:
         lane_running = self._lane_running[running.lane.name]

@@ -4,10 +4,9 @@ The scheduler's side: which lane serving the new task would claim now (the
 conditions of a claim carried by a run's end, `withend`, with a slot free
 now, not one being given back), held under the lane's fill lock while the
 insert and its claim are written, so that no round of the scheduler takes
-the same slot meanwhile; then the task claimed is started as a refill
-starts one (`ready_to_start`, `_start`). A task claimed while the scheduler
-began to stop, or while its lane was dropped (a reload), is given back
-(pending again, same attempt).
+the same slot meanwhile; then the task claimed is started as one claimed
+with a run's end is (`Scheduler.start_claimed_in`: given back, pending, when
+the scheduler began to stop or the lane was dropped).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from dispatcher.models import Task
-from dispatcher.scheduling.claimed import ready_to_start
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.withend import ClaimWithEnd
 
@@ -50,16 +48,4 @@ async def claim_with_insert(scheduler: Scheduler, task: Task) -> AsyncIterator[C
             # Also when the submit failed after the claim was written (its
             # announce, say): a task claimed is started or given back.
             if claim is not None and claim.claimed is not None:
-                await _start(scheduler, lane, claim.claimed)
-
-
-async def _start(scheduler: Scheduler, lane: LaneSpec, task: Task) -> None:
-    try:
-        if scheduler.stopping or scheduler.lanes.get(lane.name) is not lane:
-            await scheduler.ledger.requeue(task, "claimed as its lane stopped taking tasks")
-            return
-        ready = await ready_to_start(scheduler, task, lane)
-        if ready is not None:
-            scheduler.start_claimed_in(ready, lane)
-    except Exception:
-        scheduler.start_failed(lane.name, "starting the task claimed with a submit")
+                await scheduler.start_claimed_in(lane.name, claim.claimed)
