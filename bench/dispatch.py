@@ -56,18 +56,27 @@ DRAIN_BUDGET_S = 30.0
 
 
 async def submit_all(
-    clients: Sequence[LightClient], count: int, tag: str, budget_s: float
+    clients: Sequence[LightClient],
+    count: int,
+    tag: str,
+    budget_s: float,
+    *,
+    rate_per_s: float | None = None,
 ) -> tuple[float, float, list[float]]:
     """POST `count` tasks, one outstanding per client; (start, end, latencies).
 
-    Stops early (fewer tasks) when `budget_s` runs out.
+    Stops early (fewer tasks) when `budget_s` runs out. `rate_per_s`: the
+    i-th no sooner than start + i / rate (a steady rate, not a flood).
     """
     counter = itertools.count()
     latencies: list[float] = []
-    deadline = time.monotonic() + budget_s
+    begun = time.monotonic()
+    deadline = begun + budget_s
 
     async def worker(client: LightClient) -> None:
         while (i := next(counter)) < count and time.monotonic() < deadline:
+            if rate_per_s is not None:
+                await asyncio.sleep(max(0.0, begun + i / rate_per_s - time.monotonic()))
             body = {"model": MODEL, "params": {"prompt": f"{tag} task {i}", "gen_s": 0}}
             t0 = time.perf_counter()
             for _ in range(5):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import secrets
@@ -166,30 +165,6 @@ def transitions(task: dict[str, Any]) -> int:
     return 2 * attempt - (1 if task["state"] == "running" else 0)
 
 
-async def submit_paced(
-    clients: list[LightClient], count: int, tag: str, rate_per_s: float
-) -> tuple[float, float, list[float]]:
-    """POST `count` tasks at `rate_per_s`, the i-th at start + i / rate (one
-    outstanding per client); (start, end, latencies) as `submit_all`."""
-    counter = itertools.count()
-    begun = time.monotonic()
-    latencies: list[float] = []
-
-    async def worker(client: LightClient) -> None:
-        while (i := next(counter)) < count:
-            await asyncio.sleep(max(0.0, begun + i / rate_per_s - time.monotonic()))
-            body = {"model": MODEL, "params": {"prompt": f"{tag} task {i}", "gen_s": 0}}
-            t0 = time.perf_counter()
-            status, text = await client.post_json("/v1/tasks", body)
-            if status not in (200, 201):
-                raise RuntimeError(f"submit refused: {status} {text[:300]!r}")
-            latencies.append(time.perf_counter() - t0)
-
-    start = time.time()
-    await asyncio.gather(*(worker(client) for client in clients))
-    return start, time.time(), latencies
-
-
 def claims(trips: Counter[str]) -> int:
     """Claim statements among the round trips (alone, or with a run's end)."""
     return sum(n for label, n in trips.items() if label != "total" and "WITH c AS (UPDATE" in label)
@@ -237,14 +212,9 @@ async def one_setup(
                 )
                 for i in range(IN_FLIGHT)
             ]
-            if rate_per_s is None:
-                start, submitted_at, _ = await submit_all(
-                    clients, tasks, f"b6-{label}", budget_s=SUBMIT_BUDGET_S
-                )
-            else:
-                start, submitted_at, _ = await submit_paced(
-                    clients, tasks, f"b6-{label}", rate_per_s
-                )
+            start, submitted_at, _ = await submit_all(
+                clients, tasks, f"b6-{label}", budget_s=SUBMIT_BUDGET_S, rate_per_s=rate_per_s
+            )
             readers = [
                 await stack.enter_async_context(service.async_client(limit=1))
                 for service in services
