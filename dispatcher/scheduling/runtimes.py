@@ -16,7 +16,10 @@ import json
 import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dispatcher.profiles import Profile
 
 # Parameter names that set how long a generation takes on the providers we
 # know (durations, sizes, step and frame counts); `gen_s` is the demo's.
@@ -88,3 +91,8 @@ class RunHistory:
 
     def __len__(self) -> int:
         return len(self._by_shape)
+
+
+def polls(profile: Profile) -> bool:
+    """Only async jobs are polled; only they need a run history by shape."""
+    return profile.api is not None and profile.api.style == "async-job"

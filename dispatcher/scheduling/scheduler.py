@@ -25,8 +25,6 @@ from dispatcher.clock import Clock
 from dispatcher.errors import (
     RunError,
     StateConflict,
-    TaskCanceled,
-    TransientError,
 )
 from dispatcher.events import AccountChanged, Event, TaskChanged
 from dispatcher.models import JSON, Kind, Stage, State, Task
@@ -45,19 +43,17 @@ from dispatcher.scheduling.decisions import (
 from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
 from dispatcher.scheduling.laneviews import QueuedCounts, lanes_view, task_progress
-from dispatcher.scheduling.protocol import Interruption, RunContext, Runner, RunResult
+from dispatcher.scheduling.outcomes import record_outcome, run_outcome
+from dispatcher.scheduling.protocol import Interruption, RunContext, Runner
 from dispatcher.scheduling.remotewake import RemoteWakes
 from dispatcher.scheduling.roundwait import RoundWaiters
 from dispatcher.scheduling.running import (
-    Canceled,
     Live,
     Outcome,
     Running,
     TaskLog,
-    disk_full_error,
-    unrecorded,
 )
-from dispatcher.scheduling.runtimes import RunHistory
+from dispatcher.scheduling.runtimes import RunHistory, polls
 from dispatcher.scheduling.withend import ClaimWithEnd, claim_with_end
 from dispatcher.scheduling.withinsert import claim_with_insert
 from dispatcher.store.hosts import Fence, Quota
@@ -76,11 +72,6 @@ RECENT_RUNS = 20  # run times per model behind an ETA
 # a look every 5 s finds one at most 5 s later, and on PostgreSQL it saves a
 # query every tick (0.5 s).
 STALE_LOOK_S = 5.0
-
-
-def polls(profile: Profile) -> bool:
-    """Only async jobs are polled; only they need a run history by shape."""
-    return profile.api is not None and profile.api.style == "async-job"
 
 
 class Scheduler:
@@ -440,7 +431,7 @@ class Scheduler:
         succeeded: Task | None = None
         try:
             try:
-                outcome = await self._run_one(running, runner)
+                outcome = await run_outcome(self, running, runner)
             finally:
                 first_beat.cancel()
                 # Unregistered first: a heartbeat loop that missed its cancel
@@ -475,7 +466,7 @@ class Scheduler:
         lane = self.lanes.get(running.lane.name)
         failed = isinstance(outcome, RunError)
         with_end = None if lane is None else self.carried_claim(lane, failed=failed)
-        succeeded = await self._record(running, outcome, with_end)
+        succeeded = await record_outcome(self, running, outcome, with_end)
         if with_end is not None and with_end.claimed is not None:
             await self._start_claimed(running, with_end.claimed)
         return succeeded
@@ -570,114 +561,6 @@ class Scheduler:
             "%s: %s failed; the next round retries", lane_name, what, extra={"lane": lane_name}
         )
         self.wake()
-
-    async def _run_one(self, running: Running, runner: Runner) -> Outcome | None:
-        """How the run ended; None when we interrupted it (reclaim or shutdown)."""
-        try:
-            result = await runner.run(running.task, running.ctx)
-        except asyncio.CancelledError:
-            await self._after_interrupt(running)
-            # Swallow: the interrupt was ours (reclaim or shutdown), not the loop's.
-            return None
-        except TaskCanceled:
-            return Canceled()
-        except RunError as exc:
-            return disk_full_error(exc, running.ctx.result_dir) or exc
-        except Exception as exc:
-            full = disk_full_error(exc, running.ctx.result_dir)
-            if full is not None:
-                running.ctx.log.error("%s", full)
-                return full
-            running.ctx.log.exception("%s runner crashed", running.lane.name)
-            return TransientError(f"runner crashed: {exc!r}", kind="internal")
-        return result
-
-    async def _after_interrupt(self, running: Running) -> None:
-        if running.ctx.interruption is not Interruption.SHUTDOWN:
-            return
-        task = await self.ledger.current(running.task.id)
-        if task is None or task.state is not State.RUNNING:
-            return
-        if task.kind is Kind.API and task.remote_id:
-            # The remote job keeps going; the next start resumes polling it.
-            log.info(
-                "%s task %s left running for recovery (remote %s)",
-                lane_prefix(task),
-                task.id,
-                task.remote_id,
-                extra=log_fields(task, attempt=task.attempt),
-            )
-            return
-        await self.ledger.requeue(task, "service shut down before it finished")
-
-    async def _record(
-        self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
-    ) -> Task | None:
-        """Write the outcome, or else end the attempt without it (`attempt.unrecorded`):
-        left running, it would go stale and be submitted again from scratch.
-        `with_end`: the lane's next claim, sent with the outcome's write.
-        The task as written when it succeeded, else None."""
-        try:
-            return await self._finish(running, outcome, with_end)
-        except Exception as exc:
-            running.ctx.log.exception("recording how the attempt ended failed")
-            try:
-                if isinstance(outcome, Canceled):
-                    await self.ledger.mark_canceled(running.task)
-                else:
-                    await self.ledger.fail(
-                        running.task,
-                        unrecorded(outcome, exc, resumable=running.resumable),
-                        keep_remote_id=running.resumable and isinstance(outcome, RunResult),
-                    )
-            except Exception:
-                running.ctx.log.exception("ending the attempt failed too; the stale bound will")
-            return None
-
-    async def _finish(
-        self, running: Running, outcome: Outcome, with_end: ClaimWithEnd | None = None
-    ) -> Task | None:
-        task = running.task
-        durations = running.live.closed_durations(self.clock.now())
-        match outcome:
-            case RunResult():
-                self.health.succeeded(running.lane.owner)
-                if polls(running.ctx.profile) and task.started_at:
-                    # Before the write: a job of the same shape claimed while it
-                    # is awaited polls by this run already. The vendor ran it
-                    # this long, written or not.
-                    self.run_history.record(
-                        task.model,
-                        task.params,
-                        (self.clock.now() - task.started_at) / self.clock.time_scale,
-                    )
-                done = await self.ledger.succeed(
-                    task, outcome.to_json(), durations, with_end=with_end
-                )
-                if done is None or done.state is not State.SUCCESS:
-                    return None
-                if done.started_at:
-                    run_s = (done.finished_at or self.clock.now()) - done.started_at
-                    (await self.recent_durations(done.model)).appendleft(run_s)
-                return done
-            case Canceled():
-                await self.ledger.mark_canceled(task, durations, with_end=with_end)
-            case RunError():
-                await self._failed(running, outcome, durations)
-        return None
-
-    async def _failed(self, running: Running, error: RunError, durations: dict[str, float]) -> None:
-        if await self.health.hold(running, error, durations):
-            return
-        if error.kind == "stalled":
-            self.stalled_reclaims += 1
-        ended = await self.ledger.fail(running.task, error, durations)
-        if ended is not None and ended.state is State.CANCELED:
-            return  # a cancel was asked for while it ran: that outcome wins
-        if running.lane.kind is Kind.WEB:
-            # Only web accounts: a provider's bad spell (5xx, timeouts)
-            # passes by itself, and retries already space out its tasks.
-            await self.health.count_failure(running.lane.owner, error)
 
     # -- what the scheduler hears ---------------------------------------------------
     def _on_event(self, event: Event) -> None:
