@@ -250,8 +250,14 @@ class Guard:
         if policy is None or policy.downloads_dir is None:
             return
         guid = str(event.get("guid") or "")
-        if event.get("state") != "inProgress":
+        state = event.get("state")
+        if state != "inProgress":
             self._downloading.discard(guid)  # completed or cancelled
+            if state == "canceled" and guid in self._cancelled:
+                # Chromium removes a cancelled download's file, but one
+                # cancelled as it began can write its file after our removal
+                # (a `.crdownload` was seen left): removed again once it landed.
+                _remove_download(policy.downloads_dir, guid)
             return
         received = int(event.get("receivedBytes") or 0)
         if received > policy.max_download_bytes:
@@ -305,6 +311,11 @@ async def _cancel(cdp: CDPSession, guid: str, where: Path) -> None:
         await cdp.send("Browser.cancelDownload", {"guid": guid})
     # allowAndName names the file by its guid; Chromium removes a cancelled
     # one itself, this covers a download that finished meanwhile.
+    _remove_download(where, guid)
+
+
+def _remove_download(where: Path, guid: str) -> None:
+    """A download's file, finished or not (`guid` is checked to be a plain name)."""
     for path in (where / guid, where / f"{guid}.crdownload"):
         with contextlib.suppress(OSError):
             path.unlink()

@@ -356,4 +356,9 @@ async def test_a_page_s_downloads_are_bounded_in_number_and_end_with_their_task(
     # Each as it began (past 4 at once, or after the task) or as the task ended.
     assert guard.downloads_cancelled == 6
     target = downloads_dir_for(web.user_data_dir())
-    assert [p.name for p in target.iterdir()] == []
+
+    async def no_file_left() -> bool:
+        # Chromium's word that a cancel landed can follow the stream's close.
+        return not any(target.iterdir())
+
+    await _until("no downloaded file outlives its task", no_file_left, within_s=10.0)
