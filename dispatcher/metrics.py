@@ -182,6 +182,12 @@ class _LiveCollector(Collector):
                 "stale_reclaims",
             ),
             (
+                "dispatcher_late_beats",
+                "Own live runs found stale in the store (this host's loop or database slow), "
+                "left running, not reclaimed",
+                "late_beats",
+            ),
+            (
                 "dispatcher_stalled_reclaims",
                 "Web attempts whose answer stopped changing for stall_s while the page was busy",
                 "stalled_reclaims",
@@ -344,6 +350,7 @@ async def live_numbers(
         "retries": ledger.retries,
         "stale_reclaims": ledger.stale_reclaims,
         "stalled_reclaims": scheduler.stalled_reclaims,
+        "late_beats": scheduler.late_beats,
     }
     remote: dict[tuple[str, str], int] = {}
     runners = list(runners)

@@ -61,6 +61,19 @@ def plan_reclaims(
     return plans
 
 
+def alive_here(*, beats_required: bool, silent_s: float, stale_after_s: float) -> bool:
+    """A run of this host's own whose heartbeat in the store is stale: is the
+    run itself alive? Then only its beat was late (this host's loop starved
+    or paused, the database slow), and it is beaten, not reclaimed.
+
+    A runner that needs no beats is proven alive by its running coroutine
+    (it bounds each of its calls); one that does (a browser page can freeze)
+    is alive only if it said so (`ctx.beat`) within the stale bound: `silent_s`
+    on this host's own clock.
+    """
+    return not beats_required or silent_s <= stale_after_s
+
+
 def _silent_s(task: Task, now: float) -> float:
     last = next(t for t in (task.heartbeat_at, task.started_at, task.created_at) if t is not None)
     return now - last

@@ -95,6 +95,7 @@ class Running:
     ctx: RunContext
     live: Live
     started_monotonic: float = 0.0  # the context's last beat when the run began
+    late_beat: bool = False  # found stale in the store while alive here (`stalelook`)
 
     @property
     def resumable(self) -> bool:

@@ -38,7 +38,6 @@ from dispatcher.scheduling.decisions import (
     STALE_AFTER_S,
     LaneSnapshot,
     free_slots,
-    plan_reclaims,
 )
 from dispatcher.scheduling.fallbacks import fill_preferring
 from dispatcher.scheduling.lanes import LaneSpec
@@ -54,11 +53,11 @@ from dispatcher.scheduling.running import (
     TaskLog,
 )
 from dispatcher.scheduling.runtimes import RunHistory, polls
+from dispatcher.scheduling.stalelook import reclaim_stale
 from dispatcher.scheduling.withend import ClaimWithEnd, claim_with_end
 from dispatcher.scheduling.withinsert import claim_with_insert
 from dispatcher.store.hosts import Fence, Quota
 from dispatcher.tasks.ledger import Ledger
-from dispatcher.tasks.lines import lane_prefix, log_fields
 
 log = logging.getLogger("dispatcher.scheduling.scheduler")
 
@@ -128,6 +127,8 @@ class Scheduler:
         self.allowances = allowances
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
+        # Own live runs found stale in the store, beaten instead (`stalelook`).
+        self.late_beats = 0
         # The lanes view's queue counts, read again after a task changed.
         self.queued = QueuedCounts(ledger.queued_counts)
         # The running tasks' beats, due together, written together (`beats`).
@@ -231,7 +232,7 @@ class Scheduler:
         now = self.clock.monotonic()
         if now >= self._next_reclaim:
             self._next_reclaim = now + self.stale_look_s
-            await self._reclaim_stale()
+            await reclaim_stale(self)
         if self._stopping:
             return
         await self.accounts.refresh()
@@ -314,37 +315,6 @@ class Scheduler:
             ready = await ready_to_start(self, task, lane)
             if ready is not None:
                 self._start(ready, lane)
-
-    async def _reclaim_stale(self) -> None:
-        now = self.clock.now()
-        stale = await self.ledger.stale_running(now - self.stale_s)
-        if not stale:
-            return
-        plans = plan_reclaims(
-            stale,
-            now=now,
-            stale_after_s=self.stale_s,
-            retry_delay_s=self.clock.scaled(self.ledger.retry_delay_s),
-        )
-        by_id = {t.id: t for t in stale}
-        for plan in plans:
-            running = self.running.get(plan.task_id)
-            if running is not None and running.withdrawn:
-                continue
-            task = by_id[plan.task_id]
-            log.warning(
-                "%s task %s attempt %d is stale: %s",
-                lane_prefix(task),
-                task.id,
-                task.attempt,
-                plan.reason,
-                extra=log_fields(task, attempt=task.attempt),
-            )
-            await self.ledger.reclaim(task, plan)
-            if running is not None:
-                # The lane's slot stays taken until the runner has confirmed its
-                # browser dead (its cleanup runs inside the cancelled coroutine).
-                running.ctx.interrupt(Interruption.RECLAIMED)
 
     # -- running one task ----------------------------------------------------------
     def lane_for(self, task: Task) -> LaneSpec | None:

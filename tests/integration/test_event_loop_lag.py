@@ -37,3 +37,26 @@ async def test_a_blocked_event_loop_shows_up_as_lag(tmp_path: Path) -> None:
         # The maximum holds for the window, not just until the next sample.
         await asyncio.sleep(0.3)
         assert await lag_s(h.http) == measured
+
+
+async def test_a_stall_past_the_stale_bound_keeps_the_run_and_its_one_vendor_job(
+    tmp_path: Path,
+) -> None:
+    # A VM paused, a machine starved of CPU: the host wrote no beat for longer
+    # than the stale bound while its own API job ran. Reclaimed, the job
+    # would be submitted again (and paid for twice); it is alive, so it runs on.
+    async with running_service(tmp_path) as h:
+        video = await h.submit("demo-video", "through a stall", gen_s=200)  # 4 s at 0.02
+        await h.wait_remote_id(video["id"])
+        time.sleep(h.service.scheduler.stale_s + 1.0)  # the deliberate stall under test
+        done = await h.wait_task(video["id"])
+        assert (done["state"], done["attempt"]) == ("success", 1), done
+        assert (await h.demo_stats())["jobs_created"] == 1
+        response = await h.http.get("/metrics")
+        late = [
+            sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name == "dispatcher_late_beats_total"
+        ]
+        assert late == [1.0]
