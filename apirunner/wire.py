@@ -115,3 +115,10 @@ def head_holding_transport(
         network_backend=AsyncioBackend(wrap=HeadHoldingStream),
     )
     return transport
+
+
+def slot_pool(transport: httpx.AsyncHTTPTransport) -> httpcore.AsyncConnectionPool:
+    """The httpcore pool under a transport `head_holding_transport` built."""
+    pool = transport._pool
+    assert isinstance(pool, httpcore.AsyncConnectionPool)
+    return pool

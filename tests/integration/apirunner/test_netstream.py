@@ -5,6 +5,7 @@ and one connection per slot of the lane's concurrency."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -249,5 +250,66 @@ def test_a_failed_request_gives_its_slot_back(
                     await client.get(f"http://127.0.0.1:{gone.port}/")
             answer = await client.get(f"http://127.0.0.1:{server.port}/ok")
             assert answer.text == "you asked for /ok"
+
+    run_on(body)
+
+
+async def _answer_in_two_parts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    body = b"x" * 2000
+    while True:
+        await _read_request(reader)
+        writer.write(_answer(body)[:-1000])
+        await writer.drain()
+        await asyncio.sleep(0.0005)  # a window inside the answer for a cancel
+        writer.write(body[-1000:])
+        await writer.drain()
+
+
+def test_a_request_cancelled_anywhere_once_or_twice_leaves_its_slot_usable(
+    run_on: Callable[[Callable[[Serve], Awaitable[None]]], None],
+) -> None:
+    # httpcore can keep a connection a cancelled request left (half made, or
+    # active when a second cancel cut the first one's clean-up), which no
+    # later request may use: in a slot of one connection, every request
+    # after it waited its whole pool timeout.
+    async def body(serve: Serve) -> None:
+        server = await serve(_answer_in_two_parts)
+        transport = SlotTransport(ssl.create_default_context(), 1)
+        url = f"http://127.0.0.1:{server.port}/"
+        async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+            for turns in range(40):
+                for second_after in (None, 0, 1, 3):
+                    request = asyncio.create_task(client.post(url, json={"turns": turns}))
+                    for _ in range(turns):
+                        await asyncio.sleep(0)
+                    request.cancel()
+                    if second_after is not None:
+                        for _ in range(second_after):
+                            await asyncio.sleep(0)
+                        request.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                        await request
+                    async with asyncio.timeout(2.0):  # a wedged slot waits 5 s
+                        answer = await client.get(url)
+                    assert len(answer.content) == 2000
+        # The cancels met the bad states (else this test proves nothing).
+        assert transport.replaced > 0
+
+    run_on(body)
+
+
+def test_answers_read_whole_keep_their_slot_and_connection(
+    run_on: Callable[[Callable[[Serve], Awaitable[None]]], None],
+) -> None:
+    async def body(serve: Serve) -> None:
+        server = await serve(_answer_in_two_parts)
+        transport = SlotTransport(ssl.create_default_context(), 2)
+        async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+            url = f"http://127.0.0.1:{server.port}/"
+            for _ in range(5):
+                answers = await asyncio.gather(*(client.get(url) for _ in range(4)))
+                assert all(len(a.content) == 2000 for a in answers)
+        assert transport.replaced == 0
+        assert server.connections == 2
 
     run_on(body)
