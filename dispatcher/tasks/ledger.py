@@ -35,22 +35,22 @@ from dispatcher.models import (
     TaskError,
     new_id,
 )
-from dispatcher.pricing import AGING_STEP_S, Budget, finished_cost_usd
+from dispatcher.pricing import finished_cost_usd
 from dispatcher.profiles import Profile
 from dispatcher.scheduling.decisions import Reclaim
 from dispatcher.scheduling.withend import ClaimWithEnd
 from dispatcher.store import Store
-from dispatcher.store.base import NextClaim, TaskWrite
+from dispatcher.store.base import TaskWrite
 from dispatcher.store.beats import Heartbeat
-from dispatcher.store.hosts import Fence, Quota
+from dispatcher.store.hosts import Fence
 from dispatcher.strictjson import storable_text
 from dispatcher.tasks import states
+from dispatcher.tasks.claims import TaskClaims
 from dispatcher.tasks.fingerprint import (
     LocalFiles,
 )
 from dispatcher.tasks.intake import Intake, ResultStore
 from dispatcher.tasks.lines import lane_prefix, log_fields, log_rejected, log_transition
-from dispatcher.tasks.operator import OperatorActions
 from dispatcher.tasks.redaction import redacted
 from dispatcher.tasks.resultpaths import real_result, stored_result
 from dispatcher.tasks.spec import TaskSpec
@@ -68,9 +68,9 @@ class Submitted:
     deduped: bool = False
 
 
-class Ledger(OperatorActions):
+class Ledger(TaskClaims):
     """Changes tasks (submit, claim, the ends of an attempt, cancel, retry); its
-    reads come from `TaskReads`."""
+    reads come from `TaskReads`, its claims from `TaskClaims`."""
 
     def __init__(
         self,
@@ -270,20 +270,6 @@ class Ledger(OperatorActions):
             self._announce(both.claimed, State.PENDING)
         return updated
 
-    async def _next_claim(self, with_end: ClaimWithEnd) -> NextClaim:
-        """What `claim` would send for the lane (`scheduling.withend`)."""
-        ranked, fallbacks = await self._claim_looks(with_end.queues)
-        now = self.clock.now()
-        return NextClaim(
-            with_end.queues,
-            now,
-            self._claim_changes(with_end.owner, None, now),
-            quota=with_end.quota,
-            aging_step_s=self.clock.scaled(AGING_STEP_S),
-            ranked=ranked,
-            fallbacks=fallbacks,
-        )
-
     def _ended(
         self, task: Task, new_state: State, changes: Mapping[str, Any], why: str
     ) -> Attempt | None:
@@ -309,65 +295,6 @@ class Ledger(OperatorActions):
         self.flags.seen(task)
         log_transition(task, old, why)
         self.events.publish(TaskChanged(task))
-
-    async def claim(
-        self,
-        queues: Sequence[str],
-        owner: str,
-        *,
-        fence: Fence | None = None,
-        quota: Quota | None = None,
-        budget: Budget | None = None,
-        prefer: Sequence[str] = (),
-    ) -> Task | None:
-        """The lane's next task, run by this host; under the account's lease
-        (`fence`, a web account) or a provider's global `quota`, and within the
-        provider's daily `budget`, when given; fallbacks that list a `prefer`
-        queue earlier are left to its free lane (`scheduling.fallbacks`)."""
-        now = self.clock.now()
-        ranked, fallbacks = await self._claim_looks(queues)
-        task = await self.store.claim_next(
-            queues,
-            now,
-            self._claim_changes(owner, fence, now),
-            fence=fence,
-            quota=quota,
-            budget=budget,
-            aging_step_s=self.clock.scaled(AGING_STEP_S),
-            prefer=prefer,
-            ranked=ranked,
-            fallbacks=fallbacks,
-        )
-        if task is not None:
-            self._announce(task, State.PENDING)
-        return task
-
-    async def _claim_looks(self, queues: Sequence[str]) -> tuple[bool | None, bool | None]:
-        """Whether ranked tasks and fallbacks wait, as a claim on this host is
-        told: known here while this host is the only writer (`waitflags`)."""
-        if self.flags.shared:
-            # Several hosts (PostgreSQL): the claim statement looks itself,
-            # in the same round trip; asking first would cost two more.
-            return None, None
-        ranked = self.flags.ranked(queues)
-        if ranked is None:
-            ranked = await self.store.ranked_waiting(queues)
-            self.flags.answered(ranked=() if ranked else queues)
-        return ranked, await self.fallbacks_waiting()
-
-    def _claim_changes(self, owner: str, fence: Fence | None, now: float) -> dict[str, Any]:
-        """What a claim writes on the task it takes: this host runs it from now."""
-        return {
-            "owner": owner,
-            "stage": Stage.DISPATCHED,
-            "started_at": now,
-            "heartbeat_at": now,
-            "stage_started_at": now,
-            "stage_durations": {},
-            "error": None,
-            "host": self.host,
-            "lease_token": fence.token if fence is not None else None,
-        }
 
     async def take_as(
         self, task: Task, profile: Profile, fingerprint: str, skipped: Sequence[Skipped] = ()
