@@ -45,8 +45,9 @@ async def insert_claiming(
     next_claim: Callable[[ClaimWithEnd], Awaitable[NextClaim]],
     announce: Callable[[Task, State | None], None],
 ) -> tuple[Task, bool]:
-    """`store.insert_unless_twin`'s answer; the new task (if inserted) and the
-    task claimed with it (if any) announced, in that order."""
+    """`store.insert_unless_twin`'s answer (the new task as claimed, when its
+    own lane took it); the new task (if inserted) and the task claimed with it
+    (if any) announced, in that order."""
     async with claims.claim_with(task) as with_claim:
         both = None
         if with_claim is not None:
@@ -66,4 +67,8 @@ async def insert_claiming(
             announce(stored, None)
         if claimed is not None:
             announce(claimed, State.PENDING)
+            if inserted and claimed.id == stored.id:
+                # The new task is the one claimed: the submit's answer says
+                # so (running, on this host), not the row a moment before.
+                stored = claimed
         return stored, inserted

@@ -183,13 +183,18 @@ def claims_sent(store: object, *, with_insert: bool = False) -> int:
     )
 
 
-async def submit_and_run_on_a(a: Harness, b: Harness, tasks: int) -> tuple[int, int, float]:
+async def submit_and_run_on_a(
+    a: Harness, b: Harness, tasks: int, answered: set[str] | None = None
+) -> tuple[int, int, float]:
     """Tasks submitted on A one after the other, each run to its end: (A's
-    claims, B's claims, seconds taken)."""
+    claims, B's claims, seconds taken); `answered`: the states the submits
+    answered."""
     a_before, b_before = claims_sent(a.service.store), claims_sent(b.service.store)
     started = time.monotonic()
     for i in range(tasks):
         task = await a.submit("demo-chat-api", f"made on A {i} {started}", gen_s=0)
+        if answered is not None:
+            answered.add(task["state"])
         assert (await a.wait_task(task["id"], timeout_s=20))["state"] == "success"
     return (
         claims_sent(a.service.store) - a_before,
@@ -209,8 +214,11 @@ async def test_a_task_its_own_host_claims_costs_the_other_host_no_claim(tmp_path
         # A's lane has a free slot at each submit: its claim rides with the
         # insert (one round trip), B hears the task pending and claimed at once.
         with_insert = claims_sent(a.service.store, with_insert=True)
-        a_claims, b_claims, took_s = await submit_and_run_on_a(a, b, tasks)
+        answered: set[str] = set()
+        a_claims, b_claims, took_s = await submit_and_run_on_a(a, b, tasks, answered)
         assert claims_sent(a.service.store, with_insert=True) - with_insert == tasks
+        # Each submit's answer says what its insert did: claimed, running on A.
+        assert answered == {"running"}
         assert b_claims <= int(took_s / tick_s) + 3 and b_claims < tasks, (b_claims, took_s)
 
         # Where a claim cannot ride with the insert (a web account's lease, a
