@@ -59,4 +59,7 @@ async def test_a_stall_past_the_stale_bound_keeps_the_run_and_its_one_vendor_job
             for sample in family.samples
             if sample.name == "dispatcher_late_beats_total"
         ]
-        assert late == [1.0]
+        # Said once: the look after the stall usually runs before the beat
+        # due meanwhile is written (without the fix: reclaimed, attempt 2 and
+        # a second job, 3 runs of 3); when the beat lands first, nothing is late.
+        assert late in ([0.0], [1.0])
