@@ -64,7 +64,7 @@ def plan_reclaims(
 def alive_here(*, beats_required: bool, silent_s: float, stale_after_s: float) -> bool:
     """A run of this host's own whose heartbeat in the store is stale: is the
     run itself alive? Then only its beat was late (this host's loop starved
-    or paused, the database slow), and it is beaten, not reclaimed.
+    or paused, the database slow), and it is left running, not reclaimed.
 
     A runner that needs no beats is proven alive by its running coroutine
     (it bounds each of its calls); one that does (a browser page can freeze)

@@ -127,7 +127,7 @@ class Scheduler:
         self.allowances = allowances
         self._cooldown_timer: asyncio.TimerHandle | None = None
         self.stalled_reclaims = 0  # web attempts the progress watchdog ended
-        # Own live runs found stale in the store, beaten instead (`stalelook`).
+        # Own live runs found stale in the store, left running (`stalelook`).
         self.late_beats = 0
         # The lanes view's queue counts, read again after a task changed.
         self.queued = QueuedCounts(ledger.queued_counts)
