@@ -40,6 +40,12 @@ CHANNEL = "dispatcher_tasks"
 # With no notice for this long, a query proves the connection alive: a peer
 # that vanished without a FIN would otherwise leave us waiting forever.
 PING_S = 5.0
+# After a read, the socket is left alone this long: notices arriving
+# meanwhile wait in it and are read together. Each wake-up for a notice cost
+# a listening host ~100 us of CPU (python -m bench hosts, notice row), most
+# of it the wake-up itself; at three hosts' rates a read now takes several.
+# A cancel, a wake-up or a gate reaches this host that much later.
+READ_EVERY_S = 0.005
 RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 10.0
 CONNECT_TIMEOUT_S = 10
@@ -121,6 +127,7 @@ class TaskListener:
         self.gates = gates
         self.reconnects = 0  # connections lost and made again
         self.received = 0  # notices of other hosts passed on
+        self.reads = 0  # reads of the socket that found notices or more input
         self._work: asyncio.Task[None] | None = None
         self._own = own_prefix(host)
         # Notices psycopg read while a query of ours ran (LISTEN, the gates'
@@ -196,30 +203,41 @@ class TaskListener:
         notice, against ~20 here, and one host hears three notices a task,
         each of three hosts nine. Every `PING_S` a query proves the
         connection alive; notices psycopg reads meanwhile come through its
-        notify handler (`_connect`), kept in order in `_backlog`."""
+        notify handler (`_connect`), kept in order in `_backlog`. The socket
+        is read at most every `READ_EVERY_S`."""
         pgconn = conn.pgconn
         encoding = conn.info.encoding
         loop = asyncio.get_running_loop()
         fd = conn.fileno()
+        rearm: asyncio.TimerHandle | None = None
         while True:
             self._hear_backlog()
             ended: asyncio.Future[None] = loop.create_future()
 
             def readable(ended: asyncio.Future[None] = ended) -> None:
+                nonlocal rearm
+                loop.remove_reader(fd)
+                self.reads += 1
                 try:
                     pgconn.consume_input()
                     while (pgn := pgconn.notifies()) is not None:
                         self._heard(pgn.extra.decode(encoding))
                 except Exception as exc:  # a lost connection, or a callback's bug
-                    loop.remove_reader(fd)
                     if not ended.done():
                         ended.set_exception(exc)
+                    return
+                rearm = loop.call_later(READ_EVERY_S, read_again)
+
+            def read_again() -> None:
+                loop.add_reader(fd, readable)
 
             loop.add_reader(fd, readable)
             try:
                 await asyncio.wait((ended,), timeout=PING_S)
             finally:
                 loop.remove_reader(fd)
+                if rearm is not None:
+                    rearm.cancel()
             if ended.done():
                 ended.result()  # raises what ended it
             await conn.execute("SELECT 1")

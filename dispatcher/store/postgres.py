@@ -38,6 +38,7 @@ from dispatcher.store.pgclaimview import ClaimView, Sent, with_reads
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import Places, placed_insert, placed_insert_unless_twin
+from dispatcher.store.pgpool import HotFirstPool
 from dispatcher.store.pgtrips import (
     CountingConnection,
     CountingCursor,
@@ -89,7 +90,8 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         self.host = host
         # Every exchange with the server, counted (issue 31 bounds them per task).
         self.round_trips = RoundTrips()
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+        # The connection used last first: a few hot backends (`store.pgpool`).
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = HotFirstPool(
             url,
             connection_class=CountingConnection,
             configure=count_on(self.round_trips),

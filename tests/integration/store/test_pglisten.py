@@ -198,3 +198,37 @@ async def test_a_hosts_own_row_notice_is_known_by_its_start() -> None:
                 assert not notice.startswith(own_prefix(host + "x"))
         finally:
             await listening.close()
+
+
+async def test_notices_arriving_close_together_are_read_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each read of the socket costs a wake-up of the loop: notices sent
+    # while the last read is recent wait for the next read, all together.
+    monkeypatch.setattr(pglisten, "READ_EVERY_S", 1.0)
+    with migrated_database() as url:
+        heard: list[str] = []
+        listener = TaskListener(url, "listener-host", lambda notice: heard.append(notice.task_id))
+        await listener.start()
+        try:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as sender:
+                await sender.execute("SELECT pg_notify(%s, 't0 pending 0 elsewhere')", (CHANNEL,))
+                for _ in range(500):
+                    if heard:
+                        break
+                    await asyncio.sleep(0.01)
+                assert heard == ["t0"] and listener.reads == 1
+                # Ten commits, each its own notice, within the second the
+                # listener leaves the socket alone.
+                for n in range(1, 11):
+                    await sender.execute(
+                        "SELECT pg_notify(%s, %s)", (CHANNEL, f"t{n} pending 0 elsewhere")
+                    )
+                for _ in range(500):
+                    if len(heard) == 11:
+                        break
+                    await asyncio.sleep(0.01)
+            assert heard == [f"t{n}" for n in range(11)]
+            assert listener.reads == 2
+        finally:
+            await listener.aclose()
