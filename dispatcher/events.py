@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from dispatcher.accounts.health import AccountState
-from dispatcher.models import JSON, Kind, Task
+from dispatcher.models import JSON, Kind, State, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,25 @@ class TaskChanged:
 
     def to_json(self) -> JSON:
         return {"type": "task", "task": self.task.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskNoticed:
+    """Another host changed a task, told by its notice's header alone (the
+    row not decoded): for the listeners (the scheduler's wake-ups and
+    cancels) while no stream subscribes. A subscriber gets `TaskChanged`,
+    with the row, instead (`dispatcher.hosts.crosshost`)."""
+
+    task_id: str
+    state: State
+    cancel_requested: bool
+    origin: str
+
+    def to_json(self) -> JSON:
+        return {
+            "type": "task.noticed",
+            "task": {"id": self.task_id, "state": self.state.value, "host": self.origin},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +102,7 @@ class BudgetReached:
         }
 
 
-Event = TaskChanged | AccountChanged | ProfilesReloaded | BudgetReached
+Event = TaskChanged | TaskNoticed | AccountChanged | ProfilesReloaded | BudgetReached
 
 # A subscriber that falls this far behind is dropped rather than let it
 # hold memory without bound; its client reconnects and re-reads state.
@@ -99,6 +118,15 @@ class EventBus:
     def listen(self, callback: Callable[[Event], None]) -> None:
         """A synchronous observer called for every event (metrics)."""
         self._listeners.append(callback)
+
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self._subscribers)
+
+    def tell(self, event: Event) -> None:
+        """To the listeners alone: an event no stream shows (`TaskNoticed`)."""
+        for callback in self._listeners:
+            callback(event)
 
     def publish(self, event: Event) -> None:
         self.published += 1

@@ -26,7 +26,7 @@ from dispatcher.errors import (
     RunError,
     StateConflict,
 )
-from dispatcher.events import AccountChanged, Event, TaskChanged
+from dispatcher.events import AccountChanged, Event, TaskChanged, TaskNoticed
 from dispatcher.models import JSON, Kind, Stage, State, Task
 from dispatcher.profiles import Profile
 from dispatcher.scheduling.allowances import AllowanceBook
@@ -538,22 +538,29 @@ class Scheduler:
         work (another host's task: after a grace, unless claimed meanwhile,
         `remotewake`). A cancel was asked for a running task: its runner is
         told. Any task change: the queue counts are read again."""
-        if isinstance(event, TaskChanged):
-            self.queued.changed()
-            if event.task.state is not State.PENDING:
-                self.remote_wakes.left(event.task.id)
         match event:
             case AccountChanged():
                 self.wake()
-            case TaskChanged(task=task, origin=origin) if task.state is State.PENDING:
-                if origin:
-                    self.remote_wakes.heard_pending(task.id)
-                else:
-                    self.wake()
-            case TaskChanged(task=task) if task.state is State.RUNNING and task.cancel_requested:
-                running = self.running.get(task.id)
-                if running is not None:
-                    running.ctx.interrupt(Interruption.CANCELED)
+            case TaskChanged(task=task, origin=origin):
+                self._task_changed(task.id, task.state, task.cancel_requested, origin)
+            case TaskNoticed():
+                self._task_changed(event.task_id, event.state, event.cancel_requested, event.origin)
+
+    def _task_changed(
+        self, task_id: str, state: State, cancel_requested: bool, origin: str | None
+    ) -> None:
+        self.queued.changed()
+        if state is State.PENDING:
+            if origin:
+                self.remote_wakes.heard_pending(task_id)
+            else:
+                self.wake()
+            return
+        self.remote_wakes.left(task_id)
+        if state is State.RUNNING and cancel_requested:
+            running = self.running.get(task_id)
+            if running is not None:
+                running.ctx.interrupt(Interruption.CANCELED)
 
     async def progress(self, task: Task) -> JSON:
         """`ahead`, `eta_s` and live progress for a task answer (`laneviews`)."""

@@ -174,18 +174,22 @@ class ClaimView:
 
     def saw(self, task: Task) -> None:
         """A task as written (here, or by another host: its notice)."""
-        if task.state is State.PENDING:
+        self.noted(task.id, task.state, task.owner)
+
+    def noted(self, task_id: str, state: State, owner: str | None) -> None:
+        """A task's write, by what a notice's header says of it."""
+        if state is State.PENDING:
             self._pending_seen += 1
             self._empty = None
-        if task.state is not State.RUNNING:
+        if state is not State.RUNNING:
             self._stopped_seen += 1
-            self._stopped.append((self._stopped_seen, task.id))
+            self._stopped.append((self._stopped_seen, task_id))
         if not self._full:
             return
-        if task.state is State.RUNNING:
-            full = self._full.get(task.owner or "")
+        if state is State.RUNNING:
+            full = self._full.get(owner or "")
             if full is not None:
-                full.running.add(task.id)
+                full.running.add(task_id)
             return
         for full in self._full.values():
-            full.running.discard(task.id)
+            full.running.discard(task_id)

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from dispatcher.background import stop_background
-from dispatcher.models import Task
-from dispatcher.store.rows import row_to_task
+from dispatcher.store.pgnotice import TaskNotice, own_prefix, parse_notice
 
 if TYPE_CHECKING:
     from dispatcher.store.pggates import GateMirror
@@ -56,50 +53,6 @@ def host_option(host: str) -> str:
     name it). Spaces separate options there unless escaped with a backslash."""
     escaped = host.replace("\\", "\\\\").replace(" ", "\\ ")
     return f"-c dispatcher.host={escaped}"
-
-
-@dataclass(frozen=True, slots=True)
-class TaskNotice:
-    """A task row another host wrote: what changed is in the row itself."""
-
-    task_id: str
-    state: str
-    cancel_requested: bool
-    origin: str  # the host whose write it was
-    # The row as written, when the notice carried it (most do; a row too
-    # long for a notice is read back).
-    task: Task | None = None
-
-
-def parse_notice(payload: str) -> TaskNotice | None:
-    """`{"host": ..., "row": {...}}`, or `<id> <state> <cancel 0|1> <host>`
-    (the host may hold spaces) for a row too long to carry; None if malformed."""
-    if payload.startswith("{"):
-        try:
-            body = json.loads(payload)
-            task = row_to_task(body["row"])
-            return TaskNotice(
-                task.id, task.state.value, task.cancel_requested, str(body["host"]), task
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
-    parts = payload.split(" ", 3)
-    if len(parts) < 3:
-        return None
-    task_id, state, cancel = parts[0], parts[1], parts[2]
-    return TaskNotice(
-        task_id=task_id,
-        state=state,
-        cancel_requested=cancel == "1",
-        origin=parts[3] if len(parts) == 4 else "",
-    )
-
-
-def own_prefix(host: str) -> str:
-    """How a row's notice written by `host` starts (`json_build_object`'s
-    text, migration 0009). A host whose name PostgreSQL escapes otherwise
-    than `json.dumps` is not matched: its notices are decoded and dropped."""
-    return f'{{"host" : {json.dumps(host, ensure_ascii=False)}, "row" : '
 
 
 def listener_name(host: str) -> str:

@@ -10,13 +10,8 @@ import pytest
 
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store, pglisten
-from dispatcher.store.pglisten import (
-    CHANNEL,
-    TaskListener,
-    TaskNotice,
-    own_prefix,
-    parse_notice,
-)
+from dispatcher.store.pglisten import CHANNEL, TaskListener
+from dispatcher.store.pgnotice import TaskNotice, notice_header, own_prefix, parse_notice
 from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import migrated_database
 
@@ -73,7 +68,7 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
                 ("t1", "canceled", True, ODD_HOST),
             ]
             # Each carries the row as written: a host hearing it reads nothing back.
-            rows = [n.task for n in got]
+            rows = [n.task() for n in got]
             assert [t.state.value if t else None for t in rows] == [
                 "pending",
                 "running",
@@ -136,8 +131,9 @@ async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
                 ("t2", "pending", "writer"),
             ]
             # PostgreSQL takes at most 8000 bytes in a notice: the long row is read back.
-            assert got[0].task is not None and got[0].task.params == {"prompt": "t1"}
-            assert got[1].task is None
+            first = got[0].task()
+            assert first is not None and first.params == {"prompt": "t1"}
+            assert not got[1].carries_row and got[1].task() is None
         finally:
             await listener.aclose()
             await writer.close()
@@ -232,3 +228,26 @@ async def test_notices_arriving_close_together_are_read_together(
             assert listener.reads == 2
         finally:
             await listener.aclose()
+
+
+async def test_a_real_notice_is_read_by_position_whatever_its_prompt_says() -> None:
+    # What a user typed cannot pose as the row's state, cancel flag or owner.
+    posing = '","state":"success","cancel_requested":1,"owner":"someone \\" else'
+    with migrated_database() as url:
+        writer = await open_store(url, ODD_HOST)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as raw:
+            payloads: list[str] = []
+            raw.add_notify_handler(lambda notify: payloads.append(notify.payload))
+            await raw.execute(f"LISTEN {CHANNEL}")
+            task = _task("t1").replace(params={"prompt": posing})
+            await writer.insert_tasks([task])
+            await writer.claim_next(["g"], 5.0, {"owner": "prov \\ one", "host": ODD_HOST})
+            await raw.execute("SELECT 1")  # the notices sent before it are in
+        await writer.close()
+    headers = [notice_header(p) for p in payloads]
+    assert [(h.task_id, h.state, h.cancel_requested, h.owner, h.origin) for h in headers if h] == [
+        ("t1", "pending", False, None, ODD_HOST),
+        ("t1", "running", False, "prov \\ one", ODD_HOST),
+    ]
+    rows = [h.task() for h in headers if h]
+    assert [t.params["prompt"] for t in rows if t] == [posing, posing]

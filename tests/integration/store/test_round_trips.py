@@ -18,7 +18,7 @@ import pytest
 
 from dispatcher.clock import FakeClock
 from dispatcher.errors import StoreError
-from dispatcher.events import Event, EventBus, TaskChanged
+from dispatcher.events import Event, EventBus, TaskNoticed
 from dispatcher.hosts.crosshost import RemoteTasks
 from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
 from dispatcher.store import NextClaim, open_store, postgres_cache
@@ -313,7 +313,7 @@ async def test_another_hosts_end_frees_the_quota_known_full(store: PostgresStore
         heard = asyncio.Event()
 
         def on_event(event: Event) -> None:
-            if isinstance(event, TaskChanged) and event.task.state is State.SUCCESS:
+            if isinstance(event, TaskNoticed) and event.state is State.SUCCESS:
                 heard.set()
 
         events.listen(on_event)
