@@ -13,7 +13,7 @@ import pytest
 from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
 from bench.common import BenchResult, Check
-from bench.hosts import median_run, steady_checks
+from bench.hosts import median_run, paired_ratio, steady_checks
 from bench.memory import (
     MIN_CYCLE_TASKS,
     PACE_MARGIN,
@@ -263,3 +263,14 @@ def test_the_summary_holds_every_target_of_the_latest_runs_own_run_included(
     assert [r["name"] for r in summary["reported"]] == ["web"]
     assert "met" not in summary["reported"][0]
     assert summary["targets"][0]["calibration"] == {"load_avg_1m": 0.5}
+
+
+def test_a_ratio_between_set_ups_is_taken_within_each_round_then_its_median() -> None:
+    # The machine slowed down in round 2: both set-ups read low, their ratio holds.
+    three = [{"tasks_per_s": 330.0}, {"tasks_per_s": 240.0}, {"tasks_per_s": 300.0}]
+    one = [{"tasks_per_s": 320.0}, {"tasks_per_s": 230.0}, {"tasks_per_s": 310.0}]
+    paired = paired_ratio(three, one)
+    assert paired["rounds"] == [1.031, 1.043, 0.968]
+    assert paired["ratio"] == 1.031
+    # Medians of each set-up alone would read 300 vs 310: below one.
+    assert median_run(three)["tasks_per_s"] / median_run(one)["tasks_per_s"] < 1.0
