@@ -31,7 +31,8 @@ tasks, each claim on its own or with its submit's insert): round trips per
 task against the same bound, and on three hosts each task claimed once
 (`STEADY_CLAIMS_MAX`). Then the claim latency proper:
 `Store.claim_next` timed over `CLAIMS` pending tasks on each backend, one
-caller (p50, p99).
+caller (p50, p99). Last, what another host's task notice costs a host that
+hears it (`bench.notices`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from bench.common import (
 )
 from bench.dispatch import MODEL, submit_all, wait_drained
 from bench.lightclient import LightClient
+from bench.notices import notice_cost
 from dispatcher.models import Kind, Task
 from dispatcher.store import open_store
 
@@ -438,6 +440,8 @@ async def run(work: Path) -> BenchResult:
     statement = {"sqlite": await claim_statement(f"sqlite:///{work / 'claims.db'}")}
     with pg_database() as url:
         statement["postgresql"] = await claim_statement(url)
+    with pg_database() as url:
+        notices = await notice_cost(work, url)
     figures: dict[str, Any] = {
         "tasks": TASKS,
         "in_flight": IN_FLIGHT,
@@ -446,6 +450,7 @@ async def run(work: Path) -> BenchResult:
         "ratios": ratios,
         "steady": steady,
         "claim_statement": statement,
+        "notices": notices,
     }
     checks = [
         Check(
@@ -461,6 +466,15 @@ async def run(work: Path) -> BenchResult:
     ]
     checks += capacity_checks(setups, ratios)
     checks += steady_checks(steady)
+    checks.append(
+        Check(
+            "hosts: another host's task notice, CPU of a listening host",
+            "reported",
+            f"{notices['listener_cpu_us_per_notice']} us a notice (its listening backend "
+            f"{notices['listener_backend_cpu_us_per_notice']} us); {notices['notices']} notices",
+            None,
+        )
+    )
     checks.append(
         Check(
             "hosts: claim latency (claim_next) p50/p99",

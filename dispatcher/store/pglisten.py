@@ -38,11 +38,12 @@ CHANNEL = "dispatcher_tasks"
 # that vanished without a FIN would otherwise leave us waiting forever.
 PING_S = 5.0
 # After a read, the socket is left alone this long: notices arriving
-# meanwhile wait in it and are read together. Each wake-up for a notice cost
-# a listening host ~100 us of CPU (python -m bench hosts, notice row), most
-# of it the wake-up itself; at three hosts' rates a read now takes several.
-# A cancel, a wake-up or a gate reaches this host that much later.
-READ_EVERY_S = 0.005
+# meanwhile wait in it and are read together. Read as each arrived, another
+# host's notice cost a listening host ~180 us of CPU at 450 notices a second
+# (`python -m bench hosts`, notice row), most of it the wake-up; ~105 us read
+# every 5 ms, ~50-70 us every 10 ms. A cancel, a wake-up or a gate reaches
+# this host that much later (a cancel is promised within a second).
+READ_EVERY_S = 0.01
 RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 10.0
 CONNECT_TIMEOUT_S = 10
