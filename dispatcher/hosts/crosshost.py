@@ -35,6 +35,7 @@ from dispatcher.store.pgclaimview import ClaimView
 from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.pgnotice import TaskNotice
 from dispatcher.store.postgres import PostgresStore
+from dispatcher.store.rows import state_named
 
 log = logging.getLogger("dispatcher.hosts.crosshost")
 
@@ -58,8 +59,7 @@ class RemoteTasks:
             gates=store.gates if isinstance(store, PostgresStore) else None,
         )
         self._relay: asyncio.Task[None] | None = None
-        self.published = 0  # rows published (`TaskChanged`)
-        self.told = 0  # headers told to the listeners (`TaskNoticed`)
+        self.published = 0
 
     async def start(self) -> None:
         await self.listener.start()
@@ -127,18 +127,14 @@ class RemoteTasks:
         the others (read back, then published whole)."""
         rest = {}
         for task_id, notice in last.items():
-            state = _STATES.get(notice.state)
+            state = state_named(notice.state)
             if not notice.carries_row or state is None:
                 rest[task_id] = notice
                 continue
             if view is not None:
                 view.noted(task_id, state, notice.owner)
-            self.told += 1
             self.events.tell(TaskNoticed(task_id, state, notice.cancel_requested, notice.origin))
         return rest
-
-
-_STATES = {state.value: state for state in State}
 
 
 def _as_noticed(task: Task, notice: TaskNotice) -> bool:

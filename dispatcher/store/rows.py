@@ -37,6 +37,11 @@ _KINDS = {kind.value: kind for kind in Kind}
 _STATES = {state.value: state for state in State}
 
 
+def state_named(value: str) -> State | None:
+    """The state a stored value names; None for a value no state has."""
+    return _STATES.get(value)
+
+
 class RowLike(Protocol):
     """sqlite3.Row, a psycopg dict row, or a plain dict."""
 
