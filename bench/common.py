@@ -34,6 +34,8 @@ from dispatcher.cli.service_client import wait_until_serving
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROFILES_DIR = REPO / "profiles"
+# The local PostgreSQL server's admin database (trust auth, `.ci/run` starts it).
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 # -- results -------------------------------------------------------------------

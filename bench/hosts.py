@@ -52,6 +52,7 @@ import psutil
 import psycopg
 
 from bench.common import (
+    PG_ADMIN,
     BenchResult,
     Check,
     ServiceProc,
@@ -74,7 +75,6 @@ IN_FLIGHT = 16
 CONCURRENCY = 5
 VENDOR_QUOTA = 15
 CLAIMS = 500
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SUBMIT_BUDGET_S = 45.0
 # Issue 31's targets (ratios within one run: the machine is shared).
 PG_VS_SQLITE = 0.6

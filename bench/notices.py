@@ -18,7 +18,6 @@ the server. No target: reported, and the figure quoted by docs/several-hosts.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,16 @@ from typing import Any
 import psutil
 import psycopg
 
-from bench.common import ServiceProc, Vendor, fresh_dir, profiles_dir, r, service_env
+from bench.common import (
+    PG_ADMIN,
+    ServiceProc,
+    Vendor,
+    cpu_of,
+    fresh_dir,
+    profiles_dir,
+    r,
+    service_env,
+)
 from bench.dispatch import MODEL
 from dispatcher.models import Kind, State, Task
 from dispatcher.store import open_store
@@ -35,25 +43,15 @@ from dispatcher.store.pglisten import listener_name
 NOTICE_TASKS_PER_S = 150.0
 NOTICE_S = 4.0
 IDLE_S = 2.0
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def _listener_backend(url: str, host: str) -> psutil.Process | None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         row = admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
             (listener_name(host),),
         ).fetchone()
     return psutil.Process(int(row[0])) if row else None
-
-
-def _cpu(proc: psutil.Process | None) -> float:
-    if proc is None:
-        return 0.0
-    with contextlib.suppress(psutil.Error):
-        times = proc.cpu_times()
-        return float(times.user + times.system)
-    return 0.0
 
 
 async def _write_tasks(url: str) -> int:
@@ -105,12 +103,13 @@ async def notice_cost(work: Path, url: str) -> dict[str, Any]:
             idle0 = svc.cpu_s()
             await asyncio.sleep(IDLE_S)
             idle_rate = (svc.cpu_s() - idle0) / IDLE_S
-            cpu0, backend0, t0 = svc.cpu_s(), _cpu(backend), time.monotonic()
+            backends = [backend] if backend is not None else []
+            cpu0, backend0, t0 = svc.cpu_s(), cpu_of(backends), time.monotonic()
             sent = await _write_tasks(url)
             await asyncio.sleep(0.5)  # the last notices heard
             wall = time.monotonic() - t0
             cpu = svc.cpu_s() - cpu0 - idle_rate * wall
-            backend_cpu = _cpu(backend) - backend0
+            backend_cpu = cpu_of(backends) - backend0
     return {
         "notices": sent,
         "listener_cpu_us_per_notice": r(max(0.0, cpu) * 1e6 / max(1, sent), 1),

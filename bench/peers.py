@@ -44,6 +44,7 @@ import psutil
 
 from bench import dispatch
 from bench.common import (
+    PG_ADMIN,
     REPO,
     BenchResult,
     Check,
@@ -61,7 +62,6 @@ from bench.peer_apps import CONCURRENCY, QUEUE
 TASKS = 2000
 QUOTA = 5
 REDIS_URL = "redis://127.0.0.1:6379/11"
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Enough for 2,000 tasks at 200/s (the fast peers run 650/s on a quiet
 # machine); slower peers (arq, RQ: ~30/s) are cut off and reported with the
 # tasks they did, at the rate they kept. `make bench` has ten minutes.
@@ -378,7 +378,7 @@ def _start_worker(
     else:
         import psycopg
 
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{database}"')
         subprocess.run(
             [_script("procrastinate"), f"--app={PROCRASTINATE_APP}", "schema", "--apply"],
@@ -407,7 +407,7 @@ async def run_lane(
     """One system's run: a clean broker, its worker, its client submitting
     one by one (or in one batch, `batch`) and collecting, its figures."""
     database = f"bench_peers_{uuid.uuid4().hex[:8]}"
-    dsn = PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{database}"
+    dsn = PG_ADMIN.rsplit("/", 1)[0] + f"/{database}"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -450,7 +450,7 @@ async def run_lane(
         else:
             import psycopg
 
-            with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     return figures
 
