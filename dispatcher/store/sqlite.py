@@ -148,12 +148,15 @@ class SqliteStore(SqliteHostOps, TaskWriter):
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
+                    # The cache's pending puts share this commit.
+                    puts = self._cache_index.ride(self._db)
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise StoreError(f"SQLite write failed: {exc}") from exc
+            self._cache_index.written(puts)
 
     def _query(
         self, sql: str, args: Sequence[Any] = (), *, what: str = "read"
@@ -189,7 +192,10 @@ class SqliteStore(SqliteHostOps, TaskWriter):
 
     async def close(self) -> None:
         with self._lock:
-            self._db.close()
+            try:
+                self._cache_index.close()
+            finally:
+                self._db.close()
 
     # -- tasks -------------------------------------------------------------
     async def insert_tasks(self, tasks: Sequence[Task], job: Job | None = None) -> list[Task]:
