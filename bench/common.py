@@ -436,3 +436,11 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def median_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round of median tasks/s (the lower middle of an even count), with
+    every round's tasks/s beside it."""
+    ordered = sorted(rounds, key=lambda run: run["tasks_per_s"])
+    middle = ordered[(len(ordered) - 1) // 2]
+    return {**middle, "tasks_per_s_rounds": [run["tasks_per_s"] for run in rounds]}

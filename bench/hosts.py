@@ -58,6 +58,7 @@ from bench.common import (
     ServiceProc,
     Vendor,
     fresh_dir,
+    median_run,
     percentile,
     profiles_dir,
     r,
@@ -271,14 +272,6 @@ async def one_setup(
         "service_cpu_ms_per_task": r(service_cpu_s * 1000 / max(1, len(rows)), 3),
         "database": database,
     }
-
-
-def median_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round of median tasks/s (the lower middle of an even count), with
-    every round's tasks/s beside it."""
-    ordered = sorted(rounds, key=lambda run: run["tasks_per_s"])
-    middle = ordered[(len(ordered) - 1) // 2]
-    return {**middle, "tasks_per_s_rounds": [run["tasks_per_s"] for run in rounds]}
 
 
 async def claim_statement(url: str) -> dict[str, float]:
