@@ -96,7 +96,24 @@ class SqlCacheIndex:
         return [row_to_cache_entry(r) for r in rows]
 
 
-class SqliteCacheIndex(SqlCacheIndex):
+class PendingPutsIndex(SqlCacheIndex):
+    """An index whose puts wait in memory (`_pending`, under `_lock`) until
+    written with others: answered from there meanwhile."""
+
+    _lock: threading.Lock | threading.RLock
+    _pending: dict[str, CacheEntry]
+
+    def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
+        with self._lock:
+            entry = self._pending.get(fingerprint)
+            if entry is not None:
+                # Not written yet: written with its new use.
+                self._pending[fingerprint] = dataclasses.replace(entry, last_used_at=last_used_at)
+                return
+        super().cache_touch(fingerprint, last_used_at)
+
+
+class SqliteCacheIndex(PendingPutsIndex):
     """Shares the store's connection and lock: the cache calls it from worker
     threads, the store from the event loop's thread.
 
@@ -149,14 +166,6 @@ class SqliteCacheIndex(SqlCacheIndex):
         with self._lock:
             pending = self._pending.get(fingerprint)
         return pending if pending is not None else super().cache_get(fingerprint)
-
-    def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
-        with self._lock:
-            pending = self._pending.get(fingerprint)
-            if pending is not None:
-                self._pending[fingerprint] = dataclasses.replace(pending, last_used_at=last_used_at)
-                return
-        super().cache_touch(fingerprint, last_used_at)
 
     def cache_delete(self, fingerprint: str) -> None:
         with self._lock:

@@ -25,7 +25,6 @@ both are needed).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from psycopg.rows import dict_row
 
 from dispatcher.errors import StoreError
 from dispatcher.models import CacheEntry
-from dispatcher.store.cachesql import PUT, SqlCacheIndex
+from dispatcher.store.cachesql import PUT, PendingPutsIndex
 from dispatcher.store.pgtrips import RoundTrips, has_rows, statement_label
 from dispatcher.store.rows import RowLike
 from dispatcher.store.sql import pg_marks
@@ -50,7 +49,7 @@ FLUSH_S = 0.5
 FLUSH_AT = 64
 
 
-class PostgresCacheIndex(SqlCacheIndex):
+class PostgresCacheIndex(PendingPutsIndex):
     def __init__(self, url: str, host: str, trips: RoundTrips | None = None) -> None:
         super().__init__(host, scoped=True)
         self._url = url
@@ -144,15 +143,6 @@ class PostgresCacheIndex(SqlCacheIndex):
             # thread switch for a check that the timed wait makes anyway.
             if len(self._pending) in (1, FLUSH_AT):
                 self._due.notify()
-
-    def cache_touch(self, fingerprint: str, last_used_at: float) -> None:
-        with self._lock:
-            pending = self._pending.get(fingerprint)
-            if pending is not None:
-                # Not written yet: written with its new use.
-                self._pending[fingerprint] = dataclasses.replace(pending, last_used_at=last_used_at)
-                return
-        super().cache_touch(fingerprint, last_used_at)
 
     def cache_delete(self, fingerprint: str) -> None:
         # Out of memory first: a write in flight holds `_io`, so the delete

@@ -8,26 +8,15 @@ import contextlib
 import psycopg
 import pytest
 
-from dispatcher.models import Kind, State, Task
+from dispatcher.models import State
 from dispatcher.store import open_store, pglisten
 from dispatcher.store.pglisten import CHANNEL, TaskListener
 from dispatcher.store.pgnotice import TaskNotice, notice_header, own_prefix, parse_notice
 from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import migrated_database
+from tests.support.tasks import api_task
 
 ODD_HOST = "rack 2\\node 7"  # a space and a backslash: escaped in the connection options
-
-
-def _task(task_id: str) -> Task:
-    return Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
-        queue="g",
-        params={"prompt": task_id},
-        fingerprint=f"fp-{task_id}",
-        created_at=1.0,
-    )
 
 
 def test_a_notice_reads_back_with_a_host_holding_spaces() -> None:
@@ -47,7 +36,7 @@ async def test_inserts_state_changes_and_cancels_are_heard_by_other_hosts_only()
         await other.start()
         await itself.start()
         try:
-            await writer.insert_tasks([_task("t1")])
+            await writer.insert_tasks([api_task("t1")])
             claimed = await writer.claim_next(["g"], 5.0, {"owner": "p", "host": ODD_HOST})
             assert claimed is not None
             # A heartbeat is not announced; a cancel and an end are.
@@ -122,9 +111,9 @@ async def test_a_row_too_long_for_a_notice_is_announced_without_it() -> None:
         listener = TaskListener(url, "listener-host", heard.put_nowait)
         await listener.start()
         try:
-            long_task = _task("t2")
+            long_task = api_task("t2")
             long_task = long_task.replace(params={"prompt": "x" * 9000})
-            await writer.insert_tasks([_task("t1"), long_task])
+            await writer.insert_tasks([api_task("t1"), long_task])
             got = [await asyncio.wait_for(heard.get(), 10) for _ in range(2)]
             assert [(n.task_id, n.state, n.origin) for n in got] == [
                 ("t1", "pending", "writer"),
@@ -159,7 +148,7 @@ async def test_a_gate_set_on_one_host_is_read_on_another_without_a_round_trip() 
             await setter.set_gate("other", 50.0)
             # Notices arrive in commit order: once a later task's is heard,
             # the gates' were taken in.
-            await setter.insert_tasks([_task("after")])
+            await setter.insert_tasks([api_task("after")])
             await asyncio.wait_for(heard.get(), 10)
             assert reader.gates.heard_count == 2
             before = reader.round_trips.total
@@ -186,7 +175,7 @@ async def test_a_hosts_own_row_notice_is_known_by_its_start() -> None:
         try:
             for n, host in enumerate(("bench-0", ODD_HOST, 'quote " host')):
                 writer = await open_store(url, host)
-                await writer.insert_tasks([_task(f"t{n}")])
+                await writer.insert_tasks([api_task(f"t{n}")])
                 await writer.close()
                 gen = listening.notifies(timeout=10, stop_after=1)
                 (notice,) = [n.payload async for n in gen]
@@ -239,7 +228,7 @@ async def test_a_real_notice_is_read_by_position_whatever_its_prompt_says() -> N
             payloads: list[str] = []
             raw.add_notify_handler(lambda notify: payloads.append(notify.payload))
             await raw.execute(f"LISTEN {CHANNEL}")
-            task = _task("t1").replace(params={"prompt": posing})
+            task = api_task("t1").replace(params={"prompt": posing})
             await writer.insert_tasks([task])
             await writer.claim_next(["g"], 5.0, {"owner": "prov \\ one", "host": ODD_HOST})
             await raw.execute("SELECT 1")  # the notices sent before it are in

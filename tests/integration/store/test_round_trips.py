@@ -21,7 +21,7 @@ from dispatcher.clock import FakeClock
 from dispatcher.errors import StoreError
 from dispatcher.events import Event, EventBus, TaskNoticed
 from dispatcher.hosts.crosshost import RemoteTasks
-from dispatcher.models import Attempt, CacheEntry, Kind, State, Task
+from dispatcher.models import Attempt, CacheEntry, State
 from dispatcher.store import NextClaim, open_store, postgres_cache
 from dispatcher.store.hosts import Quota
 from dispatcher.store.pglisten import TaskListener
@@ -29,21 +29,9 @@ from dispatcher.store.postgres import PostgresStore
 from dispatcher.store.postgres_cache import FLUSH_AT, PostgresCacheIndex
 from dispatcher.tasks.cache import ResultCache
 from tests.support.pgdb import migrated_database
+from tests.support.tasks import api_task
 
 RUN = {"owner": "demo", "host": "h1"}
-
-
-def _task(task_id: str, *, priority: int = 0, fingerprint: str | None = None) -> Task:
-    return Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
-        queue="g",
-        params={"prompt": task_id},
-        fingerprint=fingerprint or f"fp-{task_id}",
-        created_at=1.0,
-        priority=priority,
-    )
 
 
 @pytest.fixture
@@ -63,13 +51,13 @@ def trips(store: PostgresStore, since: int) -> int:
 
 async def test_a_task_costs_one_round_trip_per_write(store: PostgresStore) -> None:
     before = store.round_trips.total
-    _, inserted = await store.insert_unless_twin(_task("t1"), created_since=0.0)
+    _, inserted = await store.insert_unless_twin(api_task("t1"), created_since=0.0)
     assert inserted and trips(store, before) == 1
 
     # A twin found is one round trip too, and answers the first task.
     before = store.round_trips.total
     twin, inserted = await store.insert_unless_twin(
-        _task("t2", fingerprint="fp-t1"), created_since=0.0
+        api_task("t2", fingerprint="fp-t1"), created_since=0.0
     )
     assert not inserted and twin.id == "t1" and trips(store, before) == 1
 
@@ -113,7 +101,7 @@ async def test_a_task_costs_one_round_trip_per_write(store: PostgresStore) -> No
 
 
 async def test_a_claim_looks_at_priorities_in_the_same_round_trip(store: PostgresStore) -> None:
-    await store.insert_tasks([_task("plain"), _task("urgent", priority=5)])
+    await store.insert_tasks([api_task("plain"), api_task("urgent", priority=5)])
     before = store.round_trips.total
     first = await store.claim_next(["g"], 5.0, RUN, quota=Quota("demo", 5))
     second = await store.claim_next(["g"], 5.0, RUN, quota=Quota("demo", 5))
@@ -123,7 +111,7 @@ async def test_a_claim_looks_at_priorities_in_the_same_round_trip(store: Postgre
 
 
 async def test_a_quota_full_claims_nothing_in_one_round_trip(store: PostgresStore) -> None:
-    await store.insert_tasks([_task("a"), _task("b")])
+    await store.insert_tasks([api_task("a"), api_task("b")])
     assert await store.claim_next(["g"], 5.0, RUN, quota=Quota("demo", 1)) is not None
     before = store.round_trips.total
     assert await store.claim_next(["g"], 5.0, RUN, quota=Quota("demo", 1)) is None
@@ -174,10 +162,10 @@ async def test_a_text_result_is_kept_on_the_loop_thread_once_the_index_is_read(
 
 
 async def test_a_submit_answer_reads_its_place_with_the_insert(store: PostgresStore) -> None:
-    await store.insert_tasks([_task("first"), _task("second")])
+    await store.insert_tasks([api_task("first"), api_task("second")])
     assert await store.claim_next(["g"], 5.0, RUN) is not None  # "first" runs: one owner
     before = store.round_trips.total
-    third, inserted = await store.insert_unless_twin(_task("third"), created_since=0.0)
+    third, inserted = await store.insert_unless_twin(api_task("third"), created_since=0.0)
     assert inserted
     # The place in the answer to the submit: "second" ahead, one owner serving.
     assert await store.queue_place("g", third.seq, owners=True) == (1, 1)
@@ -188,7 +176,7 @@ async def test_a_submit_answer_reads_its_place_with_the_insert(store: PostgresSt
     assert await store.queue_place("g", third.seq, owners=False) == (0, 0)
     assert trips(store, before) == 1
     # A forced task (no twin check) too.
-    (fourth,) = await store.insert_tasks([_task("fourth")])
+    (fourth,) = await store.insert_tasks([api_task("fourth")])
     before = store.round_trips.total
     assert await store.queue_place("g", fourth.seq, owners=False) == (1, 0)
     assert trips(store, before) == 0
@@ -259,7 +247,7 @@ async def test_a_full_quota_is_not_asked_again_until_a_task_of_it_ends(
 ) -> None:
     listening = await store_listening(store)
     try:
-        await store.insert_tasks([_task("a"), _task("b"), _task("c")])
+        await store.insert_tasks([api_task("a"), api_task("b"), api_task("c")])
         quota = Quota("demo", 1)
         a = await store.claim_next(["g"], 5.0, RUN, quota=quota)
         assert a is not None
@@ -302,7 +290,7 @@ async def test_another_hosts_end_frees_the_quota_known_full(store: PostgresStore
     relay = RemoteTasks(store.url, "h1", store, events)
     await relay.start()
     try:
-        await store.insert_tasks([_task("a"), _task("b")])
+        await store.insert_tasks([api_task("a"), api_task("b")])
         quota = Quota("demo", 1)
         theirs = await other.claim_next(["g"], 5.0, {"owner": "demo", "host": "h2"}, quota=quota)
         assert theirs is not None
@@ -348,13 +336,13 @@ async def test_nothing_pending_is_not_asked_again_until_a_task_is(store: Postgre
         assert await store.claim_next(["other"], 5.2, RUN, quota=Quota("demo", 3)) is None
         assert trips(store, before) == 1
         # This host's submit: the next claim asks, and gets it.
-        await store.insert_unless_twin(_task("mine"), created_since=0.0)
+        await store.insert_unless_twin(api_task("mine"), created_since=0.0)
         claimed = await store.claim_next(["g"], 5.3, RUN)
         assert claimed is not None and claimed.id == "mine"
         # Another host's submit, heard through the relay before its bus hears it.
         heard = asyncio.Event()
         events.listen(lambda event: heard.set())
-        await other.insert_tasks([_task("theirs")])
+        await other.insert_tasks([api_task("theirs")])
         await asyncio.wait_for(heard.wait(), 10)
         claimed = await store.claim_next(["g"], 5.4, RUN)
         assert claimed is not None and claimed.id == "theirs"
@@ -373,7 +361,7 @@ async def test_a_submit_with_a_free_slot_is_inserted_and_claimed_in_one_round_tr
     listening = await store_listening(store)
     try:
         before = store.round_trips.total
-        both = await store.insert_and_claim(_task("new"), 0.0, _claim(5.0))
+        both = await store.insert_and_claim(api_task("new"), 0.0, _claim(5.0))
         assert both is not None and both.inserted and both.task.id == "new"
         assert both.claimed is not None and both.claimed.id == "new"
         assert both.claimed.state is State.RUNNING and both.claimed.owner == "demo"
@@ -385,33 +373,35 @@ async def test_a_submit_with_a_free_slot_is_inserted_and_claimed_in_one_round_tr
         assert trips(store, before) == 0
 
         # A task waiting before it is claimed first (its turn); the new one waits.
-        await store.insert_tasks([_task("older")])
-        both = await store.insert_and_claim(_task("newer"), 0.0, _claim(5.2))
+        await store.insert_tasks([api_task("older")])
+        both = await store.insert_and_claim(api_task("newer"), 0.0, _claim(5.2))
         assert both is not None and both.inserted
         assert both.claimed is not None and both.claimed.id == "older"
         (newer,) = await store.get_tasks(["newer"])
         assert newer.state is State.PENDING
 
         # A twin: not inserted (the twin answered), the claim still made.
-        both = await store.insert_and_claim(_task("again", fingerprint="fp-new"), 0.0, _claim(5.3))
+        both = await store.insert_and_claim(
+            api_task("again", fingerprint="fp-new"), 0.0, _claim(5.3)
+        )
         assert both is not None and not both.inserted and both.task.id == "new"
         assert both.claimed is not None and both.claimed.id == "newer"
 
         # Under a quota: its lock rides in the de-dup lock's statement, three
         # statements in all (each costs ~0.1 ms of our CPU through psycopg).
         roomy = Quota("demo", 10)
-        await store.insert_tasks([_task("queued")])
+        await store.insert_tasks([api_task("queued")])
         sent = Counter(store.round_trips.by_statement)
-        both = await store.insert_and_claim(_task("under-quota"), 0.0, _claim(5.35, roomy))
+        both = await store.insert_and_claim(api_task("under-quota"), 0.0, _claim(5.35, roomy))
         assert both is not None and both.claimed is not None and both.claimed.id == "queued"
         (label,) = (Counter(store.round_trips.by_statement) - sent).keys()
         assert label.startswith("pipeline: ") and len(label.split("; ")) == 3
 
         # The provider's quota known full: not sent together (the insert alone).
         full = Quota("demo", 3)
-        await store.insert_tasks([_task("waiting")])
+        await store.insert_tasks([api_task("waiting")])
         assert await store.claim_next(["g"], 5.4, RUN, quota=full) is None  # it read: 3 running
-        assert await store.insert_and_claim(_task("later"), 0.0, _claim(5.5, full)) is None
+        assert await store.insert_and_claim(api_task("later"), 0.0, _claim(5.5, full)) is None
         assert (await store.get_tasks(["later"])) == []
     finally:
         await listening.aclose()
@@ -429,8 +419,8 @@ async def test_a_submit_and_its_claim_are_one_transaction(store: PostgresStore) 
         for statement in refuse:
             await admin.execute(statement)
         with pytest.raises(StoreError, match="no claims today"):
-            await store.insert_and_claim(_task("lost"), 0.0, _claim(5.0))
+            await store.insert_and_claim(api_task("lost"), 0.0, _claim(5.0))
         assert await store.get_tasks(["lost"]) == []
         await admin.execute("DROP TRIGGER refuse_claims ON tasks")
-    both = await store.insert_and_claim(_task("kept"), 0.0, _claim(5.1))
+    both = await store.insert_and_claim(api_task("kept"), 0.0, _claim(5.1))
     assert both is not None and both.claimed is not None and both.claimed.id == "kept"

@@ -14,25 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.models import CacheEntry, Kind, Task
+from dispatcher.models import CacheEntry
 from dispatcher.store import Store, open_store
 from dispatcher.store.cachesql import SqliteCacheIndex
+from tests.support.tasks import api_task
 
 
 def _entry(fingerprint: str, text: str = "x", at: float = 1.0) -> CacheEntry:
     return CacheEntry(fingerprint, "m", {"text": text}, len(text), created_at=at, last_used_at=at)
-
-
-def _task(task_id: str) -> Task:
-    return Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
-        queue="g",
-        params={"prompt": task_id},
-        fingerprint=f"fp-{task_id}",
-        created_at=1.0,
-    )
 
 
 def _on_disk(path: Path) -> dict[str, str]:
@@ -68,7 +57,7 @@ async def test_a_put_is_answered_at_once_and_written_with_the_next_task_write(
     assert index.cache_get("fp-a") == _entry("fp-a")
     assert _on_disk(path) == {}  # no commit of its own
 
-    await store.insert_tasks([_task("t1"), _task("t2")])  # one transaction
+    await store.insert_tasks([api_task("t1"), api_task("t2")])  # one transaction
 
     assert _on_disk(path) == {"fp-a": '{"text": "x"}'}
     assert index.cache_get("fp-a") == _entry("fp-a")
@@ -107,7 +96,7 @@ async def test_a_pending_entry_touched_or_deleted_is_written_as_left(
     index.cache_delete("fp-b")
     assert index.cache_get("fp-b") is None
 
-    await store.insert_tasks([_task("t1"), _task("t2")])
+    await store.insert_tasks([api_task("t1"), api_task("t2")])
 
     assert set(_on_disk(path)) == {"fp-a"}
     assert index.cache_entries() == [CacheEntry("fp-a", "m", {"text": "x"}, 1, 1.0, 7.0)]
@@ -122,7 +111,7 @@ async def test_a_worker_threads_put_is_written_at_once_over_an_older_pending_one
     await asyncio.to_thread(index.cache_put, _entry("fp-a", "new"))
     assert _on_disk(path) == {"fp-a": '{"text": "new"}'}
 
-    await store.insert_tasks([_task("t1"), _task("t2")])
+    await store.insert_tasks([api_task("t1"), api_task("t2")])
 
     assert _on_disk(path) == {"fp-a": '{"text": "new"}'}
     assert index.cache_get("fp-a") == _entry("fp-a", "new")
