@@ -26,6 +26,7 @@ that process's delta over the run. Each system is bounded by
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import signal
@@ -190,6 +191,7 @@ async def run_celery(
 ) -> None:
     from bench.peer_apps.celery_app import app, call_vendor
 
+    gc.collect()  # an earlier run's results, should any be left (see the end)
     call_vendor.delay(-1).get(timeout=WARM_UP_BUDGET_S)
     results = []
     lane.on_first_enqueue()
@@ -214,6 +216,12 @@ async def run_celery(
             continue
         if res.date_done is not None:
             lane.finishes[i] = _utc(res.date_done)
+    # A Celery result unsubscribes from Redis in its `__del__`. Left to the
+    # garbage collector (results sit in reference cycles), one ran inside a
+    # later run's own Redis command, on the same connection, and hung it for
+    # good (`python -m bench`, batch round 2). Collected here, between commands.
+    results.clear()
+    gc.collect()
     app.close()
 
 
