@@ -14,7 +14,8 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from dispatcher.errors import StoreError
@@ -133,10 +134,18 @@ class SqliteCacheIndex(PendingPutsIndex):
     # Longest a put waits for a store write to carry it (real seconds).
     FLUSH_S = 0.5
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.RLock, host: str) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        lock: threading.RLock,
+        host: str,
+        transaction: Callable[[], AbstractContextManager[sqlite3.Connection]],
+    ) -> None:
         super().__init__(host, scoped=False)
         self._db = db
         self._lock = lock
+        # The store's write transaction, which carries the pending puts (`ride`).
+        self._transaction = transaction
         # Entries put on the loop's thread, not written yet (under `_lock`).
         self._pending: dict[str, CacheEntry] = {}
         self._flush_due: asyncio.TimerHandle | None = None
@@ -197,21 +206,12 @@ class SqliteCacheIndex(PendingPutsIndex):
                 del self._pending[entry.fingerprint]
 
     def flush(self) -> None:
-        """Write the pending puts in a transaction of their own."""
+        """Write the pending puts in a store transaction of their own (one
+        with nothing else to write: `ride` carries them)."""
         with self._lock:
-            if not self._pending:
-                return
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    puts = self.ride(self._db)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise StoreError(f"SQLite cache index access failed: {exc}") from exc
-            self.written(puts)
+            if self._pending:
+                with self._transaction():
+                    pass
 
     def _flush_later(self) -> None:
         with self._lock:

@@ -123,7 +123,7 @@ class SqliteStore(SqliteHostOps, TaskWriter):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._lock = threading.RLock()
-        self._cache_index = SqliteCacheIndex(self._db, self._lock, host)
+        self._cache_index = SqliteCacheIndex(self._db, self._lock, host, self._tx)
         self._outbox = SqlOutbox(self._outbox_run, self._outbox_batch, lock="")
 
     @property
