@@ -43,6 +43,7 @@ from bench.common import (
     profiles_dir,
     r,
     read_tasks,
+    round_order,
     service_env,
 )
 from bench.dispatch import MODEL, QUOTA, wait_drained
@@ -193,9 +194,7 @@ async def run(work: Path, *, tasks: int = TASKS) -> BenchResult:
     with Vendor(time_scale=1.0, quota=QUOTA) as vendor:
         for round_ in range(ROUNDS):
             round_dir = fresh_dir(work / f"r{round_}")
-            # Each round in another order: a machine that slows down or
-            # speeds up during the run does not favour one system.
-            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            for name in round_order(names, round_):
                 done = runs.get(name, [])
                 if name in failed or (done and done[0]["succeeded"] < tasks):
                     continue  # cut off once (arq, RQ): far behind, run once

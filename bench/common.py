@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -36,6 +36,8 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROFILES_DIR = REPO / "profiles"
 # The local PostgreSQL server's admin database (trust auth, `.ci/run` starts it).
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+T = TypeVar("T")
 
 
 # -- results -------------------------------------------------------------------
@@ -438,9 +440,20 @@ class PeakRss:
         self._thread.join(timeout=5)
 
 
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The set-ups of round `round_`, each round starting one further on: a
+    machine that slows down or speeds up during the run favours none."""
+    start = round_ % len(names)
+    return names[start:] + names[:start]
+
+
+def lower_middle(ordered: list[T]) -> T:
+    """The median of sorted values, the lower middle of an even count (a
+    value that was measured, not an average of two)."""
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def median_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round of median tasks/s (the lower middle of an even count), with
-    every round's tasks/s beside it."""
-    ordered = sorted(rounds, key=lambda run: run["tasks_per_s"])
-    middle = ordered[(len(ordered) - 1) // 2]
+    """The round of median tasks/s, with every round's tasks/s beside it."""
+    middle = lower_middle(sorted(rounds, key=lambda run: run["tasks_per_s"]))
     return {**middle, "tasks_per_s_rounds": [run["tasks_per_s"] for run in rounds]}

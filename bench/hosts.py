@@ -58,11 +58,13 @@ from bench.common import (
     ServiceProc,
     Vendor,
     fresh_dir,
+    lower_middle,
     median_run,
     percentile,
     profiles_dir,
     r,
     read_tasks,
+    round_order,
     service_env,
 )
 from bench.dispatch import MODEL, submit_all, wait_drained
@@ -319,7 +321,7 @@ def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> 
     ]
     ordered = sorted(ratios)
     return {
-        "ratio": r(ordered[(len(ordered) - 1) // 2], 3) if ordered else 0.0,
+        "ratio": r(lower_middle(ordered), 3) if ordered else 0.0,
         "rounds": [r(x, 3) for x in ratios],
     }
 
@@ -404,9 +406,7 @@ async def run(work: Path) -> BenchResult:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SETUPS}
     names = list(SETUPS)
     for round_ in range(ROUNDS):
-        # Each round in another order: a machine that slows down or speeds
-        # up during the run does not favour one set-up.
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+        for name in round_order(names, round_):
             label, hosts, postgres = SETUPS[name]
             if not postgres:
                 runs[name].append(await one_setup(work, f"{label}-r{round_}", hosts, None))
