@@ -7,9 +7,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.models import Kind, State, Task
+from dispatcher.models import State, Task
 from dispatcher.store.pgnotice import TaskNotice, notice_header, parse_notice
 from dispatcher.store.rows import task_to_row
+from tests.support.tasks import api_task
 
 # Text a user or an operator writes, with what JSON escapes and what would
 # pose as a key of the row if it were not escaped.
@@ -38,18 +39,14 @@ def _payload(task: Task, host: str, seq: int) -> str:
 def test_the_header_matches_the_decoded_row(
     prompt: str, owner: str | None, host: str, task_id: str, state: State, cancel: bool, seq: int
 ) -> None:
-    task = Task(
-        id=task_id,
-        model="m",
-        kind=Kind.API,
+    task = api_task(
+        task_id,
         queue="api-model:m",
         params={"prompt": prompt, "state": "success"},
         fingerprint="fp",
-        created_at=1.0,
         owner=owner,
         state=state,
         cancel_requested=cancel,
-        error=None,
     )
     payload = _payload(task, host, seq)
     notice = notice_header(payload)  # by position, the row not decoded
@@ -70,17 +67,7 @@ def test_the_header_matches_the_decoded_row(
 
 def test_a_notice_without_the_expected_layout_is_decoded_whole() -> None:
     row = {
-        **task_to_row(
-            Task(
-                id="t1",
-                model="m",
-                kind=Kind.API,
-                queue="q",
-                params={},
-                fingerprint="f",
-                created_at=1.0,
-            )
-        ),
+        **task_to_row(api_task("t1", queue="q", params={}, fingerprint="f")),
         "seq": 3,
     }
     # seq last: not the table's order, so not read by position.
