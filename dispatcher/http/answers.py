@@ -93,7 +93,10 @@ class TaskAnswer(_Answer):
         "lanes takes it, `model` is the one that runs it",
     )
     deduped: bool = Field(description="true when an identical recent task was returned")
-    ahead: int = Field(description="pending tasks before this one in its lanes")
+    ahead: int = Field(
+        description="pending tasks before this one in its lanes (on PostgreSQL, past 500 "
+        "an estimate from the backlog's density)"
+    )
     eta_s: float | None
     progress: float | None
     queue_position: float | None = Field(description="the vendor's queue position, if told")

@@ -5,6 +5,13 @@ owners serve its queue on all hosts. Read apart, that was a round trip per
 submit of its own (issue 31); the insert reads it instead, in the same
 statement (`placed_insert`), and the store keeps it until the submit's
 answer asks (`Places`), once: a later look at the task reads afresh.
+
+A place is counted in the queue's index, task by task: a backlog of 50,000
+made each submit (and each look at a pending task) read 50,000 rows, ~25 ms
+of the server's CPU, O(n^2) for a batch submitted one by one. The count
+stops at `AHEAD_COUNTED`; a place past it is estimated from the span of
+seqs those tasks cover (the backlog's density, carried on to the task).
+SQLite counts exactly, in memory (`store.sqlite_index`).
 """
 
 from __future__ import annotations
@@ -15,9 +22,27 @@ from collections import OrderedDict
 # done from the cache, say): the oldest go first.
 KEPT = 256
 
+# Tasks ahead counted one by one (~0.5 us each on the server); a place
+# further back is estimated.
+AHEAD_COUNTED = 500
+
+
+def ahead_sql(queue: str, seq: str) -> str:
+    """The pending tasks of `queue` before `seq` (SQL expressions; `seq`
+    comes first, then `queue`, then `seq` again): counted up to
+    `AHEAD_COUNTED`, then estimated as the first ones' density over the rest
+    of the span (at least one more)."""
+    return (
+        f"(SELECT CASE WHEN COUNT(*) < {AHEAD_COUNTED} THEN COUNT(*) "
+        f"ELSE {AHEAD_COUNTED} + GREATEST(1, CAST(({seq} - MAX(a.seq) - 1) * {AHEAD_COUNTED}.0 "
+        "/ (MAX(a.seq) - MIN(a.seq) + 1) AS BIGINT)) END "
+        f"FROM (SELECT t.seq FROM tasks AS t WHERE t.state = 'pending' AND t.queue = {queue} "
+        f"AND t.seq < {seq} ORDER BY t.seq LIMIT {AHEAD_COUNTED}) AS a)"
+    )
+
+
 PLACE_COLUMNS = (
-    "(SELECT COUNT(*) FROM tasks AS t WHERE t.state = 'pending' "
-    "AND t.queue = i.queue AND t.seq < i.seq) AS ahead, "
+    f"{ahead_sql('i.queue', 'i.seq')} AS ahead, "
     "(SELECT COUNT(DISTINCT t.owner) FROM tasks AS t WHERE t.state = 'running' "
     "AND t.queue = i.queue) AS owners"
 )

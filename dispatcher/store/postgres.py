@@ -37,7 +37,12 @@ from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pgclaimview import ClaimView, Sent, with_reads
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
-from dispatcher.store.pgplaces import Places, placed_insert, placed_insert_unless_twin
+from dispatcher.store.pgplaces import (
+    Places,
+    ahead_sql,
+    placed_insert,
+    placed_insert_unless_twin,
+)
 from dispatcher.store.pgpool import HotFirstPool
 from dispatcher.store.pgtrips import (
     CountingConnection,
@@ -196,9 +201,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
                     # the task writes, a few texts run for every task, and each
                     # run unprepared is planned anew (a claim's plan ~0.6 ms of
                     # the server's CPU), on each connection of the pool.
-                    cursors = [
-                        await conn.execute(s.sql, s.args, prepare=True) for s in statements
-                    ]
+                    cursors = [await conn.execute(s.sql, s.args, prepare=True) for s in statements]
             except BaseException:
                 # Cancelled mid-way, the pipeline may not have reached its
                 # Sync: its transaction is ended here, not left to the pool.
@@ -509,10 +512,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
 
     async def count_ahead(self, queue: str, seq: int) -> int:
         # From the database: tasks of every host share the queue.
-        rows = await self._query(
-            "SELECT COUNT(*) AS n FROM tasks WHERE state = 'pending' AND queue = ? AND seq < ?",
-            (queue, seq),
-        )
+        rows = await self._query(f"SELECT {ahead_sql('?', '?')} AS n", (seq, queue, seq))
         return int(rows[0]["n"])
 
     async def running_owners(self, queue: str) -> int:
@@ -529,15 +529,14 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         if kept is not None:
             return kept[0], kept[1] if owners else 0
         rows = await self._query(
-            "SELECT (SELECT COUNT(*) FROM tasks WHERE state = 'pending' AND queue = ? "
-            "AND seq < ?) AS ahead, "
+            f"SELECT {ahead_sql('?', '?')} AS ahead, "
             + (
                 "(SELECT COUNT(DISTINCT owner) FROM tasks WHERE state = 'running' AND queue = ?)"
                 if owners
                 else "0"
             )
             + " AS owners",
-            (queue, seq, queue) if owners else (queue, seq),
+            (seq, queue, seq, queue) if owners else (seq, queue, seq),
         )
         return int(rows[0]["ahead"]), int(rows[0]["owners"])
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,6 +24,7 @@ from dispatcher.store import NextClaim, open_store
 from dispatcher.store.hosts import Quota
 from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import migrated_database
+from tests.support.pgplans import rows_read
 from tests.support.tasks import api_task
 
 BACKLOG = 300
@@ -56,15 +56,6 @@ def numbered(sql: str) -> str:
     """psycopg's `%s` marks as PREPARE's `$1`, `$2`, ..."""
     count = iter(range(1, 10_000))
     return re.sub(r"%s", lambda _: f"${next(count)}", sql).replace("%%", "%")
-
-
-def rows_read(plan: dict[str, Any]) -> int:
-    """Rows the plan's scans of `tasks` returned or passed over, all loops."""
-    own = 0
-    if plan.get("Relation Name") == "tasks":
-        loops = int(plan.get("Actual Loops", 1))
-        own = (int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))) * loops
-    return own + sum(rows_read(child) for child in plan.get("Plans", []))
 
 
 async def test_a_claim_under_a_quota_reads_rows_by_the_task_not_by_the_backlog(
