@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.store import Store, open_store
+from dispatcher.store.postgres import PostgresStore
 from tests.support.pgdb import fresh_database, migrated_database
 
 OpenStore = Callable[..., Awaitable[Store]]
@@ -43,3 +44,16 @@ async def open_stores(database_url: str) -> AsyncIterator[OpenStore]:
 @pytest.fixture
 async def store(open_stores: OpenStore) -> Store:
     return await open_stores()
+
+
+@pytest.fixture
+async def pg_store_at() -> AsyncIterator[tuple[PostgresStore, str]]:
+    """A PostgreSQL store (host `h1`) on a new migrated database, and the
+    database's URL (for a connection of the test's own)."""
+    with migrated_database() as url:
+        opened = await open_store(url, "h1")
+        assert isinstance(opened, PostgresStore)
+        try:
+            yield opened, url
+        finally:
+            await opened.close()

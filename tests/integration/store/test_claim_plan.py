@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import psycopg
-import pytest
 
 from dispatcher.models import State
-from dispatcher.store import NextClaim, open_store
+from dispatcher.store import NextClaim
 from dispatcher.store.hosts import Quota
 from dispatcher.store.postgres import PostgresStore
-from tests.support.pgdb import migrated_database
 from tests.support.pgplans import rows_read
 from tests.support.tasks import api_task
 
@@ -36,22 +33,6 @@ RUNNING = 4
 ROWS_READ_MAX = 3 * RUNNING + 10
 
 
-@pytest.fixture
-def url() -> Iterator[str]:
-    with migrated_database() as url:
-        yield url
-
-
-@pytest.fixture
-async def store(url: str) -> AsyncIterator[PostgresStore]:
-    opened = await open_store(url, "h1")
-    assert isinstance(opened, PostgresStore)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
 def numbered(sql: str) -> str:
     """psycopg's `%s` marks as PREPARE's `$1`, `$2`, ..."""
     count = iter(range(1, 10_000))
@@ -59,8 +40,9 @@ def numbered(sql: str) -> str:
 
 
 async def test_a_claim_under_a_quota_reads_rows_by_the_task_not_by_the_backlog(
-    store: PostgresStore, url: str
+    pg_store_at: tuple[PostgresStore, str],
 ) -> None:
+    store, url = pg_store_at
     claim = NextClaim(
         queues=("g",),
         now=time.time(),

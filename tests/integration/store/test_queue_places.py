@@ -10,15 +10,11 @@ look at the task 50,000 rows of the server's reading. The count stops at
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import psycopg
-import pytest
 
-from dispatcher.store import open_store
 from dispatcher.store.pgplaces import AHEAD_COUNTED, ahead_sql
 from dispatcher.store.postgres import PostgresStore
-from tests.support.pgdb import migrated_database
 from tests.support.pgplans import rows_read
 from tests.support.tasks import api_task
 
@@ -28,21 +24,10 @@ TASKS = 3 * AHEAD_COUNTED
 IN_G = [n for n in range(TASKS) if n % 3 != 2]
 
 
-@pytest.fixture
-async def store_and_url() -> AsyncIterator[tuple[PostgresStore, str]]:
-    with migrated_database() as url:
-        opened = await open_store(url, "h1")
-        assert isinstance(opened, PostgresStore)
-        try:
-            yield opened, url
-        finally:
-            await opened.close()
-
-
 async def test_places_are_exact_up_to_the_count_then_close_estimates(
-    store_and_url: tuple[PostgresStore, str],
+    pg_store_at: tuple[PostgresStore, str],
 ) -> None:
-    store, url = store_and_url
+    store, url = pg_store_at
     tasks = await store.insert_tasks(
         [api_task(f"t{n:05d}", queue="g" if n % 3 != 2 else "h") for n in range(TASKS)]
     )
@@ -78,9 +63,9 @@ async def test_places_are_exact_up_to_the_count_then_close_estimates(
 
 
 async def test_a_removed_task_leaves_the_places_behind_it(
-    store_and_url: tuple[PostgresStore, str],
+    pg_store_at: tuple[PostgresStore, str],
 ) -> None:
-    store, _ = store_and_url
+    store, _ = pg_store_at
     tasks = await store.insert_tasks([api_task(f"t{n}") for n in range(5)])
     claimed = await store.claim_next(["g"], time.time(), {"owner": "demo", "host": "h1"})
     assert claimed is not None and claimed.id == "t0"

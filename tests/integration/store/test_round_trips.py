@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
@@ -28,21 +27,14 @@ from dispatcher.store.pglisten import TaskListener
 from dispatcher.store.postgres import PostgresStore
 from dispatcher.store.postgres_cache import FLUSH_AT, PostgresCacheIndex
 from dispatcher.tasks.cache import ResultCache
-from tests.support.pgdb import migrated_database
 from tests.support.tasks import api_task
 
 RUN = {"owner": "demo", "host": "h1"}
 
 
 @pytest.fixture
-async def store() -> AsyncIterator[PostgresStore]:
-    with migrated_database() as url:
-        opened = await open_store(url, "h1")
-        assert isinstance(opened, PostgresStore)
-        try:
-            yield opened
-        finally:
-            await opened.close()
+def store(pg_store_at: tuple[PostgresStore, str]) -> PostgresStore:
+    return pg_store_at[0]
 
 
 def trips(store: PostgresStore, since: int) -> int:
