@@ -29,15 +29,16 @@ AHEAD_COUNTED = 500
 
 def ahead_sql(queue: str, seq: str) -> str:
     """The pending tasks of `queue` before `seq` (SQL expressions; `seq`
-    comes first, then `queue`, then `seq` again): counted up to
-    `AHEAD_COUNTED`, then estimated as the first ones' density over the rest
-    of the span (at least one more)."""
+    comes first, then `queue`, then `seq` again): exact up to
+    `AHEAD_COUNTED`; past it, the first `AHEAD_COUNTED` + 1 read, and their
+    density carried over the rest of the span."""
+    read = AHEAD_COUNTED + 1
     return (
-        f"(SELECT CASE WHEN COUNT(*) < {AHEAD_COUNTED} THEN COUNT(*) "
-        f"ELSE {AHEAD_COUNTED} + GREATEST(1, CAST(({seq} - MAX(a.seq) - 1) * {AHEAD_COUNTED}.0 "
-        "/ (MAX(a.seq) - MIN(a.seq) + 1) AS BIGINT)) END "
+        f"(SELECT CASE WHEN COUNT(*) < {read} THEN COUNT(*) "
+        f"ELSE {read} + CAST(({seq} - MAX(a.seq) - 1) * {read}.0 "
+        "/ (MAX(a.seq) - MIN(a.seq) + 1) AS BIGINT) END "
         f"FROM (SELECT t.seq FROM tasks AS t WHERE t.state = 'pending' AND t.queue = {queue} "
-        f"AND t.seq < {seq} ORDER BY t.seq LIMIT {AHEAD_COUNTED}) AS a)"
+        f"AND t.seq < {seq} ORDER BY t.seq LIMIT {read}) AS a)"
     )
 
 
