@@ -28,8 +28,8 @@ AHEAD_COUNTED = 500
 
 
 def ahead_sql(queue: str, seq: str) -> str:
-    """The pending tasks of `queue` before `seq` (SQL expressions; `seq`
-    comes first, then `queue`, then `seq` again): exact up to
+    """The pending tasks of `queue` before `seq` (SQL expressions; as marks,
+    their values in the order `ahead_args` gives): exact up to
     `AHEAD_COUNTED`; past it, the first `AHEAD_COUNTED` + 1 read, and their
     density carried over the rest of the span."""
     read = AHEAD_COUNTED + 1
@@ -40,6 +40,11 @@ def ahead_sql(queue: str, seq: str) -> str:
         f"FROM (SELECT t.seq FROM tasks AS t WHERE t.state = 'pending' AND t.queue = {queue} "
         f"AND t.seq < {seq} ORDER BY t.seq LIMIT {read}) AS a)"
     )
+
+
+def ahead_args(queue: str, seq: int) -> tuple[str | int, ...]:
+    """The values of `ahead_sql`'s marks, in their order in the statement."""
+    return (seq, queue, seq)
 
 
 PLACE_COLUMNS = (

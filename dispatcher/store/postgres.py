@@ -39,6 +39,7 @@ from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
 from dispatcher.store.pgplaces import (
     Places,
+    ahead_args,
     ahead_sql,
     placed_insert,
     placed_insert_unless_twin,
@@ -512,7 +513,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
 
     async def count_ahead(self, queue: str, seq: int) -> int:
         # From the database: tasks of every host share the queue.
-        rows = await self._query(f"SELECT {ahead_sql('?', '?')} AS n", (seq, queue, seq))
+        rows = await self._query(f"SELECT {ahead_sql('?', '?')} AS n", ahead_args(queue, seq))
         return int(rows[0]["n"])
 
     async def running_owners(self, queue: str) -> int:
@@ -536,7 +537,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
                 else "0"
             )
             + " AS owners",
-            (seq, queue, seq, queue) if owners else (seq, queue, seq),
+            (*ahead_args(queue, seq), queue) if owners else ahead_args(queue, seq),
         )
         return int(rows[0]["ahead"]), int(rows[0]["owners"])
 

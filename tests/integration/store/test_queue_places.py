@@ -13,7 +13,7 @@ import time
 
 import psycopg
 
-from dispatcher.store.pgplaces import AHEAD_COUNTED, ahead_sql
+from dispatcher.store.pgplaces import AHEAD_COUNTED, ahead_args, ahead_sql
 from dispatcher.store.postgres import PostgresStore
 from tests.support.pgplans import rows_read
 from tests.support.tasks import api_task
@@ -55,7 +55,7 @@ async def test_places_are_exact_up_to_the_count_then_close_estimates(
     with psycopg.connect(url, autocommit=True) as conn:
         explained = conn.execute(
             f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT {ahead_sql('%s', '%s')}",
-            (fresh.seq, "g", fresh.seq),
+            ahead_args("g", fresh.seq),
         ).fetchone()
     assert explained is not None
     (plan,) = explained[0]
