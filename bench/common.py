@@ -402,6 +402,30 @@ def cpu_of(procs: Iterable[psutil.Process]) -> float:
     return total
 
 
+def on_cpu_s(pid: int) -> float:
+    """Seconds the process's live threads have run, from the scheduler's own
+    account (`schedstat`, nanoseconds); `cpu_times()` counts clock ticks
+    (10 ms), too coarse for a few milliseconds of work."""
+    return _schedstat(pid)[0]
+
+
+def run_queue_s(pid: int) -> float:
+    """Seconds the process's live threads could have run but waited for a core."""
+    return _schedstat(pid)[1]
+
+
+def _schedstat(pid: int) -> tuple[float, float]:
+    """`/proc/PID/task/*/schedstat` summed: on a core, waiting for one (s)."""
+    ran_ns = waited_ns = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            ran, waited = stat.read_text().split()[:2]
+            ran_ns, waited_ns = ran_ns + int(ran), waited_ns + int(waited)
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return ran_ns / 1e9, waited_ns / 1e9
+
+
 def rss_mb_of(procs: Iterable[psutil.Process]) -> float:
     total = 0
     for proc in procs:

@@ -21,8 +21,11 @@ the lanes), p50 and p99. On PostgreSQL, per task submitted: the round trips
 the hosts made meanwhile (each service is `bench.service_child`, which
 dumps its store's count, `store/pgtrips.py`, by statement) against the
 task's transitions + 1 (the insert), and the CPU of the database's backends
-serving them (`pg_stat_activity` pids, psutil); on every set-up, the
-services' own CPU per task. Issue 31's targets (each the median, over the
+serving them (`pg_stat_activity` pids, psutil); on every set-up, the CPU a
+task took in each kind of process (services, the database's backends and
+its listening ones, vendor, this client), the cores kept busy, and how often
+the services were preempted (switched out while they could run: the cores
+are shared). Issue 31's targets (each the median, over the
 `ROUNDS` rounds, of the ratio within a round): one
 host on PostgreSQL >= `PG_VS_SQLITE` x SQLite's tasks/s, three hosts >= one,
 round trips <= transitions + 1. Then the two PostgreSQL set-ups once more,
@@ -45,6 +48,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +59,19 @@ from bench.common import (
     PG_ADMIN,
     BenchResult,
     Check,
+    DemoProc,
     ServiceProc,
     Vendor,
     fresh_dir,
     lower_middle,
     median_run,
+    on_cpu_s,
     percentile,
     profiles_dir,
     r,
     read_tasks,
     round_order,
+    run_queue_s,
     service_env,
 )
 from bench.dispatch import MODEL, submit_all, wait_drained
@@ -72,6 +79,7 @@ from bench.lightclient import LightClient
 from bench.notices import notice_cost
 from dispatcher.models import Kind, Task
 from dispatcher.store import open_store
+from dispatcher.store.pglisten import listener_name
 
 TASKS = 600
 IN_FLIGHT = 16
@@ -110,6 +118,8 @@ SETUPS: dict[str, tuple[str, int, bool]] = {
 # PostgreSQL): not a cost of the tasks, so seldom. The figures come from the
 # task rows, not from when the drain was seen.
 DRAIN_POLL_S = 0.5
+# How a host's listening connection names itself (`application_name`).
+LISTENING_APP = listener_name("")
 
 
 @contextlib.contextmanager
@@ -134,24 +144,67 @@ def pg_tasks(url: str) -> list[dict[str, Any]]:
         )
 
 
-def backend_cpu_s(url: str) -> dict[int, float]:
+def backend_cpu_s(url: str) -> dict[int, tuple[bool, float]]:
     """CPU seconds of each server process serving the database now (its
-    connections' backends, from `pg_stat_activity`), by pid."""
+    connections' backends, from `pg_stat_activity`; `common.on_cpu_s`), by
+    pid, each marked whether it is a host's listening connection."""
     name = url.rsplit("/", 1)[1]
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        pids = [
-            int(row[0])
-            for row in admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            ).fetchall()
-        ]
-    cpu: dict[int, float] = {}
-    for pid in pids:
+        backends = admin.execute(
+            "SELECT pid, application_name FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchall()
+    return {
+        int(pid): (str(app or "").startswith(LISTENING_APP), on_cpu_s(int(pid)))
+        for pid, app in backends
+    }
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a set-up's processes have used so far: CPU seconds by kind of
+    process, and how often the services were switched out while they could
+    still run (preempted: on shared cores, by the server, the vendor, the
+    client or each other)."""
+
+    cpu_s: dict[str, float]
+    preempted: int
+    waited_s: float  # the services' time ready to run, waiting for a core
+
+    def since(self, before: Footprint, tasks: int, span_s: float) -> dict[str, Any]:
+        """Per task between the two, and the cores kept busy over `span_s`."""
+        # A backend gone meanwhile takes its CPU out of the later sum.
+        used = {k: max(0.0, v - before.cpu_s.get(k, 0.0)) for k, v in self.cpu_s.items()}
+        per_task = max(1, tasks)
+        return {
+            "cpu_ms_per_task": {k: r(v * 1000 / per_task, 3) for k, v in used.items()},
+            "cores_busy": r(sum(used.values()) / span_s, 2) if span_s > 0 else None,
+            "services_preempted_per_task": r((self.preempted - before.preempted) / per_task, 2),
+            "services_waited_ms_per_task": r(
+                (self.waited_s - before.waited_s) * 1000 / per_task, 3
+            ),
+        }
+
+
+def footprint(services: list[ServiceProc], vendor: DemoProc, url: str | None) -> Footprint:
+    """The services, the database's backends (listening apart), the vendor
+    and this process (the submitting client)."""
+    preempted = 0
+    for service in services:
         with contextlib.suppress(psutil.Error):
-            times = psutil.Process(pid).cpu_times()
-            cpu[pid] = float(times.user + times.system)
-    return cpu
+            preempted += psutil.Process(service.pid).num_ctx_switches().involuntary
+    waited_s = sum(run_queue_s(service.pid) for service in services)
+    cpu = {
+        "services": sum(on_cpu_s(service.pid) for service in services),
+        "client": on_cpu_s(os.getpid()),
+        "vendor": on_cpu_s(vendor.popen.pid),
+    }
+    if url is not None:
+        backends = backend_cpu_s(url).values()
+        cpu["database"] = sum(c for listening, c in backends if not listening)
+        cpu["listening"] = sum(c for listening, c in backends if listening)
+    return Footprint(cpu, preempted, waited_s)
 
 
 def round_trips(services: list[ServiceProc]) -> Counter[str]:
@@ -214,6 +267,7 @@ async def one_setup(
             trips0 = await asyncio.to_thread(round_trips, services) if url else Counter()
             service_cpu0 = sum(service.cpu_s() for service in services)
             cpu0 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
+            used0 = await asyncio.to_thread(footprint, services, vendor, url)
             # The same light submitting client as benchmark 3 (`bench.lightclient`).
             clients = [
                 await stack.enter_async_context(
@@ -234,6 +288,7 @@ async def one_setup(
             trips = (await asyncio.to_thread(round_trips, services)) - trips0 if url else Counter()
             cpu1 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
             service_cpu_s = sum(service.cpu_s() for service in services) - service_cpu0
+            used1 = await asyncio.to_thread(footprint, services, vendor, url)
     rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
     done = [t for t in rows if t["state"] == "success"]
     last = max((t["finished_at"] for t in done), default=float("nan"))
@@ -248,7 +303,9 @@ async def one_setup(
         # hosts sent the server meanwhile.
         per_task = len(rows)
         moved = sum(transitions(t) for t in rows) / per_task
-        cpu_s = sum(cpu - cpu0.get(pid, 0.0) for pid, cpu in cpu1.items())
+        cpu_s = sum(
+            max(0.0, cpu - cpu0.get(pid, (False, 0.0))[1]) for pid, (_, cpu) in cpu1.items()
+        )
         database = {
             "round_trips_per_task": r(trips["total"] / per_task, 2),
             "transitions_per_task": r(moved, 2),
@@ -272,6 +329,8 @@ async def one_setup(
         "tasks_per_host": per_host if hosts > 1 else None,
         # The services' own CPU (HTTP, scheduling, the store's client side), all hosts.
         "service_cpu_ms_per_task": r(service_cpu_s * 1000 / max(1, len(rows)), 3),
+        # Every process's share, and whether the cores were the limit.
+        **used1.since(used0, len(rows), last - start if last > start else 0.0),
         "database": database,
     }
 
@@ -401,6 +460,17 @@ def steady_checks(steady: dict[str, dict[str, Any]]) -> list[Check]:
     return checks
 
 
+def footprint_text(run: dict[str, Any]) -> str:
+    """Where a set-up's CPU went (ms a task, by process), the cores it kept
+    busy, and how often the services were preempted."""
+    shares = ", ".join(f"{k} {v}" for k, v in run["cpu_ms_per_task"].items())
+    return (
+        f"CPU a task (ms): {shares}; {run['cores_busy']} cores busy; the services "
+        f"waited {run['services_waited_ms_per_task']} ms a task for a core, preempted "
+        f"{run['services_preempted_per_task']} times"
+    )
+
+
 async def run(work: Path) -> BenchResult:
     work = fresh_dir(work)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SETUPS}
@@ -452,7 +522,7 @@ async def run(work: Path) -> BenchResult:
             f"{s['tasks_per_s']} tasks/s (median of {s['tasks_per_s_rounds']}); "
             f"queue wait p50 {s['queue_wait_p50_ms']} ms, "
             f"p99 {s['queue_wait_p99_ms']} ms ({s['succeeded']}/{TASKS} done); "
-            f"service CPU {s['service_cpu_ms_per_task']} ms/task",
+            f"{footprint_text(s)}",
             None,
         )
         for name, s in setups.items()
@@ -464,7 +534,8 @@ async def run(work: Path) -> BenchResult:
             "hosts: another host's task notice, CPU of a listening host",
             "reported",
             f"{notices['listener_cpu_us_per_notice']} us a notice (its listening backend "
-            f"{notices['listener_backend_cpu_us_per_notice']} us); {notices['notices']} notices",
+            f"{notices['listener_backend_cpu_us_per_notice']} us); {notices['notices']} notices"
+            + (f"; not measured: {notices['not_measured']}" if notices["not_measured"] else ""),
             None,
         )
     )

@@ -572,7 +572,11 @@ def _claim_lock(claim: NextClaim) -> str | None:
     the claim must be one step across hosts: claims under one provider's
     quota or budget take turns. The claim statement starts after the lock,
     so it counts every claim committed before: no overspend by a race. Sent
-    as one pipeline, the lock is held for the server's work only."""
+    as one pipeline, the lock is held for the server's work and for the gaps
+    between the pipeline's statements: psycopg sends each as it is queued,
+    and a client preempted between two keeps the lock (three hosts sharing
+    two cores in `bench hosts`: ~0.4 server processes at any moment wait so
+    for their client, inside a transaction)."""
     quota, budget = claim.quota, claim.budget
     if quota is None and budget is None:
         return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,8 @@ import pytest
 
 from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
-from bench.common import BenchResult, Check, median_run
-from bench.hosts import paired_ratio, steady_checks
+from bench.common import BenchResult, Check, median_run, on_cpu_s, run_queue_s
+from bench.hosts import Footprint, paired_ratio, steady_checks
 from bench.memory import (
     MIN_CYCLE_TASKS,
     PACE_MARGIN,
@@ -283,3 +285,26 @@ def test_a_ratio_between_set_ups_is_taken_within_each_round_then_its_median() ->
     assert paired["ratio"] == 1.031
     # Medians of each set-up alone would read 300 vs 310: below one.
     assert median_run(three)["tasks_per_s"] / median_run(one)["tasks_per_s"] < 1.0
+
+
+def test_a_set_ups_footprint_is_per_task_and_says_whether_the_cores_were_the_limit() -> None:
+    before = Footprint({"services": 1.0, "database": 0.5}, preempted=10, waited_s=0.2)
+    after = Footprint({"services": 3.0, "database": 1.25}, preempted=1010, waited_s=0.7)
+    figures = after.since(before, tasks=500, span_s=1.5)
+    assert figures["cpu_ms_per_task"] == {"services": 4.0, "database": 1.5}
+    assert figures["cores_busy"] == 1.83
+    assert figures["services_preempted_per_task"] == 2.0
+    assert figures["services_waited_ms_per_task"] == 1.0
+    # A backend closed meanwhile takes its CPU out of the later sum: no negative share.
+    gone = Footprint({"services": 3.0, "database": 0.25}, preempted=1010, waited_s=0.7)
+    assert gone.since(before, tasks=500, span_s=1.5)["cpu_ms_per_task"]["database"] == 0.0
+
+
+def test_a_process_on_cpu_time_counts_finer_than_clock_ticks() -> None:
+    before = on_cpu_s(os.getpid())
+    deadline = time.thread_time() + 0.003  # 3 ms of work: less than one 10 ms tick
+    while time.thread_time() < deadline:
+        pass
+    used_s = on_cpu_s(os.getpid()) - before
+    assert 0.002 < used_s < 1.0
+    assert run_queue_s(os.getpid()) >= 0.0
