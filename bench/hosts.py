@@ -164,18 +164,29 @@ def backend_cpu_s(url: str) -> dict[int, tuple[bool, float]]:
 @dataclass(frozen=True)
 class Footprint:
     """What a set-up's processes have used so far: CPU seconds by kind of
-    process, and how often the services were switched out while they could
-    still run (preempted: on shared cores, by the server, the vendor, the
-    client or each other)."""
+    process (the database's backends by pid, `backend_cpu_s`; None without
+    PostgreSQL), and how often the services were switched out while they
+    could still run (preempted: on shared cores, by the server, the vendor,
+    the client or each other)."""
 
     cpu_s: dict[str, float]
+    backends: dict[int, tuple[bool, float]] | None
     preempted: int
     waited_s: float  # the services' time ready to run, waiting for a core
 
     def since(self, before: Footprint, tasks: int, span_s: float) -> dict[str, Any]:
         """Per task between the two, and the cores kept busy over `span_s`."""
-        # A backend gone meanwhile takes its CPU out of the later sum.
-        used = {k: max(0.0, v - before.cpu_s.get(k, 0.0)) for k, v in self.cpu_s.items()}
+        used = {k: v - before.cpu_s.get(k, 0.0) for k, v in self.cpu_s.items()}
+        if self.backends is not None:
+            # Backend by backend: one opened meanwhile counts from nothing, one
+            # closed meanwhile is not read again (its CPU is not taken out).
+            earlier = before.backends or {}
+            for kind in ("database", "listening"):
+                used[kind] = sum(
+                    max(0.0, cpu - earlier.get(pid, (listening, 0.0))[1])
+                    for pid, (listening, cpu) in self.backends.items()
+                    if listening == (kind == "listening")
+                )
         per_task = max(1, tasks)
         return {
             "cpu_ms_per_task": {k: r(v * 1000 / per_task, 3) for k, v in used.items()},
@@ -188,23 +199,20 @@ class Footprint:
 
 
 def footprint(services: list[ServiceProc], vendor: DemoProc, url: str | None) -> Footprint:
-    """The services, the database's backends (listening apart), the vendor
-    and this process (the submitting client)."""
+    """The services, the database's backends, the vendor and this process
+    (the submitting client)."""
     preempted = 0
     for service in services:
         with contextlib.suppress(psutil.Error):
             preempted += psutil.Process(service.pid).num_ctx_switches().involuntary
-    waited_s = sum(run_queue_s(service.pid) for service in services)
     cpu = {
         "services": sum(on_cpu_s(service.pid) for service in services),
         "client": on_cpu_s(os.getpid()),
         "vendor": on_cpu_s(vendor.popen.pid),
     }
-    if url is not None:
-        backends = backend_cpu_s(url).values()
-        cpu["database"] = sum(c for listening, c in backends if not listening)
-        cpu["listening"] = sum(c for listening, c in backends if listening)
-    return Footprint(cpu, preempted, waited_s)
+    backends = backend_cpu_s(url) if url is not None else None
+    waited_s = sum(run_queue_s(service.pid) for service in services)
+    return Footprint(cpu, backends, preempted, waited_s)
 
 
 def round_trips(services: list[ServiceProc]) -> Counter[str]:
@@ -265,8 +273,6 @@ async def one_setup(
                     )
                 )
             trips0 = await asyncio.to_thread(round_trips, services) if url else Counter()
-            service_cpu0 = sum(service.cpu_s() for service in services)
-            cpu0 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
             used0 = await asyncio.to_thread(footprint, services, vendor, url)
             # The same light submitting client as benchmark 3 (`bench.lightclient`).
             clients = [
@@ -286,8 +292,6 @@ async def one_setup(
                 [await wait_drained(reader, DRAIN_BUDGET_S, DRAIN_POLL_S) for reader in readers]
             )
             trips = (await asyncio.to_thread(round_trips, services)) - trips0 if url else Counter()
-            cpu1 = await asyncio.to_thread(backend_cpu_s, url) if url else {}
-            service_cpu_s = sum(service.cpu_s() for service in services) - service_cpu0
             used1 = await asyncio.to_thread(footprint, services, vendor, url)
     rows = pg_tasks(url) if url is not None else read_tasks(work / "state-0" / "dispatcher.db")
     done = [t for t in rows if t["state"] == "success"]
@@ -296,6 +300,9 @@ async def one_setup(
     per_host: dict[str, int] = {}
     for t in done:
         per_host[str(t.get("host"))] = per_host.get(str(t.get("host")), 0) + 1
+    # Every process's share, and whether the cores were the limit.
+    used = used1.since(used0, len(rows), last - start if last > start else 0.0)
+    cpu_ms = used["cpu_ms_per_task"]
     database: dict[str, Any] | None = None
     if url is not None and rows:
         # Per task submitted (a slow run may not drain): what the bound counts
@@ -303,15 +310,13 @@ async def one_setup(
         # hosts sent the server meanwhile.
         per_task = len(rows)
         moved = sum(transitions(t) for t in rows) / per_task
-        cpu_s = sum(
-            max(0.0, cpu - cpu0.get(pid, (False, 0.0))[1]) for pid, (_, cpu) in cpu1.items()
-        )
         database = {
             "round_trips_per_task": r(trips["total"] / per_task, 2),
             "transitions_per_task": r(moved, 2),
             "round_trip_bound": r(moved + 1, 2),
             "claims_per_task": r(claims(trips) / per_task, 2),
-            "backend_cpu_ms_per_task": r(cpu_s * 1000 / per_task, 3),
+            # Its backends serving the hosts, their listening connections too.
+            "backend_cpu_ms_per_task": r(cpu_ms["database"] + cpu_ms["listening"], 3),
             "by_statement_per_task": {
                 k: r(v / per_task, 3) for k, v in trips.most_common(13) if k != "total"
             },
@@ -328,9 +333,8 @@ async def one_setup(
         "rate_per_s": rate_per_s,
         "tasks_per_host": per_host if hosts > 1 else None,
         # The services' own CPU (HTTP, scheduling, the store's client side), all hosts.
-        "service_cpu_ms_per_task": r(service_cpu_s * 1000 / max(1, len(rows)), 3),
-        # Every process's share, and whether the cores were the limit.
-        **used1.since(used0, len(rows), last - start if last > start else 0.0),
+        "service_cpu_ms_per_task": cpu_ms["services"],
+        **used,
         "database": database,
     }
 

@@ -288,16 +288,28 @@ def test_a_ratio_between_set_ups_is_taken_within_each_round_then_its_median() ->
 
 
 def test_a_set_ups_footprint_is_per_task_and_says_whether_the_cores_were_the_limit() -> None:
-    before = Footprint({"services": 1.0, "database": 0.5}, preempted=10, waited_s=0.2)
-    after = Footprint({"services": 3.0, "database": 1.25}, preempted=1010, waited_s=0.7)
+    before = Footprint(
+        {"services": 1.0}, {7: (False, 0.5), 8: (True, 0.1)}, preempted=10, waited_s=0.2
+    )
+    after = Footprint(
+        {"services": 3.0}, {7: (False, 1.25), 8: (True, 0.1)}, preempted=1010, waited_s=0.7
+    )
     figures = after.since(before, tasks=500, span_s=1.5)
-    assert figures["cpu_ms_per_task"] == {"services": 4.0, "database": 1.5}
+    assert figures["cpu_ms_per_task"] == {"services": 4.0, "database": 1.5, "listening": 0.0}
     assert figures["cores_busy"] == 1.83
     assert figures["services_preempted_per_task"] == 2.0
     assert figures["services_waited_ms_per_task"] == 1.0
     # A backend closed meanwhile takes its CPU out of the later sum: no negative share.
-    gone = Footprint({"services": 3.0, "database": 0.25}, preempted=1010, waited_s=0.7)
+    gone = Footprint({"services": 3.0}, {8: (True, 0.1)}, preempted=1010, waited_s=0.7)
     assert gone.since(before, tasks=500, span_s=1.5)["cpu_ms_per_task"]["database"] == 0.0
+    # One opened meanwhile counts from nothing.
+    opened = Footprint(
+        {"services": 3.0}, {7: (False, 1.25), 9: (False, 0.25)}, preempted=1010, waited_s=0.7
+    )
+    assert opened.since(before, tasks=500, span_s=1.5)["cpu_ms_per_task"]["database"] == 2.0
+    # Without PostgreSQL, no database shares.
+    sqlite = Footprint({"services": 3.0}, None, preempted=1010, waited_s=0.7)
+    assert "database" not in sqlite.since(before, tasks=500, span_s=1.5)["cpu_ms_per_task"]
 
 
 def test_a_process_on_cpu_time_counts_finer_than_clock_ticks() -> None:
