@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
 import typer
 from rich.console import Console
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped or redirected (`| grep`, a file, a cron job's mail), a table's row
+# stays one line: Rich would wrap it at the terminal's width (found on stdin
+# even when stdout is a pipe) or at 80 columns, splitting a model's name or
+# a file's name across lines where grep cannot find it. The pager or the
+# terminal that shows it later wraps it. COLUMNS, when set, still decides.
+PIPED_WIDTH = 4000
+
+
+def _width(stream: TextIO) -> int | None:
+    """The width to draw for `stream`; None: Rich's own choice."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return None
+    try:
+        return None if stream.isatty() else PIPED_WIDTH
+    except ValueError:  # closed
+        return None
+
+
+console = Console(highlight=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 STATES = ("pending", "running", "success", "failed", "canceled")

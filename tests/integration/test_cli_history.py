@@ -221,3 +221,22 @@ def test_lists_read_at_80_columns_with_whole_short_ids(
         row = next(line for line in tasks.stdout.splitlines() if task["id"][:8] in line)
         assert task["state"] in row
     assert "4/4" in status.stdout and "█" not in status.stdout
+
+
+def test_piped_without_columns_every_row_is_one_line_grep_can_find(
+    service: ServiceProcess, finished_job: str
+) -> None:
+    # As `dispatcher tasks | grep ...` runs it: stdout a pipe, no COLUMNS.
+    piped = {k: v for k, v in service.env.items() if k != "COLUMNS"}
+    items = json.loads(service.cli("tasks", "--job", finished_job, "--json").stdout)["items"]
+    tasks = run_cli(["tasks", "--job", finished_job[:8]], piped, service.cwd)
+    lanes = run_cli(["lanes"], piped, service.cwd)
+    assert tasks.returncode == 0 and lanes.returncode == 0, tasks.stderr + lanes.stderr
+    # Before: wrapped at 80 columns, a result's name split over three lines.
+    for task in items:
+        (row,) = [line for line in tasks.stdout.splitlines() if task["id"][:8] in line]
+        assert task["model"] in row and task["state"] in row, tasks.stdout
+        for file in (task.get("result") or {}).get("files") or []:
+            assert f"{file['name'] or file['path']} ({file['size']} bytes)" in row, tasks.stdout
+    lane_rows = [line for line in lanes.stdout.splitlines() if "api:demo " in line]
+    assert len(lane_rows) == 1 and "demo-chat-api, demo-video" in lane_rows[0], lanes.stdout
