@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import stat
@@ -20,8 +21,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dispatcher.notify.webhooks import sign
+from dispatcher.scheduling.decisions import DEDUP_WINDOW_S
 from dispatcher.service.serving import start_server
 from tests.support.harness import running_service
+from tests.support.helpers import REPO
+from tests.support.servicecli import clean_env, run_cli
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 SECRET = "whsec-docs-0123456789abcdef"
@@ -107,3 +111,51 @@ async def test_the_docs_backup_recipe_writes_files_only_the_owner_reads(tmp_path
     assert modes == {name: (0o700 if (backups / name).is_dir() else 0o600) for name in modes}, {
         k: oct(v) for k, v in modes.items()
     }
+
+
+async def test_the_docs_results_clean_up_takes_only_old_folders_and_keeps_records_and_cache(
+    tmp_path: Path,
+) -> None:
+    recipe = docs_block("sh", "-mtime +30")
+    async with running_service(tmp_path) as h:
+        job = await h.job(
+            "delivered",
+            [
+                {"model": "demo-video", "ref": "old", "params": {"prompt": "old clip", "gen_s": 1}},
+                {"model": "demo-video", "ref": "new", "params": {"prompt": "new clip", "gen_s": 1}},
+            ],
+        )
+        done = await h.wait_job(job["id"])
+        old, new = sorted(done["tasks"], key=lambda t: str(t["ref"]) != "old")
+        results = h.state_dir / "results"
+        month_ago = time.time() - 31 * 86400
+        os.utime(results / old["id"], (month_ago, month_ago))
+        script = _as_this_user(recipe, h.state_dir, tmp_path)
+        cleaned = await asyncio.to_thread(
+            subprocess.run, ["sh", "-e", "-c", script], capture_output=True, text=True
+        )
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert not (results / old["id"]).exists() and (results / new["id"]).is_dir()
+        # The record stays; its file is said to be gone.
+        assert (await h.task(old["id"]))["state"] == "success"
+        gone = await h.http.get(f"/v1/tasks/{old['id']}/result")
+        assert gone.status_code == 404 and "gone from disk" in gone.text
+        assert (await h.http.get(f"/v1/tasks/{new['id']}/result")).status_code == 200
+        collected = await asyncio.to_thread(
+            run_cli,
+            ["--state-dir", str(h.state_dir), "results", job["id"], "--out", str(tmp_path / "out")],
+            clean_env({}),
+            REPO,
+        )
+        assert collected.returncode == 1, collected.stdout + collected.stderr
+        manifest = (tmp_path / "out" / "manifest.csv").read_text()
+        (old_row,) = [line for line in manifest.splitlines() if line.startswith("old,")]
+        assert "gone from disk" in old_row, manifest
+        assert (tmp_path / "out" / "new.mp4").is_file()
+        # The cache kept its own copy: the same task again (past the de-dup
+        # window, which would answer the first task) completes from it.
+        past_twins = old["created_at"] + h.service.clock.scaled(DEDUP_WINDOW_S)
+        await asyncio.sleep(max(0.0, past_twins - time.time()) + 0.05)
+        again = await h.wait_task((await h.submit("demo-video", "old clip", gen_s=1))["id"])
+        assert again["id"] != old["id"] and again["from_cache"], again
+        assert (await h.http.get(f"/v1/tasks/{again['id']}/result")).status_code == 200
