@@ -18,13 +18,13 @@ from rich.console import Console
 PIPED_WIDTH = 4000
 
 
-def _width(stream: TextIO) -> int | None:
+def _width(stream: TextIO | None) -> int | None:
     """The width to draw for `stream`; None: Rich's own choice."""
-    if os.environ.get("COLUMNS", "").isdigit():
-        return None
+    if stream is None or os.environ.get("COLUMNS", "").isdigit():
+        return None  # None: started with that descriptor closed
     try:
         return None if stream.isatty() else PIPED_WIDTH
-    except ValueError:  # closed
+    except ValueError:  # closed since
         return None
 
 
