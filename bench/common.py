@@ -406,16 +406,13 @@ def on_cpu_s(pid: int) -> float:
     """Seconds the process's live threads have run, from the scheduler's own
     account (`schedstat`, nanoseconds); `cpu_times()` counts clock ticks
     (10 ms), too coarse for a few milliseconds of work."""
-    return _schedstat(pid)[0]
+    return schedstat_s(pid)[0]
 
 
-def run_queue_s(pid: int) -> float:
-    """Seconds the process's live threads could have run but waited for a core."""
-    return _schedstat(pid)[1]
-
-
-def _schedstat(pid: int) -> tuple[float, float]:
-    """`/proc/PID/task/*/schedstat` summed: on a core, waiting for one (s)."""
+def schedstat_s(pid: int) -> tuple[float, float]:
+    """`/proc/PID/task/*/schedstat` summed, in one read: seconds the
+    process's live threads have run on a core, and waited for one while
+    they could have run."""
     ran_ns = waited_ns = 0
     for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
         try:

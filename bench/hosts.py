@@ -71,7 +71,7 @@ from bench.common import (
     r,
     read_tasks,
     round_order,
-    run_queue_s,
+    schedstat_s,
     service_env,
 )
 from bench.dispatch import MODEL, submit_all, wait_drained
@@ -205,13 +205,15 @@ def footprint(services: list[ServiceProc], vendor: DemoProc, url: str | None) ->
     for service in services:
         with contextlib.suppress(psutil.Error):
             preempted += psutil.Process(service.pid).num_ctx_switches().involuntary
+    # Each service's run and wait times from the same read of its threads.
+    ran_waited = [schedstat_s(service.pid) for service in services]
     cpu = {
-        "services": sum(on_cpu_s(service.pid) for service in services),
+        "services": sum(ran for ran, _ in ran_waited),
         "client": on_cpu_s(os.getpid()),
         "vendor": on_cpu_s(vendor.popen.pid),
     }
     backends = backend_cpu_s(url) if url is not None else None
-    waited_s = sum(run_queue_s(service.pid) for service in services)
+    waited_s = sum(waited for _, waited in ran_waited)
     return Footprint(cpu, backends, preempted, waited_s)
 
 

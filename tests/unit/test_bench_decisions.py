@@ -14,7 +14,7 @@ import pytest
 
 from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
-from bench.common import BenchResult, Check, median_run, on_cpu_s, run_queue_s
+from bench.common import BenchResult, Check, median_run, on_cpu_s, schedstat_s
 from bench.hosts import Footprint, paired_ratio, steady_checks
 from bench.memory import (
     MIN_CYCLE_TASKS,
@@ -319,4 +319,4 @@ def test_a_process_on_cpu_time_counts_finer_than_clock_ticks() -> None:
         pass
     used_s = on_cpu_s(os.getpid()) - before
     assert 0.002 < used_s < 1.0
-    assert run_queue_s(os.getpid()) >= 0.0
+    assert schedstat_s(os.getpid())[1] >= 0.0
