@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.helpers import REPO
 
 
 def test_a_command_started_with_stdout_closed_says_what_it_would_have(tmp_path: Path) -> None:
@@ -16,7 +16,7 @@ def test_a_command_started_with_stdout_closed_says_what_it_would_have(tmp_path: 
     command = f'"$0" -m dispatcher --state-dir {tmp_path} jobs >&-'
     run = subprocess.run(
         ["sh", "-c", command, sys.executable],
-        cwd=ROOT,
+        cwd=REPO,
         # Not the COLUMNS this test process may carry: the width is then chosen.
         env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
         capture_output=True,
