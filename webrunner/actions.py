@@ -90,9 +90,13 @@ _FOCUS_JS = (
 )
 
 # Where to click: the centre of the element's box, scrolled into view, if
-# the box has not moved over one frame and the element (or a child of it)
-# is what is at that point. A tab that paints no frames wakes the wait
-# after 50 ms.
+# the box has not moved from one frame to the next and the element (or a
+# child of it) is what is at that point. An animation moves a box only as
+# frames are painted, so both looks are taken in a frame's callback: a look
+# before the first frame could share its animation time, and under a load
+# that starves the renderer a moving button read as still. With no frame
+# within 50 ms the wait goes on to 500 ms; still none (a tab that paints no
+# frames), the click is left to the locator (null), which has its own wait.
 _CLICK_POINT_JS = (
     """async ([css, nth]) => {
   const target = """
@@ -104,8 +108,13 @@ _CLICK_POINT_JS = (
   if (!inView(el.getBoundingClientRect())) {
     el.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'});
   }
+  const frame = ms => new Promise(done => {
+    requestAnimationFrame(() => done(true)); setTimeout(() => done(false), ms);
+  });
+  const painted = async () => (await frame(50)) || (await frame(450));
+  if (!(await painted())) return null;
   const before = el.getBoundingClientRect();
-  await new Promise(done => { requestAnimationFrame(() => done()); setTimeout(done, 50); });
+  if (!(await painted())) return null;
   const box = el.getBoundingClientRect();
   if (box.x !== before.x || box.y !== before.y || box.width !== before.width
       || box.height !== before.height) return null;

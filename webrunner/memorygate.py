@@ -82,6 +82,7 @@ class _Meter:
         return total
 
     def forget_older_than(self, age_s: float) -> None:
+        """Drops the measurements older than `age_s` (0: all; the next read measures afresh)."""
         now = time.monotonic()
         with self._lock:
             self._cache = {k: v for k, v in self._cache.items() if now - v[1] <= age_s}
@@ -100,6 +101,8 @@ class BrowserMemory:
         self.keeper = keeper
         self.budget_bytes = budget_mb * MB
         self.closed_for_room = 0  # idle browsers closed to make room (a counter)
+        # How old a measurement a start's decision may reuse (real seconds).
+        self.measure_ttl_s = MEASURE_TTL_S
         self._meter = _Meter()
         self._lock = asyncio.Lock()
         # Starts counted before their browser's own footprint is known: account -> bytes.
@@ -124,6 +127,10 @@ class BrowserMemory:
         self._early.discard(account)
         self._wake()
 
+    def forget_measurements(self) -> None:
+        """The next look measures every process afresh."""
+        self._meter.forget_older_than(0.0)
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -147,7 +154,7 @@ class BrowserMemory:
         self._meter.forget_older_than(2 * VIEW_TTL_S)
         return measured
 
-    async def _measure(self, max_age_s: float = MEASURE_TTL_S) -> _Measured:
+    async def _measure(self, max_age_s: float) -> _Measured:
         processes = self.keeper.open_processes()
         measured = await asyncio.to_thread(self._measure_blocking, processes, max_age_s)
         # Only settled browsers (kept after a task, on their page) tell a typical size.
@@ -207,7 +214,7 @@ class BrowserMemory:
         while True:
             changed = self._changed
             async with self._lock:
-                measured = await self._measure()
+                measured = await self._measure(self.measure_ttl_s)
                 room, new_bytes = self._plan(account, measured)
                 if room.start and not (room.close and not for_task):
                     if room.close:
