@@ -95,8 +95,8 @@ _FOCUS_JS = (
 # frames are painted, so both looks are taken in a frame's callback: a look
 # before the first frame could share its animation time, and under a load
 # that starves the renderer a moving button read as still. With no frame
-# within 50 ms the wait goes on to 500 ms; still none (a tab that paints no
-# frames), the click is left to the locator (null), which has its own wait.
+# within 500 ms (a tab that paints no frames), the click is left to the
+# locator (null), which has its own wait.
 _CLICK_POINT_JS = (
     """async ([css, nth]) => {
   const target = """
@@ -108,10 +108,9 @@ _CLICK_POINT_JS = (
   if (!inView(el.getBoundingClientRect())) {
     el.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'});
   }
-  const frame = ms => new Promise(done => {
-    requestAnimationFrame(() => done(true)); setTimeout(() => done(false), ms);
+  const painted = () => new Promise(done => {
+    requestAnimationFrame(() => done(true)); setTimeout(() => done(false), 500);
   });
-  const painted = async () => (await frame(50)) || (await frame(450));
   if (!(await painted())) return null;
   const before = el.getBoundingClientRect();
   if (!(await painted())) return null;

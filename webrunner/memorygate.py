@@ -151,7 +151,8 @@ class BrowserMemory:
             self._meter.total(service, max_age_s),
             {account: self._meter.total(tree, max_age_s) for account, tree in trees.items()},
         )
-        self._meter.forget_older_than(2 * VIEW_TTL_S)
+        # Kept while a look may still reuse them (a start's age may be set longer).
+        self._meter.forget_older_than(2 * max(VIEW_TTL_S, self.measure_ttl_s))
         return measured
 
     async def _measure(self, max_age_s: float) -> _Measured:
