@@ -134,22 +134,6 @@ async def test_click_refuses_a_disabled_covered_or_moving_button(page: Page) -> 
     assert await page.evaluate("seen") == []
 
 
-async def test_a_moving_button_is_refused_by_a_slow_renderer_too(page: Page) -> None:
-    # A loaded machine, as DevTools' CPU throttling makes one: a look at the
-    # box before the first frame shared that frame's animation time, and the
-    # sliding button read as still in 30 of 30 tries (`_CLICK_POINT_JS`).
-    await load(page)
-    cdp = await page.context.new_cdp_session(page)
-    await cdp.send("Emulation.setCPUThrottlingRate", {"rate": 10})
-    try:
-        for _ in range(5):
-            assert not await actions.click(page, "#sliding")
-    finally:
-        await cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
-        await cdp.detach()
-    assert await page.evaluate("seen") == []
-
-
 async def test_a_page_that_lies_about_boxes_is_not_clicked(page: Page) -> None:
     await load(page)
     await page.evaluate(
