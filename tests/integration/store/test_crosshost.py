@@ -1,8 +1,8 @@
 """Two services on one PostgreSQL database: what one host does, the other hears.
 
-A cancel asked on host A reaches the task host B runs within a second (a
-notice from the write, not B's next heartbeat, which is seconds away at
-this time scale), also after B's listening connection was cut; with B deaf
+A cancel asked on host A reaches the task host B runs by the notice of the
+write (heard on B's bus before the task ends canceled, well within B's
+heartbeat), also after B's listening connection was cut; with B deaf
 altogether, its heartbeat's read of the row still delivers the cancel. A
 task submitted on A wakes B, which runs it; A's event stream shows B's task.
 """
@@ -29,9 +29,12 @@ from tests.support.pgdb import migrated_database
 
 pytestmark = pytest.mark.timeout(90)
 
-# Heartbeats every 15 s x 0.2 = 3 s: a cancel within a second came by notice.
+# Heartbeats every 15 s x 0.2 = 3 s: the fallback a notice must beat. How
+# fast a cancel lands is the product's promise (within a second), but a bound
+# in seconds is the machine's pace too: a CI run with three workers on two
+# cores took 1.16 s. Which path delivered it is what this file checks: the
+# cancel notice heard on B's bus, and the task canceled before B's next beat.
 SCALE = 0.2
-PROMPT_S = 1.0
 
 
 @asynccontextmanager
@@ -58,6 +61,22 @@ async def two_hosts(
             yield hosts[0], hosts[1], url
 
 
+def cancels_heard(b: Harness) -> list[str]:
+    """The tasks whose cancel, written by host A, B's bus has heard (after its
+    scheduler, which listened first: the runner was told by then)."""
+    heard: list[str] = []
+
+    def on_event(event: Event) -> None:
+        match event:
+            case TaskNoticed(task_id=task_id, cancel_requested=True, origin="host-a"):
+                heard.append(task_id)
+            case TaskChanged(task=task, origin="host-a") if task.cancel_requested:
+                heard.append(task.id)
+
+    b.service.events.listen(on_event)
+    return heard
+
+
 async def cancel_and_time(a: Harness, task_id: str, timeout_s: float) -> float:
     """Ask host A to cancel; seconds until A reads the task canceled."""
     started = time.monotonic()
@@ -74,9 +93,12 @@ async def test_a_cancel_asked_on_one_host_reaches_the_host_running_the_task(
     # A does not even serve the model: it only relays the operator's cancel.
     async with two_hosts(tmp_path, ("demo-chat-api",), ("demo-video",)) as (a, b, url):
         assert b.service.remote is not None
+        heard = cancels_heard(b)
+        beat_s = b.service.scheduler.heartbeat_s
         slow = await b.submit("demo-video", "a very slow pan", gen_s=600)
         await b.wait_task(slow["id"], {"running"})
-        assert await cancel_and_time(a, slow["id"], timeout_s=10) < PROMPT_S
+        assert await cancel_and_time(a, slow["id"], timeout_s=10) < beat_s
+        assert heard == [slow["id"]], "the cancel did not come by notice"
         assert (await b.task(slow["id"]))["host"] == "host-b"
 
         # B's listening connection is cut: it reconnects (and says so in its
@@ -95,15 +117,15 @@ async def test_a_cancel_asked_on_one_host_reaches_the_host_running_the_task(
             await asyncio.sleep(0.05)
         second = await b.submit("demo-video", "another slow pan", gen_s=600)
         await b.wait_task(second["id"], {"running"})
-        assert await cancel_and_time(a, second["id"], timeout_s=10) < PROMPT_S
+        assert await cancel_and_time(a, second["id"], timeout_s=10) < beat_s
+        assert heard == [slow["id"], second["id"]], "the cancel did not come by notice"
 
         # B hears nothing any more: its heartbeat's read of the row is the fallback.
         await b.service.remote.aclose()
         third = await b.submit("demo-video", "a third slow pan", gen_s=600)
         await b.wait_task(third["id"], {"running"})
-        beat_s = b.service.scheduler.heartbeat_s
-        took_s = await cancel_and_time(a, third["id"], timeout_s=4 * beat_s)
-        assert took_s > PROMPT_S  # not by notice: B was deaf
+        await cancel_and_time(a, third["id"], timeout_s=4 * beat_s)
+        assert third["id"] not in heard  # not by notice: B was deaf
 
 
 async def test_a_task_submitted_on_one_host_wakes_an_idle_host_and_streams_everywhere(

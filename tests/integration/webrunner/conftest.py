@@ -149,12 +149,19 @@ class WebEnv:
             created_at=time.time(),
         )
 
-    def context(self, task: Task, account: str = "demo-1") -> tuple[RunContext, Recorder]:
+    def context(
+        self, task: Task, account: str = "demo-1", *, timeout_s: float | None = None
+    ) -> tuple[RunContext, Recorder]:
+        """The attempt's context; `timeout_s` (nominal) in place of its profile's."""
         recorder = Recorder()
         lane = f"web:{account}"
+        profile = self.profiles[task.model]
+        if timeout_s is not None and profile.web is not None:
+            web = profile.web.model_copy(update={"timeout_s": timeout_s})
+            profile = profile.model_copy(update={"web": web})
         ctx = RunContext(
             task=task,
-            profile=self.profiles[task.model],
+            profile=profile,
             lane=lane,
             owner=account,
             clock=self.clock,

@@ -25,7 +25,9 @@ pytestmark = [
 
 ACCOUNTS = ("demo-1", "demo-2", "demo-3")
 # Nominal seconds (x 0.05): a generation that holds its browser 200 s, far
-# longer than the test, which ends it by a cancel.
+# longer than the test, which ends it by a cancel. Its attempt's timeout is
+# longer still: the profile's 600 s (30 s here) ended demo-1's generation
+# before the test did on a loaded CI run, and closed its browser with it.
 LONG_S = 4000
 
 
@@ -129,7 +131,7 @@ class LongRun:
         # Many words: the answer keeps moving (a still one would read as stalled).
         words = " ".join(f"w{i}" for i in range(400))
         task = web.task(f"long {words} [duration={LONG_S}]")
-        self.ctx, self.recorder = web.context(task, account)
+        self.ctx, self.recorder = web.context(task, account, timeout_s=2 * LONG_S)
         self.run = asyncio.create_task(runner.run(task, self.ctx))
 
     async def generating(self) -> None:
