@@ -74,6 +74,7 @@ from bench.common import (
     schedstat_s,
     service_env,
 )
+from bench.crosscancel import cancel_latency
 from bench.dispatch import MODEL, submit_all, wait_drained
 from bench.lightclient import LightClient
 from bench.notices import notice_cost
@@ -511,6 +512,8 @@ async def run(work: Path) -> BenchResult:
         statement["postgresql"] = await claim_statement(url)
     with pg_database() as url:
         notices = await notice_cost(work, url)
+    with pg_database() as url:
+        cancels = await cancel_latency(work, url)
     figures: dict[str, Any] = {
         "tasks": TASKS,
         "in_flight": IN_FLIGHT,
@@ -520,6 +523,7 @@ async def run(work: Path) -> BenchResult:
         "steady": steady,
         "claim_statement": statement,
         "notices": notices,
+        "cross_host_cancel": cancels,
     }
     checks = [
         Check(
@@ -543,6 +547,14 @@ async def run(work: Path) -> BenchResult:
             f"{notices['listener_backend_cpu_us_per_notice']} us); {notices['notices']} notices"
             + (f"; not measured: {notices['not_measured']}" if notices["not_measured"] else ""),
             None,
+        )
+    )
+    checks.append(
+        Check(
+            "hosts: a cancel asked on another host, to the task canceled",
+            f"<= {cancels['within_s']:g} s, the slowest of {cancels['cancels']}",
+            f"p50 {cancels['p50_s']} s, slowest {cancels['max_s']} s",
+            cancels["met"],
         )
     )
     checks.append(
