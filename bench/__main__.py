@@ -27,11 +27,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.common import (
     RESULTS_DIR,
     BenchResult,
     Check,
     cpu_calibration,
+    cpu_shares,
+    disk_calibration,
     machine_info,
     write_result,
 )
@@ -178,6 +182,8 @@ async def main(argv: list[str] | None = None) -> int:
             label, run = runners[name]
             print(f"\n-- running {label} ...", flush=True)
             before = cpu_calibration()
+            disk_before = disk_calibration(work)
+            times_before = psutil.cpu_times()._asdict()
             t0 = time.monotonic()
             try:
                 result = await run(work / name)
@@ -196,6 +202,10 @@ async def main(argv: list[str] | None = None) -> int:
                 "before": before,
                 "after": cpu_calibration(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
+                # The disk and the hypervisor: PostgreSQL's rows follow both.
+                "disk_before": disk_before,
+                "disk_after": disk_calibration(work),
+                **cpu_shares(times_before, psutil.cpu_times()._asdict()),
             }
             path = write_result(result)
             print_figures(result)

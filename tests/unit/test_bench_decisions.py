@@ -14,7 +14,15 @@ import pytest
 
 from bench.__main__ import HARNESS, build_summary
 from bench.batch import batch_checks, batch_figures
-from bench.common import BenchResult, Check, median_run, on_cpu_s, schedstat_s
+from bench.common import (
+    BenchResult,
+    Check,
+    cpu_shares,
+    disk_calibration,
+    median_run,
+    on_cpu_s,
+    schedstat_s,
+)
 from bench.hosts import Footprint, paired_ratio, steady_checks
 from bench.memory import (
     MIN_CYCLE_TASKS,
@@ -320,3 +328,17 @@ def test_a_process_on_cpu_time_counts_finer_than_clock_ticks() -> None:
     used_s = on_cpu_s(os.getpid()) - before
     assert 0.002 < used_s < 1.0
     assert schedstat_s(os.getpid())[1] >= 0.0
+
+
+def test_a_run_says_what_share_of_the_cpus_went_to_other_guests_and_to_io_wait() -> None:
+    before = {"user": 100.0, "system": 50.0, "idle": 800.0, "iowait": 40.0, "steal": 10.0}
+    after = {"user": 160.0, "system": 70.0, "idle": 840.0, "iowait": 100.0, "steal": 30.0}
+    # 200 s of CPU time between the readings: 60 waiting for I/O, 20 stolen.
+    assert cpu_shares(before, after) == {"steal_pct": 10.0, "iowait_pct": 30.0}
+    assert cpu_shares(before, before) == {"steal_pct": 0.0, "iowait_pct": 0.0}
+
+
+def test_the_disk_calibration_times_real_fsyncs_and_leaves_nothing(tmp_path: Path) -> None:
+    figures = disk_calibration(tmp_path / "work", writes=5)
+    assert 0 < figures["fsync_p50_ms"] <= figures["fsync_p99_ms"]
+    assert list((tmp_path / "work").iterdir()) == []
