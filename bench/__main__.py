@@ -37,6 +37,7 @@ from bench.common import (
     cpu_shares,
     disk_calibration,
     machine_info,
+    noise,
     write_result,
 )
 
@@ -124,6 +125,8 @@ def build_summary(results_dir: Path, names: list[str]) -> dict[str, Any]:
             calibration = result.get("calibration")
             if calibration:
                 row["calibration"] = calibration
+                if why := noise(calibration):
+                    row["noise"] = why
             # A target is met or not (true/false); figures reported without
             # a target are listed apart, so that no target reads as "unknown".
             if check.get("met") is None:
@@ -174,6 +177,7 @@ async def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     checks: list[tuple[str, Check]] = []
     seconds: dict[str, float] = {}
+    noisy: dict[str, str] = {}  # the benchmarks whose run was not quiet, and why
     crashed = False
     print(f"machine: {json.dumps(machine_info())}")
     print(f"work dir: {work}")
@@ -207,6 +211,8 @@ async def main(argv: list[str] | None = None) -> int:
                 "disk_after": disk_calibration(work),
                 **cpu_shares(times_before, psutil.cpu_times()._asdict()),
             }
+            if why := noise(result.calibration):
+                noisy[name] = why
             path = write_result(result)
             print_figures(result)
             shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
@@ -224,6 +230,8 @@ async def main(argv: list[str] | None = None) -> int:
         write_result(harness)
         checks.append((HARNESS, harness.checks[0]))
     print_table(checks)
+    for name, why in noisy.items():
+        print(f"not quiet: {name}: {why}")
     print(
         f"\ntotal {total:.0f} s ("
         + ", ".join(f"{name} {s:.0f}" for name, s in seconds.items())

@@ -145,6 +145,30 @@ def cpu_shares(before: Mapping[str, float], after: Mapping[str, float]) -> dict[
     return {"steal_pct": share("steal"), "iowait_pct": share("iowait")}
 
 
+# Past these, a benchmark's figures are the machine's as much as ours (a
+# quiet VM here: 0-2 % stolen, 0-1 % in I/O wait, fsync p50 0.1-0.4 ms).
+NOISY_STEAL_PCT = 5.0
+NOISY_IOWAIT_PCT = 5.0
+NOISY_FSYNC_MS = 2.0
+
+
+def noise(calibration: Mapping[str, Any]) -> str:
+    """Why a benchmark's run was not quiet, from its `calibration` ("" if it
+    was): the hypervisor took CPU time, the CPUs waited for the disk, or
+    the disk's fsync was slow before or after."""
+    why: list[str] = []
+    if calibration.get("steal_pct", 0.0) >= NOISY_STEAL_PCT:
+        why.append(f"{calibration['steal_pct']:g} % of the CPUs' time stolen by other guests")
+    if calibration.get("iowait_pct", 0.0) >= NOISY_IOWAIT_PCT:
+        why.append(f"{calibration['iowait_pct']:g} % in I/O wait")
+    fsync_ms = max(
+        calibration.get(key, {}).get("fsync_p50_ms", 0.0) for key in ("disk_before", "disk_after")
+    )
+    if fsync_ms >= NOISY_FSYNC_MS:
+        why.append(f"an fsync took {fsync_ms:g} ms (p50)")
+    return "; ".join(why)
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or ""
     try:

@@ -20,6 +20,7 @@ from bench.common import (
     cpu_shares,
     disk_calibration,
     median_run,
+    noise,
     on_cpu_s,
     schedstat_s,
 )
@@ -342,3 +343,19 @@ def test_the_disk_calibration_times_real_fsyncs_and_leaves_nothing(tmp_path: Pat
     figures = disk_calibration(tmp_path / "work", writes=5)
     assert 0 < figures["fsync_p50_ms"] <= figures["fsync_p99_ms"]
     assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_a_run_that_was_not_quiet_says_why() -> None:
+    quiet = {
+        "before": {"loop_3m_wall_s": 0.11},
+        "disk_before": {"fsync_p50_ms": 0.2},
+        "disk_after": {"fsync_p50_ms": 0.3},
+        "steal_pct": 1.2,
+        "iowait_pct": 0.4,
+    }
+    assert noise(quiet) == ""
+    assert noise({**quiet, "steal_pct": 25.9}) == "25.9 % of the CPUs' time stolen by other guests"
+    slow_disk = {**quiet, "iowait_pct": 33.0, "disk_after": {"fsync_p50_ms": 4.5}}
+    assert noise(slow_disk) == "33 % in I/O wait; an fsync took 4.5 ms (p50)"
+    # A result file written before these figures existed reads as quiet.
+    assert noise({"before": {"loop_3m_wall_s": 0.11}}) == ""
