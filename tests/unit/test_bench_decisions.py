@@ -24,7 +24,14 @@ from bench.common import (
     on_cpu_s,
     schedstat_s,
 )
-from bench.hosts import Footprint, paired_ratio, steady_checks
+from bench.hosts import (
+    ROUNDS,
+    Footprint,
+    RoundChoice,
+    paired_ratio,
+    quiet_rounds,
+    steady_checks,
+)
 from bench.memory import (
     MIN_CYCLE_TASKS,
     PACE_MARGIN,
@@ -359,3 +366,33 @@ def test_a_run_that_was_not_quiet_says_why() -> None:
     assert noise(slow_disk) == "33 % in I/O wait; an fsync took 4.5 ms (p50)"
     # A result file written before these figures existed reads as quiet.
     assert noise({"before": {"loop_3m_wall_s": 0.11}}) == ""
+
+
+def _rounds(*shares: tuple[float, float]) -> list[dict[str, Any]]:
+    return [
+        {"tasks_per_s": 100.0, "machine": {"steal_pct": steal, "iowait_pct": iowait}}
+        for steal, iowait in shares
+    ]
+
+
+def test_a_round_that_other_guests_or_the_disk_disturbed_is_run_again() -> None:
+    quiet = (1.0, 0.5)
+    runs = {"a": _rounds(*[quiet] * ROUNDS), "b": _rounds(*[quiet] * ROUNDS)}
+    assert quiet_rounds(runs, extra_left=3) == RoundChoice(list(range(ROUNDS)), {}, False)
+    # One set-up of round 1 ran while a quarter of the CPUs' time was stolen:
+    # the round goes, for both set-ups, and another is due.
+    runs["b"][1]["machine"]["steal_pct"] = 25.9
+    choice = quiet_rounds(runs, extra_left=3)
+    assert 1 not in choice.used and len(choice.used) == ROUNDS - 1
+    assert choice.noisy == {1: "25.9 % of the CPUs' time stolen by other guests"}
+    assert choice.another
+    # With no extra round left, the quiet ones stand.
+    assert not quiet_rounds(runs, extra_left=0).another
+
+
+def test_with_too_few_quiet_rounds_every_round_counts_and_says_why() -> None:
+    runs = {"a": _rounds((1.0, 0.5), (1.0, 40.0), (9.0, 0.0), (1.0, 6.0), (0.0, 0.0))}
+    choice = quiet_rounds(runs, extra_left=0)
+    assert choice.used == [0, 1, 2, 3, 4]
+    assert sorted(choice.noisy) == [1, 2, 3]
+    assert not choice.another
