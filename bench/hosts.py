@@ -117,6 +117,10 @@ ROUNDS = int(os.environ.get("BENCH_HOSTS_ROUNDS", "5"))
 # is ~15 s. The figures need this many quiet ones, else all rounds count.
 EXTRA_ROUNDS = 3
 MIN_QUIET_ROUNDS = 3
+# ... within `make bench`'s ten minutes: the rounds, extra ones included,
+# end by this (five quiet rounds took 76 s on 2026-12-06's VM: room for one
+# or two more).
+ROUNDS_BUDGET_S = 100.0
 SETUPS: dict[str, tuple[str, int, bool]] = {
     "sqlite_1_host": ("sqlite-1", 1, False),
     "postgresql_1_host": ("pg-1", 1, True),
@@ -530,7 +534,9 @@ async def run(work: Path) -> BenchResult:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SETUPS}
     names = list(SETUPS)
     round_ = 0
+    began = time.monotonic()
     while True:
+        round_began = time.monotonic()
         for name in round_order(names, round_):
             label, hosts, postgres = SETUPS[name]
             if not postgres:
@@ -541,10 +547,14 @@ async def run(work: Path) -> BenchResult:
         round_ += 1
         if round_ < ROUNDS:
             continue
-        choice = quiet_rounds(runs, extra_left=ROUNDS + EXTRA_ROUNDS - round_)
+        # Another round only if one more as long as the last fits the budget.
+        now = time.monotonic()
+        fits = now - began + (now - round_began) <= ROUNDS_BUDGET_S
+        choice = quiet_rounds(runs, extra_left=ROUNDS + EXTRA_ROUNDS - round_ if fits else 0)
         if not choice.another:
             break
         print(f"   another round: {len(choice.noisy)} not quiet ({choice.noisy})", flush=True)
+    rounds_s = time.monotonic() - began
     used = {name: [rounds[i] for i in choice.used] for name, rounds in runs.items()}
     setups = {name: median_run(rounds) for name, rounds in used.items()}
     ratios = {
@@ -577,6 +587,7 @@ async def run(work: Path) -> BenchResult:
         "tasks": TASKS,
         "in_flight": IN_FLIGHT,
         "rounds": round_,
+        "rounds_s": r(rounds_s, 1),
         "rounds_used": choice.used,
         "rounds_not_quiet": {str(i): why for i, why in choice.noisy.items()},
         **setups,
