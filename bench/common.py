@@ -134,8 +134,13 @@ def cpu_shares(before: Mapping[str, float], after: Mapping[str, float]) -> dict[
     """Of the machine's CPU time between two `psutil.cpu_times()` readings
     (as dicts), the percent stolen by the hypervisor for other guests and
     the percent idle waiting for I/O: what the CPU calibration, a loop timed
-    before and after, misses when it happens in between."""
-    total = sum(after.values()) - sum(before.values())
+    before and after, misses when it happens in between. Linux counts a
+    guest's time in `user` too: not twice here."""
+
+    def counted(times: Mapping[str, float]) -> float:
+        return sum(v for k, v in times.items() if k not in ("guest", "guest_nice"))
+
+    total = counted(after) - counted(before)
     if total <= 0:
         return {"steal_pct": 0.0, "iowait_pct": 0.0}
 

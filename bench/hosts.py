@@ -443,6 +443,11 @@ def paired_ratio(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> 
     }
 
 
+def _left_out(ratio: dict[str, Any]) -> str:
+    left_out = ratio.get("rounds_left_out", 0)
+    return f"; {left_out} round(s) not quiet left out" if left_out else ""
+
+
 def capacity_checks(
     setups: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]]
 ) -> list[Check]:
@@ -459,14 +464,14 @@ def capacity_checks(
             "hosts: PostgreSQL one host vs SQLite (tasks/s)",
             f">= {PG_VS_SQLITE} x SQLite",
             f"{one_ratio['ratio']} x, median of rounds {one_ratio['rounds']} "
-            f"(medians {one} vs {sqlite} tasks/s){one_ratio.get('left_out', '')}",
+            f"(medians {one} vs {sqlite} tasks/s){_left_out(one_ratio)}",
             one_ratio["ratio"] >= PG_VS_SQLITE,
         ),
         Check(
             "hosts: three hosts vs one host on PostgreSQL (tasks/s)",
             f">= {THREE_VS_ONE} x one host",
             f"{three_ratio['ratio']} x, median of rounds {three_ratio['rounds']} "
-            f"(medians {three} vs {one} tasks/s){three_ratio.get('left_out', '')}",
+            f"(medians {three} vs {one} tasks/s){_left_out(three_ratio)}",
             three_ratio["ratio"] >= THREE_VS_ONE,
         ),
     ]
@@ -561,9 +566,8 @@ async def run(work: Path) -> BenchResult:
         "postgresql_vs_sqlite": paired_ratio(used["postgresql_1_host"], used["sqlite_1_host"]),
         "three_hosts_vs_one": paired_ratio(used["postgresql_3_hosts"], used["postgresql_1_host"]),
     }
-    if left_out := len(runs["sqlite_1_host"]) - len(choice.used):
-        for ratio in ratios.values():
-            ratio["left_out"] = f"; {left_out} round(s) not quiet left out"
+    for ratio in ratios.values():
+        ratio["rounds_left_out"] = round_ - len(choice.used)
     steady: dict[str, dict[str, Any]] = {}
     for name in ("postgresql_3_hosts", "postgresql_1_host"):
         label, hosts, _ = SETUPS[name]

@@ -344,6 +344,12 @@ def test_a_run_says_what_share_of_the_cpus_went_to_other_guests_and_to_io_wait()
     # 200 s of CPU time between the readings: 60 waiting for I/O, 20 stolen.
     assert cpu_shares(before, after) == {"steal_pct": 10.0, "iowait_pct": 30.0}
     assert cpu_shares(before, before) == {"steal_pct": 0.0, "iowait_pct": 0.0}
+    # A guest's time is in `user` already (Linux): counted once.
+    with_guest = {**after, "user": 260.0, "guest": 100.0}
+    assert cpu_shares({**before, "guest": 0.0}, with_guest) == {
+        "steal_pct": 6.7,
+        "iowait_pct": 20.0,
+    }
 
 
 def test_the_disk_calibration_times_real_fsyncs_and_leaves_nothing(tmp_path: Path) -> None:
