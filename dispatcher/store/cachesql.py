@@ -25,14 +25,16 @@ from dispatcher.store.rows import RowLike, row_to_cache_entry
 log = logging.getLogger("dispatcher.store.cache")
 
 _COLUMNS = "fingerprint, model, result, size_bytes, created_at, last_used_at"
-# An entry put, replacing an older one of its fingerprint and host.
-PUT = (
-    f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+# What an entry put (its host first) is written as, in this order.
+PUT_COLUMNS = _COLUMNS
+# An entry put replaces an older one of its fingerprint and host.
+PUT_ON_CONFLICT = (
     "ON CONFLICT (fingerprint, host) DO UPDATE SET "
     "model = excluded.model, result = excluded.result, "
     "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
     "last_used_at = excluded.last_used_at"
 )
+PUT = f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) {PUT_ON_CONFLICT}"
 
 
 class SqlCacheIndex:

@@ -9,6 +9,7 @@ Counted by the store itself (`PostgresStore.round_trips`), on a real server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -206,6 +207,34 @@ async def test_results_kept_in_the_cache_are_written_together(store: PostgresSto
         entries = {e.fingerprint: e for e in again.cache_entries()}
         assert sorted(entries) == sorted(f"fp-{n}" for n in range(9))
         assert entries["fp-3"].last_used_at == 7.0
+    finally:
+        again.close()
+
+
+async def test_a_batch_of_puts_replaces_what_an_earlier_batch_wrote(store: PostgresStore) -> None:
+    # One statement writes a batch; an entry written before and put again
+    # (a result cached anew) is replaced, not doubled or refused, whatever
+    # number types its figures come in.
+    index = store.cache_index
+    assert isinstance(index, PostgresCacheIndex)
+    assert index.cache_get("fp-warm") is None
+    index.cache_put(_entry("fp-old"))
+    index.cache_put(_entry("fp-kept"))
+    index.flush()
+    renewed = dataclasses.replace(_entry("fp-old"), model="m2", size_bytes=7, created_at=5)
+    index.cache_put(renewed)
+    index.cache_put(dataclasses.replace(_entry("fp-new"), last_used_at=9))
+    before = store.round_trips.total
+    index.flush()
+    assert trips(store, before) == 1
+    index.close()
+    again = PostgresCacheIndex(store.url, "h1")
+    try:
+        entries = {e.fingerprint: e for e in again.cache_entries()}
+        assert sorted(entries) == ["fp-kept", "fp-new", "fp-old"]
+        assert entries["fp-old"] == renewed
+        assert entries["fp-new"].last_used_at == 9.0
+        assert entries["fp-kept"] == _entry("fp-kept")
     finally:
         again.close()
 
