@@ -24,9 +24,8 @@ from dispatcher.store.rows import RowLike, row_to_cache_entry
 
 log = logging.getLogger("dispatcher.store.cache")
 
-_COLUMNS = "fingerprint, model, result, size_bytes, created_at, last_used_at"
-# What an entry put (its host first) is written as, in this order.
-PUT_COLUMNS = _COLUMNS
+# An entry's columns but its host, in the order `_put_args` gives their values.
+CACHE_COLUMNS = "fingerprint, model, result, size_bytes, created_at, last_used_at"
 # An entry put replaces an older one of its fingerprint and host.
 PUT_ON_CONFLICT = (
     "ON CONFLICT (fingerprint, host) DO UPDATE SET "
@@ -34,7 +33,10 @@ PUT_ON_CONFLICT = (
     "size_bytes = excluded.size_bytes, created_at = excluded.created_at, "
     "last_used_at = excluded.last_used_at"
 )
-PUT = f"INSERT INTO cache_entries (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) {PUT_ON_CONFLICT}"
+PUT = (
+    f"INSERT INTO cache_entries (host, {CACHE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    + PUT_ON_CONFLICT
+)
 
 
 class SqlCacheIndex:
@@ -56,7 +58,7 @@ class SqlCacheIndex:
 
     def cache_get(self, fingerprint: str) -> CacheEntry | None:
         rows = self._run(
-            f"SELECT {_COLUMNS} FROM cache_entries WHERE fingerprint = ?{self._scope}",
+            f"SELECT {CACHE_COLUMNS} FROM cache_entries WHERE fingerprint = ?{self._scope}",
             (fingerprint, *self._scope_args),
         )
         return row_to_cache_entry(rows[0]) if rows else None
@@ -93,7 +95,7 @@ class SqlCacheIndex:
     def cache_entries(self) -> list[CacheEntry]:
         where = " WHERE host = ?" if self._scope else ""
         rows = self._run(
-            f"SELECT {_COLUMNS} FROM cache_entries{where} ORDER BY last_used_at",
+            f"SELECT {CACHE_COLUMNS} FROM cache_entries{where} ORDER BY last_used_at",
             self._scope_args,
         )
         return [row_to_cache_entry(r) for r in rows]
