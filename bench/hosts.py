@@ -250,8 +250,13 @@ def transitions(task: dict[str, Any]) -> int:
 
 
 def claims(trips: Counter[str]) -> int:
-    """Claim statements among the round trips (alone, or with a run's end)."""
-    return sum(n for label, n in trips.items() if label != "total" and "WITH c AS (UPDATE" in label)
+    """Claim statements among the round trips (alone, with a run's end or a
+    submit's insert, or an insert of a task running at once: `store.pgrunnow`)."""
+    return sum(
+        n
+        for label, n in trips.items()
+        if label != "total" and ("WITH c AS (UPDATE" in label or "WITH claim_now AS" in label)
+    )
 
 
 async def one_setup(

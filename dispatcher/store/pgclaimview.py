@@ -139,6 +139,11 @@ class ClaimView:
         self.skipped += 1
         return True
 
+    def nothing_pending(self, now: float) -> bool:
+        """True when no task is known pending anywhere (the last claim read
+        so, and none was seen pending since)."""
+        return self._empty is not None and self._holds(self._empty, now)
+
     def quota_full(self, owner: str, limit: int, now: float) -> bool:
         """True when the provider's quota is known full (a claim under it
         would find nothing, however many tasks are pending)."""

@@ -37,6 +37,7 @@ from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pgclaimview import ClaimView, Sent, with_reads
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
+from dispatcher.store.pglocks import MIGRATION_LOCK, claim_lock, xact_lock
 from dispatcher.store.pgplaces import (
     Places,
     ahead_args,
@@ -45,6 +46,7 @@ from dispatcher.store.pgplaces import (
     placed_insert_unless_twin,
 )
 from dispatcher.store.pgpool import HotFirstPool
+from dispatcher.store.pgrunnow import insert_running, runs_at_once
 from dispatcher.store.pgtrips import (
     CountingConnection,
     CountingCursor,
@@ -81,9 +83,6 @@ from dispatcher.store.taskwrites import (
 
 Row = dict[str, Any]
 
-# Advisory lock keys (one 64-bit space per database): the migrations, and
-# per-subject locks hashed from a prefixed text by `hashtextextended`.
-MIGRATION_LOCK = 0x6469737061746368  # "dispatch"
 POOL_MAX = 10
 CONNECT_TIMEOUT_S = 10.0
 
@@ -301,7 +300,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         )
         locks = [f"dedup:{task.fingerprint}", *([also_lock] if also_lock else [])]
         return [
-            _xact_lock(*locks),
+            xact_lock(*locks),
             Statement(pg_marks(insert), (task.fingerprint, created_since, *row.values())),
         ]
 
@@ -314,13 +313,15 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         ):
             return None  # the claim would find nothing: the insert alone, as ever
         sent = self.claim_view.sending()
+        if self.claim_view.nothing_pending(claim.now) and runs_at_once(task, claim):
+            return await self._insert_running(task, created_since, claim, sent)
         claiming = self._claim_statement(claim)
         # One transaction, one round trip: the insert first, so the claim
         # sees the new task (and takes it when it is first in line). The
         # de-dup lock, then the quota's, in one statement before the insert
         # (each statement through psycopg costs ~0.1 ms of our CPU): every
         # transaction taking both takes them in this order.
-        statements = self._insert_statements(task, created_since, also_lock=_claim_lock(claim))
+        statements = self._insert_statements(task, created_since, also_lock=claim_lock(claim))
         answers = await self._pipelined([*statements, claiming], what="insert and claim")
         (row,) = answers[1]
         claimed = self._claimed(claim, answers[-1], sent)
@@ -331,6 +332,25 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         taken = claimed is not None and claimed.id == task.id
         placed = self._placed(task, row["new_seq"], row, seen=not taken)
         return InsertedAndClaimed(placed, True, claimed)
+
+    async def _insert_running(
+        self, task: Task, created_since: float, claim: NextClaim, sent: Sent
+    ) -> InsertedAndClaimed:
+        """`insert_and_claim` when its claim would take the new task: the
+        task inserted running, if the server agrees (`store.pgrunnow`)."""
+        lock, _ = self._insert_statements(task, created_since, also_lock=claim_lock(claim))
+        inserting, running = insert_running(task, created_since, claim)
+        _, (row,) = await self._pipelined([lock, inserting], what="insert running")
+        if row["new_seq"] is None:
+            return InsertedAndClaimed(row_to_task(row), False, None)
+        if row["new_state"] != State.RUNNING.value:
+            return InsertedAndClaimed(self._placed(task, row["new_seq"], row), True, None)
+        self.claim_view.claimed(bool(row["after_any"]), claim.now, sent)
+        if claim.quota is not None:
+            ids = [*row["after_running"], task.id]
+            self.claim_view.quota_read(claim.quota.owner, claim.quota.limit, ids, claim.now, sent)
+        placed = self._placed(task, row["new_seq"], row, seen=False)
+        return InsertedAndClaimed(placed, True, running.replace(seq=placed.seq))
 
     def _placed(self, task: Task, seq: int, row: Row, *, seen: bool = True) -> Task:
         """The inserted task with its `seq`; its place in the queue, read by
@@ -428,8 +448,8 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         """A claim as statements: under a provider's quota or budget the
         advisory lock to take in a statement before it (else None), and the
         claim with what it reads for `claim_view` (`with_reads`)."""
-        lock = _claim_lock(claim)
-        return (_xact_lock(lock) if lock else None), self._claim_statement(claim)
+        lock = claim_lock(claim)
+        return (xact_lock(lock) if lock else None), self._claim_statement(claim)
 
     def _claim_statement(self, claim: NextClaim) -> Statement:
         quota = claim.quota
@@ -564,32 +584,6 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
 
 def _marks(row: Mapping[str, Any]) -> str:
     return ", ".join("?" for _ in row)
-
-
-def _claim_lock(claim: NextClaim) -> str | None:
-    """The advisory lock a claim takes first, under a provider's quota or
-    budget (else None). The count of running tasks (or the day's spend) and
-    the claim must be one step across hosts: claims under one provider's
-    quota or budget take turns. The claim statement starts after the lock,
-    so it counts every claim committed before: no overspend by a race. Sent
-    as one pipeline, the lock is held for the server's work and for the gaps
-    between the pipeline's statements: psycopg sends each as it is queued,
-    and a client preempted between two keeps the lock (three hosts sharing
-    two cores in `bench hosts`: ~0.4 server processes at any moment wait so
-    for their client, inside a transaction)."""
-    quota, budget = claim.quota, claim.budget
-    if quota is None and budget is None:
-        return None
-    provider = quota.owner if quota is not None else budget.provider if budget else ""
-    return f"quota:{provider}"
-
-
-def _xact_lock(*names: str) -> Statement:
-    """A transaction's advisory locks on `names`, in their order (a plain
-    SELECT: a statement of its own in a pipeline, or `first` in an end
-    write's WITH)."""
-    locks = ", ".join("pg_advisory_xact_lock(hashtextextended(%s, 0))" for _ in names)
-    return Statement(f"SELECT {locks}", names)
 
 
 def _write_statement(write: TaskWrite, *, first: Statement | None = None) -> Statement:

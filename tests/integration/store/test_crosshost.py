@@ -198,12 +198,14 @@ async def test_a_task_submitted_on_one_host_wakes_an_idle_host_and_streams_every
 
 def claims_sent(store: object, *, with_insert: bool = False) -> int:
     """Claim statements a host's store sent the server (`PostgresStore.round_trips`);
-    `with_insert`: only those sent with a submit's insert."""
+    `with_insert`: only those sent with a submit's insert (a claim after the
+    insert, or the insert of a task running at once: `store.pgrunnow`)."""
     assert isinstance(store, PostgresStore)
     return sum(
         n
         for label, n in store.round_trips.by_statement.items()
-        if "WITH c AS (UPDATE" in label and (not with_insert or "WITH twin AS" in label)
+        if ("WITH c AS (UPDATE" in label and (not with_insert or "WITH twin AS" in label))
+        or "WITH claim_now AS" in label
     )
 
 

@@ -428,6 +428,64 @@ async def test_a_submit_with_a_free_slot_is_inserted_and_claimed_in_one_round_tr
         await listening.aclose()
 
 
+async def test_a_submit_when_nothing_waits_is_inserted_running(store: PostgresStore) -> None:
+    # This listener tells the store's view nothing of other hosts' tasks:
+    # what another host inserts here is a task not heard yet.
+    listening = await store_listening(store)
+    other = await open_store(store.url, "h2")
+    roomy = Quota("demo", 2)
+    try:
+        assert await store.claim_next(["g"], 5.0, RUN) is None  # it read: nothing pending
+        sent = Counter(store.round_trips.by_statement)
+        both = await store.insert_and_claim(api_task("new"), 0.0, _claim(5.1, roomy))
+        assert both is not None and both.inserted and both.task.id == "new"
+        assert both.claimed is not None and both.claimed.id == "new"
+        # Two statements (the locks, the insert): no claim, the row written once.
+        (label,) = (Counter(store.round_trips.by_statement) - sent).keys()
+        assert label.startswith("pipeline: ") and len(label.split("; ")) == 2
+        assert "UPDATE" not in label
+        (row,) = await store.get_tasks(["new"])
+        assert row.state is State.RUNNING and row.owner == "demo" and row.host == "h1"
+        assert row.started_at == 5.1 and row.stage == both.claimed.stage
+        assert row.seq == both.claimed.seq and row.attempt == both.claimed.attempt == 1
+
+        # Another host's task waits, not heard here: the server finds it, and
+        # inserts the new task pending; the older one is claimed first.
+        await other.insert_tasks([api_task("theirs")])
+        both = await store.insert_and_claim(api_task("mine"), 0.0, _claim(5.2, roomy))
+        assert both is not None and both.inserted and both.claimed is None
+        assert both.task.state is State.PENDING
+        claimed = await store.claim_next(["g"], 5.3, RUN, quota=roomy)
+        assert claimed is not None and claimed.id == "theirs"
+        claimed = await store.claim_next(["g"], 5.4, RUN, quota=roomy)
+        assert claimed is None  # the quota's two slots: "new" and "theirs"
+        (mine,) = await store.get_tasks(["mine"])
+        assert mine.state is State.PENDING
+
+        # Nothing waits, yet another host filled the quota unheard (a third
+        # slot, taken there): the new task pending, unclaimed.
+        await other.update_task("mine", expect_state=State.PENDING, changes={"state": "canceled"})
+        await other.insert_tasks([api_task("filler", queue="x")])
+        assert await other.claim_next(["x"], 5.5, {"owner": "demo", "host": "h2"}) is not None
+        assert await store.claim_next(["g"], 5.5, RUN) is None  # nothing pending again
+        assert store.claim_view.nothing_pending(5.6)
+        three = Quota("demo", 3)
+        both = await store.insert_and_claim(api_task("over"), 0.0, _claim(5.6, three))
+        assert both is not None and both.inserted and both.claimed is None
+        (over,) = await store.get_tasks(["over"])
+        assert over.state is State.PENDING and over.owner is None
+
+        # A twin: the twin answered, nothing inserted or claimed.
+        assert await store.claim_next(["h"], 5.7, RUN) is None
+        twin = api_task("again", queue="h", fingerprint="fp-new")
+        both = await store.insert_and_claim(twin, 0.0, NextClaim(("h",), 5.7, RUN))
+        assert both is not None and not both.inserted and both.task.id == "new"
+        assert both.claimed is None and await store.get_tasks(["again"]) == []
+    finally:
+        await listening.aclose()
+        await other.close()
+
+
 async def test_a_submit_and_its_claim_are_one_transaction(store: PostgresStore) -> None:
     # A claim that fails writes neither: the caller then inserts alone.
     refuse = (
