@@ -486,6 +486,25 @@ async def test_a_submit_when_nothing_waits_is_inserted_running(store: PostgresSt
         await other.close()
 
 
+async def test_a_task_with_the_queue_as_its_fallback_runs_before_a_new_one(
+    store: PostgresStore,
+) -> None:
+    # Waiting in another queue, "g" its fallback, not heard here: the claim
+    # would take it first, so the new task is not inserted running.
+    listening = await store_listening(store)
+    other = await open_store(store.url, "h2")
+    try:
+        assert await store.claim_next(["g"], 5.0, RUN) is None  # it read: nothing pending
+        await other.insert_tasks([api_task("spare", queue="y", alt_queues=("g",))])
+        both = await store.insert_and_claim(api_task("new"), 0.0, _claim(5.1))
+        assert both is not None and both.inserted and both.claimed is None
+        claimed = await store.claim_next(["g"], 5.2, RUN)
+        assert claimed is not None and claimed.id == "spare"
+    finally:
+        await listening.aclose()
+        await other.close()
+
+
 async def test_a_submit_and_its_claim_are_one_transaction(store: PostgresStore) -> None:
     # A claim that fails writes neither: the caller then inserts alone.
     refuse = (
