@@ -63,7 +63,7 @@ class _Heard:
 
 
 async def _listen(url: str, heard: _Heard) -> None:
-    # Not the hosts' `TaskListener`: it reads its socket every 10 ms
+    # Not the hosts' `TaskListener`: it reads its socket every 25 ms
     # (`READ_EVERY_S`), most of the figure measured here; this one as each arrives.
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(f"LISTEN {CHANNEL}")

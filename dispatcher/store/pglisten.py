@@ -40,10 +40,13 @@ PING_S = 5.0
 # After a read, the socket is left alone this long: notices arriving
 # meanwhile wait in it and are read together. Read as each arrived, another
 # host's notice cost a listening host ~180 us of CPU at 450 notices a second
-# (`python -m bench hosts`, notice row), most of it the wake-up; ~105 us read
-# every 5 ms, ~50-70 us every 10 ms. A cancel, a wake-up or a gate reaches
-# this host that much later (a cancel is promised within a second).
-READ_EVERY_S = 0.01
+# (`python -m bench hosts`, notice row), most of it the wake-up (and the
+# scheduler's look at its lanes that follows each batch); ~105 us read every
+# 5 ms, ~66 us every 10 ms, ~30 us every 25 ms (three hosts draining: each
+# service's CPU a task 0.89 x, over six paired rounds). A cancel, a wake-up or
+# a gate reaches this host that much later (a cancel is promised within a
+# second; another host's new task is left to it for 0.1 s anyway).
+READ_EVERY_S = 0.025
 RECONNECT_FIRST_S = 0.2
 RECONNECT_MAX_S = 10.0
 CONNECT_TIMEOUT_S = 10
