@@ -50,6 +50,8 @@ class RemotePending:
         # order heard, so the oldest come first.
         self._heard: dict[str, float] = {}
         self._overflowed = False
+        self.heard = 0  # tasks heard pending (a notice of the task leaving
+        # pending, read in the same batch, tells it in its new state alone)
         self.spared = 0  # tasks heard leaving pending before their grace ended
 
     def __len__(self) -> int:
@@ -64,6 +66,7 @@ class RemotePending:
                 del self._heard[next(iter(self._heard))]
                 self._overflowed = True
             self._heard[task_id] = now
+            self.heard += 1
         return first
 
     def left(self, task_id: str) -> None:

@@ -11,9 +11,11 @@ from dispatcher.scheduling.remotewake import GRACE_S, RemotePending, RemoteWakes
 def test_a_task_claimed_within_its_grace_wakes_nobody() -> None:
     pending = RemotePending(grace_s=0.25)
     assert pending.heard_pending("a", now=10.0)  # the first: a check is due
+    assert not pending.heard_pending("a", now=10.1)  # heard again: kept once
     pending.left("a")  # its own host claimed it
+    pending.left("b")  # heard leaving pending alone (both notices in one read)
     assert pending.check(now=10.25) == WakeCheck(wake=False, next_check_in_s=None)
-    assert pending.spared == 1 and len(pending) == 0
+    assert pending.heard == 1 and pending.spared == 1 and len(pending) == 0
 
 
 def test_a_task_still_pending_after_its_grace_wakes_once() -> None:

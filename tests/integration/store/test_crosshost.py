@@ -250,12 +250,16 @@ async def test_a_task_its_own_host_claims_costs_the_other_host_no_claim(tmp_path
         # Where a claim cannot ride with the insert (a web account's lease, a
         # daily budget; here switched off), A's round claims a moment after
         # the insert: B, which heard the task pending, leaves it to A for a
-        # grace (`remotewake`) and hears it claimed meanwhile.
+        # grace (`remotewake`) and hears it claimed meanwhile. (B may read
+        # both notices in one batch: it then hears the task running alone.)
         a.service.store.claims_on_insert = False
+        pending = b.service.scheduler.remote_wakes.pending
+        heard, spared = pending.heard, pending.spared
         a_claims, b_claims, took_s = await submit_and_run_on_a(a, b, tasks)
         assert a_claims >= tasks
         assert b_claims <= int(took_s / tick_s) + 3 and b_claims < tasks, (b_claims, took_s)
-        assert b.service.scheduler.remote_wakes.pending.spared >= tasks // 2
+        heard, spared = pending.heard - heard, pending.spared - spared
+        assert heard <= tasks and spared >= heard - 3, (heard, spared)
 
 
 async def test_with_a_shared_results_dir_any_host_serves_any_result(tmp_path: Path) -> None:
