@@ -40,6 +40,8 @@ from webrunner.runner import WebRunner
 SCALE = 0.05
 PROFILES_DIR = Path("profiles")
 LOGGER = "webrunner.test"
+# Seconds an idle connection to the demo web server is kept (`web`).
+KEEPALIVE_S = 2.0
 
 
 class LaneLog(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -252,7 +254,11 @@ async def web(
     shutil.copytree(
         logged_in_profile, target, symlinks=True, ignore=shutil.ignore_patterns("Singleton*")
     )
-    async with httpx.AsyncClient(base_url=demo_web.url) as http:
+    # An idle connection is dropped well before the demo server's keep-alive
+    # (uvicorn's 5 s): at httpx's own 5 s, a request on one idle that long
+    # could meet the server's close (`ReadError`, a test that waited ~5 s).
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+    async with httpx.AsyncClient(base_url=demo_web.url, limits=limits) as http:
         (await http.post("/__reset")).raise_for_status()
         env = WebEnv(
             server=demo_web,
