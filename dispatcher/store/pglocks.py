@@ -4,11 +4,12 @@ One 64-bit key space per database: the migrations' key, and per-subject
 locks hashed from a prefixed text by `hashtextextended` ("dedup:<fingerprint>"
 for a de-duplicating insert, "quota:<provider>" for a claim under a quota or
 a budget). Each is transaction-scoped: released at the commit, or the
-rollback, of the pipeline that took it.
+rollback, of the transaction that took it.
 """
 
 from __future__ import annotations
 
+from dispatcher.models import Task
 from dispatcher.store.base import NextClaim
 from dispatcher.store.taskwrites import Statement
 
@@ -39,3 +40,11 @@ def xact_lock(*names: str) -> Statement:
     write's WITH)."""
     locks = ", ".join("pg_advisory_xact_lock(hashtextextended(%s, 0))" for _ in names)
     return Statement(f"SELECT {locks}", names)
+
+
+def insert_locks(task: Task, also: str | None = None) -> Statement:
+    """The statement a de-duplicating insert of `task` sends first: its
+    fingerprint's lock, then `also` (a claim's, `claim_lock`) when given.
+    Identical submits on two hosts serialise on it: the insert after it
+    sees a twin committed before."""
+    return xact_lock(f"dedup:{task.fingerprint}", *([also] if also else []))

@@ -62,16 +62,20 @@ def placed_insert(insert: str) -> str:
     return f"WITH i AS ({insert} RETURNING seq, queue) SELECT i.seq, {PLACE_COLUMNS} FROM i"
 
 
-def placed_insert_unless_twin(insert: str, twin: str) -> str:
+def placed_insert_unless_twin(insert: str, twin: str, *, first: str = "", also: str = "") -> str:
     """`placed_insert` run only if `twin` (a SELECT of a task's columns, its
     marks first in the statement's) finds no row: one row answered always,
-    the twin's columns (NULL when none) and the new row's `new_seq`, `ahead`
-    and `owners` (NULL when not inserted). One statement where a lookup
-    after the insert was another (~0.1 ms of our CPU each, through psycopg)."""
+    the twin's columns (NULL when none) and the new row's `new_seq`,
+    `new_state`, `ahead` and `owners` (NULL when not inserted). One statement
+    where a lookup after the insert was another (~0.1 ms of our CPU each,
+    through psycopg). `first`: a WITH query before the twin's ("name AS
+    (...)", its marks then first), which `insert` may read; `also`: more
+    answer columns (", ... AS name")."""
+    given = f"{first}, " if first else ""
     return (
-        f"WITH twin AS ({twin}), "
-        f"i AS ({insert} WHERE NOT EXISTS (SELECT 1 FROM twin) RETURNING seq, queue) "
-        f"SELECT twin.*, i.seq AS new_seq, {PLACE_COLUMNS} "
+        f"WITH {given}twin AS ({twin}), "
+        f"i AS ({insert} WHERE NOT EXISTS (SELECT 1 FROM twin) RETURNING seq, queue, state) "
+        f"SELECT twin.*, i.seq AS new_seq, i.state AS new_state, {PLACE_COLUMNS}{also} "
         "FROM (SELECT 1) AS one LEFT JOIN i ON true LEFT JOIN twin ON true"
     )
 

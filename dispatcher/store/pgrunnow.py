@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dispatcher.models import State, Task
 from dispatcher.store.base import NextClaim
-from dispatcher.store.pgplaces import PLACE_COLUMNS
+from dispatcher.store.pgplaces import placed_insert_unless_twin
 from dispatcher.store.rows import task_to_row
 from dispatcher.store.sql import FALLBACKS_WAITING, QUOTA, TWIN, pg_marks
 from dispatcher.store.taskwrites import Statement
@@ -54,13 +54,12 @@ def runs_at_once(task: Task, claim: NextClaim) -> bool:
 
 
 def insert_running(task: Task, created_since: float, claim: NextClaim) -> tuple[Statement, Task]:
-    """The statement inserting `task` (unless a twin exists, as
-    `placed_insert_unless_twin`) running as `claim` would write it when the
-    server finds the claim would take it, else pending; and the task as it
-    runs then. One row answered: the twin's columns (NULL when none), the new
-    row's `new_seq`, `new_state`, `ahead`, `owners`, and what the claim
-    would have read for `ClaimView`: `after_any`, `after_running` (NULL
-    without a quota; the new task not among them)."""
+    """The statement inserting `task` (unless a twin exists:
+    `placed_insert_unless_twin`, its answer) running as `claim` would write
+    it when the server finds the claim would take it, else pending; and the
+    task as it runs then (its statement's label: "WITH claim_now AS"). Also
+    answered, what the claim would have read for `ClaimView`: `after_any`,
+    `after_running` (NULL without a quota; the new task not among them)."""
     running = task.replace(state=State.RUNNING, **claim.changes)
     waiting, ran = task_to_row(task), task_to_row(running)
     picks: list[str] = []
@@ -81,14 +80,12 @@ def insert_running(task: Task, created_since: float, claim: NextClaim) -> tuple[
         if quota is None
         else "ARRAY(SELECT id FROM tasks WHERE state = 'running' AND owner = ?)"
     )
-    sql = (
-        f"WITH claim_now AS (SELECT {runs} AS run), twin AS ({TWIN}), "
-        f"i AS (INSERT INTO tasks ({', '.join(waiting)}) SELECT {', '.join(picks)} FROM claim_now "
-        "WHERE NOT EXISTS (SELECT 1 FROM twin) RETURNING seq, queue, state) "
-        f"SELECT twin.*, i.seq AS new_seq, i.state AS new_state, {PLACE_COLUMNS}, "
-        "EXISTS (SELECT 1 FROM tasks WHERE state = 'pending') AS after_any, "
-        f"{running_ids} AS after_running "
-        "FROM (SELECT 1) AS one LEFT JOIN i ON true LEFT JOIN twin ON true"
+    sql = placed_insert_unless_twin(
+        f"INSERT INTO tasks ({', '.join(waiting)}) SELECT {', '.join(picks)} FROM claim_now",
+        TWIN,
+        first=f"claim_now AS (SELECT {runs} AS run)",
+        also=", EXISTS (SELECT 1 FROM tasks WHERE state = 'pending') AS after_any, "
+        f"{running_ids} AS after_running",
     )
     args: list[object] = [*claim.queues, claim.now]
     if quota is not None:

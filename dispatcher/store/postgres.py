@@ -37,7 +37,7 @@ from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pgclaimview import ClaimView, Sent, with_reads
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
-from dispatcher.store.pglocks import MIGRATION_LOCK, claim_lock, xact_lock
+from dispatcher.store.pglocks import MIGRATION_LOCK, claim_lock, insert_locks, xact_lock
 from dispatcher.store.pgplaces import (
     Places,
     ahead_args,
@@ -298,9 +298,8 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         insert = placed_insert_unless_twin(
             f"INSERT INTO tasks ({', '.join(row)}) SELECT {_marks(row)}", TWIN
         )
-        locks = [f"dedup:{task.fingerprint}", *([also_lock] if also_lock else [])]
         return [
-            xact_lock(*locks),
+            insert_locks(task, also_lock),
             Statement(pg_marks(insert), (task.fingerprint, created_since, *row.values())),
         ]
 
@@ -338,7 +337,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
     ) -> InsertedAndClaimed:
         """`insert_and_claim` when its claim would take the new task: the
         task inserted running, if the server agrees (`store.pgrunnow`)."""
-        lock, _ = self._insert_statements(task, created_since, also_lock=claim_lock(claim))
+        lock = insert_locks(task, claim_lock(claim))
         inserting, running = insert_running(task, created_since, claim)
         _, (row,) = await self._pipelined([lock, inserting], what="insert running")
         if row["new_seq"] is None:
