@@ -37,7 +37,15 @@ from dispatcher.store.outbox import SqlOutbox, WebhookOutbox
 from dispatcher.store.pgclaimview import ClaimView, Sent, with_reads
 from dispatcher.store.pggates import GateMirror
 from dispatcher.store.pglisten import host_option
-from dispatcher.store.pglocks import MIGRATION_LOCK, claim_lock, insert_locks, xact_lock
+from dispatcher.store.pglocks import (
+    IF_SLOT_FREED,
+    MIGRATION_LOCK,
+    claim_lock,
+    insert_locks,
+    slot_freed,
+    swaps_slot,
+    xact_lock,
+)
 from dispatcher.store.pgplaces import (
     Places,
     ahead_args,
@@ -74,11 +82,9 @@ from dispatcher.store.sql import (
     pg_marks,
 )
 from dispatcher.store.taskwrites import (
-    POSTGRESQL,
     Statement,
+    postgres_write,
     task_claim_gated,
-    task_update,
-    update_with_history,
 )
 
 Row = dict[str, Any]
@@ -373,7 +379,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         return [row_to_task(r) for r in rows]
 
     async def write_task(self, write: TaskWrite) -> Task | None:
-        one = _write_statement(write)
+        one = postgres_write(write)
         return self._written(await self._write1(one.sql, one.args, marked=True))
 
     async def finish_and_claim(self, write: TaskWrite, claim: NextClaim) -> EndedAndClaimed | None:
@@ -388,14 +394,18 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
             # even without this task): the end write alone, as ever.
             return None
         sent = self.claim_view.sending()
-        lock, claiming = self._claim_statements(claim)
         # One transaction, one round trip: the end write first, so the claim
         # (its quota count included) sees the slot it freed; a failure of
         # either writes neither (the caller then ends the run on its own).
-        # The claim's lock is taken by the write, the statement before it.
-        rows, answer = await self._pipelined(
-            [_write_statement(write, first=lock), claiming], what="end and claim"
-        )
+        if quota is not None and swaps_slot(write, claim):
+            # The slot the write frees is the one the claim takes: no lock.
+            ending = postgres_write(write, then=slot_freed(quota.owner))
+            claiming = self._claim_statement(claim, only_if=IF_SLOT_FREED)
+        else:
+            # The claim's lock is taken by the write, the statement before it.
+            lock, claiming = self._claim_statements(claim)
+            ending = postgres_write(write, first=lock)
+        rows, answer = await self._pipelined([ending, claiming], what="end and claim")
         done = self._written(rows)
         claimed = self._claimed(claim, answer, sent)
         return EndedAndClaimed(done, claimed)
@@ -450,7 +460,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
         lock = claim_lock(claim)
         return (xact_lock(lock) if lock else None), self._claim_statement(claim)
 
-    def _claim_statement(self, claim: NextClaim) -> Statement:
+    def _claim_statement(self, claim: NextClaim, *, only_if: str = "") -> Statement:
         quota = claim.quota
         claiming = task_claim_gated(
             claim.queues,
@@ -461,6 +471,7 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
             budget=claim.budget,
             prefer=claim.prefer,
             aging_step_s=claim.aging_step_s,
+            only_if=only_if,
         )
         return with_reads(claiming, quota.owner if quota is not None else None)
 
@@ -583,10 +594,3 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
 
 def _marks(row: Mapping[str, Any]) -> str:
     return ", ".join("?" for _ in row)
-
-
-def _write_statement(write: TaskWrite, *, first: Statement | None = None) -> Statement:
-    """A task write as one statement (the history row, if any, in its WITH):
-    atomic on its own, without BEGIN/COMMIT round trips, alone or first in
-    `finish_and_claim`'s pipeline (`first`: the claim's lock, taken by it)."""
-    return update_with_history(task_update(POSTGRESQL, write), first=first)

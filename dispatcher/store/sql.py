@@ -262,6 +262,7 @@ def claim_sql_gated(
     aging: str = AGING_POSTGRES,
     prefer: int = 0,
     position: str = "strpos",
+    only_if: str = "",
 ) -> str:
     """`claim_sql` in one statement whatever the queues hold: the looks that
     pick its order (`ranked_sql`, `FALLBACKS_WAITING`) are made in the same
@@ -271,6 +272,7 @@ def claim_sql_gated(
     Args, per pick in this order: [ranked look: queues], its `claim_sql`
     args but the values: ranked (fallbacks too), FIFO with fallbacks, FIFO.
     The two picks among fallbacks leave `prefer` queues theirs (`_deferred`).
+    `only_if`: a condition without marks, checked before any pick.
     """
     guard = claim_guard(fenced=fenced, quota=quota, budget=budget)
     ranked = f"EXISTS ({ranked_sql(queue_count)})"
@@ -307,8 +309,9 @@ def claim_sql_gated(
         ),
     ]
     coalesce = ", ".join(f"({pick})" for pick in picks)
+    condition = f"{only_if} AND " if only_if else ""
     return (
-        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE state = 'pending' "
+        f"UPDATE tasks SET {set_clause(columns, '?')} WHERE {condition}state = 'pending' "
         f"AND seq = COALESCE({coalesce}) RETURNING {COLUMNS}"
     )
 

@@ -100,7 +100,9 @@ def task_update(dialect: Dialect, write: TaskWrite) -> TaskUpdate:
     return TaskUpdate(Statement(dialect.marks(sql), tuple(args)), history, tuple(row))
 
 
-def update_with_history(write: TaskUpdate, *, first: Statement | None = None) -> Statement:
+def update_with_history(
+    write: TaskUpdate, *, first: Statement | None = None, then: Statement | None = None
+) -> Statement:
     """PostgreSQL: the compare-and-set and its history row as one statement
     (the history row is inserted once per row the update returns: none when
     it did not match), so the write is atomic without BEGIN and COMMIT round
@@ -108,8 +110,10 @@ def update_with_history(write: TaskUpdate, *, first: Statement | None = None) ->
 
     `first`: a SELECT run too, whether the update matches or not (a lock
     for the statement after this one: the statement's gate, evaluated once
-    before any row is read), its rows not answered."""
-    if write.history is None and first is None:
+    before any row is read), its rows not answered. `then`: a SELECT from
+    `u` (the row as updated) run too, its rows not answered either (a mark
+    for the statement after this one, `pglocks.slot_freed`)."""
+    if write.history is None and first is None and then is None:
         return write.update
     parts: list[str] = []
     args: list[Any] = []
@@ -123,8 +127,24 @@ def update_with_history(write: TaskUpdate, *, first: Statement | None = None) ->
         marks = ", ".join(POSTGRESQL.marks("?") for _ in write.history_columns)
         parts.append(f"h AS (INSERT INTO attempts ({columns}) SELECT {marks} FROM u)")
         args += write.history.args
-    gate = " WHERE EXISTS (SELECT 1 FROM g)" if first is not None else ""
+    gates = ["EXISTS (SELECT 1 FROM g)"] if first is not None else []
+    if then is not None:
+        parts.append(f"m AS MATERIALIZED ({then.sql})")
+        args += then.args
+        # A condition true of any count: `m` runs once, before `u`'s rows are answered.
+        gates.append("(SELECT COUNT(*) FROM m) >= 0")
+    gate = f" WHERE {' AND '.join(gates)}" if gates else ""
     return Statement(f"WITH {', '.join(parts)} SELECT * FROM u{gate}", tuple(args))
+
+
+def postgres_write(
+    write: TaskWrite, *, first: Statement | None = None, then: Statement | None = None
+) -> Statement:
+    """A task write on PostgreSQL as one statement (the history row, if any,
+    in its WITH): atomic on its own, without BEGIN/COMMIT round trips, alone
+    or first in `finish_and_claim`'s pipeline (`first`: the claim's lock,
+    taken by it; `then`: the mark of a freed slot, `pglocks.slot_freed`)."""
+    return update_with_history(task_update(POSTGRESQL, write), first=first, then=then)
 
 
 def ranked_query(dialect: Dialect, queues: Sequence[str]) -> Statement:
@@ -203,9 +223,11 @@ def task_claim_gated(
     budget: Budget | None = None,
     prefer: Sequence[str] = (),
     aging_step_s: float = AGING_STEP_S,
+    only_if: str = "",
 ) -> Statement:
     """PostgreSQL's claim: `task_claim` with its looks at the queues (ranked?
-    fallbacks waiting?) made inside the statement: one round trip."""
+    fallbacks waiting?) made inside the statement: one round trip. `only_if`:
+    a condition without marks, the claim made only when it holds."""
     columns = encode_changes({**changes, "state": State.RUNNING})
     sql = claim_sql_gated(
         len(queues),
@@ -217,6 +239,7 @@ def task_claim_gated(
         aging=POSTGRESQL.aging,
         prefer=len(prefer),
         position=POSTGRESQL.position,
+        only_if=only_if,
     )
     guard = guard_args(fence, quota, budget)
     alts = [like_pattern(f"|{queue}|") for queue in queues]

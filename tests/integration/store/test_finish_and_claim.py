@@ -191,10 +191,57 @@ async def _advisory_waiters(conn: psycopg.AsyncConnection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-async def test_the_claim_waits_for_the_quota_lock_even_after_a_refused_end_write() -> None:
-    """The quota's lock is taken by the end write, the claim's statement
-    before: whether the write matched or not, the claim counts the running
-    tasks only once no other host's claim under the quota is on its way."""
+async def _hold_quota_lock(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Another host's claim under the quota "demo" holding its lock."""
+    await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ("quota:demo",))
+
+
+async def _release_quota_lock(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ("quota:demo",))
+
+
+async def test_an_end_that_frees_the_slot_claims_without_the_quota_lock() -> None:
+    """The end frees the very slot its claim takes (one transaction): the
+    provider's running count is the same before and after, so the pair does
+    not wait for other hosts' claims under the quota; the quota still holds."""
+    with migrated_database() as url:
+        store = await _pg(url, "h1")
+        other = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        try:
+            await store.insert_tasks([_task("t1"), _task("t2"), _task("t3")])
+            running = await store.claim_next([QUEUE], 5.0, _run("h1"), quota=Quota("demo", 1))
+            assert running is not None
+            await _hold_quota_lock(other)
+            both = await asyncio.wait_for(
+                _finish_and_claim(store, running, 6.0, quota=Quota("demo", 1)), 10
+            )
+            assert both is not None and both.ended is not None
+            assert both.ended.state is State.SUCCESS
+            assert both.claimed is not None and both.claimed.id == "t2"
+            states = {t.id: t.state for t in await store.get_tasks(["t1", "t2", "t3"])}
+            assert states == {"t1": State.SUCCESS, "t2": State.RUNNING, "t3": State.PENDING}
+            # A claim that would add a running task still takes turns on the lock.
+            adding = asyncio.create_task(
+                store.claim_next([QUEUE], 7.0, _run("h1"), quota=Quota("demo", 2))
+            )
+            for _ in range(500):
+                if await _advisory_waiters(other):
+                    break
+                await asyncio.sleep(0.01)
+            assert await _advisory_waiters(other) == 1
+            assert not adding.done()
+            await _release_quota_lock(other)
+            added = await asyncio.wait_for(adding, 30)
+            assert added is not None and added.id == "t3"
+        finally:
+            await other.close()
+            await store.close()
+
+
+async def test_a_refused_end_write_claims_nothing_without_the_quota_lock() -> None:
+    """A refused end (a cancel asked meanwhile) frees no slot: a claim in its
+    transaction would add a running task without taking turns, so it claims
+    nothing; the lane's own claim after it waits for the lock, then counts."""
     with migrated_database() as url:
         store = await _pg(url, "h1")
         other = await psycopg.AsyncConnection.connect(url, autocommit=True)
@@ -205,23 +252,26 @@ async def test_the_claim_waits_for_the_quota_lock_even_after_a_refused_end_write
             await store.update_task(
                 "t1", expect_state=State.RUNNING, changes={"cancel_requested": True}
             )
-            # Another host's claim under the same quota holds its lock.
-            await other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ("quota:demo",))
-            ending = asyncio.create_task(
-                _finish_and_claim(store, running, 6.0, quota=Quota("demo", 2))
+            await _hold_quota_lock(other)
+            both = await asyncio.wait_for(
+                _finish_and_claim(store, running, 6.0, quota=Quota("demo", 2)), 10
+            )
+            assert both is not None and both.ended is None  # refused: cancel asked
+            assert both.claimed is None
+            pending = await store.get_task("t2")
+            assert pending is not None and pending.state is State.PENDING
+            refill = asyncio.create_task(
+                store.claim_next([QUEUE], 6.0, _run("h1"), quota=Quota("demo", 2))
             )
             for _ in range(500):
                 if await _advisory_waiters(other):
                     break
                 await asyncio.sleep(0.01)
             assert await _advisory_waiters(other) == 1
-            assert not ending.done()
-            await other.execute(
-                "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ("quota:demo",)
-            )
-            both = await asyncio.wait_for(ending, 30)
-            assert both is not None and both.ended is None  # refused: cancel asked
-            assert both.claimed is not None and both.claimed.id == "t2"
+            assert not refill.done()
+            await _release_quota_lock(other)
+            claimed = await asyncio.wait_for(refill, 30)
+            assert claimed is not None and claimed.id == "t2"
         finally:
             await other.close()
             await store.close()
