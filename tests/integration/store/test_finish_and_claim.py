@@ -336,6 +336,45 @@ async def test_the_quota_holds_with_two_hosts_ending_and_claiming_at_once() -> N
             await h2.close()
 
 
+async def test_the_quota_holds_with_more_hosts_than_slots() -> None:
+    """Four hosts, quota 2 over all: the ends' claims (no lock: each frees
+    the slot it takes) race the claims of hosts that hold nothing (each adds
+    a running task, taking turns on the lock); never more than 2 run."""
+    limit = 2
+    with migrated_database() as url:
+        hosts = [await _pg(url, f"h{n}") for n in range(4)]
+        try:
+            await hosts[0].insert_tasks(
+                [_task(f"t{i:03d}", created_at=float(i)) for i in range(80)]
+            )
+            peaks: list[int] = []
+
+            async def host(store: PostgresStore) -> None:
+                mine: Task | None = None
+                for step in range(40):
+                    now = 6.0 + step
+                    if mine is None:
+                        mine = await store.claim_next(
+                            [QUEUE], now, _run(store.host), quota=Quota("demo", limit)
+                        )
+                    else:
+                        both = await _finish_and_claim(store, mine, now, quota=Quota("demo", limit))
+                        if both is None:  # declined (quota known full): end alone
+                            await store.update_task(
+                                mine.id, expect_state=State.RUNNING, changes=_success(now)
+                            )
+                        mine = None if both is None else both.claimed
+                    peaks.append(len(await store.tasks_in_state(State.RUNNING)))
+
+            await asyncio.gather(*(host(store) for store in hosts))
+            assert peaks and max(peaks) <= limit
+            done = await hosts[0].tasks_in_state(State.SUCCESS)
+            assert len(done) >= 20
+        finally:
+            for store in hosts:
+                await store.close()
+
+
 async def test_sqlite_ends_and_claims_in_one_commit(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "d.db")
     await store.migrate()
