@@ -200,6 +200,24 @@ async def _release_quota_lock(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ("quota:demo",))
 
 
+async def _claim_after_the_quota_lock(
+    store: PostgresStore, conn: psycopg.AsyncConnection[Any], now: float, limit: int
+) -> Task | None:
+    """A claim under the quota "demo" waits for the lock `conn` holds: what
+    it claims once the lock is released."""
+    claiming = asyncio.create_task(
+        store.claim_next([QUEUE], now, _run(store.host), quota=Quota("demo", limit))
+    )
+    for _ in range(500):
+        if await _advisory_waiters(conn):
+            break
+        await asyncio.sleep(0.01)
+    assert await _advisory_waiters(conn) == 1
+    assert not claiming.done()
+    await _release_quota_lock(conn)
+    return await asyncio.wait_for(claiming, 30)
+
+
 async def test_an_end_that_frees_the_slot_claims_without_the_quota_lock() -> None:
     """The end frees the very slot its claim takes (one transaction): the
     provider's running count is the same before and after, so the pair does
@@ -221,17 +239,7 @@ async def test_an_end_that_frees_the_slot_claims_without_the_quota_lock() -> Non
             states = {t.id: t.state for t in await store.get_tasks(["t1", "t2", "t3"])}
             assert states == {"t1": State.SUCCESS, "t2": State.RUNNING, "t3": State.PENDING}
             # A claim that would add a running task still takes turns on the lock.
-            adding = asyncio.create_task(
-                store.claim_next([QUEUE], 7.0, _run("h1"), quota=Quota("demo", 2))
-            )
-            for _ in range(500):
-                if await _advisory_waiters(other):
-                    break
-                await asyncio.sleep(0.01)
-            assert await _advisory_waiters(other) == 1
-            assert not adding.done()
-            await _release_quota_lock(other)
-            added = await asyncio.wait_for(adding, 30)
+            added = await _claim_after_the_quota_lock(store, other, 7.0, 2)
             assert added is not None and added.id == "t3"
         finally:
             await other.close()
@@ -260,17 +268,7 @@ async def test_a_refused_end_write_claims_nothing_without_the_quota_lock() -> No
             assert both.claimed is None
             pending = await store.get_task("t2")
             assert pending is not None and pending.state is State.PENDING
-            refill = asyncio.create_task(
-                store.claim_next([QUEUE], 6.0, _run("h1"), quota=Quota("demo", 2))
-            )
-            for _ in range(500):
-                if await _advisory_waiters(other):
-                    break
-                await asyncio.sleep(0.01)
-            assert await _advisory_waiters(other) == 1
-            assert not refill.done()
-            await _release_quota_lock(other)
-            claimed = await asyncio.wait_for(refill, 30)
+            claimed = await _claim_after_the_quota_lock(store, other, 6.0, 2)
             assert claimed is not None and claimed.id == "t2"
         finally:
             await other.close()
