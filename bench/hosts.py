@@ -84,6 +84,7 @@ from bench.notices import notice_cost
 from dispatcher.models import Kind, Task
 from dispatcher.store import open_store
 from dispatcher.store.pglisten import listener_name
+from dispatcher.store.pgtrips import is_claim
 
 TASKS = 600
 IN_FLIGHT = 16
@@ -252,11 +253,7 @@ def transitions(task: dict[str, Any]) -> int:
 def claims(trips: Counter[str]) -> int:
     """Claim statements among the round trips (alone, with a run's end or a
     submit's insert, or an insert of a task running at once: `store.pgrunnow`)."""
-    return sum(
-        n
-        for label, n in trips.items()
-        if label != "total" and ("WITH c AS (UPDATE" in label or "WITH claim_now AS" in label)
-    )
+    return sum(n for label, n in trips.items() if label != "total" and is_claim(label))
 
 
 async def one_setup(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.models import State, Task
+from dispatcher.store.hosts import Quota
 from dispatcher.store.taskwrites import Statement
 
 # How long a claim's answer is believed without asking (the claims' clock,
@@ -158,6 +159,20 @@ class ClaimView:
         """What a claim read after it: whether any task is pending anywhere."""
         if not any_pending and self._listening.live and self._pending_seen == sent.pending:
             self._empty = _Seen(now, self._listening.connections)
+
+    def read(
+        self,
+        quota: Quota | None,
+        any_pending: bool,
+        running: list[str] | None,
+        now: float,
+        sent: Sent,
+    ) -> None:
+        """What a claim read after it (`with_reads`): whether any task is
+        pending anywhere and, under `quota`, the provider's running tasks."""
+        self.claimed(any_pending, now, sent)
+        if quota is not None:
+            self.quota_read(quota.owner, quota.limit, running, now, sent)
 
     def quota_read(
         self, owner: str, limit: int, running: list[str] | None, now: float, sent: Sent

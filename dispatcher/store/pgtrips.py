@@ -68,6 +68,17 @@ def statement_label(query: Query) -> str:
     return _label(text[:_LABEL_CHARS])
 
 
+# How a claim's statement starts (its label, `statement_label`): alone or
+# after an end or an insert in a pipeline ("WITH c AS (UPDATE"), or an
+# insert of a task running at once (`store.pgrunnow`).
+CLAIM_STARTS = ("WITH c AS (UPDATE", "WITH claim_now AS")
+
+
+def is_claim(label: str) -> bool:
+    """Whether a round trip's label (`RoundTrips.by_statement`) has a claim in it."""
+    return any(start in label for start in CLAIM_STARTS)
+
+
 @functools.lru_cache(maxsize=1024)
 def _label(start: str) -> str:
     return " ".join(_SPACE.sub(" ", start).strip().split(" ")[:_LABEL_WORDS])

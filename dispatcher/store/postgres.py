@@ -350,10 +350,9 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
             return InsertedAndClaimed(row_to_task(row), False, None)
         if row["new_state"] != State.RUNNING.value:
             return InsertedAndClaimed(self._placed(task, row["new_seq"], row), True, None)
-        self.claim_view.claimed(bool(row["after_any"]), claim.now, sent)
-        if claim.quota is not None:
-            ids = [*row["after_running"], task.id]
-            self.claim_view.quota_read(claim.quota.owner, claim.quota.limit, ids, claim.now, sent)
+        # The new task is not among the running tasks the insert read.
+        running_ids = [*(row["after_running"] or ()), task.id]
+        self.claim_view.read(claim.quota, bool(row["after_any"]), running_ids, claim.now, sent)
         placed = self._placed(task, row["new_seq"], row, seen=False)
         return InsertedAndClaimed(placed, True, running.replace(seq=placed.seq))
 
@@ -478,13 +477,10 @@ class PostgresStore(PostgresJobOps, PostgresHostOps, PostgresBeatOps, TaskWriter
     def _claimed(self, claim: NextClaim, answer: list[Row], sent: Sent) -> Task | None:
         """The claimed task from its statement's answer (`with_reads`), what
         the claim read besides kept in `claim_view`."""
-        quota = claim.quota
         (row,) = answer
-        self.claim_view.claimed(bool(row["after_any"]), claim.now, sent)
-        if quota is not None:
-            self.claim_view.quota_read(
-                quota.owner, quota.limit, row["after_running"], claim.now, sent
-            )
+        self.claim_view.read(
+            claim.quota, bool(row["after_any"]), row["after_running"], claim.now, sent
+        )
         return row_to_task(row) if row["id"] is not None else None
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:

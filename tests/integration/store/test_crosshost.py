@@ -23,6 +23,7 @@ import pytest
 from dispatcher.events import Event, TaskChanged, TaskNoticed
 from dispatcher.models import State
 from dispatcher.store.pglisten import listener_name
+from dispatcher.store.pgtrips import is_claim
 from dispatcher.store.postgres import PostgresStore
 from tests.support.harness import Harness, running_service
 from tests.support.pgdb import migrated_database
@@ -204,8 +205,8 @@ def claims_sent(store: object, *, with_insert: bool = False) -> int:
     return sum(
         n
         for label, n in store.round_trips.by_statement.items()
-        if ("WITH c AS (UPDATE" in label and (not with_insert or "WITH twin AS" in label))
-        or "WITH claim_now AS" in label
+        if is_claim(label)
+        and (not with_insert or "WITH twin AS" in label or "WITH claim_now AS" in label)
     )
 
 
